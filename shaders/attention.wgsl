@@ -1,0 +1,144 @@
+// Masked softmax attention straight against the cache, grouped-query (query head h reads kv head
+// h / (H / HK); K/V are never repeated). One thread per (token, query head), online softmax.
+// Query at position p of cache row b sees, in one softmax:
+//   global keys (HAS_GLOBAL): positions 0..=p of row b in its group's global cache (this chunk's
+//     keys were scattered there by the group's writer layer before this dispatch);
+//   local keys (HAS_LOCAL): positions q with p - W < q <= p, from the ring as it was before the
+//     chunk (slot s holds position lpos[b, s]) and from the chunk's fresh keys, which the ring may
+//     be too small to hold. The ring is written only after this dispatch.
+// Padding queries produce zeros. A query that sees no key produces zeros too, never NaN.
+
+override H: u32;                // query heads
+override HK: u32;               // kv heads
+override D: u32;                // head_dim (multiple of 4, at most 256)
+override GLOBAL_SLOTS: u32 = 1u;  // max_len + 1
+override W: u32 = 1u;           // ring window (the ring has W + 1 slots, the last one scratch)
+override HAS_GLOBAL: bool = true;
+override HAS_LOCAL: bool = false;
+override KV_F16: bool = false;
+override SCALE: f32;
+override WG: u32 = 64u;
+
+const MAX_D4: u32 = 64u;  // head_dim <= 256: private arrays need a constant size
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<storage, read> rows: array<RowInfo>;          // [R]
+@group(0) @binding(2) var<storage, read_write> qy: array<vec4<f32>>;    // [R * C, H, D]: q in, y out (in place)
+@group(0) @binding(3) var<storage, read> lpos: array<i32>;              // [rows, W + 1]
+@group(0) @binding(4) var<storage, read> gk: array<u32>;                // [rows, HK, GLOBAL_SLOTS, D]
+@group(0) @binding(5) var<storage, read> gv: array<u32>;                // [rows, HK, GLOBAL_SLOTS, D]
+@group(0) @binding(6) var<storage, read> lk: array<u32>;                // [rows, HK, W + 1, D]
+@group(0) @binding(7) var<storage, read> lv: array<u32>;                // [rows, HK, W + 1, D]
+@group(0) @binding(8) var<storage, read> fresh: array<vec4<f32>>;       // [R * C, 2, HK, D] local k then v
+
+fn load4(is_global: bool, is_v: bool, e: u32) -> vec4<f32> {
+    // e: element index (multiple of 4) into the cache tensor
+    if KV_F16 {
+        let w = e / 2u;
+        var a: u32; var b: u32;
+        if is_global {
+            if is_v { a = gv[w]; b = gv[w + 1u]; } else { a = gk[w]; b = gk[w + 1u]; }
+        } else {
+            if is_v { a = lv[w]; b = lv[w + 1u]; } else { a = lk[w]; b = lk[w + 1u]; }
+        }
+        return vec4<f32>(unpack2x16float(a), unpack2x16float(b));
+    }
+    var u: vec4<u32>;
+    if is_global {
+        if is_v { u = vec4<u32>(gv[e], gv[e + 1u], gv[e + 2u], gv[e + 3u]); }
+        else { u = vec4<u32>(gk[e], gk[e + 1u], gk[e + 2u], gk[e + 3u]); }
+    } else {
+        if is_v { u = vec4<u32>(lv[e], lv[e + 1u], lv[e + 2u], lv[e + 3u]); }
+        else { u = vec4<u32>(lk[e], lk[e + 1u], lk[e + 2u], lk[e + 3u]); }
+    }
+    return bitcast<vec4<f32>>(u);
+}
+
+var<private> q: array<vec4<f32>, MAX_D4>;
+var<private> acc: array<vec4<f32>, MAX_D4>;
+var<private> m: f32;   // running max of scores
+var<private> l: f32;   // running sum of exp(score - m)
+
+// Fold one key/value into the online softmax. `k_at`/`v_at`: element bases; fresh keys pass
+// is_fresh and index `fresh` (vec4 units) instead of the cache.
+fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
+    let d4n = D / 4u;
+    var s = 0.0;
+    for (var i = 0u; i < d4n; i++) {
+        var k: vec4<f32>;
+        if is_fresh {
+            k = fresh[k_at + i];
+            if KV_F16 { k = round_to_f16(k); }
+        } else {
+            k = load4(is_global, false, k_at + i * 4u);
+        }
+        s += dot(q[i], k);
+    }
+    s *= SCALE;
+    if s > m {
+        let corr = exp(m - s);
+        l *= corr;
+        for (var i = 0u; i < d4n; i++) { acc[i] *= corr; }
+        m = s;
+    }
+    let p = exp(s - m);
+    l += p;
+    for (var i = 0u; i < d4n; i++) {
+        var v: vec4<f32>;
+        if is_fresh {
+            v = fresh[v_at + i];
+            if KV_F16 { v = round_to_f16(v); }
+        } else {
+            v = load4(is_global, true, v_at + i * 4u);
+        }
+        acc[i] += p * v;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = gid.x + gid.y * nwg.x * WG;  // 2D grids for more than 65535 workgroups
+    let n = idx / H;
+    let h = idx % H;
+    if n >= step.tokens { return; }
+    let r = n / step.width;
+    let j = n % step.width;
+    let info = rows[r];
+    let d4n = D / 4u;
+    let qbase = (n * H + h) * d4n;
+    if j >= info.n_new {
+        for (var i = 0u; i < d4n; i++) { qy[qbase + i] = vec4<f32>(0.0); }
+        return;
+    }
+    let p = info.pos0 + j;
+    let kh = h / (H / HK);
+    for (var i = 0u; i < d4n; i++) {
+        q[i] = qy[qbase + i];
+        acc[i] = vec4<f32>(0.0);
+    }
+    m = -3.0e38;
+    l = 0.0;
+    if HAS_GLOBAL {
+        let base = (info.cache_row * HK + kh) * GLOBAL_SLOTS * D;
+        for (var t = 0u; t <= p; t++) {
+            visit(true, false, base + t * D, base + t * D);
+        }
+    }
+    if HAS_LOCAL {
+        let base = (info.cache_row * HK + kh) * (W + 1u) * D;
+        for (var s = 0u; s < W; s++) {
+            let lp = lpos[info.cache_row * (W + 1u) + s];
+            // ring keys are older than the chunk (lp < pos0 <= p); visible if p - lp < W
+            if lp >= 0 && u32(lp) + W > p {
+                visit(false, false, base + s * D, base + s * D);
+            }
+        }
+        let first = select(0u, j + 1u - W, j + 1u > W);
+        for (var jj = first; jj <= j; jj++) {
+            let at = (r * step.width + jj) * 2u * HK * d4n + kh * d4n;
+            visit(false, true, at, at + HK * d4n);
+        }
+    }
+    let inv = select(0.0, 1.0 / l, l > 0.0);
+    for (var i = 0u; i < d4n; i++) { qy[qbase + i] = acc[i] * inv; }
+}

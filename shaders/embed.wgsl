@@ -1,0 +1,35 @@
+// Embedding gather: x[n, :] = table[ids[n], :] * EMBED_SCALE for the ids that fall in this table part.
+// The table may be split into parts by vocabulary rows (WebGPU's 128 MiB binding limit).
+
+override D: u32;                 // d_model (multiple of 4)
+override PART_START: u32 = 0u;   // first vocabulary row of this part
+override PART_ROWS: u32;         // vocabulary rows in this part
+override W_F16: bool = false;    // table stored as f16 pairs
+override EMBED_SCALE: f32 = 1.0;
+override WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<storage, read> ids: array<u32>;            // [R * C]
+@group(0) @binding(2) var<storage, read> table: array<u32>;          // [PART_ROWS, D] f32 bits or f16 pairs
+@group(0) @binding(3) var<storage, read_write> x: array<vec4<f32>>;  // [R * C, D]
+
+fn table4(row: u32, d4: u32) -> vec4<f32> {
+    if W_F16 {
+        let w = (row * D) / 2u + d4 * 2u;
+        return vec4<f32>(unpack2x16float(table[w]), unpack2x16float(table[w + 1u]));
+    }
+    let w = row * D + d4 * 4u;
+    return bitcast<vec4<f32>>(vec4<u32>(table[w], table[w + 1u], table[w + 2u], table[w + 3u]));
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = gid.x + gid.y * nwg.x * WG;  // 2D grids for more than 65535 workgroups
+    let d4n = D / 4u;
+    let n = idx / d4n;
+    let d4 = idx % d4n;
+    if n >= step.tokens { return; }
+    let id = ids[n];
+    if id < PART_START || id >= PART_START + PART_ROWS { return; }
+    x[n * d4n + d4] = table4(id - PART_START, d4) * EMBED_SCALE;
+}

@@ -1,0 +1,282 @@
+//! Model configuration: dimensions, numerics switches, and the *layer plan* that says which K/V
+//! each layer reads and writes (DESIGN.md section 2).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// What a layer does with the cache.
+///
+/// Invariant (checked by [`ModelConfig::validate`]): groups are numbered `0..n_groups` in layer
+/// order, and the first layer that names a group is its only writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerSpec {
+    /// The global K/V group this layer attends over, if any.
+    pub global_group: Option<usize>,
+    /// This layer projects K/V and appends them to its group's global cache.
+    pub writes_global: bool,
+    /// This layer owns a local ring of `window` slots (its own K/V projection) and attends over it.
+    pub local: bool,
+}
+
+/// The normalization used everywhere in the model (block norms, final norm, qk-norm).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NormKind {
+    /// `x * rsqrt(mean(x^2) + eps)`, no parameters (the seed's `rms_norm`).
+    Plain,
+    /// `... * w` (Llama, Qwen).
+    Weight,
+    /// `... * (1 + w)` (Gemma).
+    OnePlusWeight,
+}
+
+/// The feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MlpKind {
+    /// `proj(relu(fc(x))^2)`: the seed's TinyAgent MLP (as in modded-nanogpt).
+    ReluSquared,
+    /// `down(silu(gate(x)) * up(x))`: Llama, Qwen.
+    SwiGlu,
+    /// `down(gelu_tanh(gate(x)) * up(x))`: Gemma.
+    GeluTanhGated,
+}
+
+impl MlpKind {
+    /// Rows of the fused input projection per FFN unit (gated kinds fuse gate and up).
+    pub fn in_factor(self) -> usize {
+        match self {
+            MlpKind::ReluSquared => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// A transformer described by its dimensions and layer plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Hidden size.
+    pub d_model: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (grouped-query attention: `n_heads % n_kv_heads == 0`).
+    pub n_kv_heads: usize,
+    /// Dimension per head.
+    pub head_dim: usize,
+    /// Feed-forward size.
+    pub ffn: usize,
+    /// Per layer: which K/V it reads and writes.
+    pub layers: Vec<LayerSpec>,
+    /// Sliding window `W` of local layers (a query at `p` sees local keys `p - W < q <= p`).
+    pub window: usize,
+    /// Normalization kind.
+    pub norm: NormKind,
+    /// RMS norm epsilon.
+    pub norm_eps: f32,
+    /// Per-head RMS norm of q and k before RoPE (the seed, Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// Gemma's extra norms after attention and after the MLP (before each residual add).
+    pub post_norms: bool,
+    /// RoPE base of layers that read a global K/V.
+    pub rope_theta: f32,
+    /// RoPE base of local-only layers (Gemma 3 uses 1e4 there, 1e6 on global layers).
+    pub rope_theta_local: f32,
+    /// MLP kind.
+    pub mlp: MlpKind,
+    /// Embeddings are multiplied by this (Gemma: `sqrt(d_model)`).
+    pub embed_scale: f32,
+    /// Attention score scale (usually `head_dim^-0.5`).
+    pub attn_scale: f32,
+    /// Final logits become `c * tanh(logits / c)` when set.
+    pub logit_softcap: Option<f32>,
+    /// The LM head shares the embedding matrix.
+    pub tie_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// The seed's TinyAgent layout: `n_layers` layers in groups of `kv_group`; the first layer of
+    /// each group writes the group's global K/V; every layer has its own local ring of `window`
+    /// slots; one softmax over global + local. Parameter-free norms, qk-norm, relu^2 MLP, softcap.
+    #[allow(clippy::too_many_arguments)]
+    pub fn tiny_agent(
+        vocab: usize,
+        d_model: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ffn: usize,
+        n_layers: usize,
+        kv_group: usize,
+        window: usize,
+    ) -> Self {
+        let layers = (0..n_layers)
+            .map(|i| LayerSpec {
+                global_group: Some(i / kv_group.max(1)),
+                writes_global: i % kv_group.max(1) == 0,
+                local: true,
+            })
+            .collect();
+        ModelConfig {
+            vocab,
+            d_model,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn,
+            layers,
+            window,
+            norm: NormKind::Plain,
+            norm_eps: 1e-6,
+            qk_norm: true,
+            post_norms: false,
+            rope_theta: 10000.0,
+            rope_theta_local: 10000.0,
+            mlp: MlpKind::ReluSquared,
+            embed_scale: 1.0,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            logit_softcap: Some(15.0),
+            tie_embeddings: false,
+        }
+    }
+
+    /// Plain Llama: every layer writes and reads its own global K/V, no ring.
+    #[allow(clippy::too_many_arguments)]
+    pub fn llama(
+        vocab: usize,
+        d_model: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ffn: usize,
+        n_layers: usize,
+        rope_theta: f32,
+        norm_eps: f32,
+        tie_embeddings: bool,
+    ) -> Self {
+        let layers = (0..n_layers)
+            .map(|i| LayerSpec { global_group: Some(i), writes_global: true, local: false })
+            .collect();
+        ModelConfig {
+            vocab,
+            d_model,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn,
+            layers,
+            window: 0,
+            norm: NormKind::Weight,
+            norm_eps,
+            qk_norm: false,
+            post_norms: false,
+            rope_theta,
+            rope_theta_local: rope_theta,
+            mlp: MlpKind::SwiGlu,
+            embed_scale: 1.0,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            logit_softcap: None,
+            tie_embeddings,
+        }
+    }
+
+    /// Number of layers.
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Number of global K/V groups.
+    pub fn n_groups(&self) -> usize {
+        self.layers.iter().filter(|l| l.writes_global).count()
+    }
+
+    /// Whether any layer owns a local ring.
+    pub fn has_local(&self) -> bool {
+        self.layers.iter().any(|l| l.local)
+    }
+
+    /// RoPE base of layer `i` (global layers use `rope_theta`, local-only ones `rope_theta_local`).
+    pub fn layer_theta(&self, i: usize) -> f32 {
+        if self.layers[i].global_group.is_some() {
+            self.rope_theta
+        } else {
+            self.rope_theta_local
+        }
+    }
+
+    /// Check every constraint the engine relies on; the error names the first violated one.
+    pub fn validate(&self) -> Result<()> {
+        let err = |m: String| Err(Error::Config(m));
+        let pos = [
+            ("vocab", self.vocab),
+            ("d_model", self.d_model),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+            ("ffn", self.ffn),
+            ("layers", self.layers.len()),
+        ];
+        for (name, v) in pos {
+            if v == 0 {
+                return err(format!("{name} must be >= 1"));
+            }
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return err(format!(
+                "n_heads {} is not divisible by n_kv_heads {}",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return err(format!("head_dim {} must be even (RoPE rotates pairs)", self.head_dim));
+        }
+        // vec4 kernels: every matrix input width is a multiple of 4
+        if self.head_dim % 4 != 0 || self.head_dim > 256 {
+            return err(format!("head_dim {} must be a multiple of 4 and at most 256", self.head_dim));
+        }
+        for (name, v) in [("d_model", self.d_model), ("ffn", self.ffn)] {
+            if v % 4 != 0 {
+                return err(format!("{name} {v} must be a multiple of 4"));
+            }
+        }
+        if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
+            return err(format!("norm_eps {} must be positive", self.norm_eps));
+        }
+        if !(self.rope_theta > 1.0 && self.rope_theta_local > 1.0) {
+            return err("rope theta must be > 1".into());
+        }
+        if let Some(c) = self.logit_softcap {
+            if !(c > 0.0 && c.is_finite()) {
+                return err(format!("logit_softcap {c} must be positive"));
+            }
+        }
+        if !(self.attn_scale > 0.0 && self.attn_scale.is_finite()) {
+            return err(format!("attn_scale {} must be positive", self.attn_scale));
+        }
+        if self.has_local() && self.window == 0 {
+            return err("window must be >= 1 when a layer is local".into());
+        }
+        let mut next_group = 0usize;
+        for (i, l) in self.layers.iter().enumerate() {
+            if l.global_group.is_none() && !l.local {
+                return err(format!("layer {i} reads neither a global K/V nor a local ring"));
+            }
+            if l.writes_global && l.global_group.is_none() {
+                return err(format!("layer {i} writes a global K/V but names no group"));
+            }
+            if let Some(g) = l.global_group {
+                if l.writes_global {
+                    if g != next_group {
+                        return err(format!(
+                            "layer {i} writes group {g}, expected group {next_group} (groups are numbered in layer order, one writer each)"
+                        ));
+                    }
+                    next_group += 1;
+                } else if g >= next_group {
+                    return err(format!("layer {i} reads group {g} before any layer wrote it"));
+                }
+            }
+        }
+        Ok(())
+    }
+}

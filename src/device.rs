@@ -1,0 +1,139 @@
+//! Adapter and device acquisition.
+
+use crate::error::{Error, Result};
+
+/// Options for [`Gpu::new`].
+#[derive(Clone, Debug)]
+pub struct GpuOptions {
+    /// Request exactly `wgpu::Limits::default()` (the WebGPU defaults) instead of the adapter's
+    /// limits. The engine splits tensors to fit either way; this proves it.
+    pub webgpu_default_limits: bool,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions { webgpu_default_limits: true }
+    }
+}
+
+/// A device and its queue, plus what we learned about the adapter.
+#[derive(Clone, Debug)]
+pub struct Gpu {
+    /// The wgpu device.
+    pub device: wgpu::Device,
+    /// Its queue.
+    pub queue: wgpu::Queue,
+    /// Adapter name, backend and driver.
+    pub info: wgpu::AdapterInfo,
+    /// The limits the device was created with.
+    pub limits: wgpu::Limits,
+}
+
+const INSTALL_HINT: &str = "install a Vulkan driver (Debian/Ubuntu: `apt-get install mesa-vulkan-drivers` \
+     for lavapipe, Mesa's CPU Vulkan) or pick another backend with WGPU_BACKEND=vulkan|gl|metal|dx12";
+
+impl Gpu {
+    /// Acquire an adapter on the native backends (honouring `WGPU_BACKEND`) and create a device
+    /// that needs neither `shader-f16` nor subgroups. Blocks (natively) until done.
+    pub fn new() -> Result<Self> {
+        Self::with_options(&GpuOptions::default())
+    }
+
+    /// [`Gpu::new`] with options.
+    pub fn with_options(opts: &GpuOptions) -> Result<Self> {
+        pollster::block_on(Self::new_async(opts))
+    }
+
+    /// Async construction (the form the browser needs).
+    pub async fn new_async(opts: &GpuOptions) -> Result<Self> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::all();
+        if let Ok(env) = std::env::var("WGPU_BACKEND") {
+            let chosen = wgpu::Backends::from_comma_list(&env);
+            if chosen.is_empty() {
+                return Err(Error::Device(format!(
+                    "WGPU_BACKEND={env:?} names no known backend (use vulkan, gl, metal, dx12 or webgpu)"
+                )));
+            }
+        }
+        let desc = desc.with_env();
+        let backends = desc.backends;
+        let instance = wgpu::Instance::new(desc);
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                Error::Device(format!("no GPU adapter found on backends {backends:?} ({e}); {INSTALL_HINT}"))
+            })?;
+        let info = adapter.get_info();
+        let limits = if opts.webgpu_default_limits {
+            wgpu::Limits::default()
+        } else {
+            adapter.limits()
+        };
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("kvdecode"),
+                required_features: wgpu::Features::empty(),
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::Device(format!("adapter {} refused a device: {e}", info.name)))?;
+        Ok(Gpu { device, queue, info, limits })
+    }
+
+    /// One line describing the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) on Vulkan`.
+    pub fn describe(&self) -> String {
+        format!("{} on {:?} ({})", self.info.name, self.info.backend, self.info.driver)
+    }
+
+    /// Largest storage binding, in bytes.
+    pub fn max_binding(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size
+    }
+}
+
+impl Gpu {
+    /// A zeroed storage buffer of `size` bytes that fits one binding; the error names it.
+    pub(crate) fn storage(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
+        self.check_binding(label, size)?;
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(16).next_multiple_of(4),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// A storage buffer holding `data` (padded to at least 16 bytes).
+    pub(crate) fn storage_init(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer> {
+        let buf = self.storage(label, data.len() as u64)?;
+        if !data.is_empty() {
+            let mut padded;
+            let bytes = if data.len() % 4 != 0 {
+                padded = data.to_vec();
+                padded.resize(data.len().next_multiple_of(4), 0);
+                &padded[..]
+            } else {
+                data
+            };
+            self.queue.write_buffer(&buf, 0, bytes);
+        }
+        Ok(buf)
+    }
+
+    /// Error unless `size` bytes fit in one storage binding.
+    pub(crate) fn check_binding(&self, label: &str, size: u64) -> Result<()> {
+        if size > self.max_binding() {
+            return Err(Error::Limit(format!(
+                "{label} needs {size} bytes in one binding, the device allows {} (max_storage_buffer_binding_size)",
+                self.max_binding()
+            )));
+        }
+        Ok(())
+    }
+}

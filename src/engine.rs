@@ -1,0 +1,742 @@
+//! The decode step: one model, one cache, every GPU object built once, and `append`, which feeds
+//! right-padded chunks of new tokens per row and returns logits (or sampled ids) at each row's
+//! last real token. Each chunk is one command encoder, one compute pass, one submit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::cache::{KvCache, KvDtype};
+use crate::config::{MlpKind, ModelConfig};
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use crate::gpu_weights::{GpuLayer, GpuMatrix, GpuWeights, WeightDtype};
+use crate::reference::rope_table;
+use crate::sampling::{Sampler, SamplerGpu};
+use crate::shaders::{Constants, Kernel, Pipelines};
+use crate::weights::ModelWeights;
+
+/// Most new tokens per row processed in one chunk (bounds activation memory during prefill,
+/// like the seed's CHUNK). Longer appends are split into several chunks, one submit each.
+pub const CHUNK: usize = 64;
+
+/// How to build an [`Engine`].
+#[derive(Clone, Copy, Debug)]
+pub struct EngineOptions {
+    /// Cache rows (sequences decoded side by side).
+    pub rows: usize,
+    /// Capacity of each row, in tokens.
+    pub max_len: usize,
+    /// K/V storage type.
+    pub kv: KvDtype,
+    /// Weight storage type on the GPU.
+    pub weights: WeightDtype,
+}
+
+impl EngineOptions {
+    /// `rows` rows of `max_len` tokens, f32 everywhere.
+    pub fn new(rows: usize, max_len: usize) -> Self {
+        EngineOptions { rows, max_len, kv: KvDtype::F32, weights: WeightDtype::F32 }
+    }
+}
+
+/// Logits at each chunk row's last real token, `[R, vocab]`.
+#[derive(Clone, Debug)]
+pub struct Logits {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Row-major `[R, vocab]`; rows that received no token hold stale values.
+    pub data: Vec<f32>,
+    /// Whether each row received at least one token in this call.
+    pub valid: Vec<bool>,
+}
+
+impl Logits {
+    /// Logits of chunk row `r`, or `None` if it received no token.
+    pub fn row(&self, r: usize) -> Option<&[f32]> {
+        self.valid.get(r).copied().unwrap_or(false).then(|| &self.data[r * self.vocab..(r + 1) * self.vocab])
+    }
+}
+
+/// Counters for the benchmark.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    /// Command buffers submitted.
+    pub submits: u64,
+    /// Compute dispatches recorded.
+    pub dispatches: u64,
+    /// Chunks processed.
+    pub chunks: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct StepGpu {
+    rows: u32,
+    width: u32,
+    tokens: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RowInfoGpu {
+    cache_row: u32,
+    n_new: u32,
+    pos0: u32,
+    _pad: u32,
+}
+
+/// How many workgroups a dispatch needs, given the chunk shape (R rows, C width).
+#[derive(Clone, Copy, Debug)]
+enum Grid {
+    /// `k` threads per token of the chunk (R * C tokens), linear.
+    Tokens(usize),
+    /// `k` threads per chunk row, linear.
+    Rows(usize),
+    /// Matmul over the chunk's tokens (or rows): one thread per output and 4 tokens.
+    Matmul { out_rows: usize, per_row: bool },
+    /// One workgroup per chunk row.
+    WorkgroupPerRow,
+}
+
+struct Dispatch {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+    grid: Grid,
+    wg: u32,
+}
+
+impl Dispatch {
+    fn workgroups(&self, rows: usize, width: usize) -> (u32, u32, u32) {
+        let linear = |threads: usize| {
+            let groups = threads.div_ceil(self.wg as usize).max(1);
+            let x = groups.min(65535);
+            (x as u32, groups.div_ceil(x) as u32, 1)
+        };
+        match self.grid {
+            Grid::Tokens(k) => linear(rows * width * k),
+            Grid::Rows(k) => linear(rows * k),
+            Grid::Matmul { out_rows, per_row } => {
+                let n = if per_row { rows } else { rows * width };
+                (out_rows.div_ceil(self.wg as usize) as u32, n.div_ceil(4).max(1) as u32, 1)
+            }
+            Grid::WorkgroupPerRow => (rows as u32, 1, 1),
+        }
+    }
+
+    fn record(&self, pass: &mut wgpu::ComputePass<'_>, rows: usize, width: usize) {
+        let (x, y, z) = self.workgroups(rows, width);
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind, &[]);
+        pass.dispatch_workgroups(x, y, z);
+    }
+}
+
+/// Activation buffers, sized once for `rows * chunk` tokens.
+struct Scratch {
+    step: wgpu::Buffer,       // uniform Step
+    row_info: wgpu::Buffer,   // [rows] RowInfo
+    ids: wgpu::Buffer,        // [rows * chunk] u32
+    x: wgpu::Buffer,          // [T, d] residual stream
+    h: wgpu::Buffer,          // [T, d] normed input of a block
+    q: wgpu::Buffer,          // [T, H * D] queries, then attention output (in place)
+    kv_global: wgpu::Buffer,  // [T, 2 * Hk * D] fresh global K then V
+    kv_local: wgpu::Buffer,   // [T, 2 * Hk * D] fresh local K then V
+    tmp: wgpu::Buffer,        // [T, d] projection output before a post-norm
+    up: wgpu::Buffer,         // [T, in_factor * F]
+    act: wgpu::Buffer,        // [T, F]
+    last_h: wgpu::Buffer,     // [rows, d] final-normed hidden state of each row's last real token
+    logits: wgpu::Buffer,     // [rows, vocab]
+    samplers: wgpu::Buffer,   // [rows] Sampler
+    sampled: wgpu::Buffer,    // [rows] u32
+    dummy: wgpu::Buffer,      // bound where a kernel's optional input is absent
+    logits_read: wgpu::Buffer,
+    sampled_read: wgpu::Buffer,
+}
+
+/// A model on the GPU with its KV cache: the object that decodes.
+pub struct Engine {
+    gpu: Gpu,
+    cfg: ModelConfig,
+    pipelines: Pipelines,
+    cache: KvCache,
+    chunk: usize,
+    s: Scratch,
+    _weights: GpuWeights,
+    _rope: HashMap<u32, wgpu::Buffer>,
+    /// Every dispatch of one chunk up to the final hidden states, in order.
+    chunk_dispatches: Vec<Dispatch>,
+    /// Final norm at each row's last token, then the LM head parts.
+    head_dispatches: Vec<Dispatch>,
+    sample_dispatch: Dispatch,
+    stats: Stats,
+}
+
+/// Everything the per-layer builder needs to see while it builds dispatches.
+struct Builder<'a> {
+    gpu: &'a Gpu,
+    cfg: &'a ModelConfig,
+    pipelines: &'a Pipelines,
+    cache: &'a KvCache,
+    s: &'a Scratch,
+    rope: &'a HashMap<u32, wgpu::Buffer>,
+}
+
+fn b(v: bool) -> f64 {
+    if v {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+impl Builder<'_> {
+    fn dispatch(&self, kernel: Kernel, constants: Constants, buffers: &[&wgpu::Buffer], grid: Grid) -> Dispatch {
+        Dispatch {
+            pipeline: self.pipelines.get(kernel, &constants),
+            bind: self.pipelines.bind(kernel, buffers),
+            grid,
+            wg: kernel.workgroup_size(),
+        }
+    }
+
+    /// `out (+)= norm(x) [* w]` over rows of d_model.
+    fn norm(&self, x: &wgpu::Buffer, w: Option<&wgpu::Buffer>, out: &wgpu::Buffer, accumulate: bool) -> Dispatch {
+        let c = self.cfg;
+        self.dispatch(
+            Kernel::RmsNorm,
+            vec![
+                ("D", c.d_model as f64),
+                ("EPS", c.norm_eps as f64),
+                ("HAS_WEIGHT", b(w.is_some())),
+                ("ACCUMULATE", b(accumulate)),
+            ],
+            &[&self.s.step, &self.s.row_info, x, w.unwrap_or(&self.s.dummy), out],
+            Grid::Tokens(1),
+        )
+    }
+
+    /// `y[:, offset..] (+)= x W^T`, one dispatch per weight part.
+    fn matmul(&self, x: &wgpu::Buffer, w: &GpuMatrix, y: &wgpu::Buffer, y_stride: usize, accumulate: bool) -> Vec<Dispatch> {
+        self.matmul_ext(x, w, y, y_stride, accumulate, false, 0.0)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_ext(
+        &self,
+        x: &wgpu::Buffer,
+        w: &GpuMatrix,
+        y: &wgpu::Buffer,
+        y_stride: usize,
+        accumulate: bool,
+        per_row: bool,
+        softcap: f32,
+    ) -> Vec<Dispatch> {
+        w.parts
+            .iter()
+            .map(|p| {
+                self.dispatch(
+                    Kernel::Matmul,
+                    vec![
+                        ("K", w.cols as f64),
+                        ("O_ROWS", p.rows as f64),
+                        ("OUT_STRIDE", y_stride as f64),
+                        ("OUT_OFFSET", p.row_start as f64),
+                        ("W_F16", b(w.f16)),
+                        ("ACCUMULATE", b(accumulate)),
+                        ("SOFTCAP", softcap as f64),
+                        ("PER_ROW", b(per_row)),
+                    ],
+                    &[&self.s.step, x, &p.buffer, y],
+                    Grid::Matmul { out_rows: p.rows, per_row },
+                )
+            })
+            .collect()
+    }
+
+    /// qk-norm (optional) and RoPE at each token's position, in place on `heads` heads per token.
+    fn rope(&self, t: &wgpu::Buffer, heads: usize, stride: usize, w: Option<&wgpu::Buffer>, theta: f32) -> Dispatch {
+        let c = self.cfg;
+        self.dispatch(
+            Kernel::QkRope,
+            vec![
+                ("HEADS", heads as f64),
+                ("D", c.head_dim as f64),
+                ("STRIDE", stride as f64),
+                ("NORM", b(c.qk_norm)),
+                ("HAS_WEIGHT", b(w.is_some())),
+                ("EPS", c.norm_eps as f64),
+            ],
+            &[&self.s.step, &self.s.row_info, t, w.unwrap_or(&self.s.dummy), &self.rope[&theta.to_bits()]],
+            Grid::Tokens(heads),
+        )
+    }
+
+    /// Scatter fresh K/V into a cache of `slots` positions per row (global) or a ring.
+    fn kv_write(&self, fresh: &wgpu::Buffer, kv: &(wgpu::Buffer, wgpu::Buffer), slots: usize, ring: bool) -> Dispatch {
+        let c = self.cfg;
+        self.dispatch(
+            Kernel::KvWrite,
+            vec![
+                ("HK", c.n_kv_heads as f64),
+                ("D", c.head_dim as f64),
+                ("SLOTS", slots as f64),
+                ("RING", b(ring)),
+                ("KV_F16", b(self.cache.dtype() == KvDtype::F16)),
+            ],
+            &[&self.s.step, &self.s.row_info, fresh, &kv.0, &kv.1],
+            Grid::Tokens(c.n_kv_heads * c.head_dim / 2),
+        )
+    }
+
+    /// The dispatch order of one layer, top to bottom.
+    fn layer(&self, i: usize, lw: &GpuLayer) -> Vec<Dispatch> {
+        let (c, s, cache) = (self.cfg, self.s, self.cache);
+        let spec = c.layers[i];
+        let (hd, kvd) = (c.n_heads * c.head_dim, 2 * c.n_kv_heads * c.head_dim);
+        let theta = c.layer_theta(i);
+        let mut out = Vec::new();
+        // 1. h = norm(x)
+        out.push(self.norm(&s.x, lw.attn_norm.as_ref(), &s.h, false));
+        // 2. q = h Wq^T, qk-norm, RoPE at each token's own position
+        out.extend(self.matmul(&s.h, &lw.wq, &s.q, hd, false));
+        out.push(self.rope(&s.q, c.n_heads, hd, lw.q_norm.as_ref(), theta));
+        // 3. writer layers: fresh global K/V, rotate K, scatter into the group's cache now, so this
+        //    layer and the group's later layers see the chunk's keys (padding -> scratch slot)
+        let group = spec.global_group.map(|g| &cache.global[g]);
+        if let (true, Some(kvg), Some(g)) = (spec.writes_global, lw.kv_global.as_ref(), group) {
+            out.extend(self.matmul(&s.h, kvg, &s.kv_global, kvd, false));
+            out.push(self.rope(&s.kv_global, c.n_kv_heads, kvd, lw.k_norm.as_ref(), theta));
+            out.push(self.kv_write(&s.kv_global, g, cache.max_len() + 1, false));
+        }
+        // 4. local layers: fresh local K/V and rotate K; the ring is written after attention
+        let ring = cache.ring[i].as_ref();
+        if let (Some(kvl), Some(_)) = (lw.kv_local.as_ref(), ring) {
+            out.extend(self.matmul(&s.h, kvl, &s.kv_local, kvd, false));
+            out.push(self.rope(&s.kv_local, c.n_kv_heads, kvd, lw.k_norm.as_ref(), theta));
+        }
+        // 5. attention over global keys + ring + the chunk's fresh local keys; output replaces q
+        let (gk, gv) = group.map_or((&s.dummy, &s.dummy), |g| (&g.0, &g.1));
+        let (lk, lv) = ring.map_or((&s.dummy, &s.dummy), |r| (&r.0, &r.1));
+        out.push(self.dispatch(
+            Kernel::Attention,
+            vec![
+                ("H", c.n_heads as f64),
+                ("HK", c.n_kv_heads as f64),
+                ("D", c.head_dim as f64),
+                ("GLOBAL_SLOTS", (cache.max_len() + 1) as f64),
+                ("W", cache.window().max(1) as f64),
+                ("HAS_GLOBAL", b(group.is_some())),
+                ("HAS_LOCAL", b(ring.is_some())),
+                ("KV_F16", b(cache.dtype() == KvDtype::F16)),
+                ("SCALE", c.attn_scale as f64),
+            ],
+            &[&s.step, &s.row_info, &s.q, &cache.lpos, gk, gv, lk, lv, &s.kv_local],
+            Grid::Tokens(c.n_heads),
+        ));
+        // 6. ring write: the last W real tokens of each row survive, the rest go to the scratch slot
+        if let Some(r) = ring {
+            out.push(self.kv_write(&s.kv_local, r, cache.window() + 1, true));
+        }
+        // 7. output projection and residual (Gemma: norm the projection before adding it)
+        if c.post_norms {
+            out.extend(self.matmul(&s.q, &lw.wo, &s.tmp, c.d_model, false));
+            out.push(self.norm(&s.tmp, lw.post_attn_norm.as_ref(), &s.x, true));
+        } else {
+            out.extend(self.matmul(&s.q, &lw.wo, &s.x, c.d_model, true));
+        }
+        // 8. MLP and residual
+        let f = c.ffn;
+        out.push(self.norm(&s.x, lw.mlp_norm.as_ref(), &s.h, false));
+        out.extend(self.matmul(&s.h, &lw.mlp_in, &s.up, c.mlp.in_factor() * f, false));
+        let act = match c.mlp {
+            MlpKind::ReluSquared => 0.0,
+            MlpKind::SwiGlu => 1.0,
+            MlpKind::GeluTanhGated => 2.0,
+        };
+        out.push(self.dispatch(
+            Kernel::MlpAct,
+            vec![("F", f as f64), ("ACT", act)],
+            &[&s.step, &s.up, &s.act],
+            Grid::Tokens(f),
+        ));
+        if c.post_norms {
+            out.extend(self.matmul(&s.act, &lw.mlp_out, &s.tmp, c.d_model, false));
+            out.push(self.norm(&s.tmp, lw.post_mlp_norm.as_ref(), &s.x, true));
+        } else {
+            out.extend(self.matmul(&s.act, &lw.mlp_out, &s.x, c.d_model, true));
+        }
+        out
+    }
+}
+
+impl Engine {
+    /// Upload `weights`, allocate the cache and every buffer, and build every pipeline and bind
+    /// group. Nothing is allocated per step after this.
+    pub fn new(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
+        weights.check()?;
+        let cfg = weights.cfg.clone();
+        let cache = KvCache::new(gpu, &cfg, opts.rows, opts.max_len, opts.kv)?;
+        let gw = GpuWeights::upload(gpu, weights, opts.weights)?;
+        let rows = opts.rows;
+        let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
+        let widest = [d, hd, kvd, cfg.mlp.in_factor() * cfg.ffn].into_iter().max().unwrap_or(d) * 4;
+        // chunk width: as many tokens per row as fit one binding for the widest activation
+        let chunk = CHUNK.min((gpu.max_binding() as usize / (rows * widest)).max(0));
+        if chunk == 0 {
+            return Err(Error::Limit(format!(
+                "{rows} rows x {widest} bytes of activations per token exceed one storage binding; use fewer rows"
+            )));
+        }
+        let t = rows * chunk;
+        let f4 = |n: usize| (n * 4) as u64;
+        let map_read = |label: &str, size: u64| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let s = Scratch {
+            step: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("step"),
+                size: 16,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            row_info: gpu.storage("row info", (rows * 16) as u64)?,
+            ids: gpu.storage("ids", f4(t))?,
+            x: gpu.storage("x", f4(t * d))?,
+            h: gpu.storage("h", f4(t * d))?,
+            q: gpu.storage("q", f4(t * hd))?,
+            kv_global: gpu.storage("fresh global kv", f4(t * kvd))?,
+            kv_local: gpu.storage("fresh local kv", f4(t * kvd))?,
+            tmp: gpu.storage("tmp", f4(t * d))?,
+            up: gpu.storage("mlp up", f4(t * cfg.mlp.in_factor() * cfg.ffn))?,
+            act: gpu.storage("mlp act", f4(t * cfg.ffn))?,
+            last_h: gpu.storage("last hidden", f4(rows * d))?,
+            logits: gpu.storage("logits", f4(rows * cfg.vocab))?,
+            samplers: gpu.storage("samplers", (rows * 16) as u64)?,
+            sampled: gpu.storage("sampled ids", f4(rows))?,
+            dummy: gpu.storage("dummy", 16)?,
+            logits_read: map_read("logits readback", f4(rows * cfg.vocab)),
+            sampled_read: map_read("sampled readback", f4(rows).max(16)),
+        };
+        let mut rope = HashMap::new();
+        for i in 0..cfg.n_layers() {
+            let theta = cfg.layer_theta(i);
+            if let std::collections::hash_map::Entry::Vacant(e) = rope.entry(theta.to_bits()) {
+                let table = rope_table(theta, cfg.head_dim, opts.max_len);
+                e.insert(gpu.storage_init(&format!("rope theta {theta}"), bytemuck::cast_slice(&table))?);
+            }
+        }
+        let pipelines = Pipelines::new(&gpu.device);
+        let bld = Builder { gpu, cfg: &cfg, pipelines: &pipelines, cache: &cache, s: &s, rope: &rope };
+        let _ = bld.gpu;
+        let mut chunk_dispatches = Vec::new();
+        // embedding gather, one dispatch per table part
+        for p in &gw.embed.parts {
+            chunk_dispatches.push(bld.dispatch(
+                Kernel::Embed,
+                vec![
+                    ("D", d as f64),
+                    ("PART_START", p.row_start as f64),
+                    ("PART_ROWS", p.rows as f64),
+                    ("W_F16", b(gw.embed.f16)),
+                    ("EMBED_SCALE", cfg.embed_scale as f64),
+                ],
+                &[&s.step, &s.ids, &p.buffer, &s.x],
+                Grid::Tokens(d / 4),
+            ));
+        }
+        for (i, lw) in gw.layers.iter().enumerate() {
+            chunk_dispatches.extend(bld.layer(i, lw));
+        }
+        // bookkeeping once every layer has read the old ring positions
+        chunk_dispatches.push(bld.dispatch(
+            Kernel::Commit,
+            vec![
+                ("MAX_LEN", opts.max_len as f64),
+                ("W", cache.window().max(1) as f64),
+                ("HAS_RING", b(cfg.has_local())),
+            ],
+            &[&s.step, &s.row_info, &s.ids, &cache.history, &cache.lpos, &cache.lens],
+            Grid::Tokens(1),
+        ));
+        let mut head_dispatches = vec![bld.dispatch(
+            Kernel::RmsNorm,
+            vec![
+                ("D", d as f64),
+                ("EPS", cfg.norm_eps as f64),
+                ("HAS_WEIGHT", b(gw.final_norm.is_some())),
+                ("GATHER_LAST", 1.0),
+            ],
+            &[&s.step, &s.row_info, &s.x, gw.final_norm.as_ref().unwrap_or(&s.dummy), &s.last_h],
+            Grid::Rows(1),
+        )];
+        let head = gw.head.as_ref().unwrap_or(&gw.embed);
+        head_dispatches.extend(bld.matmul_ext(
+            &s.last_h,
+            head,
+            &s.logits,
+            cfg.vocab,
+            false,
+            true,
+            cfg.logit_softcap.unwrap_or(0.0),
+        ));
+        let sample_dispatch = bld.dispatch(
+            Kernel::Sample,
+            vec![("V", cfg.vocab as f64)],
+            &[&s.step, &s.row_info, &s.samplers, &s.logits, &s.sampled],
+            Grid::WorkgroupPerRow,
+        );
+        Ok(Engine {
+            gpu: gpu.clone(),
+            cfg,
+            pipelines,
+            cache,
+            chunk,
+            s,
+            _weights: gw,
+            _rope: rope,
+            chunk_dispatches,
+            head_dispatches,
+            sample_dispatch,
+            stats: Stats::default(),
+        })
+    }
+
+    /// The model configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The cache (lengths, history, sizes).
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Most new tokens per row in one chunk (one submit).
+    pub fn chunk_width(&self) -> usize {
+        self.chunk
+    }
+
+    /// Dispatches recorded per chunk when logits are returned (sampling adds one).
+    pub fn dispatches_per_chunk(&self) -> usize {
+        self.chunk_dispatches.len() + self.head_dispatches.len()
+    }
+
+    /// Distinct compute pipelines built.
+    pub fn pipeline_count(&self) -> usize {
+        self.pipelines.len()
+    }
+
+    /// Counters since construction.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Empty these cache rows (new sequences start there).
+    pub fn reset(&mut self, rows: &[usize]) -> Result<()> {
+        self.cache.reset(&self.gpu, rows)
+    }
+
+    /// Feed a right-padded chunk `ids` (`[R, width]`, row-major); chunk row `r` has `n_new[r]` real
+    /// tokens (0 leaves the row untouched). `rows`: the cache rows the chunk rows refer to (a
+    /// sub-batch); `None` means all cache rows in order. Returns the logits at each row's last real
+    /// token. Everything is checked before anything is written: on error no row changes.
+    pub fn append(&mut self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<Logits> {
+        let out = self.run(ids, width, n_new, rows, None)?;
+        let mut data = vec![0f32; n_new.len() * self.cfg.vocab];
+        if out.any {
+            self.read(&self.s.logits_read, bytemuck::cast_slice_mut(&mut data))?;
+        }
+        Ok(Logits { vocab: self.cfg.vocab, data, valid: n_new.iter().map(|&n| n > 0).collect() })
+    }
+
+    /// Like [`Engine::append`], but samples on the GPU and reads back only the ids: `samplers[r]`
+    /// picks chunk row `r`'s next token. Rows that received no token give `None`.
+    pub fn append_sample(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Option<u32>>> {
+        if samplers.len() != n_new.len() {
+            return Err(Error::Input(format!("{} samplers for {} chunk rows", samplers.len(), n_new.len())));
+        }
+        for (r, s) in samplers.iter().enumerate() {
+            s.check(r)?;
+        }
+        let out = self.run(ids, width, n_new, rows, Some(samplers))?;
+        let mut got = vec![0u32; n_new.len()];
+        if out.any {
+            self.read(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut got))?;
+        }
+        Ok(got.into_iter().zip(n_new).map(|(id, &n)| (n > 0).then_some(id)).collect())
+    }
+
+    /// Validate a call; the error names the row, index or limit.
+    fn check(&self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<Vec<usize>> {
+        let cache_rows: Vec<usize> = match rows {
+            Some(r) => {
+                self.cache.check_rows(r)?;
+                r.to_vec()
+            }
+            None => (0..self.cache.rows()).collect(),
+        };
+        let r_n = cache_rows.len();
+        if n_new.len() != r_n {
+            return Err(Error::Input(format!("n_new has {} entries for {r_n} chunk rows", n_new.len())));
+        }
+        if ids.len() != r_n * width {
+            return Err(Error::Input(format!(
+                "ids has {} entries, expected rows {r_n} x width {width} = {}",
+                ids.len(),
+                r_n * width
+            )));
+        }
+        for (r, (&n, &row)) in n_new.iter().zip(&cache_rows).enumerate() {
+            if n > width {
+                return Err(Error::Input(format!("chunk row {r} (cache row {row}): n_new {n} > width {width}")));
+            }
+            for j in 0..n {
+                let id = ids[r * width + j];
+                if id as usize >= self.cfg.vocab {
+                    return Err(Error::Input(format!(
+                        "chunk row {r} (cache row {row}), token {j}: id {id} is outside the vocabulary ({})",
+                        self.cfg.vocab
+                    )));
+                }
+            }
+            let len = self.cache.lens_cpu[row];
+            if len + n > self.cache.max_len() {
+                return Err(Error::CacheFull { row, len, n_new: n, max_len: self.cache.max_len() });
+            }
+        }
+        Ok(cache_rows)
+    }
+
+    fn run(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: Option<&[Sampler]>,
+    ) -> Result<RunOut> {
+        let cache_rows = self.check(ids, width, n_new, rows)?;
+        let r_n = cache_rows.len();
+        let longest = n_new.iter().copied().max().unwrap_or(0);
+        if longest == 0 {
+            return Ok(RunOut { any: false });
+        }
+        let n_chunks = longest.div_ceil(self.chunk);
+        let q = &self.gpu.queue;
+        for ci in 0..n_chunks {
+            let start = ci * self.chunk;
+            let n_sub: Vec<usize> = n_new.iter().map(|&n| n.saturating_sub(start).min(self.chunk)).collect();
+            let c = n_sub.iter().copied().max().unwrap_or(0);
+            let step = StepGpu { rows: r_n as u32, width: c as u32, tokens: (r_n * c) as u32, _pad: 0 };
+            let info: Vec<RowInfoGpu> = cache_rows
+                .iter()
+                .zip(&n_sub)
+                .map(|(&row, &n)| RowInfoGpu {
+                    cache_row: row as u32,
+                    n_new: n as u32,
+                    pos0: self.cache.lens_cpu[row] as u32,
+                    _pad: 0,
+                })
+                .collect();
+            let mut chunk_ids = vec![0u32; r_n * c];
+            for r in 0..r_n {
+                for j in 0..n_sub[r] {
+                    chunk_ids[r * c + j] = ids[r * width + start + j];
+                }
+            }
+            q.write_buffer(&self.s.step, 0, bytemuck::bytes_of(&step));
+            q.write_buffer(&self.s.row_info, 0, bytemuck::cast_slice(&info));
+            q.write_buffer(&self.s.ids, 0, bytemuck::cast_slice(&chunk_ids));
+            if let Some(sm) = samplers {
+                let g: Vec<SamplerGpu> = sm
+                    .iter()
+                    .zip(&cache_rows)
+                    .zip(&n_sub)
+                    .map(|((s, &row), &n)| SamplerGpu {
+                        temperature: s.temperature,
+                        seed: s.seed,
+                        counter: (self.cache.lens_cpu[row] + n) as u32,
+                        _pad: 0,
+                    })
+                    .collect();
+                q.write_buffer(&self.s.samplers, 0, bytemuck::cast_slice(&g));
+            }
+            let last = ci + 1 == n_chunks;
+            let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chunk") });
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("chunk"), timestamp_writes: None });
+                let mut n_disp = 0;
+                for d in self.chunk_dispatches.iter().chain(&self.head_dispatches) {
+                    d.record(&mut pass, r_n, c);
+                    n_disp += 1;
+                }
+                if samplers.is_some() {
+                    self.sample_dispatch.record(&mut pass, r_n, c);
+                    n_disp += 1;
+                }
+                self.stats.dispatches += n_disp;
+            }
+            if last {
+                if samplers.is_some() {
+                    enc.copy_buffer_to_buffer(&self.s.sampled, 0, &self.s.sampled_read, 0, (r_n * 4) as u64);
+                } else {
+                    let bytes = (r_n * self.cfg.vocab * 4) as u64;
+                    enc.copy_buffer_to_buffer(&self.s.logits, 0, &self.s.logits_read, 0, bytes);
+                }
+            }
+            q.submit([enc.finish()]);
+            self.stats.submits += 1;
+            self.stats.chunks += 1;
+            for (r, &row) in cache_rows.iter().enumerate() {
+                let n = n_sub[r];
+                self.cache.lens_cpu[row] += n;
+                self.cache.history_cpu[row].extend_from_slice(&ids[r * width + start..r * width + start + n]);
+            }
+        }
+        Ok(RunOut { any: true })
+    }
+
+    /// Map a readback buffer and copy its first `out.len()` bytes.
+    fn read(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
+        let slice = buf.slice(..out.len() as u64);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))?;
+        rx.recv()
+            .map_err(|_| Error::Device("readback callback never ran".into()))?
+            .map_err(|e| Error::Device(format!("readback failed: {e}")))?;
+        {
+            let view = slice.get_mapped_range().map_err(|e| Error::Device(format!("readback map: {e}")))?;
+            out.copy_from_slice(&view);
+        }
+        buf.unmap();
+        Ok(())
+    }
+}
+
+struct RunOut {
+    any: bool,
+}

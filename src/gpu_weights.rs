@@ -1,0 +1,121 @@
+//! Model weights on the GPU: matrices split into row parts that each fit one storage binding,
+//! f32 or f16 (packed two per u32), and norm weights with Gemma's `1 + w` folded in.
+
+use crate::config::ModelConfig;
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use crate::reference::norm_multiplier;
+use crate::weights::{Matrix, ModelWeights};
+
+/// Element type of matrices on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightDtype {
+    /// 32-bit floats.
+    F32,
+    /// IEEE halves packed two per u32 (unpacked in the shader, no `shader-f16` needed).
+    F16,
+}
+
+/// One row-range of a matrix in its own buffer.
+pub(crate) struct MatrixPart {
+    pub buffer: wgpu::Buffer,
+    pub row_start: usize,
+    pub rows: usize,
+}
+
+/// A matrix `[rows, cols]` on the GPU.
+pub(crate) struct GpuMatrix {
+    pub cols: usize,
+    pub f16: bool,
+    pub parts: Vec<MatrixPart>,
+}
+
+impl GpuMatrix {
+    pub(crate) fn upload(gpu: &Gpu, label: &str, m: &Matrix, dtype: WeightDtype) -> Result<Self> {
+        let elem = match dtype {
+            WeightDtype::F32 => 4,
+            WeightDtype::F16 => 2,
+        };
+        let row_bytes = (m.cols * elem) as u64;
+        let rows_per_part = (gpu.max_binding() / row_bytes.max(1)) as usize;
+        if rows_per_part == 0 {
+            return Err(Error::Limit(format!("{label}: one row of {row_bytes} bytes exceeds a storage binding")));
+        }
+        let mut parts = Vec::new();
+        let mut start = 0;
+        while start < m.rows {
+            let rows = rows_per_part.min(m.rows - start);
+            let vals = &m.data[start * m.cols..(start + rows) * m.cols];
+            let bytes: Vec<u8> = match dtype {
+                WeightDtype::F32 => bytemuck::cast_slice(vals).to_vec(),
+                WeightDtype::F16 => vals.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+            };
+            let buffer = gpu.storage_init(&format!("{label} rows {start}..{}", start + rows), &bytes)?;
+            parts.push(MatrixPart { buffer, row_start: start, rows });
+            start += rows;
+        }
+        Ok(GpuMatrix { cols: m.cols, f16: dtype == WeightDtype::F16, parts })
+    }
+}
+
+/// Per-layer GPU weights.
+pub(crate) struct GpuLayer {
+    pub attn_norm: Option<wgpu::Buffer>,
+    pub wq: GpuMatrix,
+    pub q_norm: Option<wgpu::Buffer>,
+    pub k_norm: Option<wgpu::Buffer>,
+    pub kv_global: Option<GpuMatrix>,
+    pub kv_local: Option<GpuMatrix>,
+    pub wo: GpuMatrix,
+    pub post_attn_norm: Option<wgpu::Buffer>,
+    pub mlp_norm: Option<wgpu::Buffer>,
+    pub post_mlp_norm: Option<wgpu::Buffer>,
+    pub mlp_in: GpuMatrix,
+    pub mlp_out: GpuMatrix,
+}
+
+/// All model weights on the GPU.
+pub(crate) struct GpuWeights {
+    pub embed: GpuMatrix,
+    /// `None` when tied: the LM head reads `embed`.
+    pub head: Option<GpuMatrix>,
+    pub final_norm: Option<wgpu::Buffer>,
+    pub layers: Vec<GpuLayer>,
+}
+
+impl GpuWeights {
+    pub(crate) fn upload(gpu: &Gpu, w: &ModelWeights, dtype: WeightDtype) -> Result<Self> {
+        w.check()?;
+        let cfg: &ModelConfig = &w.cfg;
+        let norm = |label: String, v: &Option<Vec<f32>>| -> Result<Option<wgpu::Buffer>> {
+            v.as_ref()
+                .map(|v| gpu.storage_init(&label, bytemuck::cast_slice(&norm_multiplier(cfg.norm, v))))
+                .transpose()
+        };
+        let mat = |label: String, m: &Matrix| GpuMatrix::upload(gpu, &label, m, dtype);
+        let mut layers = Vec::new();
+        for (i, l) in w.layers.iter().enumerate() {
+            let p = |s: &str| format!("layer {i} {s}");
+            layers.push(GpuLayer {
+                attn_norm: norm(p("attn_norm"), &l.attn_norm)?,
+                wq: mat(p("wq"), &l.wq)?,
+                q_norm: norm(p("q_norm"), &l.q_norm)?,
+                k_norm: norm(p("k_norm"), &l.k_norm)?,
+                kv_global: l.kv_global.as_ref().map(|m| mat(p("kv_global"), m)).transpose()?,
+                kv_local: l.kv_local.as_ref().map(|m| mat(p("kv_local"), m)).transpose()?,
+                wo: mat(p("wo"), &l.wo)?,
+                post_attn_norm: norm(p("post_attn_norm"), &l.post_attn_norm)?,
+                mlp_norm: norm(p("mlp_norm"), &l.mlp_norm)?,
+                post_mlp_norm: norm(p("post_mlp_norm"), &l.post_mlp_norm)?,
+                mlp_in: mat(p("mlp_in"), &l.mlp_in)?,
+                mlp_out: mat(p("mlp_out"), &l.mlp_out)?,
+            });
+        }
+        Ok(GpuWeights {
+            embed: mat("embed".into(), &w.embed)?,
+            head: w.head.as_ref().map(|h| mat("head".into(), h)).transpose()?,
+            final_norm: norm("final_norm".into(), &w.final_norm)?,
+            layers,
+        })
+    }
+}

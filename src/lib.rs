@@ -1,0 +1,39 @@
+//! kvdecode: incremental decoding of transformer language models on WebGPU compute shaders,
+//! many sequences at once, with a small per-row KV cache.
+//!
+//! ```no_run
+//! use kvdecode::{Engine, EngineOptions, Gpu, ModelConfig, ModelWeights};
+//! let gpu = Gpu::new()?;
+//! let cfg = ModelConfig::tiny_agent(256, 64, 4, 2, 16, 128, 4, 2, 8);
+//! let weights = ModelWeights::random(&cfg, 7)?;
+//! let mut engine = Engine::new(&gpu, &weights, EngineOptions::new(2, 128))?;
+//! // two rows: a 3-token prompt and a 1-token prompt, right-padded to width 3
+//! let logits = engine.append(&[5, 6, 7, 9, 0, 0], 3, &[3, 1], None)?;
+//! let next = kvdecode::argmax(logits.row(0).unwrap());
+//! # Ok::<(), kvdecode::Error>(())
+//! ```
+//!
+//! See `ARCHITECTURE.md` for the layout of the crate and `../shared/docs/DESIGN.md` for the
+//! semantics it keeps.
+
+pub mod cache;
+pub mod config;
+pub mod device;
+pub mod engine;
+pub mod error;
+mod gpu_weights;
+pub mod hf;
+pub mod npy;
+pub mod reference;
+pub mod sampling;
+pub mod shaders;
+pub mod weights;
+
+pub use cache::{KvCache, KvDtype};
+pub use config::{LayerSpec, MlpKind, ModelConfig, NormKind};
+pub use device::{Gpu, GpuOptions};
+pub use engine::{Engine, EngineOptions, Logits, Stats, CHUNK};
+pub use error::{Error, Result};
+pub use gpu_weights::WeightDtype;
+pub use sampling::{argmax, sample_cpu, Sampler};
+pub use weights::{DiskDtype, LayerWeights, Matrix, ModelWeights, SplitMix64};

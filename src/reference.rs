@@ -1,0 +1,196 @@
+//! The CPU reference forward: full recomputation of every position's logits, no cache.
+//! It is the oracle for every GPU path. f32 weights and activations, f64 accumulation.
+
+use crate::config::{MlpKind, ModelConfig, NormKind};
+use crate::error::{Error, Result};
+use crate::weights::{Matrix, ModelWeights};
+
+/// RoPE (cos, sin) for positions `0..n_pos`, `[n_pos, head_dim / 2]`, computed in f64.
+/// Shared by the reference and the GPU so both rotate by the same f32 values.
+pub fn rope_table(theta: f32, head_dim: usize, n_pos: usize) -> Vec<[f32; 2]> {
+    let half = head_dim / 2;
+    let mut out = Vec::with_capacity(n_pos * half);
+    for p in 0..n_pos {
+        for i in 0..half {
+            let inv = (theta as f64).powf(-(2.0 * i as f64) / head_dim as f64);
+            let a = p as f64 * inv;
+            out.push([a.cos() as f32, a.sin() as f32]);
+        }
+    }
+    out
+}
+
+/// The multiplier a stored norm weight stands for under `kind`.
+pub fn norm_multiplier(kind: NormKind, w: &[f32]) -> Vec<f32> {
+    match kind {
+        NormKind::OnePlusWeight => w.iter().map(|v| 1.0 + v).collect(),
+        _ => w.to_vec(),
+    }
+}
+
+fn rms_norm(x: &[f32], w: Option<&[f32]>, kind: NormKind, eps: f32) -> Vec<f32> {
+    let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    let inv = 1.0 / (ss / x.len() as f64 + eps as f64).sqrt();
+    let mult = w.map(|w| norm_multiplier(kind, w));
+    x.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let y = v as f64 * inv;
+            match &mult {
+                Some(m) => (y * m[i] as f64) as f32,
+                None => y as f32,
+            }
+        })
+        .collect()
+}
+
+fn matvec(m: &Matrix, x: &[f32]) -> Vec<f32> {
+    (0..m.rows)
+        .map(|r| m.row(r).iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32)
+        .collect()
+}
+
+fn rope(x: &mut [f32], cs: &[[f32; 2]]) {
+    let half = x.len() / 2;
+    for i in 0..half {
+        let (a, b) = (x[i], x[i + half]);
+        let [c, s] = cs[i];
+        x[i] = a * c - b * s;
+        x[i + half] = b * c + a * s;
+    }
+}
+
+/// Per-token K and V after norm and RoPE, `[T][n_kv_heads * head_dim]` each.
+struct Kv {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+fn project_kv(cfg: &ModelConfig, w: &Matrix, k_norm: Option<&[f32]>, h: &[Vec<f32>], rope_t: &[[f32; 2]]) -> Kv {
+    let (hk, d) = (cfg.n_kv_heads, cfg.head_dim);
+    let half = d / 2;
+    let mut kv = Kv { k: Vec::new(), v: Vec::new() };
+    for (t, ht) in h.iter().enumerate() {
+        let out = matvec(w, ht);
+        let mut k = out[..hk * d].to_vec();
+        for head in k.chunks_mut(d) {
+            if cfg.qk_norm {
+                let n = rms_norm(head, k_norm, cfg.norm, cfg.norm_eps);
+                head.copy_from_slice(&n);
+            }
+            rope(head, &rope_t[t * half..(t + 1) * half]);
+        }
+        kv.k.push(k);
+        kv.v.push(out[hk * d..].to_vec());
+    }
+    kv
+}
+
+/// Logits `[T, vocab]` at every position of `tokens` (position `t` sees tokens `0..=t`).
+pub fn forward(w: &ModelWeights, tokens: &[u32]) -> Result<Vec<f32>> {
+    let cfg = &w.cfg;
+    for (i, &t) in tokens.iter().enumerate() {
+        if t as usize >= cfg.vocab {
+            return Err(Error::Input(format!("token {i} = {t} is outside the vocabulary ({})", cfg.vocab)));
+        }
+    }
+    let n = tokens.len();
+    let (h_n, hk, d) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+    let rep = h_n / hk;
+    let half = d / 2;
+    let mut x: Vec<Vec<f32>> =
+        tokens.iter().map(|&t| w.embed.row(t as usize).iter().map(|v| v * cfg.embed_scale).collect()).collect();
+    let mut groups: Vec<Kv> = Vec::new();
+    for (li, (lw, spec)) in w.layers.iter().zip(&cfg.layers).enumerate() {
+        let rope_t = rope_table(cfg.layer_theta(li), d, n.max(1));
+        let h: Vec<Vec<f32>> = x.iter().map(|xt| rms_norm(xt, lw.attn_norm.as_deref(), cfg.norm, cfg.norm_eps)).collect();
+        if spec.writes_global {
+            let kv = project_kv(cfg, lw.kv_global.as_ref().expect("checked"), lw.k_norm.as_deref(), &h, &rope_t);
+            groups.push(kv);
+        }
+        let local =
+            spec.local.then(|| project_kv(cfg, lw.kv_local.as_ref().expect("checked"), lw.k_norm.as_deref(), &h, &rope_t));
+        let global = spec.global_group.map(|g| &groups[g]);
+        for t in 0..n {
+            let mut q = matvec(&lw.wq, &h[t]);
+            for head in q.chunks_mut(d) {
+                if cfg.qk_norm {
+                    let nq = rms_norm(head, lw.q_norm.as_deref(), cfg.norm, cfg.norm_eps);
+                    head.copy_from_slice(&nq);
+                }
+                rope(head, &rope_t[t * half..(t + 1) * half]);
+            }
+            let mut y = vec![0f32; h_n * d];
+            for head in 0..h_n {
+                let kh = head / rep;
+                let qh = &q[head * d..(head + 1) * d];
+                // (score, cache, position) for every visible key: global then local, one softmax
+                let mut keys: Vec<(f64, &Kv, usize)> = Vec::new();
+                let score = |kv: &Kv, s: usize| -> f64 {
+                    let k = &kv.k[s][kh * d..(kh + 1) * d];
+                    qh.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * cfg.attn_scale as f64
+                };
+                if let Some(g) = global {
+                    keys.extend((0..=t).map(|s| (score(g, s), g, s)));
+                }
+                if let Some(l) = &local {
+                    keys.extend(((t + 1).saturating_sub(cfg.window)..=t).map(|s| (score(l, s), l, s)));
+                }
+                let m = keys.iter().map(|k| k.0).fold(f64::NEG_INFINITY, f64::max);
+                let denom: f64 = keys.iter().map(|k| (k.0 - m).exp()).sum();
+                for &(s, kv, at) in &keys {
+                    let p = (s - m).exp() / denom;
+                    let v = &kv.v[at][kh * d..(kh + 1) * d];
+                    for (o, &vv) in y[head * d..(head + 1) * d].iter_mut().zip(v) {
+                        *o += (p * vv as f64) as f32;
+                    }
+                }
+            }
+            let mut o = matvec(&lw.wo, &y);
+            if cfg.post_norms {
+                o = rms_norm(&o, lw.post_attn_norm.as_deref(), cfg.norm, cfg.norm_eps);
+            }
+            // the residual of token t is applied after all tokens' attention of this layer read h
+            for (a, b) in x[t].iter_mut().zip(&o) {
+                *a += b;
+            }
+        }
+        for xt in x.iter_mut() {
+            let h2 = rms_norm(xt, lw.mlp_norm.as_deref(), cfg.norm, cfg.norm_eps);
+            let u = matvec(&lw.mlp_in, &h2);
+            let f = cfg.ffn;
+            let a: Vec<f32> = match cfg.mlp {
+                MlpKind::ReluSquared => u.iter().map(|&v| v.max(0.0) * v.max(0.0)).collect(),
+                MlpKind::SwiGlu => (0..f).map(|i| silu(u[i]) * u[f + i]).collect(),
+                MlpKind::GeluTanhGated => (0..f).map(|i| gelu_tanh(u[i]) * u[f + i]).collect(),
+            };
+            let mut mo = matvec(&lw.mlp_out, &a);
+            if cfg.post_norms {
+                mo = rms_norm(&mo, lw.post_mlp_norm.as_deref(), cfg.norm, cfg.norm_eps);
+            }
+            for (a, b) in xt.iter_mut().zip(&mo) {
+                *a += b;
+            }
+        }
+    }
+    let mut logits = Vec::with_capacity(n * cfg.vocab);
+    for xt in &x {
+        let hn = rms_norm(xt, w.final_norm.as_deref(), cfg.norm, cfg.norm_eps);
+        let mut l = matvec(w.head(), &hn);
+        if let Some(c) = cfg.logit_softcap {
+            for v in &mut l {
+                *v = c * (*v / c).tanh();
+            }
+        }
+        logits.extend(l);
+    }
+    Ok(logits)
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn gelu_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
+}

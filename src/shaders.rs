@@ -1,0 +1,209 @@
+//! WGSL sources (one file per concept under `shaders/`), their binding layouts, and the pipeline
+//! cache keyed by override constants (so no kernel is ever copy-pasted into variants).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+const COMMON: &str = include_str!("../shaders/common.wgsl");
+
+/// How a kernel binds one buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bind {
+    Uniform,
+    Read,
+    ReadWrite,
+}
+use Bind::{Read, ReadWrite, Uniform};
+
+/// Every compute kernel of the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Embedding gather (`embed.wgsl`).
+    Embed,
+    /// RMS norm (`rmsnorm.wgsl`).
+    RmsNorm,
+    /// Matrix product against a weight part (`matmul.wgsl`).
+    Matmul,
+    /// qk-norm + RoPE at per-row positions (`qk_rope.wgsl`).
+    QkRope,
+    /// Scatter K/V into a global cache or a ring (`kv_write.wgsl`).
+    KvWrite,
+    /// Attention against the cache (`attention.wgsl`).
+    Attention,
+    /// MLP activation (`mlp_act.wgsl`).
+    MlpAct,
+    /// End-of-chunk bookkeeping: lens, lpos, token history (`commit.wgsl`).
+    Commit,
+    /// Greedy / temperature sampling (`sample.wgsl`).
+    Sample,
+}
+
+impl Kernel {
+    /// All kernels.
+    pub const ALL: [Kernel; 9] = [
+        Kernel::Embed,
+        Kernel::RmsNorm,
+        Kernel::Matmul,
+        Kernel::QkRope,
+        Kernel::KvWrite,
+        Kernel::Attention,
+        Kernel::MlpAct,
+        Kernel::Commit,
+        Kernel::Sample,
+    ];
+
+    /// The WGSL file name under `shaders/`.
+    pub fn file(self) -> &'static str {
+        match self {
+            Kernel::Embed => "embed.wgsl",
+            Kernel::RmsNorm => "rmsnorm.wgsl",
+            Kernel::Matmul => "matmul.wgsl",
+            Kernel::QkRope => "qk_rope.wgsl",
+            Kernel::KvWrite => "kv_write.wgsl",
+            Kernel::Attention => "attention.wgsl",
+            Kernel::MlpAct => "mlp_act.wgsl",
+            Kernel::Commit => "commit.wgsl",
+            Kernel::Sample => "sample.wgsl",
+        }
+    }
+
+    /// The full WGSL module source: `common.wgsl` followed by the kernel's file.
+    pub fn source(self) -> String {
+        let body = match self {
+            Kernel::Embed => include_str!("../shaders/embed.wgsl"),
+            Kernel::RmsNorm => include_str!("../shaders/rmsnorm.wgsl"),
+            Kernel::Matmul => include_str!("../shaders/matmul.wgsl"),
+            Kernel::QkRope => include_str!("../shaders/qk_rope.wgsl"),
+            Kernel::KvWrite => include_str!("../shaders/kv_write.wgsl"),
+            Kernel::Attention => include_str!("../shaders/attention.wgsl"),
+            Kernel::MlpAct => include_str!("../shaders/mlp_act.wgsl"),
+            Kernel::Commit => include_str!("../shaders/commit.wgsl"),
+            Kernel::Sample => include_str!("../shaders/sample.wgsl"),
+        };
+        format!("{COMMON}\n{body}")
+    }
+
+    /// Binding kinds in binding order (group 0); must match the WGSL declarations.
+    pub(crate) fn bindings(self) -> &'static [Bind] {
+        match self {
+            Kernel::Embed => &[Uniform, Read, Read, ReadWrite],
+            Kernel::RmsNorm => &[Uniform, Read, Read, Read, ReadWrite],
+            Kernel::Matmul => &[Uniform, Read, Read, ReadWrite],
+            Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read],
+            Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, ReadWrite],
+            Kernel::Attention => &[Uniform, Read, ReadWrite, Read, Read, Read, Read, Read, Read],
+            Kernel::MlpAct => &[Uniform, Read, ReadWrite],
+            Kernel::Commit => &[Uniform, Read, Read, ReadWrite, ReadWrite, ReadWrite],
+            Kernel::Sample => &[Uniform, Read, Read, Read, ReadWrite],
+        }
+    }
+
+    /// Threads per workgroup (the `WG` constant of the kernel).
+    pub(crate) fn workgroup_size(self) -> u32 {
+        match self {
+            Kernel::Sample => 256,
+            _ => 64,
+        }
+    }
+}
+
+/// Override constants of one pipeline: name and value (bools as 0/1).
+pub(crate) type Constants = Vec<(&'static str, f64)>;
+
+type Key = (Kernel, Vec<(&'static str, u64)>);
+
+/// Shader modules, bind group layouts and pipelines, each created once per device.
+pub(crate) struct Pipelines {
+    device: wgpu::Device,
+    modules: HashMap<Kernel, wgpu::ShaderModule>,
+    layouts: HashMap<Kernel, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>,
+    cache: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl Pipelines {
+    pub(crate) fn new(device: &wgpu::Device) -> Self {
+        let mut modules = HashMap::new();
+        let mut layouts = HashMap::new();
+        for k in Kernel::ALL {
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(k.file()),
+                source: wgpu::ShaderSource::Wgsl(k.source().into()),
+            });
+            modules.insert(k, module);
+            let entries: Vec<_> = k
+                .bindings()
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+                    binding: i as u32,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: match b {
+                            Uniform => wgpu::BufferBindingType::Uniform,
+                            Read => wgpu::BufferBindingType::Storage { read_only: true },
+                            ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+                        },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                })
+                .collect();
+            let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(k.file()),
+                entries: &entries,
+            });
+            let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(k.file()),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+            layouts.insert(k, (bgl, pl));
+        }
+        Pipelines { device: device.clone(), modules, layouts, cache: Mutex::new(HashMap::new()) }
+    }
+
+    /// The pipeline of `kernel` specialized with `constants`, built on first use.
+    pub(crate) fn get(&self, kernel: Kernel, constants: &Constants) -> Arc<wgpu::ComputePipeline> {
+        let mut key_consts: Vec<(&'static str, u64)> = constants.iter().map(|(n, v)| (*n, v.to_bits())).collect();
+        key_consts.sort();
+        let key = (kernel, key_consts);
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(kernel.file()),
+                    layout: Some(&self.layouts[&kernel].1),
+                    module: &self.modules[&kernel],
+                    entry_point: Some("main"),
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        constants,
+                        zero_initialize_workgroup_memory: false,
+                    },
+                    cache: None,
+                }))
+            })
+            .clone()
+    }
+
+    /// Number of distinct pipelines built so far.
+    pub(crate) fn len(&self) -> usize {
+        self.cache.lock().map(|c| c.len()).unwrap_or(0)
+    }
+
+    /// A bind group of `kernel` over whole buffers, in binding order.
+    pub(crate) fn bind(&self, kernel: Kernel, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        assert_eq!(buffers.len(), kernel.bindings().len(), "{}: binding count", kernel.file());
+        let entries: Vec<_> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+            .collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.file()),
+            layout: &self.layouts[&kernel].0,
+            entries: &entries,
+        })
+    }
+}

@@ -1,0 +1,487 @@
+//! Model weights on the host (f32), seeded random init, and the TinyAgent safetensors format.
+//! Hugging Face checkpoints are in [`crate::hf`].
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::config::{ModelConfig, NormKind};
+use crate::error::{file_err, Error, Result};
+
+/// A dense f32 matrix in PyTorch layout `[rows, cols]` (`rows` = output features).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Matrix {
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// Row-major values.
+    pub data: Vec<f32>,
+}
+
+impl Matrix {
+    /// A matrix from row-major data; errors if the length does not match.
+    pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Result<Self> {
+        if data.len() != rows * cols {
+            return Err(Error::Weights(format!(
+                "matrix [{rows}, {cols}] needs {} values, got {}",
+                rows * cols,
+                data.len()
+            )));
+        }
+        Ok(Matrix { rows, cols, data })
+    }
+
+    /// Row `r`.
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+
+    /// Stack matrices with equal `cols` on top of each other (fused projections).
+    pub fn vstack(parts: &[Matrix]) -> Result<Matrix> {
+        let cols = parts.first().map_or(0, |m| m.cols);
+        if parts.iter().any(|m| m.cols != cols) {
+            return Err(Error::Weights("fused projection parts have different input widths".into()));
+        }
+        let rows = parts.iter().map(|m| m.rows).sum();
+        let data = parts.iter().flat_map(|m| m.data.iter().copied()).collect();
+        Matrix::new(rows, cols, data)
+    }
+}
+
+/// One layer's weights. Norm weights are raw (`w`); [`NormKind`] says how they apply.
+/// Fused layouts: `kv_*` is `[k; v]` (`2 * n_kv_heads * head_dim` rows), gated `mlp_in` is
+/// `[gate; up]` (`2 * ffn` rows).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerWeights {
+    /// Norm before attention (`None` for [`NormKind::Plain`]).
+    pub attn_norm: Option<Vec<f32>>,
+    /// Query projection `[n_heads * head_dim, d_model]`.
+    pub wq: Matrix,
+    /// qk-norm weight for queries `[head_dim]`.
+    pub q_norm: Option<Vec<f32>>,
+    /// qk-norm weight for keys `[head_dim]`.
+    pub k_norm: Option<Vec<f32>>,
+    /// Fused K/V projection into the group's global cache (writer layers).
+    pub kv_global: Option<Matrix>,
+    /// Fused K/V projection into this layer's ring (local layers).
+    pub kv_local: Option<Matrix>,
+    /// Output projection `[d_model, n_heads * head_dim]`.
+    pub wo: Matrix,
+    /// Gemma: norm of the attention output before the residual add.
+    pub post_attn_norm: Option<Vec<f32>>,
+    /// Norm before the MLP.
+    pub mlp_norm: Option<Vec<f32>>,
+    /// Gemma: norm of the MLP output before the residual add.
+    pub post_mlp_norm: Option<Vec<f32>>,
+    /// MLP input projection `[in_factor * ffn, d_model]`.
+    pub mlp_in: Matrix,
+    /// MLP output projection `[d_model, ffn]`.
+    pub mlp_out: Matrix,
+}
+
+/// A whole model: its config and f32 weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelWeights {
+    /// The configuration these weights follow.
+    pub cfg: ModelConfig,
+    /// Token embedding `[vocab, d_model]`.
+    pub embed: Matrix,
+    /// Per-layer weights.
+    pub layers: Vec<LayerWeights>,
+    /// Final norm weight.
+    pub final_norm: Option<Vec<f32>>,
+    /// LM head `[vocab, d_model]`; `None` when tied to the embedding.
+    pub head: Option<Matrix>,
+}
+
+/// SplitMix64: a tiny, well-known seeded generator for reproducible weights and tests.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform integer in `0..n` (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f32 {
+        let u1 = self.uniform().max(1e-300);
+        let u2 = self.uniform();
+        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    }
+}
+
+impl ModelWeights {
+    /// Seeded random weights for `cfg` (projections `N(0, 1/fan_in)`, embeddings `N(0, 1)`,
+    /// norm weights random around their identity so a `w` / `1 + w` mix-up shows).
+    pub fn random(cfg: &ModelConfig, seed: u64) -> Result<Self> {
+        cfg.validate()?;
+        let mut rng = SplitMix64(seed);
+        let mut mat = |rows: usize, cols: usize, gain: f32| {
+            let s = gain / (cols as f32).sqrt();
+            let data = (0..rows * cols).map(|_| rng.normal() * s).collect();
+            Matrix { rows, cols, data }
+        };
+        let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
+        let mut layer_mats = Vec::new();
+        for l in &cfg.layers {
+            let wq = mat(hd, d, 1.0);
+            let kv_global = l.writes_global.then(|| mat(kvd, d, 1.0));
+            let kv_local = l.local.then(|| mat(kvd, d, 1.0));
+            let wo = mat(d, hd, 0.5);
+            let mlp_in = mat(cfg.mlp.in_factor() * cfg.ffn, d, 1.0);
+            let mlp_out = mat(d, cfg.ffn, 0.5);
+            layer_mats.push((wq, kv_global, kv_local, wo, mlp_in, mlp_out));
+        }
+        let embed = mat(cfg.vocab, d, (d as f32).sqrt());
+        let head = (!cfg.tie_embeddings).then(|| mat(cfg.vocab, d, 2.0));
+        let mut rng = SplitMix64(seed ^ 0x5EED_0F_4E_0A3);
+        let mut norm = |n: usize| -> Option<Vec<f32>> {
+            match cfg.norm {
+                NormKind::Plain => None,
+                NormKind::Weight => Some((0..n).map(|_| 1.0 + 0.2 * rng.normal()).collect()),
+                NormKind::OnePlusWeight => Some((0..n).map(|_| 0.2 * rng.normal()).collect()),
+            }
+        };
+        let mut layers = Vec::new();
+        for (wq, kv_global, kv_local, wo, mlp_in, mlp_out) in layer_mats {
+            let qk = cfg.qk_norm;
+            layers.push(LayerWeights {
+                attn_norm: norm(d),
+                wq,
+                q_norm: if qk { norm(cfg.head_dim) } else { None },
+                k_norm: if qk { norm(cfg.head_dim) } else { None },
+                kv_global,
+                kv_local,
+                wo,
+                post_attn_norm: if cfg.post_norms { norm(d) } else { None },
+                mlp_norm: norm(d),
+                post_mlp_norm: if cfg.post_norms { norm(d) } else { None },
+                mlp_in,
+                mlp_out,
+            });
+        }
+        let w = ModelWeights { cfg: cfg.clone(), embed, layers, final_norm: norm(d), head };
+        w.check()?;
+        Ok(w)
+    }
+
+    /// The LM head matrix (the embedding when tied).
+    pub fn head(&self) -> &Matrix {
+        self.head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// A copy with every matrix rounded to f16 (what the GPU computes with f16 weights).
+    pub fn rounded_to_f16(&self) -> Self {
+        let mut w = self.clone();
+        let r = |m: &mut Matrix| {
+            for v in &mut m.data {
+                *v = half::f16::from_f32(*v).to_f32();
+            }
+        };
+        r(&mut w.embed);
+        if let Some(h) = &mut w.head {
+            r(h);
+        }
+        for l in &mut w.layers {
+            r(&mut l.wq);
+            r(&mut l.wo);
+            r(&mut l.mlp_in);
+            r(&mut l.mlp_out);
+            if let Some(m) = &mut l.kv_global {
+                r(m);
+            }
+            if let Some(m) = &mut l.kv_local {
+                r(m);
+            }
+        }
+        w
+    }
+
+    /// Check every tensor against the config; the error names the tensor.
+    pub fn check(&self) -> Result<()> {
+        let c = &self.cfg;
+        c.validate()?;
+        let (d, hd, kvd) = (c.d_model, c.n_heads * c.head_dim, 2 * c.n_kv_heads * c.head_dim);
+        let shape = |name: &str, m: &Matrix, rows: usize, cols: usize| {
+            if m.rows != rows || m.cols != cols || m.data.len() != rows * cols {
+                Err(Error::Weights(format!(
+                    "{name}: shape [{}, {}], expected [{rows}, {cols}]",
+                    m.rows, m.cols
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let vec = |name: &str, v: &Option<Vec<f32>>, n: usize, want: bool| match (v, want) {
+            (Some(v), true) if v.len() == n => Ok(()),
+            (Some(v), true) => Err(Error::Weights(format!("{name}: length {}, expected {n}", v.len()))),
+            (None, false) => Ok(()),
+            (None, true) => Err(Error::Weights(format!("{name}: missing"))),
+            (Some(_), false) => Err(Error::Weights(format!("{name}: present but the config has no such norm"))),
+        };
+        let has_w = c.norm != NormKind::Plain;
+        shape("embed", &self.embed, c.vocab, d)?;
+        if let Some(h) = &self.head {
+            shape("head", h, c.vocab, d)?;
+        } else if !c.tie_embeddings {
+            return Err(Error::Weights("head: missing (and embeddings are not tied)".into()));
+        }
+        vec("final_norm", &self.final_norm, d, has_w)?;
+        if self.layers.len() != c.layers.len() {
+            return Err(Error::Weights(format!(
+                "{} layers of weights for {} layers in the config",
+                self.layers.len(),
+                c.layers.len()
+            )));
+        }
+        for (i, (l, spec)) in self.layers.iter().zip(&c.layers).enumerate() {
+            let p = |s: &str| format!("layer {i} {s}");
+            vec(&p("attn_norm"), &l.attn_norm, d, has_w)?;
+            vec(&p("mlp_norm"), &l.mlp_norm, d, has_w)?;
+            vec(&p("q_norm"), &l.q_norm, c.head_dim, has_w && c.qk_norm)?;
+            vec(&p("k_norm"), &l.k_norm, c.head_dim, has_w && c.qk_norm)?;
+            vec(&p("post_attn_norm"), &l.post_attn_norm, d, has_w && c.post_norms)?;
+            vec(&p("post_mlp_norm"), &l.post_mlp_norm, d, has_w && c.post_norms)?;
+            shape(&p("wq"), &l.wq, hd, d)?;
+            shape(&p("wo"), &l.wo, d, hd)?;
+            shape(&p("mlp_in"), &l.mlp_in, c.mlp.in_factor() * c.ffn, d)?;
+            shape(&p("mlp_out"), &l.mlp_out, d, c.ffn)?;
+            match (&l.kv_global, spec.writes_global) {
+                (Some(m), true) => shape(&p("kv_global"), m, kvd, d)?,
+                (None, false) => {}
+                (None, true) => return Err(Error::Weights(p("kv_global: missing"))),
+                (Some(_), false) => return Err(Error::Weights(p("kv_global: present on a non-writer layer"))),
+            }
+            match (&l.kv_local, spec.local) {
+                (Some(m), true) => shape(&p("kv_local"), m, kvd, d)?,
+                (None, false) => {}
+                (None, true) => return Err(Error::Weights(p("kv_local: missing"))),
+                (Some(_), false) => return Err(Error::Weights(p("kv_local: present on a non-local layer"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Load a kvdecode/TinyAgent safetensors file (config in the `kvdecode.config` metadata).
+    pub fn load_safetensors(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| file_err(path, e))?;
+        Self::from_safetensors_bytes(&bytes).map_err(|e| match e {
+            Error::File { .. } => e,
+            other => file_err(path, other),
+        })
+    }
+
+    /// Parse a kvdecode/TinyAgent safetensors file from memory.
+    pub fn from_safetensors_bytes(bytes: &[u8]) -> Result<Self> {
+        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
+            .map_err(|e| Error::Weights(format!("not a safetensors file: {e}")))?;
+        let cfg_json = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get(CONFIG_KEY))
+            .ok_or_else(|| Error::Weights(format!("no `{CONFIG_KEY}` metadata (is this a kvdecode model?)")))?;
+        let cfg: ModelConfig = serde_json::from_str(cfg_json)
+            .map_err(|e| Error::Weights(format!("bad `{CONFIG_KEY}` metadata: {e}")))?;
+        cfg.validate()?;
+        let st = TensorFile::parse(bytes)?;
+        let mut layers = Vec::new();
+        let norm = |name: &str, want: bool| -> Result<Option<Vec<f32>>> {
+            if want {
+                st.vector(name).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let has_w = cfg.norm != NormKind::Plain;
+        for (i, spec) in cfg.layers.iter().enumerate() {
+            let b = format!("blocks.{i}");
+            layers.push(LayerWeights {
+                attn_norm: norm(&format!("{b}.attn_norm.weight"), has_w)?,
+                wq: st.matrix(&format!("{b}.attn.w_q.weight"))?,
+                q_norm: norm(&format!("{b}.attn.q_norm.weight"), has_w && cfg.qk_norm)?,
+                k_norm: norm(&format!("{b}.attn.k_norm.weight"), has_w && cfg.qk_norm)?,
+                kv_global: spec
+                    .writes_global
+                    .then(|| st.matrix(&format!("{b}.attn.w_kv_global.weight")))
+                    .transpose()?,
+                kv_local: spec.local.then(|| st.matrix(&format!("{b}.attn.w_kv_local.weight"))).transpose()?,
+                wo: st.matrix(&format!("{b}.attn.w_o.weight"))?,
+                post_attn_norm: norm(&format!("{b}.post_attn_norm.weight"), has_w && cfg.post_norms)?,
+                mlp_norm: norm(&format!("{b}.mlp_norm.weight"), has_w)?,
+                post_mlp_norm: norm(&format!("{b}.post_mlp_norm.weight"), has_w && cfg.post_norms)?,
+                mlp_in: st.matrix(&format!("{b}.mlp.fc.weight"))?,
+                mlp_out: st.matrix(&format!("{b}.mlp.proj.weight"))?,
+            });
+        }
+        let w = ModelWeights {
+            embed: st.matrix("embed.weight")?,
+            head: if cfg.tie_embeddings { None } else { Some(st.matrix("head.weight")?) },
+            final_norm: norm("final_norm.weight", has_w)?,
+            layers,
+            cfg,
+        };
+        w.check()?;
+        Ok(w)
+    }
+
+    /// Save as safetensors in the TinyAgent naming, with the config in the metadata.
+    pub fn save_safetensors(&self, path: impl AsRef<Path>, dtype: DiskDtype) -> Result<()> {
+        let path = path.as_ref();
+        let bytes = self.to_safetensors_bytes(dtype)?;
+        std::fs::write(path, bytes).map_err(|e| file_err(path, e))
+    }
+
+    /// Serialize as safetensors bytes (see [`ModelWeights::save_safetensors`]).
+    pub fn to_safetensors_bytes(&self, dtype: DiskDtype) -> Result<Vec<u8>> {
+        let mut named: Vec<(String, Vec<usize>, &[f32])> = Vec::new();
+        fn m<'a>(named: &mut Vec<(String, Vec<usize>, &'a [f32])>, name: String, x: &'a Matrix) {
+            named.push((name, vec![x.rows, x.cols], &x.data));
+        }
+        fn v<'a>(named: &mut Vec<(String, Vec<usize>, &'a [f32])>, name: String, x: &'a Option<Vec<f32>>) {
+            if let Some(x) = x {
+                named.push((name, vec![x.len()], x));
+            }
+        }
+        let named_ref = &mut named;
+        m(named_ref, "embed.weight".into(), &self.embed);
+        if let Some(h) = &self.head {
+            m(named_ref, "head.weight".into(), h);
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            let b = format!("blocks.{i}");
+            m(named_ref, format!("{b}.attn.w_q.weight"), &l.wq);
+            if let Some(x) = &l.kv_global {
+                m(named_ref, format!("{b}.attn.w_kv_global.weight"), x);
+            }
+            if let Some(x) = &l.kv_local {
+                m(named_ref, format!("{b}.attn.w_kv_local.weight"), x);
+            }
+            m(named_ref, format!("{b}.attn.w_o.weight"), &l.wo);
+            m(named_ref, format!("{b}.mlp.fc.weight"), &l.mlp_in);
+            m(named_ref, format!("{b}.mlp.proj.weight"), &l.mlp_out);
+        }
+        v(named_ref, "final_norm.weight".into(), &self.final_norm);
+        for (i, l) in self.layers.iter().enumerate() {
+            let b = format!("blocks.{i}");
+            v(named_ref, format!("{b}.attn_norm.weight"), &l.attn_norm);
+            v(named_ref, format!("{b}.attn.q_norm.weight"), &l.q_norm);
+            v(named_ref, format!("{b}.attn.k_norm.weight"), &l.k_norm);
+            v(named_ref, format!("{b}.post_attn_norm.weight"), &l.post_attn_norm);
+            v(named_ref, format!("{b}.mlp_norm.weight"), &l.mlp_norm);
+            v(named_ref, format!("{b}.post_mlp_norm.weight"), &l.post_mlp_norm);
+        }
+        let encoded: Vec<(String, Vec<usize>, Vec<u8>)> =
+            named.into_iter().map(|(n, s, d)| (n, s, dtype.encode(d))).collect();
+        let views = encoded
+            .iter()
+            .map(|(n, s, b)| {
+                safetensors::tensor::TensorView::new(dtype.st(), s.clone(), b)
+                    .map(|v| (n.clone(), v))
+                    .map_err(|e| Error::Weights(format!("{n}: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let cfg = serde_json::to_string(&self.cfg).map_err(|e| Error::Weights(e.to_string()))?;
+        let meta = HashMap::from([(CONFIG_KEY.to_string(), cfg)]);
+        safetensors::tensor::serialize(views, Some(meta)).map_err(|e| Error::Weights(e.to_string()))
+    }
+}
+
+/// Metadata key holding the JSON [`ModelConfig`] in kvdecode safetensors files.
+pub const CONFIG_KEY: &str = "kvdecode.config";
+
+/// Element type written to disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskDtype {
+    /// 32-bit float.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl DiskDtype {
+    fn st(self) -> safetensors::Dtype {
+        match self {
+            DiskDtype::F32 => safetensors::Dtype::F32,
+            DiskDtype::F16 => safetensors::Dtype::F16,
+            DiskDtype::BF16 => safetensors::Dtype::BF16,
+        }
+    }
+    fn encode(self, x: &[f32]) -> Vec<u8> {
+        match self {
+            DiskDtype::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DiskDtype::F16 => x.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+            DiskDtype::BF16 => x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        }
+    }
+}
+
+/// A parsed safetensors file whose tensors are read by name and converted to f32 on demand.
+pub(crate) struct TensorFile<'a> {
+    st: safetensors::SafeTensors<'a>,
+}
+
+impl<'a> TensorFile<'a> {
+    pub(crate) fn parse(bytes: &'a [u8]) -> Result<Self> {
+        let st = safetensors::SafeTensors::deserialize(bytes)
+            .map_err(|e| Error::Weights(format!("not a valid safetensors file: {e}")))?;
+        Ok(TensorFile { st })
+    }
+
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.st.tensor(name).is_ok()
+    }
+
+    fn values(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        let t = self.st.tensor(name).map_err(|_| Error::Weights(format!("tensor `{name}` is missing")))?;
+        let data = t.data();
+        let vals: Vec<f32> = match t.dtype() {
+            safetensors::Dtype::F32 => {
+                data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+            }
+            safetensors::Dtype::F16 => {
+                data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            safetensors::Dtype::BF16 => {
+                data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            other => {
+                return Err(Error::Weights(format!(
+                    "tensor `{name}` has dtype {other:?}; supported: F32, F16, BF16"
+                )))
+            }
+        };
+        Ok((t.shape().to_vec(), vals))
+    }
+
+    pub(crate) fn matrix(&self, name: &str) -> Result<Matrix> {
+        let (shape, data) = self.values(name)?;
+        match shape[..] {
+            [r, c] => Matrix::new(r, c, data),
+            _ => Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected 2 dims"))),
+        }
+    }
+
+    pub(crate) fn vector(&self, name: &str) -> Result<Vec<f32>> {
+        let (shape, data) = self.values(name)?;
+        if shape.len() != 1 {
+            return Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected 1 dim")));
+        }
+        Ok(data)
+    }
+}
