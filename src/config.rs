@@ -154,9 +154,8 @@ impl ModelConfig {
         norm_eps: f32,
         tie_embeddings: bool,
     ) -> Self {
-        let layers = (0..n_layers)
-            .map(|i| LayerSpec { global_group: Some(i), writes_global: true, local: false })
-            .collect();
+        let layers =
+            (0..n_layers).map(|i| LayerSpec { global_group: Some(i), writes_global: true, local: false }).collect();
         ModelConfig {
             vocab,
             d_model,
@@ -221,21 +220,18 @@ impl ModelConfig {
                 return err(format!("{name} must be >= 1"));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
-            return err(format!(
-                "n_heads {} is not divisible by n_kv_heads {}",
-                self.n_heads, self.n_kv_heads
-            ));
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return err(format!("n_heads {} is not divisible by n_kv_heads {}", self.n_heads, self.n_kv_heads));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return err(format!("head_dim {} must be even (RoPE rotates pairs)", self.head_dim));
         }
         // vec4 kernels: every matrix input width is a multiple of 4
-        if self.head_dim % 4 != 0 || self.head_dim > 256 {
+        if !self.head_dim.is_multiple_of(4) || self.head_dim > 256 {
             return err(format!("head_dim {} must be a multiple of 4 and at most 256", self.head_dim));
         }
         for (name, v) in [("d_model", self.d_model), ("ffn", self.ffn)] {
-            if v % 4 != 0 {
+            if !v.is_multiple_of(4) {
                 return err(format!("{name} {v} must be a multiple of 4"));
             }
         }

@@ -46,34 +46,44 @@ impl Gpu {
 
     /// Async construction (the form the browser needs).
     pub async fn new_async(opts: &GpuOptions) -> Result<Self> {
-        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-        desc.backends = wgpu::Backends::all();
-        if let Ok(env) = std::env::var("WGPU_BACKEND") {
-            let chosen = wgpu::Backends::from_comma_list(&env);
-            if chosen.is_empty() {
-                return Err(Error::Device(format!(
-                    "WGPU_BACKEND={env:?} names no known backend (use vulkan, gl, metal, dx12 or webgpu)"
-                )));
+        // WGPU_BACKEND picks the backends; otherwise the primary ones (Vulkan, Metal, DX12) and, only
+        // if none has an adapter, GL (probing GL first prints EGL noise on headless machines).
+        let tries = match std::env::var("WGPU_BACKEND") {
+            Ok(env) => {
+                let chosen = wgpu::Backends::from_comma_list(&env);
+                if chosen.is_empty() {
+                    return Err(Error::Device(format!(
+                        "WGPU_BACKEND={env:?} names no known backend (use vulkan, gl, metal, dx12 or webgpu)"
+                    )));
+                }
+                vec![chosen]
+            }
+            Err(_) => vec![wgpu::Backends::PRIMARY | wgpu::Backends::BROWSER_WEBGPU, wgpu::Backends::SECONDARY],
+        };
+        let mut failures = Vec::new();
+        let mut found = None;
+        for backends in tries {
+            let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+            desc.backends = backends;
+            let instance = wgpu::Instance::new(desc);
+            match instance
+                .request_adapter(&wgpu::RequestAdapterOptions {
+                    power_preference: wgpu::PowerPreference::HighPerformance,
+                    ..Default::default()
+                })
+                .await
+            {
+                Ok(a) => {
+                    found = Some(a);
+                    break;
+                }
+                Err(e) => failures.push(format!("{backends:?}: {e}")),
             }
         }
-        let desc = desc.with_env();
-        let backends = desc.backends;
-        let instance = wgpu::Instance::new(desc);
-        let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions {
-                power_preference: wgpu::PowerPreference::HighPerformance,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| {
-                Error::Device(format!("no GPU adapter found on backends {backends:?} ({e}); {INSTALL_HINT}"))
-            })?;
+        let adapter = found
+            .ok_or_else(|| Error::Device(format!("no GPU adapter found ({}); {INSTALL_HINT}", failures.join("; "))))?;
         let info = adapter.get_info();
-        let limits = if opts.webgpu_default_limits {
-            wgpu::Limits::default()
-        } else {
-            adapter.limits()
-        };
+        let limits = if opts.webgpu_default_limits { wgpu::Limits::default() } else { adapter.limits() };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kvdecode"),
@@ -114,7 +124,7 @@ impl Gpu {
         let buf = self.storage(label, data.len() as u64)?;
         if !data.is_empty() {
             let mut padded;
-            let bytes = if data.len() % 4 != 0 {
+            let bytes = if !data.len().is_multiple_of(4) {
                 padded = data.to_vec();
                 padded.resize(data.len().next_multiple_of(4), 0);
                 &padded[..]

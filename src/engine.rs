@@ -134,22 +134,22 @@ impl Dispatch {
 
 /// Activation buffers, sized once for `rows * chunk` tokens.
 struct Scratch {
-    step: wgpu::Buffer,       // uniform Step
-    row_info: wgpu::Buffer,   // [rows] RowInfo
-    ids: wgpu::Buffer,        // [rows * chunk] u32
-    x: wgpu::Buffer,          // [T, d] residual stream
-    h: wgpu::Buffer,          // [T, d] normed input of a block
-    q: wgpu::Buffer,          // [T, H * D] queries, then attention output (in place)
-    kv_global: wgpu::Buffer,  // [T, 2 * Hk * D] fresh global K then V
-    kv_local: wgpu::Buffer,   // [T, 2 * Hk * D] fresh local K then V
-    tmp: wgpu::Buffer,        // [T, d] projection output before a post-norm
-    up: wgpu::Buffer,         // [T, in_factor * F]
-    act: wgpu::Buffer,        // [T, F]
-    last_h: wgpu::Buffer,     // [rows, d] final-normed hidden state of each row's last real token
-    logits: wgpu::Buffer,     // [rows, vocab]
-    samplers: wgpu::Buffer,   // [rows] Sampler
-    sampled: wgpu::Buffer,    // [rows] u32
-    dummy: wgpu::Buffer,      // bound where a kernel's optional input is absent
+    step: wgpu::Buffer,      // uniform Step
+    row_info: wgpu::Buffer,  // [rows] RowInfo
+    ids: wgpu::Buffer,       // [rows * chunk] u32
+    x: wgpu::Buffer,         // [T, d] residual stream
+    h: wgpu::Buffer,         // [T, d] normed input of a block
+    q: wgpu::Buffer,         // [T, H * D] queries, then attention output (in place)
+    kv_global: wgpu::Buffer, // [T, 2 * Hk * D] fresh global K then V
+    kv_local: wgpu::Buffer,  // [T, 2 * Hk * D] fresh local K then V
+    tmp: wgpu::Buffer,       // [T, d] projection output before a post-norm
+    up: wgpu::Buffer,        // [T, in_factor * F]
+    act: wgpu::Buffer,       // [T, F]
+    last_h: wgpu::Buffer,    // [rows, d] final-normed hidden state of each row's last real token
+    logits: wgpu::Buffer,    // [rows, vocab]
+    samplers: wgpu::Buffer,  // [rows] Sampler
+    sampled: wgpu::Buffer,   // [rows] u32
+    dummy: wgpu::Buffer,     // bound where a kernel's optional input is absent
     logits_read: wgpu::Buffer,
     sampled_read: wgpu::Buffer,
 }
@@ -217,7 +217,14 @@ impl Builder<'_> {
     }
 
     /// `y[:, offset..] (+)= x W^T`, one dispatch per weight part.
-    fn matmul(&self, x: &wgpu::Buffer, w: &GpuMatrix, y: &wgpu::Buffer, y_stride: usize, accumulate: bool) -> Vec<Dispatch> {
+    fn matmul(
+        &self,
+        x: &wgpu::Buffer,
+        w: &GpuMatrix,
+        y: &wgpu::Buffer,
+        y_stride: usize,
+        accumulate: bool,
+    ) -> Vec<Dispatch> {
         self.matmul_ext(x, w, y, y_stride, accumulate, false, 0.0)
     }
 
@@ -382,7 +389,7 @@ impl Engine {
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
         let widest = [d, hd, kvd, cfg.mlp.in_factor() * cfg.ffn].into_iter().max().unwrap_or(d) * 4;
         // chunk width: as many tokens per row as fit one binding for the widest activation
-        let chunk = CHUNK.min((gpu.max_binding() as usize / (rows * widest)).max(0));
+        let chunk = CHUNK.min(gpu.max_binding() as usize / (rows * widest));
         if chunk == 0 {
             return Err(Error::Limit(format!(
                 "{rows} rows x {widest} bytes of activations per token exceed one storage binding; use fewer rows"
@@ -680,9 +687,11 @@ impl Engine {
                 q.write_buffer(&self.s.samplers, 0, bytemuck::cast_slice(&g));
             }
             let last = ci + 1 == n_chunks;
-            let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chunk") });
+            let mut enc =
+                self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chunk") });
             {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("chunk"), timestamp_writes: None });
+                let mut pass = enc
+                    .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("chunk"), timestamp_writes: None });
                 let mut n_disp = 0;
                 for d in self.chunk_dispatches.iter().chain(&self.head_dispatches) {
                     d.record(&mut pass, r_n, c);
@@ -712,6 +721,29 @@ impl Engine {
             }
         }
         Ok(RunOut { any: true })
+    }
+
+    /// Test hook: the raw bytes of group `g`'s global K and V buffers (allocates; not for decoding).
+    #[doc(hidden)]
+    pub fn debug_read_global(&self, g: usize) -> Result<(Vec<u8>, Vec<u8>)> {
+        let (k, v) = self.cache.global.get(g).ok_or_else(|| Error::Input(format!("no group {g}")))?;
+        Ok((self.debug_read(k)?, self.debug_read(v)?))
+    }
+
+    fn debug_read(&self, src: &wgpu::Buffer) -> Result<Vec<u8>> {
+        let size = src.size();
+        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("debug readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(src, 0, &staging, 0, size);
+        self.gpu.queue.submit([enc.finish()]);
+        let mut out = vec![0u8; size as usize];
+        self.read(&staging, &mut out)?;
+        Ok(out)
     }
 
     /// Map a readback buffer and copy its first `out.len()` bytes.

@@ -41,7 +41,7 @@ pub fn config_from_json(text: &str) -> Result<ModelConfig> {
     let d = need_usize(&cfg, "hidden_size")?;
     let heads = need_usize(&cfg, "num_attention_heads")?;
     let kv_heads = get_usize(&cfg, "num_key_value_heads")?.unwrap_or(heads);
-    let head_dim = get_usize(&cfg, "head_dim")?.unwrap_or(if heads > 0 { d / heads } else { 0 });
+    let head_dim = get_usize(&cfg, "head_dim")?.unwrap_or(d.checked_div(heads).unwrap_or(0));
     // transformers >= 5 writes rope_parameters {rope_theta}, older versions rope_theta at the top
     let theta = cfg
         .get("rope_parameters")
@@ -92,10 +92,7 @@ pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
     if files.is_empty() {
         return Err(file_err(dir, "no *.safetensors file in the directory"));
     }
-    let blobs = files
-        .iter()
-        .map(|p| std::fs::read(p).map_err(|e| file_err(p, e)))
-        .collect::<Result<Vec<_>>>()?;
+    let blobs = files.iter().map(|p| std::fs::read(p).map_err(|e| file_err(p, e))).collect::<Result<Vec<_>>>()?;
     let parsed = blobs
         .iter()
         .zip(&files)

@@ -53,9 +53,7 @@ pub fn parse(bytes: &[u8]) -> Result<NpyArray> {
         2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
         v => return Err(bad(&format!("unsupported version {v}"))),
     };
-    let header = bytes
-        .get(hstart..hstart.saturating_add(hlen))
-        .ok_or_else(|| bad("truncated header"))?;
+    let header = bytes.get(hstart..hstart.saturating_add(hlen)).ok_or_else(|| bad("truncated header"))?;
     let header = std::str::from_utf8(header).map_err(|_| bad("header is not text"))?;
     let field = |key: &str| -> Result<&str> {
         let at = header.find(&format!("'{key}'")).ok_or_else(|| bad(&format!("no '{key}' in header")))?;

@@ -45,9 +45,7 @@ fn rms_norm(x: &[f32], w: Option<&[f32]>, kind: NormKind, eps: f32) -> Vec<f32> 
 }
 
 fn matvec(m: &Matrix, x: &[f32]) -> Vec<f32> {
-    (0..m.rows)
-        .map(|r| m.row(r).iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32)
-        .collect()
+    (0..m.rows).map(|r| m.row(r).iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32).collect()
 }
 
 fn rope(x: &mut [f32], cs: &[[f32; 2]]) {
@@ -103,13 +101,15 @@ pub fn forward(w: &ModelWeights, tokens: &[u32]) -> Result<Vec<f32>> {
     let mut groups: Vec<Kv> = Vec::new();
     for (li, (lw, spec)) in w.layers.iter().zip(&cfg.layers).enumerate() {
         let rope_t = rope_table(cfg.layer_theta(li), d, n.max(1));
-        let h: Vec<Vec<f32>> = x.iter().map(|xt| rms_norm(xt, lw.attn_norm.as_deref(), cfg.norm, cfg.norm_eps)).collect();
+        let h: Vec<Vec<f32>> =
+            x.iter().map(|xt| rms_norm(xt, lw.attn_norm.as_deref(), cfg.norm, cfg.norm_eps)).collect();
         if spec.writes_global {
             let kv = project_kv(cfg, lw.kv_global.as_ref().expect("checked"), lw.k_norm.as_deref(), &h, &rope_t);
             groups.push(kv);
         }
-        let local =
-            spec.local.then(|| project_kv(cfg, lw.kv_local.as_ref().expect("checked"), lw.k_norm.as_deref(), &h, &rope_t));
+        let local = spec
+            .local
+            .then(|| project_kv(cfg, lw.kv_local.as_ref().expect("checked"), lw.k_norm.as_deref(), &h, &rope_t));
         let global = spec.global_group.map(|g| &groups[g]);
         for t in 0..n {
             let mut q = matvec(&lw.wq, &h[t]);

@@ -147,7 +147,7 @@ impl ModelWeights {
         }
         let embed = mat(cfg.vocab, d, (d as f32).sqrt());
         let head = (!cfg.tie_embeddings).then(|| mat(cfg.vocab, d, 2.0));
-        let mut rng = SplitMix64(seed ^ 0x5EED_0F_4E_0A3);
+        let mut rng = SplitMix64(seed ^ 0x05EE_D0F4_E0A3);
         let mut norm = |n: usize| -> Option<Vec<f32>> {
             match cfg.norm {
                 NormKind::Plain => None,
@@ -217,10 +217,7 @@ impl ModelWeights {
         let (d, hd, kvd) = (c.d_model, c.n_heads * c.head_dim, 2 * c.n_kv_heads * c.head_dim);
         let shape = |name: &str, m: &Matrix, rows: usize, cols: usize| {
             if m.rows != rows || m.cols != cols || m.data.len() != rows * cols {
-                Err(Error::Weights(format!(
-                    "{name}: shape [{}, {}], expected [{rows}, {cols}]",
-                    m.rows, m.cols
-                )))
+                Err(Error::Weights(format!("{name}: shape [{}, {}], expected [{rows}, {cols}]", m.rows, m.cols)))
             } else {
                 Ok(())
             }
@@ -294,8 +291,8 @@ impl ModelWeights {
             .as_ref()
             .and_then(|m| m.get(CONFIG_KEY))
             .ok_or_else(|| Error::Weights(format!("no `{CONFIG_KEY}` metadata (is this a kvdecode model?)")))?;
-        let cfg: ModelConfig = serde_json::from_str(cfg_json)
-            .map_err(|e| Error::Weights(format!("bad `{CONFIG_KEY}` metadata: {e}")))?;
+        let cfg: ModelConfig =
+            serde_json::from_str(cfg_json).map_err(|e| Error::Weights(format!("bad `{CONFIG_KEY}` metadata: {e}")))?;
         cfg.validate()?;
         let st = TensorFile::parse(bytes)?;
         let mut layers = Vec::new();
@@ -461,9 +458,7 @@ impl<'a> TensorFile<'a> {
                 data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
             }
             other => {
-                return Err(Error::Weights(format!(
-                    "tensor `{name}` has dtype {other:?}; supported: F32, F16, BF16"
-                )))
+                return Err(Error::Weights(format!("tensor `{name}` has dtype {other:?}; supported: F32, F16, BF16")))
             }
         };
         Ok((t.shape().to_vec(), vals))

@@ -1,0 +1,90 @@
+//! Config validation and safetensors round trips (f32, f16, bf16 on disk).
+
+mod common;
+
+use common::*;
+use kvdecode::{reference, DiskDtype, Error, LayerSpec, ModelConfig, ModelWeights};
+
+#[test]
+fn invalid_configs_are_named() {
+    let mut c = tiny_agent_cfg();
+    c.n_kv_heads = 3;
+    assert!(format!("{}", c.validate().unwrap_err()).contains("not divisible by n_kv_heads"));
+    let mut c = tiny_agent_cfg();
+    c.head_dim = 7;
+    assert!(format!("{}", c.validate().unwrap_err()).contains("head_dim 7 must be even"));
+    let mut c = tiny_agent_cfg();
+    c.window = 0;
+    assert!(format!("{}", c.validate().unwrap_err()).contains("window must be >= 1"));
+    let mut c = llama_cfg();
+    c.layers[1] = LayerSpec { global_group: Some(2), writes_global: false, local: false };
+    assert!(format!("{}", c.validate().unwrap_err()).contains("layer 1 reads group 2 before any layer wrote it"));
+    let mut c = llama_cfg();
+    c.layers[0] = LayerSpec { global_group: None, writes_global: false, local: false };
+    assert!(matches!(c.validate(), Err(Error::Config(_))));
+}
+
+#[test]
+fn safetensors_round_trip_every_dtype() {
+    for cfg in [tiny_agent_cfg(), llama_cfg()] {
+        let w = model(&cfg, 51);
+        let tokens = [1u32, 5, 9, 2, 77];
+        for dt in [DiskDtype::F32, DiskDtype::F16, DiskDtype::BF16] {
+            let bytes = w.to_safetensors_bytes(dt).unwrap();
+            let back = ModelWeights::from_safetensors_bytes(&bytes).unwrap();
+            assert_eq!(back.cfg, w.cfg);
+            if dt == DiskDtype::F32 {
+                assert_eq!(back, w);
+            }
+            let tol = match dt {
+                DiskDtype::F32 => 0.0,
+                DiskDtype::F16 => 0.05,
+                DiskDtype::BF16 => 0.5,
+            };
+            let a = reference::forward(&w, &tokens).unwrap();
+            let b = reference::forward(&back, &tokens).unwrap();
+            let d = max_abs_diff(&a, &b);
+            assert!(d <= tol, "{dt:?}: {d}");
+        }
+    }
+}
+
+#[test]
+fn gemma_style_model_runs_on_the_engine() {
+    // local-only and global-only layers alternating, 1 + w norms, post norms, gelu-tanh, softcap,
+    // embedding scale, qk-norm with weights, a different RoPE base on local layers
+    let mut c = ModelConfig::llama(96, 32, 4, 2, 8, 48, 4, 1e6, 1e-6, true);
+    for (i, l) in c.layers.iter_mut().enumerate() {
+        if i % 2 == 0 {
+            *l = LayerSpec { global_group: None, writes_global: false, local: true };
+        }
+    }
+    for (g, l) in c.layers.iter_mut().filter(|l| l.global_group.is_some()).enumerate() {
+        l.global_group = Some(g);
+    }
+    c.window = 4;
+    c.norm = kvdecode::NormKind::OnePlusWeight;
+    c.post_norms = true;
+    c.qk_norm = true;
+    c.mlp = kvdecode::MlpKind::GeluTanhGated;
+    c.logit_softcap = Some(30.0);
+    c.embed_scale = (32f32).sqrt();
+    c.rope_theta_local = 1e4;
+    c.validate().unwrap();
+    let w = model(&c, 52);
+    let gpu = gpu();
+    let mut e = kvdecode::Engine::new(&gpu, &w, kvdecode::EngineOptions::new(2, 40)).unwrap();
+    let seq: Vec<u32> = (0..30).map(|i| (i * 11 % 96) as u32).collect();
+    let mut ids = vec![0u32; 2 * 12];
+    ids[..12].copy_from_slice(&seq[..12]);
+    ids[12..17].copy_from_slice(&seq[..5]);
+    e.append(&ids, 12, &[12, 5], None).unwrap();
+    for p in 12..30 {
+        let out = e.append(&[seq[p], seq[p - 7]], 1, &[1, 1], None).unwrap();
+        for r in 0..2 {
+            let want = ref_last(&w, e.cache().history(r));
+            let d = max_abs_diff(out.row(r).unwrap(), &want);
+            assert!(d <= 1e-4, "row {r} pos {p}: {d}");
+        }
+    }
+}
