@@ -178,6 +178,14 @@ impl ModelWeights {
         Ok(w)
     }
 
+    /// The embedded default model: a seeded random TinyAgent-layout model (vocab 512, d_model 128,
+    /// 4 heads, 2 KV heads, head_dim 32, FFN 384, 6 layers in groups of 3, window 32). It needs no
+    /// download, so examples, benchmarks and the browser page run anywhere.
+    pub fn demo() -> Self {
+        let cfg = ModelConfig::tiny_agent(512, 128, 4, 2, 32, 384, 6, 3, 32);
+        Self::random(&cfg, 0x6b76_6465_636f_6465).expect("the demo config is valid")
+    }
+
     /// The LM head matrix (the embedding when tied).
     pub fn head(&self) -> &Matrix {
         self.head.as_ref().unwrap_or(&self.embed)
