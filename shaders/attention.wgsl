@@ -17,6 +17,8 @@ override HAS_GLOBAL: bool = true;
 override HAS_LOCAL: bool = false;
 override KV_F16: bool = false;
 override SCALE: f32;
+override ROW0: u32 = 0u;        // first cache row held by the bound cache shard
+override SHARD_ROWS: u32 = 0xffffffffu;  // cache rows in the shard (caches over one binding are split by rows)
 override WG: u32 = 64u;
 
 const MAX_D4: u32 = 64u;  // head_dim <= 256: private arrays need a constant size
@@ -25,10 +27,10 @@ const MAX_D4: u32 = 64u;  // head_dim <= 256: private arrays need a constant siz
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;          // [R]
 @group(0) @binding(2) var<storage, read_write> qy: array<vec4<f32>>;    // [R * C, H, D]: q in, y out (in place)
 @group(0) @binding(3) var<storage, read> lpos: array<i32>;              // [rows, W + 1]
-@group(0) @binding(4) var<storage, read> gk: array<u32>;                // [rows, HK, GLOBAL_SLOTS, D]
-@group(0) @binding(5) var<storage, read> gv: array<u32>;                // [rows, HK, GLOBAL_SLOTS, D]
-@group(0) @binding(6) var<storage, read> lk: array<u32>;                // [rows, HK, W + 1, D]
-@group(0) @binding(7) var<storage, read> lv: array<u32>;                // [rows, HK, W + 1, D]
+@group(0) @binding(4) var<storage, read> gk: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
+@group(0) @binding(5) var<storage, read> gv: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
+@group(0) @binding(6) var<storage, read> lk: array<u32>;                // [SHARD_ROWS, HK, W + 1, D]
+@group(0) @binding(7) var<storage, read> lv: array<u32>;                // [SHARD_ROWS, HK, W + 1, D]
 @group(0) @binding(8) var<storage, read> fresh: array<vec4<f32>>;       // [R * C, 2, HK, D] local k then v
 
 fn load4(is_global: bool, is_v: bool, e: u32) -> vec4<f32> {
@@ -104,6 +106,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let r = n / step.width;
     let j = n % step.width;
     let info = rows[r];
+    if info.cache_row < ROW0 || info.cache_row - ROW0 >= SHARD_ROWS { return; }  // another shard's row
+    let local_row = info.cache_row - ROW0;
     let d4n = D / 4u;
     let qbase = (n * H + h) * d4n;
     if j >= info.n_new {
@@ -119,13 +123,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     m = -3.0e38;
     l = 0.0;
     if HAS_GLOBAL {
-        let base = (info.cache_row * HK + kh) * GLOBAL_SLOTS * D;
+        let base = (local_row * HK + kh) * GLOBAL_SLOTS * D;
         for (var t = 0u; t <= p; t++) {
             visit(true, false, base + t * D, base + t * D);
         }
     }
     if HAS_LOCAL {
-        let base = (info.cache_row * HK + kh) * (W + 1u) * D;
+        let base = (local_row * HK + kh) * (W + 1u) * D;
         for (var s = 0u; s < W; s++) {
             let lp = lpos[info.cache_row * (W + 1u) + s];
             // ring keys are older than the chunk (lp < pos0 <= p); visible if p - lp < W

@@ -10,13 +10,15 @@ override D: u32;                // head_dim (even)
 override SLOTS: u32;            // max_len + 1 (global) or W + 1 (ring)
 override RING: bool = false;
 override KV_F16: bool = false;  // cache stores f16 pairs
+override ROW0: u32 = 0u;        // first cache row held by the bound cache shard
+override SHARD_ROWS: u32 = 0xffffffffu;  // cache rows in the shard (caches over one binding are split by rows)
 override WG: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;          // [R]
 @group(0) @binding(2) var<storage, read> fresh: array<vec2<f32>>;       // [R * C, 2, HK, D] (k then v)
-@group(0) @binding(3) var<storage, read_write> cache_k: array<u32>;     // [rows, HK, SLOTS, D]
-@group(0) @binding(4) var<storage, read_write> cache_v: array<u32>;     // [rows, HK, SLOTS, D]
+@group(0) @binding(3) var<storage, read_write> cache_k: array<u32>;     // [SHARD_ROWS, HK, SLOTS, D]
+@group(0) @binding(4) var<storage, read_write> cache_v: array<u32>;     // [SHARD_ROWS, HK, SLOTS, D]
 
 fn store(i: u32, v: vec2<f32>, is_v: bool) {
     // i: element index of the first of two adjacent values (even)
@@ -41,6 +43,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let r = n / step.width;
     let j = n % step.width;
     let info = rows[r];
+    if info.cache_row < ROW0 || info.cache_row - ROW0 >= SHARD_ROWS { return; }  // another shard's row
     let scratch = SLOTS - 1u;
     var slot = scratch;
     if j < info.n_new {
@@ -53,7 +56,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         }
     }
     let src = n * HK * pairs * 2u + kh * pairs + p2;
-    let dst = ((info.cache_row * HK + kh) * SLOTS + slot) * D + p2 * 2u;
+    let dst = (((info.cache_row - ROW0) * HK + kh) * SLOTS + slot) * D + p2 * 2u;
     store(dst, fresh[src], false);
     store(dst, fresh[src + HK * pairs], true);
 }

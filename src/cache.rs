@@ -8,6 +8,8 @@
 //!   slot `p % W`, slot `W` is the scratch slot.
 //! - `lpos`: `[rows, W + 1]` i32, the absolute position held by each ring slot (-1: empty); shared
 //!   by every ring since all rings hold the same positions.
+//! - caches larger than one storage binding (128 MiB under the WebGPU defaults) are split by rows
+//!   into shards of `shard_rows` rows, one buffer each; kernels bind one shard per dispatch.
 //! - `lens`: `[rows]` u32 and `history`: `[rows, max_len + 1]` u32 (token ids, for modules that look
 //!   back over previous tokens).
 
@@ -43,10 +45,12 @@ pub struct KvCache {
     n_layers: usize,
     n_kv_heads: usize,
     head_dim: usize,
-    /// Per group: (K, V).
-    pub(crate) global: Vec<(wgpu::Buffer, wgpu::Buffer)>,
-    /// Per layer: its ring (K, V) if the layer is local.
-    pub(crate) ring: Vec<Option<(wgpu::Buffer, wgpu::Buffer)>>,
+    /// Rows per shard: every K/V buffer holds rows `s * shard_rows ..` of shard `s`.
+    pub(crate) shard_rows: usize,
+    /// Per group, per shard: (K, V).
+    pub(crate) global: Vec<Vec<(wgpu::Buffer, wgpu::Buffer)>>,
+    /// Per layer, per shard: its ring (K, V) if the layer is local.
+    pub(crate) ring: Vec<Option<Vec<(wgpu::Buffer, wgpu::Buffer)>>>,
     pub(crate) lpos: wgpu::Buffer,
     pub(crate) lens: wgpu::Buffer,
     pub(crate) history: wgpu::Buffer,
@@ -68,25 +72,39 @@ impl KvCache {
         }
         let (hk, d) = (cfg.n_kv_heads, cfg.head_dim);
         let w = cfg.window;
-        let bytes = |slots: usize| (rows * hk * slots * d * dtype.bytes()) as u64;
-        let mut global = Vec::new();
-        for g in 0..cfg.n_groups() {
-            global.push((
-                gpu.storage(&format!("global K of group {g}"), bytes(max_len + 1))?,
-                gpu.storage(&format!("global V of group {g}"), bytes(max_len + 1))?,
-            ));
+        let row_bytes = |slots: usize| (hk * slots * d * dtype.bytes()) as u64;
+        // the widest per-row buffer decides how many rows one binding holds
+        let widest = if cfg.n_groups() > 0 { row_bytes(max_len + 1) } else { row_bytes(w + 1) };
+        let shard_rows = ((gpu.max_binding() / widest) as usize).min(rows);
+        if shard_rows == 0 {
+            return Err(Error::Limit(format!(
+                "one row of K/V ({widest} bytes for max_len {max_len}) exceeds a storage binding ({} bytes); lower max_len or use f16 K/V",
+                gpu.max_binding()
+            )));
         }
-        let mut ring = Vec::new();
-        for (i, l) in cfg.layers.iter().enumerate() {
-            ring.push(if l.local {
-                Some((
-                    gpu.storage(&format!("ring K of layer {i}"), bytes(w + 1))?,
-                    gpu.storage(&format!("ring V of layer {i}"), bytes(w + 1))?,
-                ))
-            } else {
-                None
-            });
-        }
+        let shards: Vec<(usize, usize)> =
+            (0..rows).step_by(shard_rows).map(|r0| (r0, shard_rows.min(rows - r0))).collect();
+        let pair = |what: &str, slots: usize| -> Result<Vec<(wgpu::Buffer, wgpu::Buffer)>> {
+            shards
+                .iter()
+                .map(|&(r0, n)| {
+                    let tag = format!("{what} rows {r0}..{}", r0 + n);
+                    Ok((
+                        gpu.storage(&format!("K {tag}"), n as u64 * row_bytes(slots))?,
+                        gpu.storage(&format!("V {tag}"), n as u64 * row_bytes(slots))?,
+                    ))
+                })
+                .collect()
+        };
+        let global = (0..cfg.n_groups())
+            .map(|g| pair(&format!("global of group {g}"), max_len + 1))
+            .collect::<Result<Vec<_>>>()?;
+        let ring = cfg
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| if l.local { pair(&format!("ring of layer {i}"), w + 1).map(Some) } else { Ok(None) })
+            .collect::<Result<Vec<_>>>()?;
         let lpos = gpu.storage_init("lpos", bytemuck::cast_slice(&vec![-1i32; rows * (w + 1)]))?;
         let lens = gpu.storage("lens", (rows * 4) as u64)?;
         let history = gpu.storage("token history", (rows * (max_len + 1) * 4) as u64)?;
@@ -98,6 +116,7 @@ impl KvCache {
             n_layers: cfg.n_layers(),
             n_kv_heads: hk,
             head_dim: d,
+            shard_rows,
             global,
             ring,
             lpos,
@@ -136,6 +155,11 @@ impl KvCache {
     /// Token ids stored in `row`, oldest first.
     pub fn history(&self, row: usize) -> &[u32] {
         &self.history_cpu[row]
+    }
+
+    /// Rows per cache shard (all rows, unless the cache is larger than one storage binding).
+    pub fn shard_rows(&self) -> usize {
+        self.shard_rows
     }
 
     /// Bytes of K/V storage (global caches and rings, scratch slots included).

@@ -8,11 +8,14 @@ pub struct GpuOptions {
     /// Request exactly `wgpu::Limits::default()` (the WebGPU defaults) instead of the adapter's
     /// limits. The engine splits tensors to fit either way; this proves it.
     pub webgpu_default_limits: bool,
+    /// Lower `max_storage_buffer_binding_size` to this many bytes (tests use it to force every
+    /// split: weight row parts, cache shards, narrower chunks).
+    pub max_storage_binding: Option<u64>,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { webgpu_default_limits: true }
+        GpuOptions { webgpu_default_limits: true, max_storage_binding: None }
     }
 }
 
@@ -83,7 +86,10 @@ impl Gpu {
         let adapter = found
             .ok_or_else(|| Error::Device(format!("no GPU adapter found ({}); {INSTALL_HINT}", failures.join("; "))))?;
         let info = adapter.get_info();
-        let limits = if opts.webgpu_default_limits { wgpu::Limits::default() } else { adapter.limits() };
+        let mut limits = if opts.webgpu_default_limits { wgpu::Limits::default() } else { adapter.limits() };
+        if let Some(max) = opts.max_storage_binding {
+            limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(max);
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kvdecode"),

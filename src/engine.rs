@@ -279,21 +279,41 @@ impl Builder<'_> {
         )
     }
 
-    /// Scatter fresh K/V into a cache of `slots` positions per row (global) or a ring.
-    fn kv_write(&self, fresh: &wgpu::Buffer, kv: &(wgpu::Buffer, wgpu::Buffer), slots: usize, ring: bool) -> Dispatch {
+    /// Override constants naming cache shard `shard`'s rows.
+    fn shard(&self, shard: usize) -> [(&'static str, f64); 2] {
+        let n = self.cache.shard_rows();
+        [("ROW0", (shard * n) as f64), ("SHARD_ROWS", n as f64)]
+    }
+
+    /// Scatter fresh K/V into a cache of `slots` positions per row (global) or a ring, one
+    /// dispatch per cache shard.
+    fn kv_write(
+        &self,
+        fresh: &wgpu::Buffer,
+        kv: &[(wgpu::Buffer, wgpu::Buffer)],
+        slots: usize,
+        ring: bool,
+    ) -> Vec<Dispatch> {
         let c = self.cfg;
-        self.dispatch(
-            Kernel::KvWrite,
-            vec![
-                ("HK", c.n_kv_heads as f64),
-                ("D", c.head_dim as f64),
-                ("SLOTS", slots as f64),
-                ("RING", b(ring)),
-                ("KV_F16", b(self.cache.dtype() == KvDtype::F16)),
-            ],
-            &[&self.s.step, &self.s.row_info, fresh, &kv.0, &kv.1],
-            Grid::Tokens(c.n_kv_heads * c.head_dim / 2),
-        )
+        kv.iter()
+            .enumerate()
+            .map(|(shard, (k, v))| {
+                let mut consts = vec![
+                    ("HK", c.n_kv_heads as f64),
+                    ("D", c.head_dim as f64),
+                    ("SLOTS", slots as f64),
+                    ("RING", b(ring)),
+                    ("KV_F16", b(self.cache.dtype() == KvDtype::F16)),
+                ];
+                consts.extend(self.shard(shard));
+                self.dispatch(
+                    Kernel::KvWrite,
+                    consts,
+                    &[&self.s.step, &self.s.row_info, fresh, k, v],
+                    Grid::Tokens(c.n_kv_heads * c.head_dim / 2),
+                )
+            })
+            .collect()
     }
 
     /// The dispatch order of one layer, top to bottom.
@@ -314,7 +334,7 @@ impl Builder<'_> {
         if let (true, Some(kvg), Some(g)) = (spec.writes_global, lw.kv_global.as_ref(), group) {
             out.extend(self.matmul(&s.h, kvg, &s.kv_global, kvd, false));
             out.push(self.rope(&s.kv_global, c.n_kv_heads, kvd, lw.k_norm.as_ref(), theta));
-            out.push(self.kv_write(&s.kv_global, g, cache.max_len() + 1, false));
+            out.extend(self.kv_write(&s.kv_global, g, cache.max_len() + 1, false));
         }
         // 4. local layers: fresh local K/V and rotate K; the ring is written after attention
         let ring = cache.ring[i].as_ref();
@@ -323,11 +343,11 @@ impl Builder<'_> {
             out.push(self.rope(&s.kv_local, c.n_kv_heads, kvd, lw.k_norm.as_ref(), theta));
         }
         // 5. attention over global keys + ring + the chunk's fresh local keys; output replaces q
-        let (gk, gv) = group.map_or((&s.dummy, &s.dummy), |g| (&g.0, &g.1));
-        let (lk, lv) = ring.map_or((&s.dummy, &s.dummy), |r| (&r.0, &r.1));
-        out.push(self.dispatch(
-            Kernel::Attention,
-            vec![
+        //    (one dispatch per cache shard; each handles the rows its shard holds)
+        for shard in 0..cache.rows().div_ceil(cache.shard_rows()) {
+            let (gk, gv) = group.map_or((&s.dummy, &s.dummy), |g| (&g[shard].0, &g[shard].1));
+            let (lk, lv) = ring.map_or((&s.dummy, &s.dummy), |r| (&r[shard].0, &r[shard].1));
+            let mut consts = vec![
                 ("H", c.n_heads as f64),
                 ("HK", c.n_kv_heads as f64),
                 ("D", c.head_dim as f64),
@@ -337,13 +357,18 @@ impl Builder<'_> {
                 ("HAS_LOCAL", b(ring.is_some())),
                 ("KV_F16", b(cache.dtype() == KvDtype::F16)),
                 ("SCALE", c.attn_scale as f64),
-            ],
-            &[&s.step, &s.row_info, &s.q, &cache.lpos, gk, gv, lk, lv, &s.kv_local],
-            Grid::Tokens(c.n_heads),
-        ));
+            ];
+            consts.extend(self.shard(shard));
+            out.push(self.dispatch(
+                Kernel::Attention,
+                consts,
+                &[&s.step, &s.row_info, &s.q, &cache.lpos, gk, gv, lk, lv, &s.kv_local],
+                Grid::Tokens(c.n_heads),
+            ));
+        }
         // 6. ring write: the last W real tokens of each row survive, the rest go to the scratch slot
         if let Some(r) = ring {
-            out.push(self.kv_write(&s.kv_local, r, cache.window() + 1, true));
+            out.extend(self.kv_write(&s.kv_local, r, cache.window() + 1, true));
         }
         // 7. output projection and residual (Gemma: norm the projection before adding it)
         if c.post_norms {
@@ -723,11 +748,17 @@ impl Engine {
         Ok(RunOut { any: true })
     }
 
-    /// Test hook: the raw bytes of group `g`'s global K and V buffers (allocates; not for decoding).
+    /// Test hook: the raw bytes of group `g`'s global K and V, all shards in row order
+    /// (allocates; not for decoding).
     #[doc(hidden)]
     pub fn debug_read_global(&self, g: usize) -> Result<(Vec<u8>, Vec<u8>)> {
-        let (k, v) = self.cache.global.get(g).ok_or_else(|| Error::Input(format!("no group {g}")))?;
-        Ok((self.debug_read(k)?, self.debug_read(v)?))
+        let shards = self.cache.global.get(g).ok_or_else(|| Error::Input(format!("no group {g}")))?;
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for (sk, sv) in shards {
+            k.extend(self.debug_read(sk)?);
+            v.extend(self.debug_read(sv)?);
+        }
+        Ok((k, v))
     }
 
     fn debug_read(&self, src: &wgpu::Buffer) -> Result<Vec<u8>> {

@@ -16,6 +16,8 @@
 //! See `ARCHITECTURE.md` for the layout of the crate and `../shared/docs/DESIGN.md` for the
 //! semantics it keeps.
 
+#![warn(missing_docs)]
+
 pub mod cache;
 pub mod config;
 pub mod device;

@@ -140,3 +140,34 @@ fn f16_weights_match_reference_on_rounded_weights() {
     }
     let _ = KvDtype::F16;
 }
+
+#[test]
+fn tiny_binding_limit_forces_every_split_and_still_matches() {
+    // 8 KiB per storage binding: the embedding and LM head are split into row parts, the cache
+    // into row shards, and chunks narrow to fit the activations. Results must not change.
+    let s = seed(15);
+    let w = model(&tiny_agent_cfg(), s);
+    let opts = kvdecode::GpuOptions { max_storage_binding: Some(8192), ..Default::default() };
+    let gpu = kvdecode::Gpu::with_options(&opts).expect("GPU with a lowered binding limit");
+    let mut engine = Engine::new(&gpu, &w, EngineOptions::new(4, 40)).unwrap();
+    assert!(engine.cache().shard_rows() < 4, "cache not sharded: {} rows per shard", engine.cache().shard_rows());
+    assert!(engine.chunk_width() < kvdecode::CHUNK, "chunk not narrowed");
+    // split weights and shards mean more dispatches than on a default device
+    let plain = Engine::new(&common::gpu(), &w, EngineOptions::new(4, 40)).unwrap();
+    assert!(engine.dispatches_per_chunk() > plain.dispatches_per_chunk());
+    let mut rng = SplitMix64(s);
+    for step in 0..12 {
+        let n_new: Vec<usize> = (0..4).map(|r| if step == 0 { 9 + 4 * r } else { rng.below(3) }).collect();
+        let width = *n_new.iter().max().unwrap();
+        let width = width.max(1);
+        let ids: Vec<u32> = (0..4 * width).map(|_| rng.below(96) as u32).collect();
+        let out = engine.append(&ids, width, &n_new, None).unwrap();
+        for r in 0..4 {
+            if let Some(got) = out.row(r) {
+                let want = ref_last(&w, engine.cache().history(r));
+                let d = max_abs_diff(got, &want);
+                assert!(d <= 1e-4, "seed {s} step {step} row {r}: {d}");
+            }
+        }
+    }
+}
