@@ -3,16 +3,19 @@
 // Query at position p of cache row b sees, in one softmax:
 //   global keys (HAS_GLOBAL): positions 0..=p of row b in its group's global cache (this chunk's
 //     keys were scattered there by the group's writer layer before this dispatch);
-//   local keys (HAS_LOCAL): positions q with p - W < q <= p, from the ring as it was before the
-//     chunk (slot s holds position lpos[b, s]) and from the chunk's fresh keys, which the ring may
-//     be too small to hold. The ring is written only after this dispatch.
+//   local keys (HAS_LOCAL): positions q with p - W < q <= p, visited in position order: q < pos0
+//     from the ring as it was before the chunk (slot q % RING, checked against lpos), q >= pos0
+//     from the chunk's fresh keys, which the ring may be too small to hold. The ring is written
+//     only after this dispatch. Visiting in position order makes the result independent of how
+//     the tokens were chunked: one append of k tokens and k appends of one give the same bits.
 // Padding queries produce zeros. A query that sees no key produces zeros too, never NaN.
 
 override H: u32;                // query heads
 override HK: u32;               // kv heads
 override D: u32;                // head_dim (multiple of 4, at most 256)
 override GLOBAL_SLOTS: u32 = 1u;  // max_len + 1
-override W: u32 = 1u;           // ring window (the ring has W + 1 slots, the last one scratch)
+override W: u32 = 1u;           // sliding window
+override RING: u32 = 1u;        // ring slots: W + rollback spares (plus one scratch slot)
 override HAS_GLOBAL: bool = true;
 override HAS_LOCAL: bool = false;
 override KV_F16: bool = false;
@@ -26,11 +29,11 @@ const MAX_D4: u32 = 64u;  // head_dim <= 256: private arrays need a constant siz
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;          // [R]
 @group(0) @binding(2) var<storage, read_write> qy: array<vec4<f32>>;    // [R * C, H, D]: q in, y out (in place)
-@group(0) @binding(3) var<storage, read> lpos: array<i32>;              // [rows, W + 1]
+@group(0) @binding(3) var<storage, read> lpos: array<i32>;              // [rows, RING + 1]
 @group(0) @binding(4) var<storage, read> gk: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
 @group(0) @binding(5) var<storage, read> gv: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
-@group(0) @binding(6) var<storage, read> lk: array<u32>;                // [SHARD_ROWS, HK, W + 1, D]
-@group(0) @binding(7) var<storage, read> lv: array<u32>;                // [SHARD_ROWS, HK, W + 1, D]
+@group(0) @binding(6) var<storage, read> lk: array<u32>;                // [SHARD_ROWS, HK, RING + 1, D]
+@group(0) @binding(7) var<storage, read> lv: array<u32>;                // [SHARD_ROWS, HK, RING + 1, D]
 @group(0) @binding(8) var<storage, read> fresh: array<vec4<f32>>;       // [R * C, 2, HK, D] local k then v
 
 fn load4(is_global: bool, is_v: bool, e: u32) -> vec4<f32> {
@@ -129,18 +132,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         }
     }
     if HAS_LOCAL {
-        let base = (local_row * HK + kh) * (W + 1u) * D;
-        for (var s = 0u; s < W; s++) {
-            let lp = lpos[info.cache_row * (W + 1u) + s];
-            // ring keys are older than the chunk (lp < pos0 <= p); visible if p - lp < W
-            if lp >= 0 && u32(lp) + W > p {
-                visit(false, false, base + s * D, base + s * D);
+        let base = (local_row * HK + kh) * (RING + 1u) * D;
+        let first = select(0u, p + 1u - W, p + 1u > W);
+        for (var qp = first; qp <= p; qp++) {
+            if qp >= info.pos0 {
+                let at = (r * step.width + (qp - info.pos0)) * 2u * HK * d4n + kh * d4n;
+                visit(false, true, at, at + HK * d4n);
+            } else {
+                let slot = qp % RING;
+                // a slot overwritten since (or rolled back) no longer holds qp: skip it
+                if lpos[info.cache_row * (RING + 1u) + slot] == i32(qp) {
+                    visit(false, false, base + slot * D, base + slot * D);
+                }
             }
-        }
-        let first = select(0u, j + 1u - W, j + 1u > W);
-        for (var jj = first; jj <= j; jj++) {
-            let at = (r * step.width + jj) * 2u * HK * d4n + kh * d4n;
-            visit(false, true, at, at + HK * d4n);
         }
     }
     let inv = select(0.0, 1.0 / l, l > 0.0);

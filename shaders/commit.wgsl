@@ -1,10 +1,10 @@
 // End of a chunk: record what the chunk stored, after every layer has read the old state.
 //   tokens history: id of token j at position pos0 + j (padding: scratch position max_len)
-//   lpos: ring slot p % W now holds position p, for the last W real tokens of the row
+//   lpos: ring slot p % RING now holds position p, for the last RING real tokens of the row
 //   lens: lens[row] = pos0 + n_new (the GPU copy of the CPU mirror)
 
 override MAX_LEN: u32;
-override W: u32 = 1u;           // ring window (lpos has W + 1 entries per row)
+override RING: u32 = 1u;        // ring slots (lpos has RING + 1 entries per row)
 override HAS_RING: bool = false;
 override WG: u32 = 64u;
 
@@ -12,7 +12,7 @@ override WG: u32 = 64u;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;        // [R]
 @group(0) @binding(2) var<storage, read> ids: array<u32>;             // [R * C]
 @group(0) @binding(3) var<storage, read_write> history: array<u32>;   // [rows, max_len + 1]
-@group(0) @binding(4) var<storage, read_write> lpos: array<i32>;      // [rows, W + 1]
+@group(0) @binding(4) var<storage, read_write> lpos: array<i32>;      // [rows, RING + 1]
 @group(0) @binding(5) var<storage, read_write> lens: array<u32>;      // [rows]
 
 @compute @workgroup_size(WG)
@@ -31,7 +31,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let pos = info.pos0 + j;
     history[info.cache_row * (MAX_LEN + 1u) + pos] = ids[n];
-    if HAS_RING && pos + W >= new_len {
-        lpos[info.cache_row * (W + 1u) + pos % W] = i32(pos);
+    if HAS_RING && pos + RING >= new_len {
+        lpos[info.cache_row * (RING + 1u) + pos % RING] = i32(pos);
     }
 }

@@ -1,13 +1,14 @@
 // Scatter the chunk's fresh K/V (post-RoPE) into a cache with SLOTS positions per (row, kv head).
 // Nothing is filtered on the host: tokens that must not land write the scratch slot SLOTS - 1.
 //   RING = false (global K/V): real token j goes to slot pos0 + j; padding to the scratch slot max_len.
-//   RING = true (local ring of W = SLOTS - 1 slots): only the last W real tokens of the row survive,
-//     token at position p goes to slot p % W; everything else to the scratch slot W. Runs after the
-//     layer's attention, which read the ring as it was plus the fresh keys.
+//   RING = true (local ring of N = SLOTS - 1 slots, the window W plus rollback spares): only the last
+//     N real tokens of the row survive, token at position p goes to slot p % N; everything else to
+//     the scratch slot N. Runs after the layer's attention, which read the ring as it was plus the
+//     fresh keys.
 
 override HK: u32;               // n_kv_heads
 override D: u32;                // head_dim (even)
-override SLOTS: u32;            // max_len + 1 (global) or W + 1 (ring)
+override SLOTS: u32;            // max_len + 1 (global) or ring slots + 1
 override RING: bool = false;
 override KV_F16: bool = false;  // cache stores f16 pairs
 override ROW0: u32 = 0u;        // first cache row held by the bound cache shard

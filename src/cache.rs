@@ -4,9 +4,10 @@
 //! Layouts (all `[rows, ...]` so a row's entries never alias another row's):
 //! - global K and V of group g: `[rows, n_kv_heads, max_len + 1, head_dim]`; position `max_len`
 //!   is the scratch slot that padding tokens write.
-//! - ring K and V of local layer l: `[rows, n_kv_heads, W + 1, head_dim]`; position `p` lives in
-//!   slot `p % W`, slot `W` is the scratch slot.
-//! - `lpos`: `[rows, W + 1]` i32, the absolute position held by each ring slot (-1: empty); shared
+//! - ring K and V of local layer l: `[rows, n_kv_heads, N + 1, head_dim]` with `N = W + spare`
+//!   slots: the window plus `spare` slots that make a rollback of up to `spare` tokens exact.
+//!   Position `p` lives in slot `p % N`, slot `N` is the scratch slot.
+//! - `lpos`: `[rows, N + 1]` i32, the absolute position held by each ring slot (-1: empty); shared
 //!   by every ring since all rings hold the same positions.
 //! - caches larger than one storage binding (128 MiB under the WebGPU defaults) are split by rows
 //!   into shards of `shard_rows` rows, one buffer each; kernels bind one shard per dispatch.
@@ -41,6 +42,8 @@ pub struct KvCache {
     rows: usize,
     max_len: usize,
     window: usize,
+    /// Ring slots per local layer: `window + spare` (0 without local layers).
+    ring_slots: usize,
     dtype: KvDtype,
     n_layers: usize,
     n_kv_heads: usize,
@@ -58,11 +61,24 @@ pub struct KvCache {
     pub(crate) lens_cpu: Vec<usize>,
     /// CPU mirror of `history` (the first `lens_cpu[row]` ids of each row).
     pub(crate) history_cpu: Vec<Vec<u32>>,
+    /// Per row, the largest length reached since the last reset: the ring holds positions
+    /// `written - ring_slots ..`, so a rollback to `len` is exact while `written - len <= spare`.
+    pub(crate) written: Vec<usize>,
+    /// One row's largest region; `fork` copies through it (a buffer cannot be copied into itself).
+    row_stage: wgpu::Buffer,
 }
 
 impl KvCache {
-    /// Allocate an empty cache of `rows` rows of capacity `max_len` for `cfg`.
-    pub fn new(gpu: &Gpu, cfg: &ModelConfig, rows: usize, max_len: usize, dtype: KvDtype) -> Result<Self> {
+    /// Allocate an empty cache of `rows` rows of capacity `max_len` for `cfg`; local rings get
+    /// `spare` extra slots so that rolling back up to `spare` tokens is exact.
+    pub fn new(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        rows: usize,
+        max_len: usize,
+        dtype: KvDtype,
+        spare: usize,
+    ) -> Result<Self> {
         cfg.validate()?;
         if rows == 0 || max_len == 0 {
             return Err(Error::Input(format!("cache needs rows >= 1 and max_len >= 1, got {rows} and {max_len}")));
@@ -71,7 +87,7 @@ impl KvCache {
             return Err(Error::Input(format!("max_len {max_len} or rows {rows} is too large")));
         }
         let (hk, d) = (cfg.n_kv_heads, cfg.head_dim);
-        let w = cfg.window;
+        let w = if cfg.has_local() { cfg.window + spare } else { 0 };
         let row_bytes = |slots: usize| (hk * slots * d * dtype.bytes()) as u64;
         // the widest per-row buffer decides how many rows one binding holds
         let widest = if cfg.n_groups() > 0 { row_bytes(max_len + 1) } else { row_bytes(w + 1) };
@@ -111,7 +127,8 @@ impl KvCache {
         Ok(KvCache {
             rows,
             max_len,
-            window: w,
+            window: cfg.window,
+            ring_slots: w,
             dtype,
             n_layers: cfg.n_layers(),
             n_kv_heads: hk,
@@ -124,6 +141,13 @@ impl KvCache {
             history,
             lens_cpu: vec![0; rows],
             history_cpu: vec![Vec::new(); rows],
+            written: vec![0; rows],
+            row_stage: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("fork row stage"),
+                size: widest.max((max_len as u64 + 1) * 4).max((w as u64 + 1) * 4).next_multiple_of(4),
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
         })
     }
 
@@ -137,9 +161,24 @@ impl KvCache {
         self.max_len
     }
 
-    /// Ring window `W`.
+    /// Sliding window `W` of local layers.
     pub fn window(&self) -> usize {
         self.window
+    }
+
+    /// Slots of each ring: `W` plus the rollback spares (0 without local layers).
+    pub fn ring_slots(&self) -> usize {
+        self.ring_slots
+    }
+
+    /// How many tokens `row` can roll back exactly right now.
+    pub fn max_rollback(&self, row: usize) -> usize {
+        let len = self.lens_cpu[row];
+        if self.ring.iter().all(Option::is_none) {
+            return len;
+        }
+        let spare = self.ring_slots - self.window;
+        len.min(spare.saturating_sub(self.written[row] - len))
     }
 
     /// Storage element type.
@@ -166,7 +205,7 @@ impl KvCache {
     pub fn nbytes(&self) -> u64 {
         let per = (self.rows * self.n_kv_heads * self.head_dim * self.dtype.bytes()) as u64;
         let g = self.global.len() as u64 * 2 * (self.max_len as u64 + 1) * per;
-        let r = self.ring.iter().flatten().count() as u64 * 2 * (self.window as u64 + 1) * per;
+        let r = self.ring.iter().flatten().count() as u64 * 2 * (self.ring_slots as u64 + 1) * per;
         g + r
     }
 
@@ -192,12 +231,97 @@ impl KvCache {
     /// Empty these rows so new sequences can start there (old K/V is masked by length and lpos).
     pub fn reset(&mut self, gpu: &Gpu, rows: &[usize]) -> Result<()> {
         self.check_rows(rows)?;
-        let empty_ring = vec![-1i32; self.window + 1];
+        let empty_ring = vec![-1i32; self.ring_slots + 1];
         for &r in rows {
             self.lens_cpu[r] = 0;
+            self.written[r] = 0;
             self.history_cpu[r].clear();
             gpu.queue.write_buffer(&self.lens, (r * 4) as u64, &0u32.to_le_bytes());
-            gpu.queue.write_buffer(&self.lpos, (r * (self.window + 1) * 4) as u64, bytemuck::cast_slice(&empty_ring));
+            gpu.queue.write_buffer(
+                &self.lpos,
+                (r * (self.ring_slots + 1) * 4) as u64,
+                bytemuck::cast_slice(&empty_ring),
+            );
+        }
+        Ok(())
+    }
+
+    /// Remove the last `n[i]` tokens of `rows[i]`, exactly as if they had never been appended.
+    /// Global K/V beyond the new length is masked by length; ring slots rolled back are ignored by
+    /// position checks, and the spare slots keep the window intact. Errors (naming the row) if a
+    /// row cannot roll back that far; then nothing changes.
+    pub fn rollback(&mut self, gpu: &Gpu, rows: &[usize], n: &[usize]) -> Result<()> {
+        self.check_rows(rows)?;
+        if rows.len() != n.len() {
+            return Err(Error::Input(format!("rollback: {} rows but {} counts", rows.len(), n.len())));
+        }
+        for (&r, &k) in rows.iter().zip(n) {
+            if k > self.max_rollback(r) {
+                return Err(Error::Input(format!(
+                    "row {r}: cannot roll back {k} tokens exactly (at most {}: length {}, {} spare ring slots)",
+                    self.max_rollback(r),
+                    self.lens_cpu[r],
+                    self.ring_slots - self.window
+                )));
+            }
+        }
+        for (&r, &k) in rows.iter().zip(n) {
+            self.lens_cpu[r] -= k;
+            self.history_cpu[r].truncate(self.lens_cpu[r]);
+            gpu.queue.write_buffer(&self.lens, (r * 4) as u64, &(self.lens_cpu[r] as u32).to_le_bytes());
+        }
+        Ok(())
+    }
+
+    /// Copy row `src` (K/V, ring, positions, history, length) into each row of `dst` on the GPU,
+    /// so they continue from the same prefix without recomputing it.
+    pub fn fork(&mut self, gpu: &Gpu, src: usize, dst: &[usize]) -> Result<()> {
+        self.check_rows(dst)?;
+        self.check_rows(&[src])?;
+        if dst.contains(&src) {
+            return Err(Error::Input(format!("fork: row {src} is both the source and a destination")));
+        }
+        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("fork") });
+        let per_slot = (self.n_kv_heads * self.head_dim * self.dtype.bytes()) as u64;
+        let sr = self.shard_rows;
+        let sharded = |bufs: &[(wgpu::Buffer, wgpu::Buffer)], slots: usize, v: bool| {
+            let row_bytes = per_slot * slots as u64;
+            let owned: Vec<(wgpu::Buffer, u64)> = (0..self.rows)
+                .map(|r| {
+                    let pair = &bufs[r / sr];
+                    ((if v { &pair.1 } else { &pair.0 }).clone(), (r % sr) as u64 * row_bytes)
+                })
+                .collect();
+            (owned, row_bytes)
+        };
+        let mut regions: Vec<(Vec<(wgpu::Buffer, u64)>, u64)> = Vec::new();
+        for g in &self.global {
+            regions.push(sharded(g, self.max_len + 1, false));
+            regions.push(sharded(g, self.max_len + 1, true));
+        }
+        for r in self.ring.iter().flatten() {
+            regions.push(sharded(r, self.ring_slots + 1, false));
+            regions.push(sharded(r, self.ring_slots + 1, true));
+        }
+        for (buf, row_bytes) in [
+            (&self.lpos, (self.ring_slots as u64 + 1) * 4),
+            (&self.history, (self.max_len as u64 + 1) * 4),
+            (&self.lens, 4),
+        ] {
+            regions.push(((0..self.rows).map(|r| (buf.clone(), r as u64 * row_bytes)).collect(), row_bytes));
+        }
+        // every region: src row -> stage -> each destination row
+        for (per_row, bytes) in &regions {
+            enc.copy_buffer_to_buffer(&per_row[src].0, per_row[src].1, &self.row_stage, 0, *bytes);
+            for &d in dst {
+                enc.copy_buffer_to_buffer(&self.row_stage, 0, &per_row[d].0, per_row[d].1, *bytes);
+            }
+        }
+        gpu.queue.submit([enc.finish()]);
+        for &d in dst {
+            self.lens_cpu[d] = self.lens_cpu[src];
+            self.written[d] = self.written[src];
+            self.history_cpu[d] = self.history_cpu[src].clone();
         }
         Ok(())
     }

@@ -30,12 +30,15 @@ pub struct EngineOptions {
     pub kv: KvDtype,
     /// Weight storage type on the GPU.
     pub weights: WeightDtype,
+    /// Tokens a row can roll back exactly (spare ring slots). It bounds the multi-step decode
+    /// window (`rollback + 1` steps per readback) and speculative drafts (`rollback` tokens).
+    pub rollback: usize,
 }
 
 impl EngineOptions {
     /// `rows` rows of `max_len` tokens, f32 everywhere.
     pub fn new(rows: usize, max_len: usize) -> Self {
-        EngineOptions { rows, max_len, kv: KvDtype::F32, weights: WeightDtype::F32 }
+        EngineOptions { rows, max_len, kv: KvDtype::F32, weights: WeightDtype::F32, rollback: 8 }
     }
 }
 
@@ -353,6 +356,7 @@ impl Builder<'_> {
                 ("D", c.head_dim as f64),
                 ("GLOBAL_SLOTS", (cache.max_len() + 1) as f64),
                 ("W", cache.window().max(1) as f64),
+                ("RING", cache.ring_slots().max(1) as f64),
                 ("HAS_GLOBAL", b(group.is_some())),
                 ("HAS_LOCAL", b(ring.is_some())),
                 ("KV_F16", b(cache.dtype() == KvDtype::F16)),
@@ -368,7 +372,7 @@ impl Builder<'_> {
         }
         // 6. ring write: the last W real tokens of each row survive, the rest go to the scratch slot
         if let Some(r) = ring {
-            out.extend(self.kv_write(&s.kv_local, r, cache.window() + 1, true));
+            out.extend(self.kv_write(&s.kv_local, r, cache.ring_slots() + 1, true));
         }
         // 7. output projection and residual (Gemma: norm the projection before adding it)
         if c.post_norms {
@@ -408,7 +412,7 @@ impl Engine {
     pub fn new(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
         weights.check()?;
         let cfg = weights.cfg.clone();
-        let cache = KvCache::new(gpu, &cfg, opts.rows, opts.max_len, opts.kv)?;
+        let cache = KvCache::new(gpu, &cfg, opts.rows, opts.max_len, opts.kv, opts.rollback)?;
         let gw = GpuWeights::upload(gpu, weights, opts.weights)?;
         let rows = opts.rows;
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
@@ -490,7 +494,7 @@ impl Engine {
             Kernel::Commit,
             vec![
                 ("MAX_LEN", opts.max_len as f64),
-                ("W", cache.window().max(1) as f64),
+                ("RING", cache.ring_slots().max(1) as f64),
                 ("HAS_RING", b(cfg.has_local())),
             ],
             &[&s.step, &s.row_info, &s.ids, &cache.history, &cache.lpos, &cache.lens],
@@ -577,6 +581,17 @@ impl Engine {
     /// Empty these cache rows (new sequences start there).
     pub fn reset(&mut self, rows: &[usize]) -> Result<()> {
         self.cache.reset(&self.gpu, rows)
+    }
+
+    /// Remove the last `n[i]` tokens of `rows[i]` exactly (see [`KvCache::rollback`]).
+    pub fn rollback(&mut self, rows: &[usize], n: &[usize]) -> Result<()> {
+        self.cache.rollback(&self.gpu, rows, n)
+    }
+
+    /// Copy row `src` into rows `dst` on the GPU: they continue from the same prefix without
+    /// recomputing it (GRPO-style k samples per prompt).
+    pub fn fork(&mut self, src: usize, dst: &[usize]) -> Result<()> {
+        self.cache.fork(&self.gpu, src, dst)
     }
 
     /// Feed a right-padded chunk `ids` (`[R, width]`, row-major); chunk row `r` has `n_new[r]` real
@@ -742,6 +757,7 @@ impl Engine {
             for (r, &row) in cache_rows.iter().enumerate() {
                 let n = n_sub[r];
                 self.cache.lens_cpu[row] += n;
+                self.cache.written[row] = self.cache.written[row].max(self.cache.lens_cpu[row]);
                 self.cache.history_cpu[row].extend_from_slice(&ids[r * width + start..r * width + start + n]);
             }
         }
