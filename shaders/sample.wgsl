@@ -1,27 +1,37 @@
-// Sampling, one workgroup per chunk row: argmax of logits (greedy, temperature 0) or of
-// logits / T + Gumbel noise (exactly a draw from softmax(logits / T)). The noise is a hash of
-// (seed, counter, token id), so a row's draw depends only on its own seed and counter: the same
-// seed gives the same tokens whatever else shares the batch. Ties go to the lowest id, like argmax.
+// Sampling, one workgroup per chunk row. Scores are logits / T (T > 0) or the logits (greedy).
+//   greedy (T <= 0): argmax, ties to the lowest id.
+//   otherwise: argmax of score + Gumbel noise over the kept tokens, which is exactly a draw from
+//   softmax(score) restricted to them. Kept: score >= a threshold found by bisection so that at
+//   least top_k tokens (top_k > 0) and then the smallest set with probability >= top_p
+//   (top_p < 1) stay, as in Hugging Face's top-k then top-p order.
+// The noise is a hash of (seed, counter, token id): a row's draw depends only on its own seed and
+// the position the token will take, whatever else shares the batch.
+// Also writes the chosen token's log-probability under softmax(score) (before top-k / top-p).
 // Rows with no new tokens in this chunk keep their previous id.
 
 struct Sampler {
     temperature: f32,  // <= 0: greedy
     seed: u32,
     counter: u32,      // the position the sampled token will take
-    _pad: u32,
+    top_k: u32,        // 0: off
+    top_p: f32,        // >= 1: off
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 override V: u32;           // vocabulary size
 const WG: u32 = 256u;
+const BISECT: u32 = 32u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;      // [R]
 @group(0) @binding(2) var<storage, read> samplers: array<Sampler>;  // [R]
 @group(0) @binding(3) var<storage, read> logits: array<f32>;        // [R, V]
-@group(0) @binding(4) var<storage, read_write> out_ids: array<u32>; // [R]
+@group(0) @binding(4) var<storage, read_write> out: array<u32>;     // [2, R]: ids, then logprob bits
 
-var<workgroup> best_v: array<f32, WG>;
-var<workgroup> best_i: array<u32, WG>;
+var<workgroup> red_v: array<f32, WG>;
+var<workgroup> red_i: array<u32, WG>;
 
 fn pcg(v: u32) -> u32 {
     let s = v * 747796405u + 2891336453u;
@@ -35,35 +45,125 @@ fn uniform01(seed: u32, counter: u32, id: u32) -> f32 {
     return (f32(h >> 8u) + 0.5) / 16777216.0;
 }
 
+fn score(r: u32, i: u32, t: f32) -> f32 {
+    let l = logits[r * V + i];
+    return select(l, l / t, t > 0.0);
+}
+
+// workgroup sum of red_v (every thread calls it; the result is in red_v[0])
+fn reduce_sum(t: u32) -> f32 {
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if t < stride { red_v[t] += red_v[t + stride]; }
+        workgroupBarrier();
+    }
+    let v = red_v[0];
+    workgroupBarrier();
+    return v;
+}
+
+// workgroup max (and its lowest index) of (red_v, red_i)
+fn reduce_argmax(t: u32) {
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if t < stride {
+            let ov = red_v[t + stride];
+            let oi = red_i[t + stride];
+            if ov > red_v[t] || (ov == red_v[t] && oi < red_i[t]) {
+                red_v[t] = ov;
+                red_i[t] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let r = wid.x;
     let t = lid.x;
     let s = samplers[r];
-    var bv = -3.4e38;
+    let temp = s.temperature;
+    // 1. max and min score, softmax normalizer
+    var mx = -3.4e38;
+    var mn = 3.4e38;
     var bi = 0xffffffffu;
     for (var i = t; i < V; i += WG) {
-        var v = logits[r * V + i];
-        if s.temperature > 0.0 {
-            v = v / s.temperature - log(-log(uniform01(s.seed, s.counter, i)));
-        }
-        if v > bv { bv = v; bi = i; }
+        let v = score(r, i, temp);
+        if v > mx { mx = v; bi = i; }
+        mn = min(mn, v);
     }
-    best_v[t] = bv;
-    best_i[t] = bi;
+    red_v[t] = mx;
+    red_i[t] = bi;
     workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if t < stride {
-            let ov = best_v[t + stride];
-            let oi = best_i[t + stride];
-            if ov > best_v[t] || (ov == best_v[t] && oi < best_i[t]) {
-                best_v[t] = ov;
-                best_i[t] = oi;
+    reduce_argmax(t);
+    let m = red_v[0];
+    let greedy_id = red_i[0];
+    workgroupBarrier();
+    red_v[t] = -mn;
+    red_i[t] = 0u;
+    workgroupBarrier();
+    reduce_argmax(t);
+    let lo0 = -red_v[0];
+    workgroupBarrier();
+    var z = 0.0;
+    for (var i = t; i < V; i += WG) { z += exp(score(r, i, temp) - m); }
+    red_v[t] = z;
+    workgroupBarrier();
+    z = reduce_sum(t);
+
+    // 2. the kept set: score >= thr
+    var thr = lo0;
+    if temp > 0.0 && s.top_k > 0u && s.top_k < V {
+        var lo = lo0;
+        var hi = m;
+        for (var it = 0u; it < BISECT; it++) {
+            let mid = 0.5 * (lo + hi);
+            var c = 0.0;
+            for (var i = t; i < V; i += WG) { if score(r, i, temp) >= mid { c += 1.0; } }
+            red_v[t] = c;
+            workgroupBarrier();
+            if reduce_sum(t) >= f32(s.top_k) { lo = mid; } else { hi = mid; }
+        }
+        thr = lo;
+    }
+    if temp > 0.0 && s.top_p < 1.0 {
+        var zk = 0.0;
+        for (var i = t; i < V; i += WG) { let v = score(r, i, temp); if v >= thr { zk += exp(v - m); } }
+        red_v[t] = zk;
+        workgroupBarrier();
+        zk = reduce_sum(t);
+        var lo = thr;
+        var hi = m;
+        for (var it = 0u; it < BISECT; it++) {
+            let mid = 0.5 * (lo + hi);
+            var p = 0.0;
+            for (var i = t; i < V; i += WG) { let v = score(r, i, temp); if v >= mid { p += exp(v - m); } }
+            red_v[t] = p;
+            workgroupBarrier();
+            if reduce_sum(t) >= s.top_p * zk { lo = mid; } else { hi = mid; }
+        }
+        thr = lo;
+    }
+
+    // 3. Gumbel-max over the kept set (greedy: the argmax)
+    var chosen = greedy_id;
+    if temp > 0.0 {
+        var bv = -3.4e38;
+        var bj = 0xffffffffu;
+        for (var i = t; i < V; i += WG) {
+            let v = score(r, i, temp);
+            if v >= thr {
+                let g = v - log(-log(uniform01(s.seed, s.counter, i)));
+                if g > bv { bv = g; bj = i; }
             }
         }
+        red_v[t] = bv;
+        red_i[t] = bj;
         workgroupBarrier();
+        reduce_argmax(t);
+        chosen = red_i[0];
     }
     if t == 0u && r < step.rows && rows[r].n_new > 0u {
-        out_ids[r] = best_i[0];
+        out[r] = chosen;
+        out[step.rows + r] = bitcast<u32>(score(r, chosen, temp) - m - log(z));
     }
 }

@@ -33,12 +33,14 @@ pub struct EngineOptions {
     /// Tokens a row can roll back exactly (spare ring slots). It bounds the multi-step decode
     /// window (`rollback + 1` steps per readback) and speculative drafts (`rollback` tokens).
     pub rollback: usize,
+    /// Tokens (rows x width) for which [`Engine::append_all_logits`] can return logits at once.
+    pub all_logits_tokens: usize,
 }
 
 impl EngineOptions {
     /// `rows` rows of `max_len` tokens, f32 everywhere.
     pub fn new(rows: usize, max_len: usize) -> Self {
-        EngineOptions { rows, max_len, kv: KvDtype::F32, weights: WeightDtype::F32, rollback: 8 }
+        EngineOptions { rows, max_len, kv: KvDtype::F32, weights: WeightDtype::F32, rollback: 8, all_logits_tokens: 64 }
     }
 }
 
@@ -137,24 +139,26 @@ impl Dispatch {
 
 /// Activation buffers, sized once for `rows * chunk` tokens.
 struct Scratch {
-    step: wgpu::Buffer,      // uniform Step
-    row_info: wgpu::Buffer,  // [rows] RowInfo
-    ids: wgpu::Buffer,       // [rows * chunk] u32
-    x: wgpu::Buffer,         // [T, d] residual stream
-    h: wgpu::Buffer,         // [T, d] normed input of a block
-    q: wgpu::Buffer,         // [T, H * D] queries, then attention output (in place)
-    kv_global: wgpu::Buffer, // [T, 2 * Hk * D] fresh global K then V
-    kv_local: wgpu::Buffer,  // [T, 2 * Hk * D] fresh local K then V
-    tmp: wgpu::Buffer,       // [T, d] projection output before a post-norm
-    up: wgpu::Buffer,        // [T, in_factor * F]
-    act: wgpu::Buffer,       // [T, F]
-    last_h: wgpu::Buffer,    // [rows, d] final-normed hidden state of each row's last real token
-    logits: wgpu::Buffer,    // [rows, vocab]
-    samplers: wgpu::Buffer,  // [rows] Sampler
-    sampled: wgpu::Buffer,   // [rows] u32
-    dummy: wgpu::Buffer,     // bound where a kernel's optional input is absent
+    step: wgpu::Buffer,       // uniform Step
+    row_info: wgpu::Buffer,   // [rows] RowInfo
+    ids: wgpu::Buffer,        // [rows * chunk] u32
+    x: wgpu::Buffer,          // [T, d] residual stream
+    h: wgpu::Buffer,          // [T, d] normed input of a block
+    q: wgpu::Buffer,          // [T, H * D] queries, then attention output (in place)
+    kv_global: wgpu::Buffer,  // [T, 2 * Hk * D] fresh global K then V
+    kv_local: wgpu::Buffer,   // [T, 2 * Hk * D] fresh local K then V
+    tmp: wgpu::Buffer,        // [T, d] projection output before a post-norm
+    up: wgpu::Buffer,         // [T, in_factor * F]
+    act: wgpu::Buffer,        // [T, F]
+    last_h: wgpu::Buffer,     // [rows, d] final-normed hidden state of each row's last real token
+    logits: wgpu::Buffer,     // [rows, vocab]
+    samplers: wgpu::Buffer,   // [rows] Sampler
+    sampled: wgpu::Buffer,    // [2, rows]: sampled ids, then their logprobs (f32 bits)
+    all_logits: wgpu::Buffer, // [all_logits_tokens, vocab]
+    dummy: wgpu::Buffer,      // bound where a kernel's optional input is absent
     logits_read: wgpu::Buffer,
-    sampled_read: wgpu::Buffer,
+    sampled_read: wgpu::Buffer, // [max_window, 2, rows]: one slot per multi-step step
+    all_logits_read: wgpu::Buffer,
 }
 
 /// A model on the GPU with its KV cache: the object that decodes.
@@ -171,6 +175,11 @@ pub struct Engine {
     chunk_dispatches: Vec<Dispatch>,
     /// Final norm at each row's last token, then the LM head parts.
     head_dispatches: Vec<Dispatch>,
+    /// Final norm at every token, then the LM head over all of them.
+    all_head_dispatches: Vec<Dispatch>,
+    all_logits_tokens: usize,
+    /// Most steps per multi-step window: `rollback + 1`.
+    max_window: usize,
     sample_dispatch: Dispatch,
     stats: Stats,
 }
@@ -425,6 +434,9 @@ impl Engine {
             )));
         }
         let t = rows * chunk;
+        // all-position logits: as many tokens as asked, that one chunk and one binding can hold
+        let all_tokens = opts.all_logits_tokens.min(t).min(gpu.max_binding() as usize / (cfg.vocab * 4)).max(1);
+        let max_window = opts.rollback + 1;
         let f4 = |n: usize| (n * 4) as u64;
         let map_read = |label: &str, size: u64| {
             gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -453,11 +465,13 @@ impl Engine {
             act: gpu.storage("mlp act", f4(t * cfg.ffn))?,
             last_h: gpu.storage("last hidden", f4(rows * d))?,
             logits: gpu.storage("logits", f4(rows * cfg.vocab))?,
-            samplers: gpu.storage("samplers", (rows * 16) as u64)?,
-            sampled: gpu.storage("sampled ids", f4(rows))?,
+            samplers: gpu.storage("samplers", (rows * 32) as u64)?,
+            sampled: gpu.storage("sampled ids", f4(2 * rows))?,
+            all_logits: gpu.storage("all-position logits", f4(all_tokens * cfg.vocab))?,
             dummy: gpu.storage("dummy", 16)?,
             logits_read: map_read("logits readback", f4(rows * cfg.vocab)),
-            sampled_read: map_read("sampled readback", f4(rows).max(16)),
+            sampled_read: map_read("sampled readback", f4(2 * rows * max_window)),
+            all_logits_read: map_read("all-position logits readback", f4(all_tokens * cfg.vocab)),
         };
         let mut rope = HashMap::new();
         for i in 0..cfg.n_layers() {
@@ -521,6 +535,17 @@ impl Engine {
             true,
             cfg.logit_softcap.unwrap_or(0.0),
         ));
+        // all-position logits (speculative verify): final norm of every token into h, LM head
+        let mut all_head_dispatches = vec![bld.norm(&s.x, gw.final_norm.as_ref(), &s.h, false)];
+        all_head_dispatches.extend(bld.matmul_ext(
+            &s.h,
+            head,
+            &s.all_logits,
+            cfg.vocab,
+            false,
+            false,
+            cfg.logit_softcap.unwrap_or(0.0),
+        ));
         let sample_dispatch = bld.dispatch(
             Kernel::Sample,
             vec![("V", cfg.vocab as f64)],
@@ -538,6 +563,9 @@ impl Engine {
             _rope: rope,
             chunk_dispatches,
             head_dispatches,
+            all_head_dispatches,
+            all_logits_tokens: all_tokens,
+            max_window,
             sample_dispatch,
             stats: Stats::default(),
         })
@@ -599,9 +627,9 @@ impl Engine {
     /// sub-batch); `None` means all cache rows in order. Returns the logits at each row's last real
     /// token. Everything is checked before anything is written: on error no row changes.
     pub fn append(&mut self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<Logits> {
-        let out = self.run(ids, width, n_new, rows, None)?;
+        let any = self.run(ids, width, n_new, rows, None, Output::Logits)?;
         let mut data = vec![0f32; n_new.len() * self.cfg.vocab];
-        if out.any {
+        if any {
             self.read(&self.s.logits_read, bytemuck::cast_slice_mut(&mut data))?;
         }
         Ok(Logits { vocab: self.cfg.vocab, data, valid: n_new.iter().map(|&n| n > 0).collect() })
@@ -623,9 +651,9 @@ impl Engine {
         for (r, s) in samplers.iter().enumerate() {
             s.check(r)?;
         }
-        let out = self.run(ids, width, n_new, rows, Some(samplers))?;
-        let mut got = vec![0u32; n_new.len()];
-        if out.any {
+        let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Sampled { slot: 0 })?;
+        let mut got = vec![0u32; 2 * n_new.len()];
+        if any {
             self.read(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut got))?;
         }
         Ok(got.into_iter().zip(n_new).map(|(id, &n)| (n > 0).then_some(id)).collect())
@@ -672,6 +700,107 @@ impl Engine {
         Ok(cache_rows)
     }
 
+    /// Write one chunk's shape, rows and ids, record every dispatch of `out` into one encoder and
+    /// submit it. `n_sub[r]` tokens of chunk row `r` start at `ids[r * stride + start]`; with
+    /// `ids_from_sampled`, the ids are instead last step's sampled ids (one per row, on the GPU).
+    #[allow(clippy::too_many_arguments)]
+    fn submit_chunk(
+        &mut self,
+        cache_rows: &[usize],
+        n_sub: &[usize],
+        ids: &[u32],
+        stride: usize,
+        start: usize,
+        samplers: Option<&[Sampler]>,
+        ids_from_sampled: bool,
+        out: Output,
+    ) {
+        let r_n = cache_rows.len();
+        let c = n_sub.iter().copied().max().unwrap_or(0);
+        let q = &self.gpu.queue;
+        let step = StepGpu { rows: r_n as u32, width: c as u32, tokens: (r_n * c) as u32, _pad: 0 };
+        let info: Vec<RowInfoGpu> = cache_rows
+            .iter()
+            .zip(n_sub)
+            .map(|(&row, &n)| RowInfoGpu {
+                cache_row: row as u32,
+                n_new: n as u32,
+                pos0: self.cache.lens_cpu[row] as u32,
+                _pad: 0,
+            })
+            .collect();
+        q.write_buffer(&self.s.step, 0, bytemuck::bytes_of(&step));
+        q.write_buffer(&self.s.row_info, 0, bytemuck::cast_slice(&info));
+        if !ids_from_sampled {
+            let mut chunk_ids = vec![0u32; r_n * c];
+            for r in 0..r_n {
+                for j in 0..n_sub[r] {
+                    chunk_ids[r * c + j] = ids[r * stride + start + j];
+                }
+            }
+            q.write_buffer(&self.s.ids, 0, bytemuck::cast_slice(&chunk_ids));
+        }
+        if let Some(sm) = samplers {
+            let g: Vec<SamplerGpu> = sm
+                .iter()
+                .zip(cache_rows)
+                .zip(n_sub)
+                .map(|((s, &row), &n)| SamplerGpu::new(s, (self.cache.lens_cpu[row] + n) as u32))
+                .collect();
+            q.write_buffer(&self.s.samplers, 0, bytemuck::cast_slice(&g));
+        }
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chunk") });
+        if ids_from_sampled {
+            enc.copy_buffer_to_buffer(&self.s.sampled, 0, &self.s.ids, 0, (r_n * 4) as u64);
+        }
+        {
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("chunk"), timestamp_writes: None });
+            let head = match out {
+                Output::AllLogits => &self.all_head_dispatches,
+                _ => &self.head_dispatches,
+            };
+            let mut n_disp = 0;
+            for d in self.chunk_dispatches.iter().chain(head) {
+                d.record(&mut pass, r_n, c);
+                n_disp += 1;
+            }
+            if samplers.is_some() {
+                self.sample_dispatch.record(&mut pass, r_n, c);
+                n_disp += 1;
+            }
+            self.stats.dispatches += n_disp;
+        }
+        match out {
+            Output::None => {}
+            Output::Logits => {
+                let bytes = (r_n * self.cfg.vocab * 4) as u64;
+                enc.copy_buffer_to_buffer(&self.s.logits, 0, &self.s.logits_read, 0, bytes);
+            }
+            Output::AllLogits => {
+                let bytes = (r_n * c * self.cfg.vocab * 4) as u64;
+                enc.copy_buffer_to_buffer(&self.s.all_logits, 0, &self.s.all_logits_read, 0, bytes);
+            }
+            Output::Sampled { slot } => {
+                let bytes = (r_n * 8) as u64;
+                enc.copy_buffer_to_buffer(&self.s.sampled, 0, &self.s.sampled_read, slot as u64 * bytes, bytes);
+            }
+        }
+        q.submit([enc.finish()]);
+        self.stats.submits += 1;
+        self.stats.chunks += 1;
+        for (r, &row) in cache_rows.iter().enumerate() {
+            let n = n_sub[r];
+            self.cache.lens_cpu[row] += n;
+            self.cache.written[row] = self.cache.written[row].max(self.cache.lens_cpu[row]);
+            if !ids_from_sampled {
+                self.cache.history_cpu[row].extend_from_slice(&ids[r * stride + start..r * stride + start + n]);
+            }
+        }
+    }
+
+    /// Split an append into chunks of at most `chunk` tokens per row and submit them; only the
+    /// last chunk copies `out` for readback. Returns whether any row had tokens.
     fn run(
         &mut self,
         ids: &[u32],
@@ -679,89 +808,189 @@ impl Engine {
         n_new: &[usize],
         rows: Option<&[usize]>,
         samplers: Option<&[Sampler]>,
-    ) -> Result<RunOut> {
+        out: Output,
+    ) -> Result<bool> {
         let cache_rows = self.check(ids, width, n_new, rows)?;
-        let r_n = cache_rows.len();
         let longest = n_new.iter().copied().max().unwrap_or(0);
         if longest == 0 {
-            return Ok(RunOut { any: false });
+            return Ok(false);
         }
         let n_chunks = longest.div_ceil(self.chunk);
-        let q = &self.gpu.queue;
         for ci in 0..n_chunks {
             let start = ci * self.chunk;
             let n_sub: Vec<usize> = n_new.iter().map(|&n| n.saturating_sub(start).min(self.chunk)).collect();
-            let c = n_sub.iter().copied().max().unwrap_or(0);
-            let step = StepGpu { rows: r_n as u32, width: c as u32, tokens: (r_n * c) as u32, _pad: 0 };
-            let info: Vec<RowInfoGpu> = cache_rows
-                .iter()
-                .zip(&n_sub)
-                .map(|(&row, &n)| RowInfoGpu {
-                    cache_row: row as u32,
-                    n_new: n as u32,
-                    pos0: self.cache.lens_cpu[row] as u32,
-                    _pad: 0,
-                })
-                .collect();
-            let mut chunk_ids = vec![0u32; r_n * c];
-            for r in 0..r_n {
-                for j in 0..n_sub[r] {
-                    chunk_ids[r * c + j] = ids[r * width + start + j];
-                }
-            }
-            q.write_buffer(&self.s.step, 0, bytemuck::bytes_of(&step));
-            q.write_buffer(&self.s.row_info, 0, bytemuck::cast_slice(&info));
-            q.write_buffer(&self.s.ids, 0, bytemuck::cast_slice(&chunk_ids));
-            if let Some(sm) = samplers {
-                let g: Vec<SamplerGpu> = sm
-                    .iter()
-                    .zip(&cache_rows)
-                    .zip(&n_sub)
-                    .map(|((s, &row), &n)| SamplerGpu {
-                        temperature: s.temperature,
-                        seed: s.seed,
-                        counter: (self.cache.lens_cpu[row] + n) as u32,
-                        _pad: 0,
-                    })
-                    .collect();
-                q.write_buffer(&self.s.samplers, 0, bytemuck::cast_slice(&g));
-            }
             let last = ci + 1 == n_chunks;
-            let mut enc =
-                self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chunk") });
-            {
-                let mut pass = enc
-                    .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("chunk"), timestamp_writes: None });
-                let mut n_disp = 0;
-                for d in self.chunk_dispatches.iter().chain(&self.head_dispatches) {
-                    d.record(&mut pass, r_n, c);
-                    n_disp += 1;
-                }
-                if samplers.is_some() {
-                    self.sample_dispatch.record(&mut pass, r_n, c);
-                    n_disp += 1;
-                }
-                self.stats.dispatches += n_disp;
-            }
-            if last {
-                if samplers.is_some() {
-                    enc.copy_buffer_to_buffer(&self.s.sampled, 0, &self.s.sampled_read, 0, (r_n * 4) as u64);
-                } else {
-                    let bytes = (r_n * self.cfg.vocab * 4) as u64;
-                    enc.copy_buffer_to_buffer(&self.s.logits, 0, &self.s.logits_read, 0, bytes);
-                }
-            }
-            q.submit([enc.finish()]);
-            self.stats.submits += 1;
-            self.stats.chunks += 1;
-            for (r, &row) in cache_rows.iter().enumerate() {
-                let n = n_sub[r];
-                self.cache.lens_cpu[row] += n;
-                self.cache.written[row] = self.cache.written[row].max(self.cache.lens_cpu[row]);
-                self.cache.history_cpu[row].extend_from_slice(&ids[r * width + start..r * width + start + n]);
+            self.submit_chunk(
+                &cache_rows,
+                &n_sub,
+                ids,
+                width,
+                start,
+                samplers,
+                false,
+                if last { out } else { Output::None },
+            );
+        }
+        Ok(true)
+    }
+
+    /// Like [`Engine::append`], but returns the logits at every real token of every row
+    /// (`[row][token][vocab]`), for speculative verification. The whole call must fit one chunk:
+    /// at most [`Engine::chunk_width`] tokens per row and `all_logits_tokens` (rows x width) in all.
+    pub fn append_all_logits(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        let longest = n_new.iter().copied().max().unwrap_or(0);
+        if longest > self.chunk || n_new.len() * longest > self.all_logits_tokens {
+            return Err(Error::Limit(format!(
+                "all-position logits for {} rows x {longest} tokens exceed one chunk ({} tokens per row, {} tokens in all)",
+                n_new.len(),
+                self.chunk,
+                self.all_logits_tokens
+            )));
+        }
+        let any = self.run(ids, width, n_new, rows, None, Output::AllLogits)?;
+        let v = self.cfg.vocab;
+        let mut data = vec![0f32; n_new.len() * longest * v];
+        if any {
+            self.read(&self.s.all_logits_read, bytemuck::cast_slice_mut(&mut data))?;
+        }
+        Ok(n_new
+            .iter()
+            .enumerate()
+            .map(|(r, &n)| (0..n).map(|j| data[(r * longest + j) * v..(r * longest + j + 1) * v].to_vec()).collect())
+            .collect())
+    }
+
+    /// Multi-step decode: enqueue `steps` single-token steps on `rows` before reading anything
+    /// back. Step 0 feeds `first[r]`; every later step feeds the id sampled by the step before,
+    /// straight from GPU memory. Returns the `steps` sampled ids of each row (the last one is not
+    /// yet appended: feed it next). One readback for the whole window; `steps` is at most
+    /// `rollback + 1`, so a row that should have stopped early can be rolled back exactly
+    /// (see [`Engine::decode_until`]).
+    pub fn decode_steps(
+        &mut self,
+        rows: &[usize],
+        first: &[u32],
+        samplers: &[Sampler],
+        steps: usize,
+    ) -> Result<Vec<Vec<u32>>> {
+        Ok(self.decode_steps_logprobs(rows, first, samplers, steps)?.into_iter().map(|r| r.0).collect())
+    }
+
+    /// [`Engine::decode_steps`] that also returns each sampled token's log-probability under the
+    /// distribution it was drawn from (see [`Sampler`]).
+    pub fn decode_steps_logprobs(
+        &mut self,
+        rows: &[usize],
+        first: &[u32],
+        samplers: &[Sampler],
+        steps: usize,
+    ) -> Result<Vec<(Vec<u32>, Vec<f32>)>> {
+        let r_n = rows.len();
+        if first.len() != r_n || samplers.len() != r_n {
+            return Err(Error::Input(format!(
+                "decode_steps: {r_n} rows, {} first ids, {} samplers",
+                first.len(),
+                samplers.len()
+            )));
+        }
+        if steps == 0 || steps > self.max_window {
+            return Err(Error::Input(format!("decode_steps: steps {steps} must be in 1..={}", self.max_window)));
+        }
+        for (r, s) in samplers.iter().enumerate() {
+            s.check(r)?;
+        }
+        // the window's capacity is checked up front: every row must have room for all its steps
+        let n_new = vec![steps; r_n];
+        let pad: Vec<u32> = (0..r_n * steps).map(|i| if i % steps == 0 { first[i / steps] } else { 0 }).collect();
+        let cache_rows = self.check(&pad, steps, &n_new, Some(rows))?;
+        let ones = vec![1usize; r_n];
+        for step in 0..steps {
+            let from_gpu = step > 0;
+            self.submit_chunk(
+                &cache_rows,
+                &ones,
+                first,
+                1,
+                0,
+                Some(samplers),
+                from_gpu,
+                Output::Sampled { slot: step },
+            );
+        }
+        let mut raw = vec![0u32; steps * r_n * 2];
+        self.read(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut raw))?;
+        let mut out = vec![(Vec::with_capacity(steps), Vec::with_capacity(steps)); r_n];
+        for step in 0..steps {
+            for (r, o) in out.iter_mut().enumerate() {
+                o.0.push(raw[step * r_n * 2 + r]);
+                o.1.push(f32::from_bits(raw[step * r_n * 2 + r_n + r]));
             }
         }
-        Ok(RunOut { any: true })
+        // the CPU history learns the fed ids now: first, then every sampled id but the last
+        for (r, &row) in cache_rows.iter().enumerate() {
+            let h = &mut self.cache.history_cpu[row];
+            h.push(first[r]);
+            h.extend_from_slice(&out[r].0[..steps - 1]);
+        }
+        Ok(out)
+    }
+
+    /// Decode until each row samples a stop token (`is_stop`) or `max_new` tokens, enqueueing
+    /// `window` steps per readback. A row that stops inside a window is rolled back, so it ends
+    /// exactly as if it had stopped on time: its stop token is returned but not appended.
+    pub fn decode_until(
+        &mut self,
+        rows: &[usize],
+        first: &[u32],
+        samplers: &[Sampler],
+        max_new: usize,
+        window: usize,
+        is_stop: impl Fn(u32) -> bool,
+    ) -> Result<Vec<Vec<u32>>> {
+        let mut out = vec![Vec::new(); rows.len()];
+        let mut live: Vec<usize> = (0..rows.len()).collect();
+        let mut feed: Vec<u32> = first.to_vec();
+        while !live.is_empty() {
+            let room = live.iter().map(|&i| max_new - out[i].len()).min().unwrap_or(0);
+            let steps = window.min(room).max(1);
+            let live_rows: Vec<usize> = live.iter().map(|&i| rows[i]).collect();
+            let live_feed: Vec<u32> = live.iter().map(|&i| feed[i]).collect();
+            let live_samplers: Vec<Sampler> = live.iter().map(|&i| samplers[i]).collect();
+            let got = self.decode_steps(&live_rows, &live_feed, &live_samplers, steps)?;
+            let mut still = Vec::new();
+            let (mut back_rows, mut back_n) = (Vec::new(), Vec::new());
+            for (k, &i) in live.iter().enumerate() {
+                let toks = &got[k];
+                // tokens kept: up to and including the first stop, and at most max_new in all
+                let mut keep = toks.len().min(max_new - out[i].len());
+                if let Some(p) = toks[..keep].iter().position(|&t| is_stop(t)) {
+                    keep = p + 1;
+                }
+                out[i].extend_from_slice(&toks[..keep]);
+                // appended in this window: feed + toks[..steps-1]; a row that ends keeps
+                // feed + toks[..keep-1] (its last sampled token is returned, not appended)
+                let done = keep < toks.len() || out[i].len() >= max_new || is_stop(toks[keep - 1]);
+                if done {
+                    let extra = steps - keep;
+                    if extra > 0 {
+                        back_rows.push(rows[i]);
+                        back_n.push(extra);
+                    }
+                } else {
+                    feed[i] = toks[keep - 1];
+                    still.push(i);
+                }
+            }
+            self.rollback(&back_rows, &back_n)?;
+            live = still;
+        }
+        Ok(out)
     }
 
     /// Test hook: the raw bytes of group `g`'s global K and V, all shards in row order
@@ -816,6 +1045,16 @@ impl Engine {
     }
 }
 
-struct RunOut {
-    any: bool,
+/// What a chunk copies out for readback.
+#[derive(Clone, Copy, Debug)]
+enum Output {
+    None,
+    /// Logits at each row's last real token.
+    Logits,
+    /// Logits at every token of the chunk.
+    AllLogits,
+    /// Sampled ids and their logprobs, into window slot `slot`.
+    Sampled {
+        slot: usize,
+    },
 }
