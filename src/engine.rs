@@ -62,6 +62,26 @@ impl Logits {
     }
 }
 
+/// When a decoded turn ends.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TurnLimit {
+    /// Most tokens in the turn.
+    pub max_new: usize,
+    /// Token ids that end the turn (returned, not appended).
+    pub stop: Vec<u32>,
+}
+
+/// One decoded turn of a row.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Turn {
+    /// Sampled tokens, the stop token included when the turn stopped on one.
+    pub tokens: Vec<u32>,
+    /// Log-probability of each token (see [`Sampler`]).
+    pub logprobs: Vec<f32>,
+    /// Whether the turn ended on a stop token (else on `max_new`).
+    pub stopped: bool,
+}
+
 /// Counters for the benchmark.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Stats {
@@ -645,6 +665,22 @@ impl Engine {
         rows: Option<&[usize]>,
         samplers: &[Sampler],
     ) -> Result<Vec<Option<u32>>> {
+        Ok(self
+            .append_sample_logprobs(ids, width, n_new, rows, samplers)?
+            .into_iter()
+            .map(|o| o.map(|x| x.0))
+            .collect())
+    }
+
+    /// [`Engine::append_sample`] that also returns each sampled token's log-probability.
+    pub fn append_sample_logprobs(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Option<(u32, f32)>>> {
         if samplers.len() != n_new.len() {
             return Err(Error::Input(format!("{} samplers for {} chunk rows", samplers.len(), n_new.len())));
         }
@@ -656,7 +692,8 @@ impl Engine {
         if any {
             self.read(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut got))?;
         }
-        Ok(got.into_iter().zip(n_new).map(|(id, &n)| (n > 0).then_some(id)).collect())
+        let r_n = n_new.len();
+        Ok((0..r_n).map(|r| (n_new[r] > 0).then(|| (got[r], f32::from_bits(got[r_n + r])))).collect())
     }
 
     /// Validate a call; the error names the row, index or limit.
@@ -932,11 +969,9 @@ impl Engine {
                 o.1.push(f32::from_bits(raw[step * r_n * 2 + r_n + r]));
             }
         }
-        // the CPU history learns the fed ids now: first, then every sampled id but the last
+        // step 0 recorded `first`; the ids fed from the GPU are known now: all sampled but the last
         for (r, &row) in cache_rows.iter().enumerate() {
-            let h = &mut self.cache.history_cpu[row];
-            h.push(first[r]);
-            h.extend_from_slice(&out[r].0[..steps - 1]);
+            self.cache.history_cpu[row].extend_from_slice(&out[r].0[..steps - 1]);
         }
         Ok(out)
     }
@@ -953,34 +988,58 @@ impl Engine {
         window: usize,
         is_stop: impl Fn(u32) -> bool,
     ) -> Result<Vec<Vec<u32>>> {
-        let mut out = vec![Vec::new(); rows.len()];
-        let mut live: Vec<usize> = (0..rows.len()).collect();
+        let limits = vec![TurnLimit { max_new, stop: Vec::new() }; rows.len()];
+        let turns = self.decode_turns(rows, first, samplers, &limits, window, &|_, t| is_stop(t))?;
+        Ok(turns.into_iter().map(|t| t.tokens).collect())
+    }
+
+    /// Decode one turn on each row: feed `first[i]`, then sampled tokens, until row `i` samples
+    /// one of `limits[i].stop` (or `extra_stop(i, token)` says so) or has `limits[i].max_new`
+    /// tokens. `window` steps are enqueued per readback (at most `rollback + 1`); rows that
+    /// stopped inside a window are rolled back exactly. The stop token is returned (with its
+    /// logprob) but not appended, so the next append continues right after the turn.
+    pub fn decode_turns(
+        &mut self,
+        rows: &[usize],
+        first: &[u32],
+        samplers: &[Sampler],
+        limits: &[TurnLimit],
+        window: usize,
+        extra_stop: &dyn Fn(usize, u32) -> bool,
+    ) -> Result<Vec<Turn>> {
+        if limits.len() != rows.len() {
+            return Err(Error::Input(format!("decode_turns: {} rows, {} limits", rows.len(), limits.len())));
+        }
+        let window = window.clamp(1, self.max_window);
+        let mut out: Vec<Turn> = vec![Turn::default(); rows.len()];
+        let mut live: Vec<usize> = (0..rows.len()).filter(|&i| limits[i].max_new > 0).collect();
         let mut feed: Vec<u32> = first.to_vec();
         while !live.is_empty() {
-            let room = live.iter().map(|&i| max_new - out[i].len()).min().unwrap_or(0);
+            let room = live.iter().map(|&i| limits[i].max_new - out[i].tokens.len()).min().unwrap_or(1);
             let steps = window.min(room).max(1);
             let live_rows: Vec<usize> = live.iter().map(|&i| rows[i]).collect();
             let live_feed: Vec<u32> = live.iter().map(|&i| feed[i]).collect();
             let live_samplers: Vec<Sampler> = live.iter().map(|&i| samplers[i]).collect();
-            let got = self.decode_steps(&live_rows, &live_feed, &live_samplers, steps)?;
+            let got = self.decode_steps_logprobs(&live_rows, &live_feed, &live_samplers, steps)?;
             let mut still = Vec::new();
             let (mut back_rows, mut back_n) = (Vec::new(), Vec::new());
             for (k, &i) in live.iter().enumerate() {
-                let toks = &got[k];
+                let (toks, lps) = &got[k];
+                let is_stop = |t: u32| limits[i].stop.contains(&t) || extra_stop(i, t);
                 // tokens kept: up to and including the first stop, and at most max_new in all
-                let mut keep = toks.len().min(max_new - out[i].len());
+                let mut keep = toks.len().min(limits[i].max_new - out[i].tokens.len());
                 if let Some(p) = toks[..keep].iter().position(|&t| is_stop(t)) {
                     keep = p + 1;
+                    out[i].stopped = true;
                 }
-                out[i].extend_from_slice(&toks[..keep]);
-                // appended in this window: feed + toks[..steps-1]; a row that ends keeps
-                // feed + toks[..keep-1] (its last sampled token is returned, not appended)
-                let done = keep < toks.len() || out[i].len() >= max_new || is_stop(toks[keep - 1]);
-                if done {
-                    let extra = steps - keep;
-                    if extra > 0 {
+                out[i].tokens.extend_from_slice(&toks[..keep]);
+                out[i].logprobs.extend_from_slice(&lps[..keep]);
+                // this window appended feed + toks[..steps - 1]; a finished row keeps
+                // feed + toks[..keep - 1]: its last sampled token is returned, not appended
+                if out[i].stopped || out[i].tokens.len() >= limits[i].max_new {
+                    if steps > keep {
                         back_rows.push(rows[i]);
-                        back_n.push(extra);
+                        back_n.push(steps - keep);
                     }
                 } else {
                     feed[i] = toks[keep - 1];

@@ -18,6 +18,7 @@
 
 #![warn(missing_docs)]
 
+pub mod batching;
 pub mod cache;
 pub mod config;
 pub mod device;
@@ -31,10 +32,11 @@ pub mod sampling;
 pub mod shaders;
 pub mod weights;
 
+pub use batching::{Completion, Event, Finish, Request, Scheduler};
 pub use cache::{KvCache, KvDtype};
 pub use config::{LayerSpec, MlpKind, ModelConfig, NormKind};
 pub use device::{Gpu, GpuOptions};
-pub use engine::{Engine, EngineOptions, Logits, Stats, CHUNK};
+pub use engine::{Engine, EngineOptions, Logits, Stats, Turn, TurnLimit, CHUNK};
 pub use error::{Error, Result};
 pub use gpu_weights::WeightDtype;
 pub use sampling::{argmax, sample_cpu, Sampler};

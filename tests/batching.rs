@@ -1,0 +1,86 @@
+//! Continuous batching: every request gets exactly the tokens it gets when run alone.
+
+mod common;
+
+use common::*;
+use kvdecode::{Engine, EngineOptions, Event, Finish, Request, Sampler, Scheduler, SplitMix64};
+
+fn random_requests(n: usize, seed: u64) -> Vec<Request> {
+    let mut rng = SplitMix64(seed);
+    (0..n)
+        .map(|i| Request {
+            tokens: (0..1 + rng.below(40)).map(|_| 1 + rng.below(95) as u32).collect(),
+            max_new: 1 + rng.below(14),
+            stop: vec![rng.below(96) as u32, rng.below(96) as u32],
+            sampler: match i % 3 {
+                0 => Sampler::GREEDY,
+                1 => Sampler::temperature(1.0, rng.below(1000) as u32),
+                _ => Sampler::temperature(0.8, rng.below(1000) as u32).with_top_k(10).with_top_p(0.9),
+            },
+        })
+        .collect()
+}
+
+#[test]
+fn batched_requests_equal_requests_run_alone() {
+    let s = seed(81);
+    let w = model(&tiny_agent_cfg(), s);
+    let reqs = random_requests(14, s);
+    // 4 rows for 14 requests: they queue, join and leave; prompts prefill 7 tokens per step
+    let mut engine = Engine::new(&gpu(), &w, EngineOptions::new(4, 64)).unwrap();
+    let mut sched = Scheduler::new(&engine, 7);
+    for r in &reqs {
+        sched.submit(r.clone()).unwrap();
+    }
+    let mut streamed = vec![Vec::new(); reqs.len()];
+    let done = sched
+        .run(&mut engine, &mut |ev| {
+            if let Event::Token { id, token, .. } = ev {
+                streamed[id].push(token);
+            }
+        })
+        .unwrap();
+    assert_eq!(done.len(), reqs.len());
+    assert_eq!(sched.active(), 0);
+    for c in &done {
+        assert_eq!(streamed[c.id], c.tokens, "request {}: streamed tokens differ", c.id);
+        // alone: a one-row engine, the whole prompt in one append
+        let mut alone = Engine::new(&gpu(), &w, EngineOptions::new(1, 64)).unwrap();
+        let mut one = Scheduler::new(&alone, 64);
+        one.submit(reqs[c.id].clone()).unwrap();
+        let a = one.run(&mut alone, &mut |_| {}).unwrap();
+        assert_eq!(a[0].tokens, c.tokens, "seed {s} request {}: batched vs alone", c.id);
+        assert_eq!(a[0].logprobs, c.logprobs, "seed {s} request {}: logprobs", c.id);
+        assert_eq!(a[0].finish, c.finish);
+        match c.finish {
+            Finish::Stop => assert!(reqs[c.id].stop.contains(c.tokens.last().unwrap())),
+            Finish::Length => assert_eq!(c.tokens.len(), reqs[c.id].max_new),
+        }
+    }
+}
+
+#[test]
+fn admission_refuses_what_cannot_fit_and_accounts() {
+    let w = model(&llama_cfg(), 82);
+    let mut engine = Engine::new(&gpu(), &w, EngineOptions::new(2, 32)).unwrap();
+    let mut sched = Scheduler::new(&engine, 8);
+    let too_long = Request { tokens: vec![1; 30], max_new: 3, stop: vec![], sampler: Sampler::GREEDY };
+    let err = sched.submit(too_long).unwrap_err();
+    assert!(format!("{err}").contains("exceeds the rows' max_len 32"), "{err}");
+    let bad = Request { tokens: vec![1, 500], max_new: 3, stop: vec![], sampler: Sampler::GREEDY };
+    assert!(format!("{}", sched.submit(bad).unwrap_err()).contains("token 1 = 500"));
+    for n in [5, 9, 3] {
+        sched.submit(Request { tokens: vec![2; n], max_new: 4, stop: vec![], sampler: Sampler::GREEDY }).unwrap();
+    }
+    assert_eq!(sched.reserved_tokens(), 64);
+    let (_, more) = sched.step(&mut engine, &mut |_| {}).unwrap();
+    assert!(more);
+    // two rows hold requests, the third waits in the queue
+    assert_eq!(sched.active(), 2);
+    assert_eq!(sched.queued(), 1);
+    assert_eq!(sched.allocated_tokens(), 64);
+    assert_eq!(sched.used_tokens(&engine), 5 + 8);
+    let done = sched.run(&mut engine, &mut |_| {}).unwrap();
+    assert_eq!(done.len(), 3, "the queued request runs once a row frees up");
+    assert!(done[2].stats.queued_steps > 0);
+}
