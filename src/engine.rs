@@ -655,6 +655,12 @@ impl Engine {
         Ok(Logits { vocab: self.cfg.vocab, data, valid: n_new.iter().map(|&n| n > 0).collect() })
     }
 
+    /// Like [`Engine::append`], but reads nothing back (prefill and tool results whose logits
+    /// nobody needs): the call returns as soon as the work is submitted.
+    pub fn feed(&mut self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<()> {
+        self.run(ids, width, n_new, rows, None, Output::None).map(|_| ())
+    }
+
     /// Like [`Engine::append`], but samples on the GPU and reads back only the ids: `samplers[r]`
     /// picks chunk row `r`'s next token. Rows that received no token give `None`.
     pub fn append_sample(
