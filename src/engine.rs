@@ -616,6 +616,11 @@ impl Engine {
         self.chunk_dispatches.len() + self.head_dispatches.len()
     }
 
+    /// Most steps per [`Engine::decode_steps`] window (`rollback + 1`).
+    pub fn max_window(&self) -> usize {
+        self.max_window
+    }
+
     /// Distinct compute pipelines built.
     pub fn pipeline_count(&self) -> usize {
         self.pipelines.len()

@@ -31,6 +31,7 @@ pub mod reference;
 pub mod rollout;
 pub mod sampling;
 pub mod shaders;
+pub mod speculative;
 pub mod weights;
 
 pub use batching::{Completion, Event, Finish, Request, Scheduler};
