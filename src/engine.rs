@@ -616,6 +616,11 @@ impl Engine {
         self.chunk_dispatches.len() + self.head_dispatches.len()
     }
 
+    /// Tokens (rows x width) [`Engine::append_all_logits`] can return at once.
+    pub fn all_logits_tokens(&self) -> usize {
+        self.all_logits_tokens
+    }
+
     /// Most steps per [`Engine::decode_steps`] window (`rollback + 1`).
     pub fn max_window(&self) -> usize {
         self.max_window

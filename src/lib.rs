@@ -20,6 +20,7 @@
 
 pub mod batching;
 pub mod cache;
+pub mod compat;
 pub mod config;
 pub mod device;
 pub mod engine;
@@ -36,6 +37,7 @@ pub mod weights;
 
 pub use batching::{Completion, Event, Finish, Request, Scheduler};
 pub use cache::{KvCache, KvDtype};
+pub use compat::{PaddedBatch, SequenceCache};
 pub use config::{LayerSpec, MlpKind, ModelConfig, NormKind};
 pub use device::{Gpu, GpuOptions};
 pub use engine::{Engine, EngineOptions, Logits, Stats, Turn, TurnLimit, CHUNK};
