@@ -5,7 +5,9 @@
 //! For every (kv, rows, context): prefill `rows x context` tokens in one append (split into CHUNK
 //! submits internally), then decode `steps` tokens per row with greedy GPU sampling, reading back
 //! the ids every step. Prints a markdown table: tokens/s, dispatches and submits per decode step,
-//! and KV bytes against a naive cache (every layer its own full-length K/V).
+//! and KV bytes against a naive cache (every layer its own full-length K/V). A second table
+//! measures multi-step decode: steps enqueued per readback (ids fed from GPU memory) against
+//! decode tokens/s (`--windows 1,2,4,8`).
 
 use std::time::Instant;
 
@@ -71,6 +73,39 @@ fn main() -> kvdecode::Result<()> {
                     c.naive_nbytes() as f64 / 1048576.0
                 );
             }
+        }
+    }
+    // multi-step decode: the host enqueues `window` steps, then reads all their ids at once
+    let windows: Vec<usize> = list("--windows", "1,2,4,8").iter().map(|s| s.parse().expect("--windows")).collect();
+    let total = 32;
+    println!("\nmulti-step decode (f32 K/V, context 128, {total} steps per row):\n");
+    println!("| rows | steps per readback | decode tok/s | ms / step | readbacks |");
+    println!("|---:|---:|---:|---:|---:|");
+    for &rows in &rows_list {
+        for &w in &windows {
+            let opts = EngineOptions { rollback: w.max(1) - 1, ..EngineOptions::new(rows, 128 + total + w) };
+            let mut e = Engine::new(&gpu, &model, opts)?;
+            let ids: Vec<u32> = (0..rows * 128).map(|_| rng.below(model.cfg.vocab) as u32).collect();
+            let greedy = vec![Sampler::GREEDY; rows];
+            let all: Vec<usize> = (0..rows).collect();
+            let first = e.append_sample(&ids, 128, &vec![128; rows], None, &greedy)?;
+            let mut feed: Vec<u32> = first.iter().map(|x| x.unwrap_or(0)).collect();
+            // warm-up window
+            let got = e.decode_steps(&all, &feed, &greedy, w)?;
+            feed = got.iter().map(|g| *g.last().unwrap_or(&0)).collect();
+            let t = Instant::now();
+            for _ in 0..total / w {
+                let got = e.decode_steps(&all, &feed, &greedy, w)?;
+                feed = got.iter().map(|g| *g.last().unwrap_or(&0)).collect();
+            }
+            let secs = t.elapsed().as_secs_f64();
+            let steps = (total / w) * w;
+            println!(
+                "| {rows} | {w} | {:.1} | {:.2} | {} |",
+                (rows * steps) as f64 / secs,
+                1000.0 * secs / steps as f64,
+                total / w
+            );
         }
     }
     Ok(())

@@ -1,35 +1,18 @@
-//! Batched multi-turn rollouts, the main job: 16 rows, each an episode of a prompt, decoded turns
-//! and tool results appended mid-episode. Episodes end at different times and new ones start in
-//! the freed rows (reset + prefill), all inside the same batched appends.
+//! Batched multi-turn rollouts, the main job. 16 rows hold episodes in GRPO-style groups: one
+//! prompt is prefilled once and forked into the group's rows (copied on the GPU, not recomputed),
+//! each row samples its own answers. An episode alternates decoded turns (each with its own stop
+//! token and length limit) and tool results appended mid-episode; episodes end after different
+//! numbers of turns, and a group's rows take the next prompt once all of them are done.
 //!
-//! `cargo run --release --example rollout [-- --rows 16 --episodes 48 --seed 1 --kv f16]`
+//! `cargo run --release --example rollout [-- --rows 16 --group 4 --episodes 48 --seed 1 --kv f16 --window 4]`
 
 use std::time::Instant;
 
-use kvdecode::{Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Sampler, SplitMix64};
+use kvdecode::{Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Rollouts, Sampler, SplitMix64, TurnLimit};
 
-const STOP: u32 = 0; // end-of-turn token id
+const END_OF_TURN: u32 = 0; // stop token of every turn
 const MAX_TURN: usize = 24; // decoded tokens per turn at most
-
-/// What a row is doing.
-#[derive(Clone, Debug)]
-enum Phase {
-    Free,
-    /// Tokens waiting to be appended (a prompt or a tool result), then the model decodes.
-    Feed(Vec<u32>),
-    /// Decoding a turn: the token to feed next and the tokens of the turn so far.
-    Decode {
-        next: u32,
-        turn: Vec<u32>,
-    },
-}
-
-struct Episode {
-    id: usize,
-    turns_left: usize,
-    turns: Vec<Vec<u32>>,
-    sampler: Sampler,
-}
+const MAX_TOOL: usize = 32; // tokens per tool result at most
 
 fn arg(name: &str, default: &str) -> String {
     let args: Vec<String> = std::env::args().collect();
@@ -38,122 +21,122 @@ fn arg(name: &str, default: &str) -> String {
 
 fn main() -> kvdecode::Result<()> {
     let rows: usize = arg("--rows", "16").parse().expect("--rows");
+    let group: usize = arg("--group", "4").parse().expect("--group");
     let episodes: usize = arg("--episodes", "48").parse().expect("--episodes");
     let seed: u64 = arg("--seed", "1").parse().expect("--seed");
+    let window: usize = arg("--window", "4").parse().expect("--window");
     let kv = if arg("--kv", "f32") == "f16" { KvDtype::F16 } else { KvDtype::F32 };
+    assert!(group >= 1 && rows.is_multiple_of(group), "--rows must be a multiple of --group");
     let gpu = Gpu::new()?;
     let model = ModelWeights::demo();
     let vocab = model.cfg.vocab;
-    let max_len = 64 + 4 * (MAX_TURN + 32);
-    let mut engine = Engine::new(&gpu, &model, EngineOptions { kv, ..EngineOptions::new(rows, max_len) })?;
+    let max_turns = 4;
+    let max_len = 64 + max_turns * (MAX_TURN + MAX_TOOL);
+    let opts = EngineOptions { kv, rollback: window.max(1) - 1, ..EngineOptions::new(rows, max_len) };
+    let mut engine = Engine::new(&gpu, &model, opts)?;
+    let mut eps = Rollouts::new(&engine);
     println!("adapter: {}", gpu.describe());
     println!(
-        "model: demo TinyAgent layout ({} layers, d_model {}, window {}), {rows} rows x max_len {max_len}, kv {kv:?}",
+        "model: demo TinyAgent layout ({} layers, d_model {}, window {}); {rows} rows in groups of {group}, max_len {max_len}, kv {kv:?}, {window} steps per readback",
         model.cfg.n_layers(),
         model.cfg.d_model,
         model.cfg.window
     );
 
     let mut rng = SplitMix64(seed);
-    let random_tokens = |rng: &mut SplitMix64, lo: usize, hi: usize| -> Vec<u32> {
-        let n = lo + rng.below(hi - lo + 1);
-        (0..n).map(|_| 1 + rng.below(vocab - 1) as u32).collect()
+    let tokens = |rng: &mut SplitMix64, lo: usize, hi: usize| -> Vec<u32> {
+        (0..lo + rng.below(hi - lo + 1)).map(|_| 1 + rng.below(vocab - 1) as u32).collect()
     };
-    let mut phase = vec![Phase::Free; rows];
-    let mut slot: Vec<Option<Episode>> = (0..rows).map(|_| None).collect();
-    let (mut started, mut finished) = (0usize, 0usize);
-    let (mut decoded, mut appended, mut steps) = (0usize, 0usize, 0usize);
+    // per row: turns this episode will take (0 = no episode)
+    let mut target = vec![0usize; rows];
+    let mut busy_blocks = vec![false; rows / group];
+    let (mut started, mut finished, mut round) = (0usize, 0usize, 0usize);
+    let (mut decoded, mut appended) = (0usize, 0usize);
     let t0 = Instant::now();
     while finished < episodes {
-        // admit new episodes into free rows: reset, then their prompt goes into this step's append
-        let free: Vec<usize> = (0..rows).filter(|&r| matches!(phase[r], Phase::Free)).collect();
-        let mut reset = Vec::new();
-        for r in free {
-            if started == episodes {
-                break;
-            }
-            reset.push(r);
-            phase[r] = Phase::Feed(random_tokens(&mut rng, 16, 64));
-            slot[r] = Some(Episode {
-                id: started,
-                turns_left: 2 + rng.below(3),
-                turns: Vec::new(),
-                sampler: Sampler::temperature(0.9, seed as u32 * 1000 + started as u32),
-            });
-            started += 1;
-        }
-        engine.reset(&reset)?;
-        // one batched append: prompts and tool results as chunks, decoding rows one token each
-        let active: Vec<usize> = (0..rows).filter(|&r| !matches!(phase[r], Phase::Free)).collect();
-        let chunks: Vec<Vec<u32>> = active
-            .iter()
-            .map(|&r| match &phase[r] {
-                Phase::Feed(t) => t.clone(),
-                Phase::Decode { next, .. } => vec![*next],
-                Phase::Free => unreachable!(),
-            })
-            .collect();
-        let width = chunks.iter().map(Vec::len).max().unwrap_or(1);
-        let mut ids = vec![0u32; active.len() * width];
-        for (i, c) in chunks.iter().enumerate() {
-            ids[i * width..i * width + c.len()].copy_from_slice(c);
-        }
-        let n_new: Vec<usize> = chunks.iter().map(Vec::len).collect();
-        let samplers: Vec<Sampler> = active.iter().map(|&r| slot[r].as_ref().unwrap().sampler).collect();
-        let next = engine.append_sample(&ids, width, &n_new, Some(&active), &samplers)?;
-        steps += 1;
-        for (i, &r) in active.iter().enumerate() {
-            let tok = next[i].expect("every active row appended tokens");
-            match &mut phase[r] {
-                Phase::Feed(t) => {
-                    appended += t.len();
-                    phase[r] = Phase::Decode { next: tok, turn: Vec::new() };
-                }
-                Phase::Decode { next, turn } => {
-                    decoded += 1;
-                    turn.push(*next);
-                    let room = engine.cache().lens()[r] + 1 + 32 + MAX_TURN <= max_len;
-                    if *next == STOP || turn.len() >= MAX_TURN || !room {
-                        let ep = slot[r].as_mut().unwrap();
-                        println!(
-                            "step {steps:4}: episode {:3} row {r:2} turn {}: {:2} tokens ({})",
-                            ep.id,
-                            ep.turns.len() + 1,
-                            turn.len(),
-                            if *next == STOP { "stop token" } else { "turn limit" }
-                        );
-                        ep.turns.push(std::mem::take(turn));
-                        ep.turns_left -= 1;
-                        if ep.turns_left == 0 || !room {
-                            let ep = slot[r].take().unwrap();
-                            finished += 1;
-                            println!(
-                                "step {steps:4}: episode {:3} done in row {r:2}: {} turns, {} tokens decoded, {} cached; {finished}/{episodes} done",
-                                ep.id,
-                                ep.turns.len(),
-                                ep.turns.iter().map(Vec::len).sum::<usize>(),
-                                engine.cache().lens()[r]
-                            );
-                            phase[r] = Phase::Free;
-                        } else {
-                            // the tool answers: its result is appended mid-episode as a chunk
-                            phase[r] = Phase::Feed(random_tokens(&mut rng, 4, 32));
-                        }
-                    } else {
-                        *next = tok;
-                    }
-                }
-                Phase::Free => {}
+        round += 1;
+        // 1. free blocks take the next prompt: prefill the leaders in one append, then fork
+        let mut leaders = Vec::new();
+        let mut prompts = Vec::new();
+        for (b, busy) in busy_blocks.iter_mut().enumerate() {
+            if !*busy && started < episodes {
+                *busy = true;
+                leaders.push(b * group);
+                prompts.push(tokens(&mut rng, 16, 64));
+                started += group.min(episodes - started);
             }
         }
+        if !leaders.is_empty() {
+            let samplers: Vec<Sampler> = leaders
+                .iter()
+                .map(|&r| Sampler::temperature(0.9, (seed * 7919) as u32 + (round * rows + r) as u32))
+                .collect();
+            eps.start(&mut engine, &leaders, &prompts, &samplers)?;
+            appended += prompts.iter().map(Vec::len).sum::<usize>();
+            for &l in &leaders {
+                let dst: Vec<usize> = (l + 1..l + group).collect();
+                let s: Vec<Sampler> = dst
+                    .iter()
+                    .map(|&r| Sampler::temperature(0.9, (seed * 7919) as u32 + (round * rows + r) as u32))
+                    .collect();
+                eps.fork(&mut engine, l, &dst, &s)?;
+                for t in &mut target[l..l + group] {
+                    *t = 2 + rng.below(max_turns - 1);
+                }
+            }
+        }
+        // 2. every live episode decodes its next turn, all rows in one batch
+        let live: Vec<usize> = (0..rows).filter(|&r| target[r] > 0 && eps.episode(r).is_some()).collect();
+        if live.is_empty() {
+            continue;
+        }
+        let limits = vec![TurnLimit { max_new: MAX_TURN, stop: vec![END_OF_TURN] }; live.len()];
+        let turns = eps.decode_turn(&mut engine, &live, &limits, window)?;
+        let round_tokens: usize = turns.iter().map(|t| t.tokens.len()).sum();
+        decoded += round_tokens;
+        // 3. finished episodes leave; the others get a tool result
+        let (mut tool_rows, mut tool_chunks) = (Vec::new(), Vec::new());
+        let mut ended = 0;
+        for &r in &live {
+            let ep = eps.episode(r).expect("live");
+            if ep.turns.len() >= target[r] {
+                let ep = eps.finish(r).expect("live");
+                target[r] = 0;
+                ended += 1;
+                let lp: f32 = ep.turns.iter().flat_map(|t| &t.logprobs).sum();
+                let n: usize = ep.turns.iter().map(|t| t.tokens.len()).sum();
+                println!(
+                    "  row {r:2}: episode done, {} turns, {n} tokens, sum logprob {lp:.1}, {} cached",
+                    ep.turns.len(),
+                    engine.cache().lens()[r]
+                );
+            } else {
+                tool_rows.push(r);
+                tool_chunks.push(tokens(&mut rng, 4, MAX_TOOL));
+            }
+        }
+        if !tool_rows.is_empty() {
+            appended += tool_chunks.iter().map(Vec::len).sum::<usize>();
+            eps.tool_result(&mut engine, &tool_rows, &tool_chunks)?;
+        }
+        finished += ended;
+        for (b, busy) in busy_blocks.iter_mut().enumerate() {
+            if *busy && (b * group..(b + 1) * group).all(|r| target[r] == 0) {
+                *busy = false;
+            }
+        }
+        println!(
+            "round {round:3}: {} turns decoded ({round_tokens} tokens), {} tool results, {ended} episodes done; {finished}/{episodes} done, {:.1} tokens/s so far",
+            live.len(),
+            tool_rows.len(),
+            (decoded + appended) as f64 / t0.elapsed().as_secs_f64()
+        );
     }
     let secs = t0.elapsed().as_secs_f64();
     let c = engine.cache();
     let st = engine.stats();
     println!("---");
-    println!(
-        "{episodes} episodes, {steps} batched steps, {decoded} tokens decoded, {appended} prompt/tool tokens appended in {secs:.2} s"
-    );
+    println!("{episodes} episodes in {round} rounds: {decoded} tokens decoded, {appended} prompt/tool tokens appended in {secs:.2} s");
     println!(
         "throughput: {:.1} decoded tokens/s, {:.1} total tokens/s; {} submits, {} dispatches",
         decoded as f64 / secs,

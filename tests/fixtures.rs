@@ -123,7 +123,7 @@ fn sequence_cache_guards() {
     seq.forward(&mut engine, &[1, 2, 3, 4, 5, 6, 7, 8], 2, 4).unwrap();
     let err = seq.forward(&mut engine, &[1, 2, 3], 3, 1).unwrap_err();
     assert!(format!("{err}").contains("batch 3 does not match cache batch 2"), "{err}");
-    let err = seq.forward(&mut engine, &vec![1; 18], 2, 9).unwrap_err();
+    let err = seq.forward(&mut engine, &[1; 18], 2, 9).unwrap_err();
     assert!(format!("{err}").contains("KV cache overflow: 4 + 9 > max_len=12"), "{err}");
     assert_eq!(seq.len(), 4);
     assert_eq!(engine.cache().lens(), &[4, 4]);

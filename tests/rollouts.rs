@@ -17,7 +17,7 @@ fn episodes_with_forks_tool_results_and_turns() {
     // A: one prompt, forked into rows 1 and 2
     let mut ea = Engine::new(&gpu(), &w, EngineOptions::new(3, 64)).unwrap();
     let mut ra = Rollouts::new(&ea);
-    ra.start(&mut ea, &[0], &[prompt.clone()], &samplers[..1]).unwrap();
+    ra.start(&mut ea, &[0], std::slice::from_ref(&prompt), &samplers[..1]).unwrap();
     ra.fork(&mut ea, 0, &[1, 2], &samplers[1..]).unwrap();
     let t1 = ra.decode_turn(&mut ea, &[0, 1, 2], &limits(3), 4).unwrap();
     ra.tool_result(&mut ea, &[0, 1, 2], &tool).unwrap();

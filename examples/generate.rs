@@ -1,0 +1,100 @@
+//! Serve a file of requests through the continuous-batching scheduler.
+//!
+//! `cargo run --release --example generate -- --model PATH --prompts FILE.jsonl [--rows S] [--prefill-chunk N] [--max-len L]`
+//!
+//! One request per line: `{"tokens": [..]}` (or `{"text": ".."}` once the model has a
+//! tokenizer), optional `"max_tokens"` (default 32), `"temperature"` (0 = greedy, the default),
+//! `"top_k"`, `"top_p"`, `"seed"`, `"stop"` (token ids). Prints one JSON line per request, in
+//! input order: `{"id": i, "tokens": [generated ids]}`, and a summary on stderr. PATH is a Hugging
+//! Face Llama directory, a kvdecode safetensors file, or `demo` for the embedded model.
+
+use std::path::Path;
+use std::time::Instant;
+
+use kvdecode::{Engine, EngineOptions, Gpu, ModelWeights, Request, Sampler, Scheduler};
+use serde_json::{json, Value};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let get = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let usage = "usage: generate --model PATH|demo --prompts FILE.jsonl [--rows S] [--prefill-chunk N] [--max-len L]";
+    let model_path = get("--model").ok_or(usage)?;
+    let prompts = get("--prompts").ok_or(usage)?;
+    let num = |name: &str, default: usize| -> Result<usize, String> {
+        get(name).map_or(Ok(default), |s| s.parse().map_err(|_| format!("{name} {s}: not a number")))
+    };
+    let rows = num("--rows", 4)?;
+    let prefill_chunk = num("--prefill-chunk", 32)?;
+    let max_len = num("--max-len", 1024)?;
+    let model = if model_path == "demo" {
+        ModelWeights::demo()
+    } else if Path::new(&model_path).is_dir() {
+        kvdecode::hf::load_dir(&model_path).map_err(|e| e.to_string())?
+    } else {
+        ModelWeights::load_safetensors(&model_path).map_err(|e| e.to_string())?
+    };
+    let text = std::fs::read_to_string(&prompts).map_err(|e| format!("{prompts}: {e}"))?;
+    let mut reqs = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        reqs.push(parse_request(line).map_err(|e| format!("{prompts}:{}: {e}", i + 1))?);
+    }
+    let gpu = Gpu::new().map_err(|e| e.to_string())?;
+    let mut engine = Engine::new(&gpu, &model, EngineOptions::new(rows, max_len)).map_err(|e| e.to_string())?;
+    let mut sched = Scheduler::new(&engine, prefill_chunk);
+    for (i, r) in reqs.into_iter().enumerate() {
+        sched.submit(r).map_err(|e| format!("request {i}: {e}"))?;
+    }
+    let t0 = Instant::now();
+    let done = sched.run(&mut engine, &mut |_| {}).map_err(|e| e.to_string())?;
+    let secs = t0.elapsed().as_secs_f64();
+    let generated: usize = done.iter().map(|c| c.tokens.len()).sum();
+    for c in &done {
+        println!("{}", json!({"id": c.id, "tokens": c.tokens}));
+    }
+    eprintln!(
+        "{} requests, {generated} tokens in {secs:.2} s ({:.1} tokens/s) on {} with {rows} rows",
+        done.len(),
+        generated as f64 / secs,
+        gpu.describe()
+    );
+    Ok(())
+}
+
+fn parse_request(line: &str) -> Result<Request, String> {
+    let v: Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    let ids = |key: &str| -> Result<Option<Vec<u32>>, String> {
+        match v.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| x.as_u64().filter(|&n| n <= u32::MAX as u64).map(|n| n as u32))
+                .collect::<Option<Vec<u32>>>()
+                .map(Some)
+                .ok_or_else(|| format!("\"{key}\" must be an array of token ids")),
+            Some(_) => Err(format!("\"{key}\" must be an array of token ids")),
+        }
+    };
+    let tokens = match (ids("tokens")?, v.get("text")) {
+        (Some(t), _) => t,
+        (None, Some(_)) => {
+            return Err("\"text\" needs a tokenizer, which this model does not have; give \"tokens\"".into())
+        }
+        (None, None) => return Err("a request needs \"tokens\" (or \"text\")".into()),
+    };
+    let f = |key: &str, default: f64| v.get(key).and_then(Value::as_f64).unwrap_or(default);
+    let temperature = f("temperature", 0.0) as f32;
+    let sampler = Sampler {
+        temperature,
+        seed: f("seed", 0.0) as u32,
+        top_k: f("top_k", 0.0) as u32,
+        top_p: f("top_p", 1.0) as f32,
+    };
+    Ok(Request { tokens, max_new: f("max_tokens", 32.0) as usize, stop: ids("stop")?.unwrap_or_default(), sampler })
+}
