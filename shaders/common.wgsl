@@ -26,3 +26,31 @@ fn round_to_f16(v: vec4<f32>) -> vec4<f32> {
 fn safe_tanh(x: f32) -> f32 {
     return tanh(clamp(x, -15.0, 15.0));
 }
+
+// Weight formats (`W_FORMAT`): 0 f32 bits, 1 f16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1. Quantized rows are
+// blocks of 32 weights padded to whole words (see src/quant.rs): word 0 holds the f16 scale (Q4_1:
+// scale | min << 16), then Q8_0 has 8 words of i8 and Q4_0/Q4_1 4 words of nibbles (weights 0..15
+// in the low nibbles of bytes 0..15, weights 16..31 in the high nibbles).
+fn block_words(fmt: u32) -> u32 {
+    return select(5u, 9u, fmt == 2u);
+}
+
+// Weights 4g .. 4g + 3 of a block from its head word and the word holding them.
+fn dequant4(fmt: u32, head: u32, word: u32, g: u32) -> vec4<f32> {
+    let dm = unpack2x16float(head);
+    if fmt == 2u {
+        let q = vec4<i32>(bitcast<i32>(word << 24u), bitcast<i32>(word << 16u), bitcast<i32>(word << 8u), bitcast<i32>(word)) >> vec4<u32>(24u);
+        return dm.x * vec4<f32>(q);
+    }
+    let sh = select(0u, 4u, g >= 4u);
+    let q = vec4<f32>((vec4<u32>(word) >> (vec4<u32>(0u, 8u, 16u, 24u) + sh)) & vec4<u32>(15u));
+    if fmt == 3u {
+        return dm.x * (q - 8.0);
+    }
+    return dm.x * q + dm.y;
+}
+
+// Index of the word holding weights 4g .. 4g + 3 within a block.
+fn quant_word(fmt: u32, g: u32) -> u32 {
+    return select(1u + g % 4u, 1u + g, fmt == 2u);
+}

@@ -4,6 +4,7 @@
 use crate::config::ModelConfig;
 use crate::device::Gpu;
 use crate::error::{Error, Result};
+use crate::quant::repack_for_gpu;
 use crate::reference::norm_multiplier;
 use crate::weights::{Matrix, ModelWeights};
 
@@ -26,17 +27,21 @@ pub(crate) struct MatrixPart {
 /// A matrix `[rows, cols]` on the GPU.
 pub(crate) struct GpuMatrix {
     pub cols: usize,
-    pub f16: bool,
+    /// The shader's `W_FORMAT`: 0 f32, 1 f16, 2 Q8_0, 3 Q4_0, 4 Q4_1.
+    pub format: u32,
     pub parts: Vec<MatrixPart>,
 }
 
 impl GpuMatrix {
+    /// Upload `m`: its quantized blocks when the GPU reads that format (and the rows are whole
+    /// blocks), else its values as `dtype`. Split into row parts that each fit one binding.
     pub(crate) fn upload(gpu: &Gpu, label: &str, m: &Matrix, dtype: WeightDtype) -> Result<Self> {
-        let elem = match dtype {
-            WeightDtype::F32 => 4,
-            WeightDtype::F16 => 2,
+        let quant = m.quant.as_ref().filter(|q| q.kind.gpu_format().is_some() && m.cols % 32 == 0);
+        let (format, row_bytes) = match (quant, dtype) {
+            (Some(q), _) => (q.kind.gpu_format().unwrap_or(0), (m.cols / 32 * q.kind.gpu_block_words() * 4) as u64),
+            (None, WeightDtype::F32) => (0, (m.cols * 4) as u64),
+            (None, WeightDtype::F16) => (1, (m.cols * 2) as u64),
         };
-        let row_bytes = (m.cols * elem) as u64;
         let rows_per_part = (gpu.max_binding() / row_bytes.max(1)) as usize;
         if rows_per_part == 0 {
             return Err(Error::Limit(format!("{label}: one row of {row_bytes} bytes exceeds a storage binding")));
@@ -45,16 +50,24 @@ impl GpuMatrix {
         let mut start = 0;
         while start < m.rows {
             let rows = rows_per_part.min(m.rows - start);
-            let vals = &m.data[start * m.cols..(start + rows) * m.cols];
-            let bytes: Vec<u8> = match dtype {
-                WeightDtype::F32 => bytemuck::cast_slice(vals).to_vec(),
-                WeightDtype::F16 => vals.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+            let bytes: Vec<u8> = match quant {
+                Some(q) => {
+                    let rb = m.cols / 32 * q.kind.block_bytes();
+                    bytemuck::cast_slice(&repack_for_gpu(q.kind, &q.bytes[start * rb..(start + rows) * rb])).to_vec()
+                }
+                None => {
+                    let vals = &m.data[start * m.cols..(start + rows) * m.cols];
+                    match dtype {
+                        WeightDtype::F32 => bytemuck::cast_slice(vals).to_vec(),
+                        WeightDtype::F16 => vals.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+                    }
+                }
             };
             let buffer = gpu.storage_init(&format!("{label} rows {start}..{}", start + rows), &bytes)?;
             parts.push(MatrixPart { buffer, row_start: start, rows });
             start += rows;
         }
-        Ok(GpuMatrix { cols: m.cols, f16: dtype == WeightDtype::F16, parts })
+        Ok(GpuMatrix { cols: m.cols, format, parts })
     }
 }
 

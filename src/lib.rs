@@ -28,6 +28,7 @@ pub mod error;
 mod gpu_weights;
 pub mod hf;
 pub mod npy;
+pub mod quant;
 pub mod reference;
 pub mod rollout;
 pub mod sampling;

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::config::{ModelConfig, NormKind};
 use crate::error::{file_err, Error, Result};
+use crate::quant::{dequantize, QuantData, QuantKind};
 
 /// A dense f32 matrix in PyTorch layout `[rows, cols]` (`rows` = output features).
 #[derive(Clone, Debug, PartialEq)]
@@ -14,8 +15,10 @@ pub struct Matrix {
     pub rows: usize,
     /// Input features.
     pub cols: usize,
-    /// Row-major values.
+    /// Row-major values (dequantized when the matrix is quantized).
     pub data: Vec<f32>,
+    /// The quantized blocks `data` came from, kept so the GPU can read them directly.
+    pub quant: Option<QuantData>,
 }
 
 impl Matrix {
@@ -28,7 +31,33 @@ impl Matrix {
                 data.len()
             )));
         }
-        Ok(Matrix { rows, cols, data })
+        Ok(Matrix { rows, cols, data, quant: None })
+    }
+
+    /// A matrix from quantized blocks (row-major, whole blocks per row); `data` is dequantized.
+    pub fn quantized(rows: usize, cols: usize, kind: QuantKind, bytes: Vec<u8>) -> Result<Self> {
+        if !cols.is_multiple_of(kind.block_len()) {
+            return Err(Error::Weights(format!(
+                "{kind:?} matrix [{rows}, {cols}]: rows are not whole blocks of {}",
+                kind.block_len()
+            )));
+        }
+        let n = rows.checked_mul(cols).ok_or_else(|| Error::Weights("matrix size overflows".into()))?;
+        let data = dequantize(kind, &bytes, n)?;
+        Ok(Matrix { rows, cols, data, quant: Some(QuantData { kind, bytes }) })
+    }
+
+    /// Reorder rows: row `i` of the result is row `order[i]` of `self` (quantized blocks too).
+    pub fn permute_rows(&self, order: &[usize]) -> Matrix {
+        let data = order.iter().flat_map(|&r| self.row(r).iter().copied()).collect();
+        let quant = self.quant.as_ref().map(|q| {
+            let rb = self.cols / q.kind.block_len() * q.kind.block_bytes();
+            QuantData {
+                kind: q.kind,
+                bytes: order.iter().flat_map(|&r| q.bytes[r * rb..(r + 1) * rb].iter().copied()).collect(),
+            }
+        });
+        Matrix { rows: self.rows, cols: self.cols, data, quant }
     }
 
     /// Row `r`.
@@ -44,7 +73,17 @@ impl Matrix {
         }
         let rows = parts.iter().map(|m| m.rows).sum();
         let data = parts.iter().flat_map(|m| m.data.iter().copied()).collect();
-        Matrix::new(rows, cols, data)
+        let mut out = Matrix::new(rows, cols, data)?;
+        // keep the blocks when every part has the same quantized format
+        let kind = parts.first().and_then(|m| m.quant.as_ref()).map(|q| q.kind);
+        if let Some(kind) = kind {
+            if parts.iter().all(|m| m.quant.as_ref().is_some_and(|q| q.kind == kind)) {
+                let bytes =
+                    parts.iter().flat_map(|m| m.quant.as_ref().map(|q| q.bytes.clone()).unwrap_or_default()).collect();
+                out.quant = Some(QuantData { kind, bytes });
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -132,7 +171,7 @@ impl ModelWeights {
         let mut mat = |rows: usize, cols: usize, gain: f32| {
             let s = gain / (cols as f32).sqrt();
             let data = (0..rows * cols).map(|_| rng.normal() * s).collect();
-            Matrix { rows, cols, data }
+            Matrix { rows, cols, data, quant: None }
         };
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
         let mut layer_mats = Vec::new();
@@ -186,15 +225,44 @@ impl ModelWeights {
         Self::random(&cfg, 0x6b76_6465_636f_6465).expect("the demo config is valid")
     }
 
+    /// A copy with every matrix whose rows are whole blocks quantized to `kind` (Q8_0, Q4_0 or
+    /// Q4_1); `data` becomes the dequantized values. For tests and for shrinking models.
+    pub fn quantized(&self, kind: QuantKind) -> Result<Self> {
+        let mut w = self.clone();
+        let q = |m: &mut Matrix| -> Result<()> {
+            if m.cols.is_multiple_of(32) {
+                *m = Matrix::quantized(m.rows, m.cols, kind, crate::quant::quantize(kind, &m.data)?)?;
+            }
+            Ok(())
+        };
+        q(&mut w.embed)?;
+        if let Some(h) = &mut w.head {
+            q(h)?;
+        }
+        for l in &mut w.layers {
+            for m in [&mut l.wq, &mut l.wo, &mut l.mlp_in, &mut l.mlp_out] {
+                q(m)?;
+            }
+            for m in [&mut l.kv_global, &mut l.kv_local].into_iter().flatten() {
+                q(m)?;
+            }
+        }
+        Ok(w)
+    }
+
     /// The LM head matrix (the embedding when tied).
     pub fn head(&self) -> &Matrix {
         self.head.as_ref().unwrap_or(&self.embed)
     }
 
-    /// A copy with every matrix rounded to f16 (what the GPU computes with f16 weights).
+    /// A copy with every matrix rounded to f16 (what the GPU computes with f16 weights); matrices
+    /// the GPU reads as quantized blocks stay exact.
     pub fn rounded_to_f16(&self) -> Self {
         let mut w = self.clone();
         let r = |m: &mut Matrix| {
+            if m.quant.as_ref().is_some_and(|q| q.kind.gpu_format().is_some()) {
+                return;
+            }
             for v in &mut m.data {
                 *v = half::f16::from_f32(*v).to_f32();
             }

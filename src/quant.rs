@@ -1,0 +1,215 @@
+//! Block-quantized weight formats (llama.cpp's): dequantization on the CPU (the reference and
+//! formats the GPU does not read directly) and the word-aligned repacking the GPU reads.
+//!
+//! GPU formats (`W_FORMAT` in the shaders): Q8_0, Q4_0 and Q4_1 stay quantized in GPU memory,
+//! each block of 32 weights padded to whole u32 words: Q8_0 9 words (scale, 32 x i8), Q4_0 5 words
+//! (scale, 16 bytes of nibbles), Q4_1 5 words (scale and min, 16 bytes of nibbles). Q4_K and Q6_K
+//! are dequantized at load and stored as f16 (or f32).
+
+use crate::error::{Error, Result};
+
+/// A quantized tensor type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantKind {
+    /// 32 x i8 with an f16 scale (34 bytes per 32 weights).
+    Q8_0,
+    /// 32 x 4-bit with an f16 scale, offset 8 (18 bytes).
+    Q4_0,
+    /// 32 x 4-bit with f16 scale and min (20 bytes).
+    Q4_1,
+    /// 256-weight super-blocks of 4-bit with 6-bit scales and mins (144 bytes).
+    Q4K,
+    /// 256-weight super-blocks of 6-bit with 8-bit scales (210 bytes).
+    Q6K,
+}
+
+impl QuantKind {
+    /// Weights per block.
+    pub fn block_len(self) -> usize {
+        match self {
+            QuantKind::Q4K | QuantKind::Q6K => 256,
+            _ => 32,
+        }
+    }
+
+    /// Bytes per block on disk.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QuantKind::Q8_0 => 34,
+            QuantKind::Q4_0 => 18,
+            QuantKind::Q4_1 => 20,
+            QuantKind::Q4K => 144,
+            QuantKind::Q6K => 210,
+        }
+    }
+
+    /// The shader's `W_FORMAT` for kinds the GPU reads directly.
+    pub(crate) fn gpu_format(self) -> Option<u32> {
+        match self {
+            QuantKind::Q8_0 => Some(2),
+            QuantKind::Q4_0 => Some(3),
+            QuantKind::Q4_1 => Some(4),
+            _ => None,
+        }
+    }
+
+    /// u32 words per repacked block on the GPU.
+    pub(crate) fn gpu_block_words(self) -> usize {
+        match self {
+            QuantKind::Q8_0 => 9,
+            _ => 5,
+        }
+    }
+}
+
+/// Raw quantized blocks of a `[rows, cols]` matrix, row-major (each row is `cols / block_len`
+/// whole blocks).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantData {
+    /// The block format.
+    pub kind: QuantKind,
+    /// The blocks, as on disk.
+    pub bytes: Vec<u8>,
+}
+
+fn f16(b: &[u8]) -> f32 {
+    half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// Dequantize `n` weights of `kind` from `bytes` (which must hold exactly `n / block_len` blocks).
+pub fn dequantize(kind: QuantKind, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
+    let bl = kind.block_len();
+    if !n.is_multiple_of(bl) || bytes.len() != n / bl * kind.block_bytes() {
+        return Err(Error::Weights(format!(
+            "{kind:?}: {} bytes do not hold {n} weights in blocks of {bl}",
+            bytes.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(n);
+    for b in bytes.chunks_exact(kind.block_bytes()) {
+        match kind {
+            QuantKind::Q8_0 => {
+                let d = f16(b);
+                out.extend(b[2..34].iter().map(|&q| d * (q as i8) as f32));
+            }
+            QuantKind::Q4_0 => {
+                let d = f16(b);
+                let qs = &b[2..18];
+                out.extend(qs.iter().map(|&q| d * ((q & 0xF) as f32 - 8.0)));
+                out.extend(qs.iter().map(|&q| d * ((q >> 4) as f32 - 8.0)));
+            }
+            QuantKind::Q4_1 => {
+                let (d, m) = (f16(b), f16(&b[2..]));
+                let qs = &b[4..20];
+                out.extend(qs.iter().map(|&q| d * (q & 0xF) as f32 + m));
+                out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
+            }
+            QuantKind::Q4K => {
+                let (d, dmin) = (f16(b), f16(&b[2..]));
+                let scales = &b[4..16];
+                let qs = &b[16..144];
+                let scale_min = |j: usize| -> (f32, f32) {
+                    if j < 4 {
+                        ((scales[j] & 63) as f32, (scales[j + 4] & 63) as f32)
+                    } else {
+                        (
+                            ((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4)) as f32,
+                            ((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4)) as f32,
+                        )
+                    }
+                };
+                for chunk in 0..4 {
+                    let q = &qs[chunk * 32..chunk * 32 + 32];
+                    let (s1, m1) = scale_min(2 * chunk);
+                    let (s2, m2) = scale_min(2 * chunk + 1);
+                    out.extend(q.iter().map(|&x| d * s1 * (x & 0xF) as f32 - dmin * m1));
+                    out.extend(q.iter().map(|&x| d * s2 * (x >> 4) as f32 - dmin * m2));
+                }
+            }
+            QuantKind::Q6K => {
+                let ql = &b[0..128];
+                let qh = &b[128..192];
+                let sc = &b[192..208];
+                let d = f16(&b[208..]);
+                for half in 0..2 {
+                    let (ql, qh, sc) = (&ql[half * 64..], &qh[half * 32..], &sc[half * 8..]);
+                    let mut y = [0f32; 128];
+                    for l in 0..32 {
+                        let is = l / 16;
+                        let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                        let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                        let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                        let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                        y[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+                        y[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+                        y[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+                        y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+                    }
+                    out.extend_from_slice(&y);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Repack Q8_0 / Q4_0 / Q4_1 blocks into whole u32 words for the GPU (see the module docs).
+pub(crate) fn repack_for_gpu(kind: QuantKind, bytes: &[u8]) -> Vec<u32> {
+    let bb = kind.block_bytes();
+    let mut out = Vec::with_capacity(bytes.len() / bb * kind.gpu_block_words());
+    let words = |b: &[u8], out: &mut Vec<u32>| {
+        out.extend(b.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])));
+    };
+    for b in bytes.chunks_exact(bb) {
+        match kind {
+            QuantKind::Q8_0 | QuantKind::Q4_0 => {
+                out.push(u16::from_le_bytes([b[0], b[1]]) as u32);
+                words(&b[2..], &mut out);
+            }
+            QuantKind::Q4_1 => words(b, &mut out),
+            _ => unreachable!("only GPU formats are repacked"),
+        }
+    }
+    out
+}
+
+/// Quantize f32 weights (multiple of 32) to Q8_0, Q4_0 or Q4_1 the way llama.cpp's reference
+/// quantizers do; used to make quantized test models.
+pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
+    if kind.block_len() != 32 || !x.len().is_multiple_of(32) {
+        return Err(Error::Weights(format!("quantize {kind:?}: {} weights", x.len())));
+    }
+    let mut out = Vec::new();
+    let h = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    for blk in x.chunks_exact(32) {
+        match kind {
+            QuantKind::Q8_0 => {
+                let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend_from_slice(&h(d));
+                out.extend(blk.iter().map(|v| (v * id).round() as i8 as u8));
+            }
+            QuantKind::Q4_0 => {
+                let mx = blk.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                let d = mx / -8.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend_from_slice(&h(d));
+                let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
+                out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
+            }
+            QuantKind::Q4_1 => {
+                let mn = blk.iter().copied().fold(f32::INFINITY, f32::min);
+                let mx = blk.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let d = (mx - mn) / 15.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend_from_slice(&h(d));
+                out.extend_from_slice(&h(mn));
+                let q = |v: f32| (((v - mn) * id + 0.5) as i32).clamp(0, 15) as u8;
+                out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
+            }
+            _ => unreachable!(),
+        }
+    }
+    Ok(out)
+}
