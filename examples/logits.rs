@@ -2,8 +2,8 @@
 //!
 //! `cargo run --release --example logits -- --model PATH --tokens FILE.npy [--prefill N] [--kv f32|f16] --out OUT.npy`
 //!
-//! PATH is a Hugging Face Llama directory (`config.json` + `*.safetensors`) or a kvdecode/TinyAgent
-//! `.safetensors` file. The first N tokens (default: all) go in as one append, the rest one token
+//! PATH is a GGUF file, a Hugging Face directory (`config.json` + `*.safetensors`) or a
+//! kvdecode/TinyAgent `.safetensors` file. The first N tokens (default: all) go in as one append, the rest one token
 //! per append; OUT gets the logits after each append, f32 `[T - N + 1, vocab]`. `--tokens` is an
 //! int64 (or int32) `.npy` of shape `[T]` or `[1, T]`.
 
@@ -66,6 +66,8 @@ fn run() -> Result<(), String> {
 fn load(path: &Path) -> kvdecode::Result<ModelWeights> {
     if path.is_dir() {
         kvdecode::hf::load_dir(path)
+    } else if path.extension().is_some_and(|e| e == "gguf") {
+        kvdecode::gguf::GgufFile::open(path)?.weights()
     } else {
         ModelWeights::load_safetensors(path)
     }

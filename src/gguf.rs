@@ -181,7 +181,7 @@ impl<'a> Reader<'a> {
                     0 | 1 | 7 => 1,
                     2 | 3 => 2,
                     4..=6 => 4,
-                    8 | 9..=12 => 8,
+                    8..=12 => 8,
                     _ => return Err(Error::Weights(format!("`{key}`: unknown array element type {ety}"))),
                 };
                 let n = self.count(min, &format!("length of `{key}`"))?;
@@ -244,11 +244,17 @@ impl GgufFile {
             let mut dims = Vec::with_capacity(n_dims);
             for _ in 0..n_dims {
                 let d = r.u64(&format!("dims of `{name}`"))?;
-                dims.push(usize::try_from(d).map_err(|_| Error::Weights(format!("tensor `{name}`: dimension {d} too large")))?);
+                dims.push(
+                    usize::try_from(d)
+                        .map_err(|_| Error::Weights(format!("tensor `{name}`: dimension {d} too large")))?,
+                );
             }
             let tid = r.u32(&format!("type of `{name}`"))?;
-            let ty = TensorType::from_id(tid)
-                .ok_or_else(|| Error::Weights(format!("tensor `{name}`: type {tid} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)")))?;
+            let ty = TensorType::from_id(tid).ok_or_else(|| {
+                Error::Weights(format!(
+                    "tensor `{name}`: type {tid} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)"
+                ))
+            })?;
             let off = r.u64(&format!("offset of `{name}`"))?;
             raw.push((name, dims, ty, off));
         }
@@ -261,10 +267,14 @@ impl GgufFile {
                 .ok_or_else(|| Error::Weights(format!("tensor `{name}`: element count overflows")))?;
             let (bl, bb) = ty.block();
             if dims[0] % bl != 0 {
-                return Err(Error::Weights(format!("tensor `{name}`: rows of {} are not whole blocks of {bl}", dims[0])));
+                return Err(Error::Weights(format!(
+                    "tensor `{name}`: rows of {} are not whole blocks of {bl}",
+                    dims[0]
+                )));
             }
-            let size = (n / bl).checked_mul(bb).ok_or_else(|| Error::Weights(format!("tensor `{name}`: size overflows")))?;
-            if off as usize % align != 0 {
+            let size =
+                (n / bl).checked_mul(bb).ok_or_else(|| Error::Weights(format!("tensor `{name}`: size overflows")))?;
+            if !(off as usize).is_multiple_of(align) {
                 return Err(Error::Weights(format!("tensor `{name}`: offset {off} is not aligned to {align}")));
             }
             let start = usize::try_from(off).ok().and_then(|o| data_start.checked_add(o));
@@ -317,7 +327,10 @@ impl GgufFile {
     pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
         let t = self.tensor(name).ok_or_else(|| Error::Weights(format!("tensor `{name}` is missing")))?;
         if t.dims != [n] || matches!(t.ty, TensorType::Quant(_)) {
-            return Err(Error::Weights(format!("tensor `{name}`: {:?} {:?}, expected a float vector of {n}", t.ty, t.dims)));
+            return Err(Error::Weights(format!(
+                "tensor `{name}`: {:?} {:?}, expected a float vector of {n}",
+                t.ty, t.dims
+            )));
         }
         Ok(floats(t.ty, &self.bytes[t.range.clone()]))
     }
@@ -362,6 +375,11 @@ impl GgufFile {
     /// The model's weights. llama.cpp stores Q and K rows permuted for its interleaved RoPE; they
     /// are put back in the half-split order kvdecode (and Hugging Face) rotate in.
     pub fn weights(&self) -> Result<ModelWeights> {
+        self.weights_with_progress(&mut |_, _| {})
+    }
+
+    /// [`GgufFile::weights`], calling `progress(layers_done, layers)` as layers are read.
+    pub fn weights_with_progress(&self, progress: &mut dyn FnMut(usize, usize)) -> Result<ModelWeights> {
         let cfg = self.config()?;
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim);
         let mut layers = Vec::new();
@@ -381,9 +399,13 @@ impl GgufFile {
                 post_attn_norm: None,
                 mlp_norm: Some(self.vector(&b("ffn_norm"), d)?),
                 post_mlp_norm: None,
-                mlp_in: Matrix::vstack(&[self.matrix(&b("ffn_gate"), cfg.ffn, d)?, self.matrix(&b("ffn_up"), cfg.ffn, d)?])?,
+                mlp_in: Matrix::vstack(&[
+                    self.matrix(&b("ffn_gate"), cfg.ffn, d)?,
+                    self.matrix(&b("ffn_up"), cfg.ffn, d)?,
+                ])?,
                 mlp_out: self.matrix(&b("ffn_down"), d, cfg.ffn)?,
             });
+            progress(i + 1, cfg.n_layers());
         }
         let head = if cfg.tie_embeddings { None } else { Some(self.matrix("output.weight", cfg.vocab, d)?) };
         let w = ModelWeights {
@@ -403,8 +425,14 @@ fn unpermute(m: &Matrix, heads: usize) -> Matrix {
     let hd = m.rows / heads.max(1);
     let half = hd / 2;
     // result row (h, j, i) = gguf row (h, i, j)
-    let order: Vec<usize> =
-        (0..m.rows).map(|r| (r / hd) * hd + { let (j, i) = ((r % hd) / half, (r % hd) % half); 2 * i + j }).collect();
+    let order: Vec<usize> = (0..m.rows)
+        .map(|r| {
+            (r / hd) * hd + {
+                let (j, i) = ((r % hd) / half, (r % hd) % half);
+                2 * i + j
+            }
+        })
+        .collect();
     m.permute_rows(&order)
 }
 

@@ -36,7 +36,7 @@ impl GpuMatrix {
     /// Upload `m`: its quantized blocks when the GPU reads that format (and the rows are whole
     /// blocks), else its values as `dtype`. Split into row parts that each fit one binding.
     pub(crate) fn upload(gpu: &Gpu, label: &str, m: &Matrix, dtype: WeightDtype) -> Result<Self> {
-        let quant = m.quant.as_ref().filter(|q| q.kind.gpu_format().is_some() && m.cols % 32 == 0);
+        let quant = m.quant.as_ref().filter(|q| q.kind.gpu_format().is_some() && m.cols.is_multiple_of(32));
         let (format, row_bytes) = match (quant, dtype) {
             (Some(q), _) => (q.kind.gpu_format().unwrap_or(0), (m.cols / 32 * q.kind.gpu_block_words() * 4) as u64),
             (None, WeightDtype::F32) => (0, (m.cols * 4) as u64),

@@ -39,7 +39,8 @@ impl Message {
 }
 
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 impl Tokenizer {
     /// The tokenizer stored in a GGUF file (`tokenizer.ggml.*`).
@@ -62,11 +63,16 @@ impl Tokenizer {
             .unwrap_or_default();
         let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
         let byte_level = |regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": regex});
-        let split = |re: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
+        let split =
+            |re: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
         let pre_tokenizer = match pre {
             "default" | "gpt2" => byte_level(true),
-            "smollm" => json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
-            "llama-bpe" | "llama3" => json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false)]}),
+            "smollm" => {
+                json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]})
+            }
+            "llama-bpe" | "llama3" => {
+                json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false)]})
+            }
             "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false)]}),
             other => {
                 return Err(Error::Config(format!(
@@ -94,7 +100,10 @@ impl Tokenizer {
                       "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
                       "vocab": vocab, "merges": merges}
         });
-        let inner = spec.to_string().parse::<tokenizers::Tokenizer>().map_err(|e| Error::Config(format!("GGUF tokenizer: {e}")))?;
+        let inner = spec
+            .to_string()
+            .parse::<tokenizers::Tokenizer>()
+            .map_err(|e| Error::Config(format!("GGUF tokenizer: {e}")))?;
         let id = |k: &str| g.get(k).and_then(Value::as_u64).map(|v| v as u32);
         Ok(Tokenizer {
             inner,
@@ -170,7 +179,8 @@ impl Tokenizer {
     /// Render the model's chat template for `messages`, ending with the assistant's turn prompt
     /// when `add_generation_prompt`.
     pub fn apply_chat_template(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
-        let tpl = self.chat_template.as_deref().ok_or_else(|| Error::Config("the model has no chat template".into()))?;
+        let tpl =
+            self.chat_template.as_deref().ok_or_else(|| Error::Config("the model has no chat template".into()))?;
         let mut env = minijinja::Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);

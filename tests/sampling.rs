@@ -71,6 +71,6 @@ fn temperature_draws_follow_softmax() {
     for i in 0..4 {
         let p = (logits[i] / t).exp() / z;
         let f = counts[i] as f32 / n as f32;
-        assert!((p - f).abs() < 0.015, "token {i}: p {p} freq {f}");
+        approx::assert_abs_diff_eq!(p, f, epsilon = 0.015);
     }
 }

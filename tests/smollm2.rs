@@ -38,7 +38,10 @@ fn smol() -> &'static Smol {
 fn smollm2_metadata_and_layout() {
     let s = smol();
     let c = &s.weights.cfg;
-    assert_eq!((c.vocab, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn, c.n_layers()), (49152, 576, 9, 3, 64, 1536, 30));
+    assert_eq!(
+        (c.vocab, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn, c.n_layers()),
+        (49152, 576, 9, 3, 64, 1536, 30)
+    );
     assert_eq!(c.rope_theta, 100000.0);
     assert!(c.tie_embeddings);
     assert_eq!(s.gguf.version, 3);
@@ -118,7 +121,8 @@ fn smollm2_answers_the_capital_of_france() {
     assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
     let ids = s.tok.encode(&prompt).unwrap();
     let gpu = gpu();
-    let mut e = Engine::new(&gpu, &s.weights, EngineOptions { kv: KvDtype::F16, ..EngineOptions::new(1, 256) }).unwrap();
+    let mut e =
+        Engine::new(&gpu, &s.weights, EngineOptions { kv: KvDtype::F16, ..EngineOptions::new(1, 256) }).unwrap();
     let first = e.append_sample(&ids, ids.len(), &[ids.len()], None, &[kvdecode::Sampler::GREEDY]).unwrap()[0].unwrap();
     let stop = s.tok.end_of_turn();
     let limit = [kvdecode::TurnLimit { max_new: 40, stop: stop.clone() }];
