@@ -94,6 +94,30 @@ pub struct ModelConfig {
     pub tie_embeddings: bool,
 }
 
+/// Upper bounds on dimensions read from model files, checked before anything is sized by them
+/// (a hostile header must not make us allocate what it merely claims).
+pub const MAX_LAYERS: usize = 4096;
+/// Largest vocabulary accepted from a file.
+pub const MAX_VOCAB: usize = 1 << 22;
+/// Largest hidden / FFN / head dimension accepted from a file.
+pub const MAX_DIM: usize = 1 << 18;
+
+/// Check dimensions read from a model file against [`MAX_LAYERS`], [`MAX_VOCAB`], [`MAX_DIM`].
+pub fn check_file_dims(layers: usize, vocab: usize, dims: &[(&str, usize)]) -> Result<()> {
+    if layers > MAX_LAYERS {
+        return Err(Error::Config(format!("{layers} layers is more than the {MAX_LAYERS} supported")));
+    }
+    if vocab > MAX_VOCAB {
+        return Err(Error::Config(format!("vocabulary of {vocab} is larger than the {MAX_VOCAB} supported")));
+    }
+    for (name, v) in dims {
+        if *v > MAX_DIM {
+            return Err(Error::Config(format!("{name} {v} is larger than the {MAX_DIM} supported")));
+        }
+    }
+    Ok(())
+}
+
 impl ModelConfig {
     /// The seed's TinyAgent layout: `n_layers` layers in groups of `kv_group`; the first layer of
     /// each group writes the group's global K/V; every layer has its own local ring of `window`

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::config::ModelConfig;
+use crate::config::{check_file_dims, ModelConfig};
 use crate::error::{file_err, Error, Result};
 use crate::quant::QuantKind;
 use crate::weights::{LayerWeights, Matrix, ModelWeights};
@@ -356,18 +356,27 @@ impl GgufFile {
         let theta = self.get(&p("rope.freq_base")).and_then(Value::as_f64).unwrap_or(10000.0) as f32;
         let eps = self.get(&p("attention.layer_norm_rms_epsilon")).and_then(Value::as_f64).unwrap_or(1e-5) as f32;
         let tied = self.tensor("output.weight").is_none();
-        let c = ModelConfig::llama(
+        let layers = self.need_u(&p("block_count"))?;
+        let ffn = self.need_u(&p("feed_forward_length"))?;
+        check_file_dims(
+            layers,
             vocab,
-            d,
-            heads,
-            kv_heads,
-            head_dim,
-            self.need_u(&p("feed_forward_length"))?,
-            self.need_u(&p("block_count"))?,
-            theta,
-            eps,
-            tied,
-        );
+            &[
+                ("embedding_length", d),
+                ("head_count", heads),
+                ("head_count_kv", kv_heads),
+                ("head_dim", head_dim),
+                ("feed_forward_length", ffn),
+            ],
+        )?;
+        // every layer needs its tensors: a count the tensor table cannot back is a lie
+        if layers * 9 > self.tensors.len() {
+            return Err(Error::Config(format!(
+                "block_count {layers} needs more tensors than the file's {}",
+                self.tensors.len()
+            )));
+        }
+        let c = ModelConfig::llama(vocab, d, heads, kv_heads, head_dim, ffn, layers, theta, eps, tied);
         c.validate()?;
         Ok(c)
     }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::config::ModelConfig;
+use crate::config::{check_file_dims, ModelConfig};
 use crate::error::{file_err, Error, Result};
 use crate::weights::{LayerWeights, Matrix, ModelWeights, TensorFile};
 
@@ -58,14 +58,30 @@ pub fn config_from_json(text: &str) -> Result<ModelConfig> {
             return Err(Error::Config(format!("config.json: rope_type {kind:?} is not supported (only default)")));
         }
     }
-    let c = ModelConfig::llama(
+    let (vocab, ffn, layers) = (
         need_usize(&cfg, "vocab_size")?,
+        need_usize(&cfg, "intermediate_size")?,
+        need_usize(&cfg, "num_hidden_layers")?,
+    );
+    check_file_dims(
+        layers,
+        vocab,
+        &[
+            ("hidden_size", d),
+            ("num_attention_heads", heads),
+            ("num_key_value_heads", kv_heads),
+            ("head_dim", head_dim),
+            ("intermediate_size", ffn),
+        ],
+    )?;
+    let c = ModelConfig::llama(
+        vocab,
         d,
         heads,
         kv_heads,
         head_dim,
-        need_usize(&cfg, "intermediate_size")?,
-        need_usize(&cfg, "num_hidden_layers")?,
+        ffn,
+        layers,
         theta,
         get_f32(&cfg, "rms_norm_eps").unwrap_or(1e-6),
         cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),

@@ -133,3 +133,10 @@ fn smollm2_answers_the_capital_of_france() {
     println!("answer: {text:?}");
     assert!(text.contains("Paris"), "greedy answer does not name Paris: {text:?}");
 }
+
+#[test]
+fn corrupted_smollm2_never_panics() {
+    // seeded corruption of the real file: mostly in its header, metadata and tensor table
+    let bytes = std::fs::read(model_path()).unwrap();
+    common::corrupt_and_load(&bytes, 24, seed(131), 2 << 20, None);
+}

@@ -2,6 +2,8 @@
 //! and comparisons against the CPU reference.
 #![allow(dead_code)]
 
+pub mod gguf_writer;
+
 use kvdecode::{Gpu, ModelConfig, ModelWeights};
 
 /// The adapter for this test run. No adapter is a failure with the reason, never a skip.
@@ -44,4 +46,49 @@ pub fn seed(default: u64) -> u64 {
     let s = std::env::var("KVDECODE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     println!("seed = {s} (replay with KVDECODE_SEED={s})");
     s
+}
+
+/// Seeded corruption: flip, overwrite and truncate bytes; parsing and loading must return (Ok or a
+/// clear error), never panic or allocate what a header merely claims.
+pub fn corrupt_and_load(original: &[u8], iterations: usize, seed: u64, hot: usize, gpu: Option<&kvdecode::Gpu>) {
+    let mut rng = kvdecode::SplitMix64(seed);
+    let (mut ok, mut err) = (0, 0);
+    for _ in 0..iterations {
+        let mut b = original.to_vec();
+        let region = hot.min(b.len());
+        match rng.below(4) {
+            0 => {
+                for _ in 0..1 + rng.below(8) {
+                    let i = rng.below(region);
+                    b[i] ^= 1 << rng.below(8);
+                }
+            }
+            1 => {
+                let i = rng.below(region.saturating_sub(8).max(1));
+                let v = [u64::MAX, u32::MAX as u64, 1 << 40, 0][rng.below(4)];
+                let end = (i + 8).min(b.len());
+                b[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
+            }
+            2 => b.truncate(rng.below(b.len())),
+            _ => {
+                let i = rng.below(region);
+                b[i] = rng.below(256) as u8;
+            }
+        }
+        match kvdecode::gguf::GgufFile::parse(b) {
+            Ok(g) => {
+                ok += 1;
+                if let (Ok(w), Some(gpu)) = (g.weights(), gpu) {
+                    // a file that loads must also build an engine or fail cleanly
+                    let _ = kvdecode::Engine::new(gpu, &w, kvdecode::EngineOptions::new(1, 8));
+                }
+                let _ = kvdecode::tokenizer::Tokenizer::from_gguf(&g);
+            }
+            Err(e) => {
+                err += 1;
+                assert!(!format!("{e}").is_empty());
+            }
+        }
+    }
+    println!("seed {seed}: {ok} corrupted files still parsed, {err} refused with an error");
 }

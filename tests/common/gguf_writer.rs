@@ -1,0 +1,156 @@
+//! A minimal GGUF writer for tests: a Llama-architecture model with llama.cpp's Q/K row
+//! permutation, matrices as their quantized blocks (or F32 / F16), norms as F32.
+#![allow(dead_code)]
+
+use kvdecode::quant::QuantKind;
+use kvdecode::{Matrix, ModelWeights};
+
+fn s(out: &mut Vec<u8>, v: &str) {
+    out.extend((v.len() as u64).to_le_bytes());
+    out.extend(v.as_bytes());
+}
+
+enum Meta<'a> {
+    U32(u32),
+    F32(f32),
+    Str(&'a str),
+}
+
+/// How a matrix is stored.
+#[derive(Clone, Copy)]
+pub enum Store {
+    F32,
+    F16,
+    /// its own quantized blocks (the matrix must be quantized)
+    Blocks,
+}
+
+/// llama.cpp's permutation: GGUF row `h*hd + 2i + j` = HF row `h*hd + j*hd/2 + i`.
+fn permute(m: &Matrix, heads: usize) -> Matrix {
+    let hd = m.rows / heads;
+    let half = hd / 2;
+    let order: Vec<usize> = (0..m.rows).map(|r| (r / hd) * hd + (r % hd % 2) * half + (r % hd) / 2).collect();
+    m.permute_rows(&order)
+}
+
+/// GGUF v3 bytes of a Llama model (`w.cfg` must be the plain Llama layout).
+pub fn write_llama(w: &ModelWeights, store: Store) -> Vec<u8> {
+    let c = &w.cfg;
+    let meta: Vec<(&str, Meta)> = vec![
+        ("general.architecture", Meta::Str("llama")),
+        ("llama.block_count", Meta::U32(c.n_layers() as u32)),
+        ("llama.embedding_length", Meta::U32(c.d_model as u32)),
+        ("llama.feed_forward_length", Meta::U32(c.ffn as u32)),
+        ("llama.attention.head_count", Meta::U32(c.n_heads as u32)),
+        ("llama.attention.head_count_kv", Meta::U32(c.n_kv_heads as u32)),
+        ("llama.rope.freq_base", Meta::F32(c.rope_theta)),
+        ("llama.attention.layer_norm_rms_epsilon", Meta::F32(c.norm_eps)),
+        ("llama.vocab_size", Meta::U32(c.vocab as u32)),
+        ("llama.rope.dimension_count", Meta::U32(c.head_dim as u32)),
+    ];
+    // (name, dims, type id, bytes)
+    let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = Vec::new();
+    let mut mat = |name: String, m: &Matrix| {
+        let (ty, bytes) = match (store, &m.quant) {
+            (Store::Blocks, Some(q)) => (
+                match q.kind {
+                    QuantKind::Q8_0 => 8,
+                    QuantKind::Q4_0 => 2,
+                    QuantKind::Q4_1 => 3,
+                    QuantKind::Q4K => 12,
+                    QuantKind::Q6K => 14,
+                },
+                q.bytes.clone(),
+            ),
+            (Store::F16, _) => (1, m.data.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect()),
+            _ => (0, m.data.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        };
+        tensors.push((name, vec![m.cols as u64, m.rows as u64], ty, bytes));
+    };
+    let kvd = c.n_kv_heads * c.head_dim;
+    mat("token_embd.weight".into(), &w.embed);
+    if let Some(h) = &w.head {
+        mat("output.weight".into(), h);
+    }
+    for (i, l) in w.layers.iter().enumerate() {
+        let kv = l.kv_global.as_ref().expect("llama layer");
+        let k = Matrix { rows: kvd, cols: kv.cols, data: kv.data[..kvd * kv.cols].to_vec(), quant: None };
+        let v = Matrix { rows: kvd, cols: kv.cols, data: kv.data[kvd * kv.cols..].to_vec(), quant: None };
+        let split = |m: &Matrix, from: usize, rows: usize| -> Matrix {
+            let mut out = Matrix {
+                rows,
+                cols: m.cols,
+                data: m.data[from * m.cols..(from + rows) * m.cols].to_vec(),
+                quant: None,
+            };
+            if let Some(q) = &m.quant {
+                let rb = m.cols / q.kind.block_len() * q.kind.block_bytes();
+                out.quant = Some(kvdecode::quant::QuantData {
+                    kind: q.kind,
+                    bytes: q.bytes[from * rb..(from + rows) * rb].to_vec(),
+                });
+            }
+            out
+        };
+        let (k, v) = if kv.quant.is_some() { (split(kv, 0, kvd), split(kv, kvd, kvd)) } else { (k, v) };
+        mat(format!("blk.{i}.attn_q.weight"), &permute(&l.wq, c.n_heads));
+        mat(format!("blk.{i}.attn_k.weight"), &permute(&k, c.n_kv_heads));
+        mat(format!("blk.{i}.attn_v.weight"), &v);
+        mat(format!("blk.{i}.attn_output.weight"), &l.wo);
+        mat(format!("blk.{i}.ffn_gate.weight"), &split(&l.mlp_in, 0, c.ffn));
+        mat(format!("blk.{i}.ffn_up.weight"), &split(&l.mlp_in, c.ffn, c.ffn));
+        mat(format!("blk.{i}.ffn_down.weight"), &l.mlp_out);
+    }
+    let mut vecs: Vec<(String, &Vec<f32>)> = vec![("output_norm.weight".into(), w.final_norm.as_ref().expect("norm"))];
+    for (i, l) in w.layers.iter().enumerate() {
+        vecs.push((format!("blk.{i}.attn_norm.weight"), l.attn_norm.as_ref().expect("norm")));
+        vecs.push((format!("blk.{i}.ffn_norm.weight"), l.mlp_norm.as_ref().expect("norm")));
+    }
+    for (n, v) in vecs {
+        tensors.push((n, vec![v.len() as u64], 0, v.iter().flat_map(|x| x.to_le_bytes()).collect()));
+    }
+
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((meta.len() as u64).to_le_bytes());
+    for (k, v) in &meta {
+        s(&mut out, k);
+        match v {
+            Meta::U32(x) => {
+                out.extend(4u32.to_le_bytes());
+                out.extend(x.to_le_bytes());
+            }
+            Meta::F32(x) => {
+                out.extend(6u32.to_le_bytes());
+                out.extend(x.to_le_bytes());
+            }
+            Meta::Str(x) => {
+                out.extend(8u32.to_le_bytes());
+                s(&mut out, x);
+            }
+        }
+    }
+    let mut offset = 0u64;
+    let mut offsets = Vec::new();
+    for (name, dims, ty, bytes) in &tensors {
+        s(&mut out, name);
+        out.extend((dims.len() as u32).to_le_bytes());
+        for d in dims {
+            out.extend(d.to_le_bytes());
+        }
+        out.extend(ty.to_le_bytes());
+        out.extend(offset.to_le_bytes());
+        offsets.push(offset);
+        offset = (offset + bytes.len() as u64).next_multiple_of(32);
+    }
+    while out.len() % 32 != 0 {
+        out.push(0);
+    }
+    let base = out.len();
+    for ((_, _, _, bytes), off) in tensors.iter().zip(offsets) {
+        out.resize(base + off as usize, 0);
+        out.extend(bytes);
+    }
+    out
+}
