@@ -144,7 +144,7 @@ pub fn write_llama(w: &ModelWeights, store: Store) -> Vec<u8> {
         offsets.push(offset);
         offset = (offset + bytes.len() as u64).next_multiple_of(32);
     }
-    while out.len() % 32 != 0 {
+    while !out.len().is_multiple_of(32) {
         out.push(0);
     }
     let base = out.len();
