@@ -49,3 +49,28 @@ fn quantized_models_match_dequantized_reference() {
         }
     }
 }
+
+#[test]
+fn dequantizers_match_gguf_py() {
+    // random blocks (sane f16 scales) and their values as dequantized by gguf-py, the reference
+    // implementation that ships with llama.cpp (tests/data/*.blocks, *.f32)
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    for (name, kind) in [
+        ("q4_k", QuantKind::Q4K),
+        ("q6_k", QuantKind::Q6K),
+        ("q8_0", QuantKind::Q8_0),
+        ("q4_0", QuantKind::Q4_0),
+        ("q4_1", QuantKind::Q4_1),
+    ] {
+        let blocks = std::fs::read(dir.join(format!("{name}.blocks"))).unwrap();
+        let want: Vec<f32> = std::fs::read(dir.join(format!("{name}.f32")))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let got = dequantize(kind, &blocks, want.len()).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{name}[{i}]: {g} vs {w}");
+        }
+    }
+}
