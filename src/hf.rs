@@ -1,13 +1,27 @@
-//! Hugging Face checkpoints: a directory with `config.json` and one or more `*.safetensors`.
-//! Llama-family for now (`LlamaForCausalLM`); other architectures are a clear error.
+//! Hugging Face checkpoints: a directory with `config.json` and one or more `*.safetensors`, for
+//! the Llama (`llama`), Qwen3 (`qwen3`) and Gemma 3 (`gemma3_text`, or `gemma3` with a
+//! `text_config`) families. Config forms of older and newer transformers versions are read:
+//! `rope_theta` or `rope_parameters` (flat or per layer type), `layer_types` or
+//! `sliding_window_pattern`. Any other architecture is a clear error naming it.
 
 use std::path::Path;
 
 use serde_json::Value;
 
-use crate::config::{check_file_dims, ModelConfig};
+use crate::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig, NormKind};
 use crate::error::{file_err, Error, Result};
 use crate::weights::{LayerWeights, Matrix, ModelWeights, TensorFile};
+
+/// The model families read from Hugging Face directories.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// Llama, SmolLM, Mistral-style dense models.
+    Llama,
+    /// Qwen3 (qk-norm with weights).
+    Qwen3,
+    /// Gemma 3 text (local/global layers, four norms per layer, `1 + w` norms).
+    Gemma3,
+}
 
 fn get_usize(cfg: &Value, key: &str) -> Result<Option<usize>> {
     match cfg.get(key) {
@@ -28,43 +42,56 @@ fn get_f32(cfg: &Value, key: &str) -> Option<f32> {
     cfg.get(key).and_then(Value::as_f64).map(|v| v as f32)
 }
 
-/// Parse a Hugging Face `config.json` into a [`ModelConfig`].
-pub fn config_from_json(text: &str) -> Result<ModelConfig> {
-    let cfg: Value = serde_json::from_str(text).map_err(|e| Error::Config(format!("config.json: {e}")))?;
-    let model_type = cfg.get("model_type").and_then(Value::as_str).unwrap_or("");
-    if model_type != "llama" {
-        let arch = cfg.get("architectures").map(|a| a.to_string()).unwrap_or_default();
-        return Err(Error::Config(format!(
-            "unsupported architecture model_type={model_type:?} {arch}; supported: llama"
-        )));
-    }
-    let d = need_usize(&cfg, "hidden_size")?;
-    let heads = need_usize(&cfg, "num_attention_heads")?;
-    let kv_heads = get_usize(&cfg, "num_key_value_heads")?.unwrap_or(heads);
-    let head_dim = get_usize(&cfg, "head_dim")?.unwrap_or(d.checked_div(heads).unwrap_or(0));
-    // transformers >= 5 writes rope_parameters {rope_theta}, older versions rope_theta at the top
-    let theta = cfg
-        .get("rope_parameters")
-        .and_then(|p| get_f32(p, "rope_theta"))
-        .or_else(|| get_f32(&cfg, "rope_theta"))
-        .unwrap_or(10000.0);
-    if let Some(kind) = cfg
-        .get("rope_parameters")
-        .or_else(|| cfg.get("rope_scaling"))
-        .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
-        .and_then(Value::as_str)
-    {
-        if kind != "default" {
-            return Err(Error::Config(format!("config.json: rope_type {kind:?} is not supported (only default)")));
+/// RoPE base for a layer type: `rope_parameters` (flat, or keyed by layer type as transformers 5
+/// writes for Gemma 3), else the legacy top-level keys.
+fn rope_theta(cfg: &Value, layer_type: &str, legacy_key: &str, default: f32) -> Result<f32> {
+    let params = cfg.get("rope_parameters").or_else(|| cfg.get("rope_scaling")).filter(|p| !p.is_null());
+    let scoped = params.and_then(|p| p.get(layer_type)).filter(|p| p.is_object());
+    let flat =
+        params.filter(|p| p.get("rope_theta").is_some() || p.get("rope_type").is_some() || p.get("type").is_some());
+    for p in [scoped, flat].into_iter().flatten() {
+        if let Some(kind) = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str) {
+            if kind != "default" {
+                return Err(Error::Config(format!("config.json: rope_type {kind:?} is not supported (only default)")));
+            }
+        }
+        if let Some(t) = get_f32(p, "rope_theta") {
+            return Ok(t);
         }
     }
-    let (vocab, ffn, layers) = (
-        need_usize(&cfg, "vocab_size")?,
-        need_usize(&cfg, "intermediate_size")?,
-        need_usize(&cfg, "num_hidden_layers")?,
-    );
+    Ok(get_f32(cfg, legacy_key).unwrap_or(default))
+}
+
+/// Parse a Hugging Face `config.json` into a [`ModelConfig`] and its family.
+pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
+    let root: Value = serde_json::from_str(text).map_err(|e| Error::Config(format!("config.json: {e}")))?;
+    let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or("");
+    let (cfg, family) = match model_type {
+        "llama" => (&root, Family::Llama),
+        "qwen3" => (&root, Family::Qwen3),
+        "gemma3_text" => (&root, Family::Gemma3),
+        "gemma3" => match root.get("text_config") {
+            Some(t) if t.is_object() => (t, Family::Gemma3),
+            _ => return Err(Error::Config("config.json: gemma3 without a text_config".into())),
+        },
+        _ => {
+            let arch = root.get("architectures").map(|a| a.to_string()).unwrap_or_default();
+            return Err(Error::Config(format!(
+                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, qwen3, gemma3"
+            )));
+        }
+    };
+    if cfg.get("attention_bias").and_then(Value::as_bool) == Some(true) {
+        return Err(Error::Config("config.json: attention_bias=true is not supported".into()));
+    }
+    let d = need_usize(cfg, "hidden_size")?;
+    let heads = need_usize(cfg, "num_attention_heads")?;
+    let kv_heads = get_usize(cfg, "num_key_value_heads")?.unwrap_or(heads);
+    let head_dim = get_usize(cfg, "head_dim")?.unwrap_or(d.checked_div(heads).unwrap_or(0));
+    let (vocab, ffn, n_layers) =
+        (need_usize(cfg, "vocab_size")?, need_usize(cfg, "intermediate_size")?, need_usize(cfg, "num_hidden_layers")?);
     check_file_dims(
-        layers,
+        n_layers,
         vocab,
         &[
             ("hidden_size", d),
@@ -74,31 +101,97 @@ pub fn config_from_json(text: &str) -> Result<ModelConfig> {
             ("intermediate_size", ffn),
         ],
     )?;
-    let c = ModelConfig::llama(
-        vocab,
-        d,
-        heads,
-        kv_heads,
-        head_dim,
-        ffn,
-        layers,
-        theta,
-        get_f32(&cfg, "rms_norm_eps").unwrap_or(1e-6),
-        cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
-    );
-    if cfg.get("attention_bias").and_then(Value::as_bool) == Some(true) {
-        return Err(Error::Config("config.json: attention_bias=true is not supported".into()));
+    // which layers slide: `layer_types` (newer), else Gemma 3's `sliding_window_pattern`
+    let sliding: Vec<bool> = match cfg.get("layer_types").and_then(Value::as_array) {
+        Some(types) => {
+            if types.len() != n_layers {
+                return Err(Error::Config(format!("config.json: {} layer_types for {n_layers} layers", types.len())));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(Error::Config(format!("config.json: unknown layer type {t}"))),
+                })
+                .collect::<Result<_>>()?
+        }
+        None if family == Family::Gemma3 => {
+            let pattern = get_usize(cfg, "sliding_window_pattern")?.unwrap_or(6).max(1);
+            (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
+        }
+        None => vec![false; n_layers],
+    };
+    let window = if sliding.iter().any(|&s| s) { need_usize(cfg, "sliding_window")? } else { 0 };
+    let eps = get_f32(cfg, "rms_norm_eps").unwrap_or(1e-6);
+    let tie_default = family == Family::Gemma3;
+    let tied = cfg
+        .get("tie_word_embeddings")
+        .or_else(|| root.get("tie_word_embeddings"))
+        .and_then(Value::as_bool)
+        .unwrap_or(tie_default);
+    let mut c = ModelConfig::llama(vocab, d, heads, kv_heads, head_dim, ffn, n_layers, 10000.0, eps, tied);
+    let mut group = 0;
+    c.layers = sliding
+        .iter()
+        .map(|&s| {
+            if s {
+                LayerSpec { global_group: None, writes_global: false, local: true }
+            } else {
+                group += 1;
+                LayerSpec { global_group: Some(group - 1), writes_global: true, local: false }
+            }
+        })
+        .collect();
+    c.window = window;
+    match family {
+        Family::Llama | Family::Qwen3 => {
+            let theta = rope_theta(cfg, "full_attention", "rope_theta", 10000.0)?;
+            c.rope_theta = theta;
+            c.rope_theta_local = rope_theta(cfg, "sliding_attention", "rope_theta", theta)?;
+            c.qk_norm = family == Family::Qwen3;
+        }
+        Family::Gemma3 => {
+            c.rope_theta = rope_theta(cfg, "full_attention", "rope_theta", 1_000_000.0)?;
+            c.rope_theta_local = rope_theta(cfg, "sliding_attention", "rope_local_base_freq", 10000.0)?;
+            c.norm = NormKind::OnePlusWeight;
+            c.qk_norm = true;
+            c.post_norms = true;
+            c.mlp = MlpKind::GeluTanhGated;
+            c.embed_scale = (d as f32).sqrt();
+            c.attn_scale = get_f32(cfg, "query_pre_attn_scalar").unwrap_or(head_dim as f32).powf(-0.5);
+            c.logit_softcap = get_f32(cfg, "final_logit_softcapping");
+            if get_f32(cfg, "attn_logit_softcapping").is_some() {
+                return Err(Error::Config("config.json: attn_logit_softcapping is not supported".into()));
+            }
+            let act = cfg
+                .get("hidden_activation")
+                .or_else(|| cfg.get("hidden_act"))
+                .and_then(Value::as_str)
+                .unwrap_or("gelu_pytorch_tanh");
+            if act != "gelu_pytorch_tanh" {
+                return Err(Error::Config(format!(
+                    "config.json: hidden_activation {act:?} is not supported for gemma3"
+                )));
+            }
+        }
+    }
+    if family != Family::Gemma3 {
+        let act = cfg.get("hidden_act").and_then(Value::as_str).unwrap_or("silu");
+        if act != "silu" {
+            return Err(Error::Config(format!("config.json: hidden_act {act:?} is not supported (silu)")));
+        }
     }
     c.validate()?;
-    Ok(c)
+    Ok((c, family))
 }
 
-/// Load a Hugging Face Llama directory (`config.json` + `*.safetensors`).
+/// Load a Hugging Face directory (`config.json` + `*.safetensors`).
 pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
     let dir = dir.as_ref();
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| file_err(&cfg_path, e))?;
-    let cfg = config_from_json(&text).map_err(|e| file_err(&cfg_path, e))?;
+    let (cfg, family) = config_from_json(&text).map_err(|e| file_err(&cfg_path, e))?;
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| file_err(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -115,6 +208,11 @@ pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
         .map(|(b, p)| TensorFile::parse(b).map_err(|e| file_err(p, e)))
         .collect::<Result<Vec<_>>>()?;
     let find = |name: &str| parsed.iter().find(|f| f.has(name));
+    // text weights live under `model.` (text-only checkpoints) or a language-model prefix
+    let prefix = ["model.", "language_model.model.", "model.language_model."]
+        .into_iter()
+        .find(|p| find(&format!("{p}embed_tokens.weight")).is_some())
+        .unwrap_or("model.");
     let matrix = |name: &str| match find(name) {
         Some(f) => f.matrix(name),
         None => Err(Error::Weights(format!("tensor `{name}` is missing"))),
@@ -125,8 +223,8 @@ pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
     };
     let build = || -> Result<ModelWeights> {
         let mut layers = Vec::new();
-        for i in 0..cfg.n_layers() {
-            let p = format!("model.layers.{i}");
+        for (i, spec) in cfg.layers.iter().enumerate() {
+            let p = format!("{prefix}layers.{i}");
             let kv = Matrix::vstack(&[
                 matrix(&format!("{p}.self_attn.k_proj.weight"))?,
                 matrix(&format!("{p}.self_attn.v_proj.weight"))?,
@@ -135,25 +233,44 @@ pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
                 matrix(&format!("{p}.mlp.gate_proj.weight"))?,
                 matrix(&format!("{p}.mlp.up_proj.weight"))?,
             ])?;
+            let qk = |which: &str| -> Result<Option<Vec<f32>>> {
+                if family == Family::Llama {
+                    Ok(None)
+                } else {
+                    vector(&format!("{p}.self_attn.{which}_norm.weight")).map(Some)
+                }
+            };
+            let gemma = family == Family::Gemma3;
             layers.push(LayerWeights {
                 attn_norm: Some(vector(&format!("{p}.input_layernorm.weight"))?),
                 wq: matrix(&format!("{p}.self_attn.q_proj.weight"))?,
-                q_norm: None,
-                k_norm: None,
-                kv_global: Some(kv),
-                kv_local: None,
+                q_norm: qk("q")?,
+                k_norm: qk("k")?,
+                kv_global: spec.writes_global.then(|| kv.clone()),
+                kv_local: spec.local.then_some(kv),
                 wo: matrix(&format!("{p}.self_attn.o_proj.weight"))?,
-                post_attn_norm: None,
-                mlp_norm: Some(vector(&format!("{p}.post_attention_layernorm.weight"))?),
-                post_mlp_norm: None,
+                post_attn_norm: if gemma {
+                    Some(vector(&format!("{p}.post_attention_layernorm.weight"))?)
+                } else {
+                    None
+                },
+                mlp_norm: Some(vector(&format!(
+                    "{p}.{}.weight",
+                    if gemma { "pre_feedforward_layernorm" } else { "post_attention_layernorm" }
+                ))?),
+                post_mlp_norm: if gemma {
+                    Some(vector(&format!("{p}.post_feedforward_layernorm.weight"))?)
+                } else {
+                    None
+                },
                 mlp_in: gate_up,
                 mlp_out: matrix(&format!("{p}.mlp.down_proj.weight"))?,
             });
         }
         let head = if cfg.tie_embeddings { None } else { Some(matrix("lm_head.weight")?) };
         let w = ModelWeights {
-            embed: matrix("model.embed_tokens.weight")?,
-            final_norm: Some(vector("model.norm.weight")?),
+            embed: matrix(&format!("{prefix}embed_tokens.weight"))?,
+            final_norm: Some(vector(&format!("{prefix}norm.weight"))?),
             head,
             layers,
             cfg: cfg.clone(),

@@ -1,0 +1,165 @@
+//! Hugging Face directories of the Llama, Qwen3 and Gemma 3 families, in the config forms older
+//! and newer transformers write: tiny random models are written in HF naming, loaded back, and
+//! decoded on the GPU against the CPU reference (Gemma 3's sliding-window ring wraps many times).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use common::*;
+use kvdecode::hf::{config_from_json, load_dir, Family};
+use kvdecode::{Engine, EngineOptions, Matrix, ModelWeights, NormKind};
+use serde_json::json;
+
+fn save_hf(dir: &Path, config: &serde_json::Value, w: &ModelWeights, prefix: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let c = &w.cfg;
+    let mut t: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    let mut m = |name: String, x: &Matrix| t.push((name, vec![x.rows, x.cols], x.data.clone()));
+    let rows = |x: &Matrix, from: usize, n: usize| {
+        Matrix::new(n, x.cols, x.data[from * x.cols..(from + n) * x.cols].to_vec()).unwrap()
+    };
+    m(format!("{prefix}embed_tokens.weight"), &w.embed);
+    if let Some(h) = &w.head {
+        m("lm_head.weight".into(), h);
+    }
+    let kvd = c.n_kv_heads * c.head_dim;
+    for (i, l) in w.layers.iter().enumerate() {
+        let p = format!("{prefix}layers.{i}");
+        let kv = l.kv_global.as_ref().or(l.kv_local.as_ref()).unwrap();
+        m(format!("{p}.self_attn.q_proj.weight"), &l.wq);
+        m(format!("{p}.self_attn.k_proj.weight"), &rows(kv, 0, kvd));
+        m(format!("{p}.self_attn.v_proj.weight"), &rows(kv, kvd, kvd));
+        m(format!("{p}.self_attn.o_proj.weight"), &l.wo);
+        m(format!("{p}.mlp.gate_proj.weight"), &rows(&l.mlp_in, 0, c.ffn));
+        m(format!("{p}.mlp.up_proj.weight"), &rows(&l.mlp_in, c.ffn, c.ffn));
+        m(format!("{p}.mlp.down_proj.weight"), &l.mlp_out);
+    }
+    let mut v = |name: String, x: &Option<Vec<f32>>| {
+        if let Some(x) = x {
+            t.push((name, vec![x.len()], x.clone()));
+        }
+    };
+    v(format!("{prefix}norm.weight"), &w.final_norm);
+    let gemma = c.post_norms;
+    for (i, l) in w.layers.iter().enumerate() {
+        let p = format!("{prefix}layers.{i}");
+        v(format!("{p}.input_layernorm.weight"), &l.attn_norm);
+        v(format!("{p}.self_attn.q_norm.weight"), &l.q_norm);
+        v(format!("{p}.self_attn.k_norm.weight"), &l.k_norm);
+        if gemma {
+            v(format!("{p}.post_attention_layernorm.weight"), &l.post_attn_norm);
+            v(format!("{p}.pre_feedforward_layernorm.weight"), &l.mlp_norm);
+            v(format!("{p}.post_feedforward_layernorm.weight"), &l.post_mlp_norm);
+        } else {
+            v(format!("{p}.post_attention_layernorm.weight"), &l.mlp_norm);
+        }
+    }
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
+        t.into_iter().map(|(n, s, d)| (n, s, d.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap())
+        })
+        .collect();
+    let out = safetensors::tensor::serialize(views, None::<HashMap<String, String>>).unwrap();
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+}
+
+fn decode_against_reference(w: &ModelWeights, tol: f32) {
+    let mut e = Engine::new(&gpu(), w, EngineOptions::new(2, 64)).unwrap();
+    let seq: Vec<u32> = (0..40).map(|i| (i * 19 + 7) % 96).collect();
+    let mut ids = vec![0u32; 2 * 12];
+    ids[..12].copy_from_slice(&seq[..12]);
+    ids[12..17].copy_from_slice(&seq[20..25]);
+    e.append(&ids, 12, &[12, 5], None).unwrap();
+    for p in 12..40 {
+        let out = e.append(&[seq[p], seq[(p + 13) % 40]], 1, &[1, 1], None).unwrap();
+        for r in 0..2 {
+            let d = max_abs_diff(out.row(r).unwrap(), &ref_last(w, e.cache().history(r)));
+            assert!(d <= tol, "row {r} pos {p}: {d}");
+        }
+    }
+}
+
+fn base(model_type: &str) -> serde_json::Value {
+    json!({"model_type": model_type, "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+           "rms_norm_eps": 1e-6, "tie_word_embeddings": false})
+}
+
+#[test]
+fn qwen3_directory_matches_reference() {
+    let mut cfg = base("qwen3");
+    cfg["rope_theta"] = json!(1000000.0);
+    let (c, fam) = config_from_json(&cfg.to_string()).unwrap();
+    assert_eq!(fam, Family::Qwen3);
+    assert!(c.qk_norm && c.norm == NormKind::Weight && c.rope_theta == 1e6);
+    let w = model(&c, 141);
+    let dir = std::env::temp_dir().join(format!("kvdecode-qwen3-{}", std::process::id()));
+    save_hf(&dir, &cfg, &w, "model.");
+    let back = load_dir(&dir).unwrap();
+    assert_eq!(back, w);
+    decode_against_reference(&back, 1e-4);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn gemma3_directory_matches_reference_with_ring_wraparound() {
+    // newer form: layer_types + per-layer-type rope_parameters, multimodal-style prefix
+    let mut cfg = base("gemma3_text");
+    cfg["layer_types"] = json!(["sliding_attention", "full_attention", "sliding_attention", "full_attention"]);
+    cfg["sliding_window"] = json!(4);
+    cfg["query_pre_attn_scalar"] = json!(16);
+    cfg["final_logit_softcapping"] = json!(30.0);
+    cfg["rope_parameters"] = json!({"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}});
+    cfg["tie_word_embeddings"] = json!(true);
+    let (c, fam) = config_from_json(&cfg.to_string()).unwrap();
+    assert_eq!(fam, Family::Gemma3);
+    assert_eq!((c.rope_theta, c.rope_theta_local, c.window), (1e6, 1e4, 4));
+    assert!(c.layers[0].local && c.layers[0].global_group.is_none() && c.layers[1].writes_global);
+    assert_eq!(c.attn_scale, 0.25);
+    assert_eq!(c.embed_scale, 32f32.sqrt());
+    let w = model(&c, 142);
+    let dir = std::env::temp_dir().join(format!("kvdecode-gemma3-{}", std::process::id()));
+    save_hf(&dir, &cfg, &w, "language_model.model.");
+    let back = load_dir(&dir).unwrap();
+    assert_eq!(back, w);
+    decode_against_reference(&back, 1e-4);
+    std::fs::remove_dir_all(&dir).ok();
+
+    // older form: sliding_window_pattern + rope_theta / rope_local_base_freq
+    let mut old = base("gemma3_text");
+    old.as_object_mut().unwrap().remove("tie_word_embeddings");
+    old["sliding_window_pattern"] = json!(2);
+    old["sliding_window"] = json!(4);
+    old["rope_theta"] = json!(1000000.0);
+    old["rope_local_base_freq"] = json!(10000.0);
+    let (c2, _) = config_from_json(&old.to_string()).unwrap();
+    assert_eq!(c2.layers, c.layers);
+    assert_eq!((c2.rope_theta, c2.rope_theta_local), (1e6, 1e4));
+    assert!(c2.tie_embeddings, "gemma ties embeddings by default");
+}
+
+#[test]
+fn llama_config_forms_and_unknown_architectures() {
+    let mut a = base("llama");
+    a["rope_theta"] = json!(500000.0);
+    let mut b = base("llama");
+    b["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 500000.0});
+    assert_eq!(config_from_json(&a.to_string()).unwrap().0, config_from_json(&b.to_string()).unwrap().0);
+    let mut scaled = base("llama");
+    scaled["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0});
+    assert!(format!("{}", config_from_json(&scaled.to_string()).unwrap_err()).contains("rope_type \"llama3\""));
+    let mut other = base("mamba");
+    other["architectures"] = json!(["MambaForCausalLM"]);
+    let e = format!("{}", config_from_json(&other.to_string()).unwrap_err());
+    assert!(e.contains("model_type=\"mamba\"") && e.contains("MambaForCausalLM"), "{e}");
+    let mut huge = base("llama");
+    huge["num_hidden_layers"] = json!(1u64 << 31);
+    assert!(format!("{}", config_from_json(&huge.to_string()).unwrap_err()).contains("layers is more than"));
+}
