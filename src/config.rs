@@ -92,6 +92,36 @@ pub struct ModelConfig {
     pub logit_softcap: Option<f32>,
     /// The LM head shares the embedding matrix.
     pub tie_embeddings: bool,
+    /// The Engram n-gram memory (DESIGN.md section 7) on some layers.
+    #[serde(default)]
+    pub engram: Option<EngramConfig>,
+}
+
+/// The Engram module: hashed n-gram tables whose rows, gated by the hidden state, are added to
+/// the residual stream before attention on the layers named here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngramConfig {
+    /// Layers that have an Engram module.
+    pub layers: Vec<usize>,
+    /// N-gram orders, e.g. `[2, 3]`.
+    pub orders: Vec<usize>,
+    /// Hash heads per order.
+    pub heads: usize,
+    /// Rows of each table (`T`).
+    pub table_rows: usize,
+    /// Width of each table row (`d_e`).
+    pub dim: usize,
+}
+
+impl EngramConfig {
+    /// Width of the concatenated lookup `e_t`: orders x heads x dim.
+    pub fn width(&self) -> usize {
+        self.orders.len() * self.heads * self.dim
+    }
+    /// The largest order (how far back a token's address looks, plus one).
+    pub fn max_order(&self) -> usize {
+        self.orders.iter().copied().max().unwrap_or(1)
+    }
 }
 
 /// Upper bounds on dimensions read from model files, checked before anything is sized by them
@@ -161,6 +191,7 @@ impl ModelConfig {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             logit_softcap: Some(15.0),
             tie_embeddings: false,
+            engram: None,
         }
     }
 
@@ -200,6 +231,7 @@ impl ModelConfig {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             logit_softcap: None,
             tie_embeddings,
+            engram: None,
         }
     }
 
@@ -275,6 +307,23 @@ impl ModelConfig {
         }
         if self.has_local() && self.window == 0 {
             return err("window must be >= 1 when a layer is local".into());
+        }
+        if let Some(e) = &self.engram {
+            if let Some(&l) = e.layers.iter().find(|&&l| l >= self.layers.len()) {
+                return err(format!("engram layer {l} does not exist ({} layers)", self.layers.len()));
+            }
+            if e.orders.is_empty() || e.orders.iter().any(|&n| n == 0 || n > 8) {
+                return err(format!("engram orders {:?} must be 1..=8", e.orders));
+            }
+            if e.heads == 0 || e.table_rows == 0 || e.dim == 0 || !e.dim.is_multiple_of(4) {
+                return err(format!(
+                    "engram needs heads, table_rows >= 1 and dim a multiple of 4 (got {}, {}, {})",
+                    e.heads, e.table_rows, e.dim
+                ));
+            }
+            if e.heads * e.orders.len() > 64 || e.table_rows > 1 << 24 || e.dim > 1024 {
+                return err("engram tables are larger than supported".into());
+            }
         }
         let mut next_group = 0usize;
         for (i, l) in self.layers.iter().enumerate() {

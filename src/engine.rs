@@ -170,6 +170,8 @@ struct Scratch {
     tmp: wgpu::Buffer,        // [T, d] projection output before a post-norm
     up: wgpu::Buffer,         // [T, in_factor * F]
     act: wgpu::Buffer,        // [T, F]
+    engram_e: wgpu::Buffer,   // [T, orders * heads * dim] Engram lookups
+    engram_kv: wgpu::Buffer,  // [T, 2, d] Engram k then v
     last_h: wgpu::Buffer,     // [rows, d] final-normed hidden state of each row's last real token
     logits: wgpu::Buffer,     // [rows, vocab]
     samplers: wgpu::Buffer,   // [rows] Sampler
@@ -212,6 +214,7 @@ struct Builder<'a> {
     cache: &'a KvCache,
     s: &'a Scratch,
     rope: &'a HashMap<u32, wgpu::Buffer>,
+    gw: &'a GpuWeights,
 }
 
 fn b(v: bool) -> f64 {
@@ -355,6 +358,38 @@ impl Builder<'_> {
         let (hd, kvd) = (c.n_heads * c.head_dim, 2 * c.n_kv_heads * c.head_dim);
         let theta = c.layer_theta(i);
         let mut out = Vec::new();
+        // 0. Engram layers: n-gram lookup (addresses from the token history), gated residual
+        if let (Some(ge), Some(e)) = (&lw.engram, &c.engram) {
+            let tables = e.orders.len() * e.heads;
+            out.push(self.dispatch(
+                Kernel::EngramGather,
+                vec![
+                    ("HEADS", e.heads as f64),
+                    ("N_ORDERS", e.orders.len() as f64),
+                    ("TABLE_ROWS", e.table_rows as f64),
+                    ("DIM", e.dim as f64),
+                    ("MAX_LEN", cache.max_len() as f64),
+                ],
+                &[
+                    &s.step,
+                    &s.row_info,
+                    &s.ids,
+                    &cache.history,
+                    &self.gw.cid_map,
+                    &self.gw.engram_orders,
+                    &ge.tables,
+                    &s.engram_e,
+                ],
+                Grid::Tokens(tables * e.dim / 4),
+            ));
+            out.extend(self.matmul(&s.engram_e, &ge.w_kv, &s.engram_kv, 2 * c.d_model, false));
+            out.push(self.dispatch(
+                Kernel::EngramMix,
+                vec![("D", c.d_model as f64), ("EPS", c.norm_eps as f64)],
+                &[&s.step, &s.row_info, &s.engram_kv, &s.x],
+                Grid::Tokens(1),
+            ));
+        }
         // 1. h = norm(x)
         out.push(self.norm(&s.x, lw.attn_norm.as_ref(), &s.h, false));
         // 2. q = h Wq^T, qk-norm, RoPE at each token's own position
@@ -445,7 +480,9 @@ impl Engine {
         let gw = GpuWeights::upload(gpu, weights, opts.weights)?;
         let rows = opts.rows;
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
-        let widest = [d, hd, kvd, cfg.mlp.in_factor() * cfg.ffn].into_iter().max().unwrap_or(d) * 4;
+        let engram_width = cfg.engram.as_ref().map_or(0, |e| e.width());
+        let widest =
+            [d, hd, kvd, cfg.mlp.in_factor() * cfg.ffn, engram_width, 2 * d].into_iter().max().unwrap_or(d) * 4;
         // chunk width: as many tokens per row as fit one binding for the widest activation
         let chunk = CHUNK.min(gpu.max_binding() as usize / (rows * widest));
         if chunk == 0 {
@@ -483,6 +520,8 @@ impl Engine {
             tmp: gpu.storage("tmp", f4(t * d))?,
             up: gpu.storage("mlp up", f4(t * cfg.mlp.in_factor() * cfg.ffn))?,
             act: gpu.storage("mlp act", f4(t * cfg.ffn))?,
+            engram_e: gpu.storage("engram lookups", f4(if engram_width > 0 { t * engram_width } else { 4 }))?,
+            engram_kv: gpu.storage("engram k/v", f4(if engram_width > 0 { t * 2 * d } else { 4 }))?,
             last_h: gpu.storage("last hidden", f4(rows * d))?,
             logits: gpu.storage("logits", f4(rows * cfg.vocab))?,
             samplers: gpu.storage("samplers", (rows * 32) as u64)?,
@@ -502,7 +541,7 @@ impl Engine {
             }
         }
         let pipelines = Pipelines::new(&gpu.device);
-        let bld = Builder { gpu, cfg: &cfg, pipelines: &pipelines, cache: &cache, s: &s, rope: &rope };
+        let bld = Builder { gpu, cfg: &cfg, pipelines: &pipelines, cache: &cache, s: &s, rope: &rope, gw: &gw };
         let _ = bld.gpu;
         let mut chunk_dispatches = Vec::new();
         // embedding gather, one dispatch per table part

@@ -413,6 +413,7 @@ impl GgufFile {
                     self.matrix(&b("ffn_up"), cfg.ffn, d)?,
                 ])?,
                 mlp_out: self.matrix(&b("ffn_down"), d, cfg.ffn)?,
+                engram: None,
             });
             progress(i + 1, cfg.n_layers());
         }
@@ -422,6 +423,7 @@ impl GgufFile {
             final_norm: Some(self.vector("output_norm.weight", d)?),
             head,
             layers,
+            cid_map: None,
             cfg,
         };
         w.check()?;

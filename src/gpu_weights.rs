@@ -85,6 +85,15 @@ pub(crate) struct GpuLayer {
     pub post_mlp_norm: Option<wgpu::Buffer>,
     pub mlp_in: GpuMatrix,
     pub mlp_out: GpuMatrix,
+    pub engram: Option<GpuEngram>,
+}
+
+/// One layer's Engram module on the GPU.
+pub(crate) struct GpuEngram {
+    /// All tables, `[orders * heads, table_rows, dim]` f32.
+    pub tables: wgpu::Buffer,
+    /// `[W_k; W_v]`.
+    pub w_kv: GpuMatrix,
 }
 
 /// All model weights on the GPU.
@@ -94,6 +103,9 @@ pub(crate) struct GpuWeights {
     pub head: Option<GpuMatrix>,
     pub final_norm: Option<wgpu::Buffer>,
     pub layers: Vec<GpuLayer>,
+    /// Engram: compressed id per token (identity when the model has none) and the orders.
+    pub cid_map: wgpu::Buffer,
+    pub engram_orders: wgpu::Buffer,
 }
 
 impl GpuWeights {
@@ -122,6 +134,16 @@ impl GpuWeights {
                 post_mlp_norm: norm(p("post_mlp_norm"), &l.post_mlp_norm)?,
                 mlp_in: mat(p("mlp_in"), &l.mlp_in)?,
                 mlp_out: mat(p("mlp_out"), &l.mlp_out)?,
+                engram: match &l.engram {
+                    Some(e) => {
+                        let flat: Vec<f32> = e.tables.iter().flat_map(|t| t.data.iter().copied()).collect();
+                        Some(GpuEngram {
+                            tables: gpu.storage_init(&p("engram tables"), bytemuck::cast_slice(&flat))?,
+                            w_kv: mat(p("engram w_kv"), &e.w_kv)?,
+                        })
+                    }
+                    None => None,
+                },
             });
         }
         Ok(GpuWeights {
@@ -129,6 +151,15 @@ impl GpuWeights {
             head: w.head.as_ref().map(|h| mat("head".into(), h)).transpose()?,
             final_norm: norm("final_norm".into(), &w.final_norm)?,
             layers,
+            cid_map: {
+                let ids: Vec<u32> = w.cid_map.clone().unwrap_or_else(|| (0..cfg.vocab as u32).collect());
+                gpu.storage_init("cid_map", bytemuck::cast_slice(&ids))?
+            },
+            engram_orders: {
+                let o: Vec<u32> =
+                    cfg.engram.as_ref().map(|e| e.orders.iter().map(|&n| n as u32).collect()).unwrap_or_default();
+                gpu.storage_init("engram orders", bytemuck::cast_slice(&o))?
+            },
         })
     }
 }

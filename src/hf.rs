@@ -265,6 +265,7 @@ pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
                 },
                 mlp_in: gate_up,
                 mlp_out: matrix(&format!("{p}.mlp.down_proj.weight"))?,
+                engram: None,
             });
         }
         let head = if cfg.tie_embeddings { None } else { Some(matrix("lm_head.weight")?) };
@@ -273,6 +274,7 @@ pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
             final_norm: Some(vector(&format!("{prefix}norm.weight"))?),
             head,
             layers,
+            cid_map: None,
             cfg: cfg.clone(),
         };
         w.check()?;

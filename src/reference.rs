@@ -99,7 +99,18 @@ pub fn forward(w: &ModelWeights, tokens: &[u32]) -> Result<Vec<f32>> {
     let mut x: Vec<Vec<f32>> =
         tokens.iter().map(|&t| w.embed.row(t as usize).iter().map(|v| v * cfg.embed_scale).collect()).collect();
     let mut groups: Vec<Kv> = Vec::new();
+    let cids: Vec<u32> = tokens.iter().map(|&t| w.cid_map.as_ref().map_or(t, |m| m[t as usize])).collect();
     for (li, (lw, spec)) in w.layers.iter().zip(&cfg.layers).enumerate() {
+        if let (Some(ew), Some(e)) = (&lw.engram, &cfg.engram) {
+            let add: Vec<Vec<f32>> = (0..n)
+                .map(|t| crate::engram::residual(e, &ew.tables, &ew.w_kv, &x[t], &cids, t, cfg.norm_eps))
+                .collect();
+            for (xt, a) in x.iter_mut().zip(add) {
+                for (v, av) in xt.iter_mut().zip(a) {
+                    *v += av;
+                }
+            }
+        }
         let rope_t = rope_table(cfg.layer_theta(li), d, n.max(1));
         let h: Vec<Vec<f32>> =
             x.iter().map(|xt| rms_norm(xt, lw.attn_norm.as_deref(), cfg.norm, cfg.norm_eps)).collect();

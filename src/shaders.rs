@@ -36,11 +36,15 @@ pub enum Kernel {
     Commit,
     /// Greedy / temperature sampling (`sample.wgsl`).
     Sample,
+    /// Engram n-gram addresses and table lookup (`engram_gather.wgsl`).
+    EngramGather,
+    /// Engram gated residual (`engram_mix.wgsl`).
+    EngramMix,
 }
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 9] = [
+    pub const ALL: [Kernel; 11] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -50,6 +54,8 @@ impl Kernel {
         Kernel::MlpAct,
         Kernel::Commit,
         Kernel::Sample,
+        Kernel::EngramGather,
+        Kernel::EngramMix,
     ];
 
     /// The WGSL file name under `shaders/`.
@@ -64,6 +70,8 @@ impl Kernel {
             Kernel::MlpAct => "mlp_act.wgsl",
             Kernel::Commit => "commit.wgsl",
             Kernel::Sample => "sample.wgsl",
+            Kernel::EngramGather => "engram_gather.wgsl",
+            Kernel::EngramMix => "engram_mix.wgsl",
         }
     }
 
@@ -79,6 +87,8 @@ impl Kernel {
             Kernel::MlpAct => include_str!("../shaders/mlp_act.wgsl"),
             Kernel::Commit => include_str!("../shaders/commit.wgsl"),
             Kernel::Sample => include_str!("../shaders/sample.wgsl"),
+            Kernel::EngramGather => include_str!("../shaders/engram_gather.wgsl"),
+            Kernel::EngramMix => include_str!("../shaders/engram_mix.wgsl"),
         };
         format!("{COMMON}\n{body}")
     }
@@ -95,6 +105,8 @@ impl Kernel {
             Kernel::MlpAct => &[Uniform, Read, ReadWrite],
             Kernel::Commit => &[Uniform, Read, Read, ReadWrite, ReadWrite, ReadWrite],
             Kernel::Sample => &[Uniform, Read, Read, Read, ReadWrite],
+            Kernel::EngramGather => &[Uniform, Read, Read, Read, Read, Read, Read, ReadWrite],
+            Kernel::EngramMix => &[Uniform, Read, Read, ReadWrite],
         }
     }
 

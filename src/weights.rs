@@ -116,6 +116,18 @@ pub struct LayerWeights {
     pub mlp_in: Matrix,
     /// MLP output projection `[d_model, ffn]`.
     pub mlp_out: Matrix,
+    /// The Engram module, on the layers the config names.
+    pub engram: Option<EngramWeights>,
+}
+
+/// One layer's Engram module (DESIGN.md section 7).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngramWeights {
+    /// `E[n][j]` for each order `n` (in config order) and head `j`, each `[table_rows, dim]`,
+    /// flattened order-major.
+    pub tables: Vec<Matrix>,
+    /// `[W_k; W_v]`, `[2 * d_model, orders * heads * dim]`.
+    pub w_kv: Matrix,
 }
 
 /// A whole model: its config and f32 weights.
@@ -131,6 +143,8 @@ pub struct ModelWeights {
     pub final_norm: Option<Vec<f32>>,
     /// LM head `[vocab, d_model]`; `None` when tied to the embedding.
     pub head: Option<Matrix>,
+    /// Engram's compressed id of each token (`None`: identity).
+    pub cid_map: Option<Vec<u32>>,
 }
 
 /// SplitMix64: a tiny, well-known seeded generator for reproducible weights and tests.
@@ -174,6 +188,20 @@ impl ModelWeights {
             Matrix { rows, cols, data, quant: None }
         };
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
+        let mut engrams = Vec::new();
+        for i in 0..cfg.layers.len() {
+            engrams.push(match &cfg.engram {
+                Some(e) if e.layers.contains(&i) => Some(EngramWeights {
+                    tables: (0..e.orders.len() * e.heads)
+                        .map(|_| mat(e.table_rows, e.dim, (e.dim as f32).sqrt()))
+                        .collect(),
+                    w_kv: mat(2 * d, e.width(), 1.0),
+                }),
+                _ => None,
+            });
+        }
+        let cid_map =
+            cfg.engram.as_ref().map(|e| (0..cfg.vocab).map(|t| (t % (e.table_rows.max(2) / 2 + 1)) as u32).collect());
         let mut layer_mats = Vec::new();
         for l in &cfg.layers {
             let wq = mat(hd, d, 1.0);
@@ -195,7 +223,7 @@ impl ModelWeights {
             }
         };
         let mut layers = Vec::new();
-        for (wq, kv_global, kv_local, wo, mlp_in, mlp_out) in layer_mats {
+        for ((wq, kv_global, kv_local, wo, mlp_in, mlp_out), engram) in layer_mats.into_iter().zip(engrams) {
             let qk = cfg.qk_norm;
             layers.push(LayerWeights {
                 attn_norm: norm(d),
@@ -210,18 +238,27 @@ impl ModelWeights {
                 post_mlp_norm: if cfg.post_norms { norm(d) } else { None },
                 mlp_in,
                 mlp_out,
+                engram,
             });
         }
-        let w = ModelWeights { cfg: cfg.clone(), embed, layers, final_norm: norm(d), head };
+        let w = ModelWeights { cfg: cfg.clone(), embed, layers, final_norm: norm(d), head, cid_map };
         w.check()?;
         Ok(w)
     }
 
     /// The embedded default model: a seeded random TinyAgent-layout model (vocab 512, d_model 128,
-    /// 4 heads, 2 KV heads, head_dim 32, FFN 384, 6 layers in groups of 3, window 32). It needs no
-    /// download, so examples, benchmarks and the browser page run anywhere.
+    /// 4 heads, 2 KV heads, head_dim 32, FFN 384, 6 layers in groups of 3, window 32, Engram on
+    /// layers 1 and 4 with orders 2 and 3, 2 heads, 4096 x 16 tables). It needs no download, so
+    /// examples, benchmarks and the browser page run anywhere.
     pub fn demo() -> Self {
-        let cfg = ModelConfig::tiny_agent(512, 128, 4, 2, 32, 384, 6, 3, 32);
+        let mut cfg = ModelConfig::tiny_agent(512, 128, 4, 2, 32, 384, 6, 3, 32);
+        cfg.engram = Some(crate::config::EngramConfig {
+            layers: vec![1, 4],
+            orders: vec![2, 3],
+            heads: 2,
+            table_rows: 4096,
+            dim: 16,
+        });
         Self::random(&cfg, 0x6b76_6465_636f_6465).expect("the demo config is valid")
     }
 
@@ -272,6 +309,9 @@ impl ModelWeights {
             r(h);
         }
         for l in &mut w.layers {
+            if let Some(e) = &mut l.engram {
+                r(&mut e.w_kv);
+            }
             r(&mut l.wq);
             r(&mut l.wo);
             r(&mut l.mlp_in);
@@ -313,6 +353,11 @@ impl ModelWeights {
             return Err(Error::Weights("head: missing (and embeddings are not tied)".into()));
         }
         vec("final_norm", &self.final_norm, d, has_w)?;
+        if let Some(m) = &self.cid_map {
+            if m.len() != c.vocab {
+                return Err(Error::Weights(format!("cid_map: length {}, expected vocab {}", m.len(), c.vocab)));
+            }
+        }
         if self.layers.len() != c.layers.len() {
             return Err(Error::Weights(format!(
                 "{} layers of weights for {} layers in the config",
@@ -337,6 +382,27 @@ impl ModelWeights {
                 (None, false) => {}
                 (None, true) => return Err(Error::Weights(p("kv_global: missing"))),
                 (Some(_), false) => return Err(Error::Weights(p("kv_global: present on a non-writer layer"))),
+            }
+            let want_engram = c.engram.as_ref().filter(|e| e.layers.contains(&i));
+            match (&l.engram, want_engram) {
+                (None, None) => {}
+                (Some(ew), Some(e)) => {
+                    if ew.tables.len() != e.orders.len() * e.heads {
+                        return Err(Error::Weights(p(&format!(
+                            "engram: {} tables, expected {}",
+                            ew.tables.len(),
+                            e.orders.len() * e.heads
+                        ))));
+                    }
+                    for (k, t) in ew.tables.iter().enumerate() {
+                        shape(&p(&format!("engram table {k}")), t, e.table_rows, e.dim)?;
+                    }
+                    shape(&p("engram w_kv"), &ew.w_kv, 2 * d, e.width())?;
+                }
+                (None, Some(_)) => return Err(Error::Weights(p("engram: missing"))),
+                (Some(_), None) => {
+                    return Err(Error::Weights(p("engram: present on a layer the config does not name")))
+                }
             }
             match (&l.kv_local, spec.local) {
                 (Some(m), true) => shape(&p("kv_local"), m, kvd, d)?,
@@ -398,13 +464,31 @@ impl ModelWeights {
                 post_mlp_norm: norm(&format!("{b}.post_mlp_norm.weight"), has_w && cfg.post_norms)?,
                 mlp_in: st.matrix(&format!("{b}.mlp.fc.weight"))?,
                 mlp_out: st.matrix(&format!("{b}.mlp.proj.weight"))?,
+                engram: match &cfg.engram {
+                    Some(e) if e.layers.contains(&i) => {
+                        let mut tables = Vec::new();
+                        for n in &e.orders {
+                            for j in 0..e.heads {
+                                tables.push(st.matrix_either(&format!("{b}.engram.tables.{n}.{j}"))?);
+                            }
+                        }
+                        let w_kv = Matrix::vstack(&[
+                            st.matrix_either(&format!("{b}.engram.w_k"))?,
+                            st.matrix_either(&format!("{b}.engram.w_v"))?,
+                        ])?;
+                        Some(EngramWeights { tables, w_kv })
+                    }
+                    _ => None,
+                },
             });
         }
+        let cid_map = if st.has("cid_map") { Some(st.ids("cid_map")?) } else { None };
         let w = ModelWeights {
             embed: st.matrix("embed.weight")?,
             head: if cfg.tie_embeddings { None } else { Some(st.matrix("head.weight")?) },
             final_norm: norm("final_norm.weight", has_w)?,
             layers,
+            cid_map,
             cfg,
         };
         w.check()?;
@@ -447,6 +531,33 @@ impl ModelWeights {
             m(named_ref, format!("{b}.mlp.fc.weight"), &l.mlp_in);
             m(named_ref, format!("{b}.mlp.proj.weight"), &l.mlp_out);
         }
+        let d = self.cfg.d_model;
+        let halves: Vec<(usize, Matrix, Matrix)> = self
+            .layers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.engram.as_ref().map(|e| (i, e)))
+            .map(|(i, e)| {
+                let w = &e.w_kv;
+                let k = Matrix { rows: d, cols: w.cols, data: w.data[..d * w.cols].to_vec(), quant: None };
+                let v = Matrix { rows: d, cols: w.cols, data: w.data[d * w.cols..].to_vec(), quant: None };
+                (i, k, v)
+            })
+            .collect();
+        for (i, k, v) in &halves {
+            m(named_ref, format!("blocks.{i}.engram.w_k"), k);
+            m(named_ref, format!("blocks.{i}.engram.w_v"), v);
+        }
+        if let Some(e) = &self.cfg.engram {
+            for (i, l) in self.layers.iter().enumerate() {
+                if let Some(ew) = &l.engram {
+                    for (k, t) in ew.tables.iter().enumerate() {
+                        let (n, j) = (e.orders[k / e.heads], k % e.heads);
+                        m(named_ref, format!("blocks.{i}.engram.tables.{n}.{j}"), t);
+                    }
+                }
+            }
+        }
         v(named_ref, "final_norm.weight".into(), &self.final_norm);
         for (i, l) in self.layers.iter().enumerate() {
             let b = format!("blocks.{i}");
@@ -457,12 +568,20 @@ impl ModelWeights {
             v(named_ref, format!("{b}.mlp_norm.weight"), &l.mlp_norm);
             v(named_ref, format!("{b}.post_mlp_norm.weight"), &l.post_mlp_norm);
         }
-        let encoded: Vec<(String, Vec<usize>, Vec<u8>)> =
-            named.into_iter().map(|(n, s, d)| (n, s, dtype.encode(d))).collect();
+        let mut encoded: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> =
+            named.into_iter().map(|(n, s, d)| (n, s, dtype.encode(d), dtype.st())).collect();
+        if let Some(c) = &self.cid_map {
+            encoded.push((
+                "cid_map".into(),
+                vec![c.len()],
+                c.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                safetensors::Dtype::U32,
+            ));
+        }
         let views = encoded
             .iter()
-            .map(|(n, s, b)| {
-                safetensors::tensor::TensorView::new(dtype.st(), s.clone(), b)
+            .map(|(n, s, b, dt)| {
+                safetensors::tensor::TensorView::new(*dt, s.clone(), b)
                     .map(|v| (n.clone(), v))
                     .map_err(|e| Error::Weights(format!("{n}: {e}")))
             })
@@ -546,6 +665,44 @@ impl<'a> TensorFile<'a> {
             [r, c] => Matrix::new(r, c, data),
             _ => Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected 2 dims"))),
         }
+    }
+
+    /// A matrix stored as `name` or `name.weight` (PyTorch modules add the suffix).
+    pub(crate) fn matrix_either(&self, name: &str) -> Result<Matrix> {
+        let with = format!("{name}.weight");
+        if self.has(&with) {
+            self.matrix(&with)
+        } else {
+            self.matrix(name)
+        }
+    }
+
+    /// A 1-D integer tensor (U32, I32 or I64 with values in u32) as u32 ids.
+    pub(crate) fn ids(&self, name: &str) -> Result<Vec<u32>> {
+        let t = self.st.tensor(name).map_err(|_| Error::Weights(format!("tensor `{name}` is missing")))?;
+        if t.shape().len() != 1 {
+            return Err(Error::Weights(format!("tensor `{name}` has shape {:?}, expected 1 dim", t.shape())));
+        }
+        let d = t.data();
+        let vals: Vec<i64> = match t.dtype() {
+            safetensors::Dtype::U32 => {
+                d.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect()
+            }
+            safetensors::Dtype::I32 => {
+                d.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect()
+            }
+            safetensors::Dtype::I64 => {
+                d.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect()
+            }
+            other => {
+                return Err(Error::Weights(format!("tensor `{name}` has dtype {other:?}; expected U32, I32 or I64")))
+            }
+        };
+        vals.into_iter()
+            .map(|v| {
+                u32::try_from(v).map_err(|_| Error::Weights(format!("tensor `{name}`: value {v} is not a u32 id")))
+            })
+            .collect()
     }
 
     pub(crate) fn vector(&self, name: &str) -> Result<Vec<f32>> {

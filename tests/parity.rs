@@ -171,3 +171,39 @@ fn tiny_binding_limit_forces_every_split_and_still_matches() {
         }
     }
 }
+
+fn engram_cfg() -> kvdecode::ModelConfig {
+    let mut c = tiny_agent_cfg();
+    c.engram = Some(kvdecode::config::EngramConfig {
+        layers: vec![1, 2],
+        orders: vec![2, 3],
+        heads: 2,
+        table_rows: 64,
+        dim: 8,
+    });
+    c
+}
+
+#[test]
+fn engram_random_schedules_match_reference() {
+    // addresses read the token history across chunk boundaries, sub-batches and resets
+    let s = seed(16);
+    let w = model(&engram_cfg(), s);
+    assert!(w.layers[1].engram.is_some() && w.cid_map.is_some());
+    random_schedule(&w, 4, 40, 40, s, 1e-4);
+    // and with chunks longer than CHUNK
+    let gpu = gpu();
+    let mut engine = Engine::new(&gpu, &w, EngineOptions::new(1, 100)).unwrap();
+    let ids: Vec<u32> = (0..90).map(|i| (i * 7 % 96) as u32).collect();
+    let out = engine.append(&ids, 90, &[90], None).unwrap();
+    assert!(max_abs_diff(out.row(0).unwrap(), &ref_last(&w, &ids)) <= 1e-4);
+}
+
+#[test]
+fn engram_survives_safetensors_round_trip() {
+    let w = model(&engram_cfg(), 17);
+    let back =
+        kvdecode::ModelWeights::from_safetensors_bytes(&w.to_safetensors_bytes(kvdecode::DiskDtype::F32).unwrap())
+            .unwrap();
+    assert_eq!(back, w);
+}
