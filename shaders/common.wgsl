@@ -27,7 +27,15 @@ fn safe_tanh(x: f32) -> f32 {
     return tanh(clamp(x, -15.0, 15.0));
 }
 
-// Weight formats (`W_FORMAT`): 0 f32 bits, 1 f16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1. Quantized rows are
+// Four 16-bit weights from two words: f16 pairs (W_FORMAT 1) or bf16 pairs (5, a shift each).
+fn half4(fmt: u32, a: u32, b: u32) -> vec4<f32> {
+    if fmt == 5u {
+        return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xffff0000u, b << 16u, b & 0xffff0000u));
+    }
+    return vec4<f32>(unpack2x16float(a), unpack2x16float(b));
+}
+
+// Weight formats (`W_FORMAT`): 0 f32 bits, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1. Quantized rows are
 // blocks of 32 weights padded to whole words (see src/quant.rs): word 0 holds the f16 scale (Q4_1:
 // scale | min << 16), then Q8_0 has 8 words of i8 and Q4_0/Q4_1 4 words of nibbles (weights 0..15
 // in the low nibbles of bytes 0..15, weights 16..31 in the high nibbles).

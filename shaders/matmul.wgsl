@@ -6,7 +6,7 @@ override K: u32;                   // input features (multiple of 4)
 override O_ROWS: u32;              // output rows of this part
 override OUT_STRIDE: u32;          // row stride of y
 override OUT_OFFSET: u32 = 0u;     // first column of y written by this part
-override W_FORMAT: u32 = 0u;       // 0 f32, 1 f16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1 (see common.wgsl)
+override W_FORMAT: u32 = 0u;       // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1 (see common.wgsl)
 override ACCUMULATE: bool = false; // y += x W^T (the residual add, fused)
 override SOFTCAP: f32 = 0.0;       // > 0: y = SOFTCAP * tanh(y / SOFTCAP) (final logits)
 override PER_ROW: bool = false;    // inputs are the R chunk rows (LM head), not the R * C tokens
@@ -18,14 +18,14 @@ override WG: u32 = 64u;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;   // [N, OUT_STRIDE]
 
 fn w4(o: u32, k4: u32) -> vec4<f32> {
-    if W_FORMAT >= 2u {
+    if W_FORMAT >= 2u && W_FORMAT <= 4u {
         let base = (o * (K / 32u) + k4 / 8u) * block_words(W_FORMAT);
         let g = k4 % 8u;
         return dequant4(W_FORMAT, w[base], w[base + quant_word(W_FORMAT, g)], g);
     }
-    if W_FORMAT == 1u {
+    if W_FORMAT == 1u || W_FORMAT == 5u {
         let i = (o * K) / 2u + k4 * 2u;
-        return vec4<f32>(unpack2x16float(w[i]), unpack2x16float(w[i + 1u]));
+        return half4(W_FORMAT, w[i], w[i + 1u]);
     }
     let i = o * K + k4 * 4u;
     return bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));

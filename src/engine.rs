@@ -670,6 +670,12 @@ impl Engine {
         self.pipelines.len()
     }
 
+    /// Bytes the model's matrices take on the GPU (quantized blocks stay quantized, 16-bit weights
+    /// stay 16-bit).
+    pub fn weight_bytes(&self) -> u64 {
+        self._weights.matrix_bytes()
+    }
+
     /// Counters since construction.
     pub fn stats(&self) -> Stats {
         self.stats

@@ -11,7 +11,7 @@ use std::path::Path;
 use crate::config::{check_file_dims, ModelConfig};
 use crate::error::{file_err, Error, Result};
 use crate::quant::QuantKind;
-use crate::weights::{LayerWeights, Matrix, ModelWeights};
+use crate::weights::{Half, LayerWeights, Matrix, ModelWeights};
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -319,7 +319,14 @@ impl GgufFile {
         let b = &self.bytes[t.range.clone()];
         match t.ty {
             TensorType::Quant(q) => Matrix::quantized(rows, cols, q, b.to_vec()),
-            _ => Matrix::new(rows, cols, floats(t.ty, b)),
+            ty => Matrix::new(rows, cols, floats(ty, b)).map(|m| Matrix {
+                half: match ty {
+                    TensorType::F16 => Some(Half::F16),
+                    TensorType::BF16 => Some(Half::BF16),
+                    _ => None,
+                },
+                ..m
+            }),
         }
     }
 

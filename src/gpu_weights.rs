@@ -6,7 +6,7 @@ use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::quant::repack_for_gpu;
 use crate::reference::norm_multiplier;
-use crate::weights::{Matrix, ModelWeights};
+use crate::weights::{Half, Matrix, ModelWeights};
 
 /// Element type of matrices on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub(crate) struct MatrixPart {
 /// A matrix `[rows, cols]` on the GPU.
 pub(crate) struct GpuMatrix {
     pub cols: usize,
-    /// The shader's `W_FORMAT`: 0 f32, 1 f16, 2 Q8_0, 3 Q4_0, 4 Q4_1.
+    /// The shader's `W_FORMAT`: 0 f32, 1 f16, 5 bf16, 2 Q8_0, 3 Q4_0, 4 Q4_1.
     pub format: u32,
     pub parts: Vec<MatrixPart>,
 }
@@ -37,10 +37,17 @@ impl GpuMatrix {
     /// blocks), else its values as `dtype`. Split into row parts that each fit one binding.
     pub(crate) fn upload(gpu: &Gpu, label: &str, m: &Matrix, dtype: WeightDtype) -> Result<Self> {
         let quant = m.quant.as_ref().filter(|q| q.kind.gpu_format().is_some() && m.cols.is_multiple_of(32));
-        let (format, row_bytes) = match (quant, dtype) {
+        // 16-bit on disk stays 16-bit on the GPU (bf16 as bf16); f32 follows `dtype`
+        let half = match (m.half, dtype) {
+            (Some(h), _) => Some(h),
+            (None, WeightDtype::F16) => Some(Half::F16),
+            (None, WeightDtype::F32) => None,
+        };
+        let (format, row_bytes) = match (quant, half) {
             (Some(q), _) => (q.kind.gpu_format().unwrap_or(0), (m.cols / 32 * q.kind.gpu_block_words() * 4) as u64),
-            (None, WeightDtype::F32) => (0, (m.cols * 4) as u64),
-            (None, WeightDtype::F16) => (1, (m.cols * 2) as u64),
+            (None, None) => (0, (m.cols * 4) as u64),
+            (None, Some(Half::F16)) => (1, (m.cols * 2) as u64),
+            (None, Some(Half::BF16)) => (5, (m.cols * 2) as u64),
         };
         let rows_per_part = (gpu.max_binding() / row_bytes.max(1)) as usize;
         if rows_per_part == 0 {
@@ -57,9 +64,10 @@ impl GpuMatrix {
                 }
                 None => {
                     let vals = &m.data[start * m.cols..(start + rows) * m.cols];
-                    match dtype {
-                        WeightDtype::F32 => bytemuck::cast_slice(vals).to_vec(),
-                        WeightDtype::F16 => vals.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+                    match half {
+                        None => bytemuck::cast_slice(vals).to_vec(),
+                        Some(Half::F16) => vals.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+                        Some(Half::BF16) => vals.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
                     }
                 }
             };
@@ -109,6 +117,18 @@ pub(crate) struct GpuWeights {
 }
 
 impl GpuWeights {
+    /// Bytes of all matrices on the GPU (norm vectors and tables aside).
+    pub(crate) fn matrix_bytes(&self) -> u64 {
+        let m = |g: &GpuMatrix| g.parts.iter().map(|p| p.buffer.size()).sum::<u64>();
+        let mut total = m(&self.embed) + self.head.as_ref().map_or(0, m);
+        for l in &self.layers {
+            total += m(&l.wq) + m(&l.wo) + m(&l.mlp_in) + m(&l.mlp_out);
+            total += l.kv_global.as_ref().map_or(0, m) + l.kv_local.as_ref().map_or(0, m);
+            total += l.engram.as_ref().map_or(0, |e| m(&e.w_kv));
+        }
+        total
+    }
+
     pub(crate) fn upload(gpu: &Gpu, w: &ModelWeights, dtype: WeightDtype) -> Result<Self> {
         w.check()?;
         let cfg: &ModelConfig = &w.cfg;

@@ -49,4 +49,4 @@ pub use error::{Error, Result};
 pub use gpu_weights::WeightDtype;
 pub use rollout::{Episode, Rollouts};
 pub use sampling::{argmax, sample_cpu, Sampler};
-pub use weights::{DiskDtype, EngramWeights, LayerWeights, Matrix, ModelWeights, SplitMix64};
+pub use weights::{DiskDtype, EngramWeights, Half, LayerWeights, Matrix, ModelWeights, SplitMix64};

@@ -19,6 +19,18 @@ pub struct Matrix {
     pub data: Vec<f32>,
     /// The quantized blocks `data` came from, kept so the GPU can read them directly.
     pub quant: Option<QuantData>,
+    /// The 16-bit type `data` was read from (every value is exact in it): the GPU keeps such a
+    /// matrix 16-bit, whatever `EngineOptions::weights` says.
+    pub half: Option<Half>,
+}
+
+/// A 16-bit float type on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
 }
 
 impl Matrix {
@@ -31,7 +43,7 @@ impl Matrix {
                 data.len()
             )));
         }
-        Ok(Matrix { rows, cols, data, quant: None })
+        Ok(Matrix { rows, cols, data, quant: None, half: None })
     }
 
     /// A matrix from quantized blocks (row-major, whole blocks per row); `data` is dequantized.
@@ -44,7 +56,7 @@ impl Matrix {
         }
         let n = rows.checked_mul(cols).ok_or_else(|| Error::Weights("matrix size overflows".into()))?;
         let data = dequantize(kind, &bytes, n)?;
-        Ok(Matrix { rows, cols, data, quant: Some(QuantData { kind, bytes }) })
+        Ok(Matrix { rows, cols, data, quant: Some(QuantData { kind, bytes }), half: None })
     }
 
     /// Reorder rows: row `i` of the result is row `order[i]` of `self` (quantized blocks too).
@@ -57,7 +69,7 @@ impl Matrix {
                 bytes: order.iter().flat_map(|&r| q.bytes[r * rb..(r + 1) * rb].iter().copied()).collect(),
             }
         });
-        Matrix { rows: self.rows, cols: self.cols, data, quant }
+        Matrix { rows: self.rows, cols: self.cols, data, quant, half: self.half }
     }
 
     /// Row `r`.
@@ -82,6 +94,10 @@ impl Matrix {
                     parts.iter().flat_map(|m| m.quant.as_ref().map(|q| q.bytes.clone()).unwrap_or_default()).collect();
                 out.quant = Some(QuantData { kind, bytes });
             }
+        }
+        let half = parts.first().and_then(|m| m.half);
+        if parts.iter().all(|m| m.half == half) {
+            out.half = half;
         }
         Ok(out)
     }
@@ -185,7 +201,7 @@ impl ModelWeights {
         let mut mat = |rows: usize, cols: usize, gain: f32| {
             let s = gain / (cols as f32).sqrt();
             let data = (0..rows * cols).map(|_| rng.normal() * s).collect();
-            Matrix { rows, cols, data, quant: None }
+            Matrix { rows, cols, data, quant: None, half: None }
         };
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
         let mut engrams = Vec::new();
@@ -297,7 +313,7 @@ impl ModelWeights {
     pub fn rounded_to_f16(&self) -> Self {
         let mut w = self.clone();
         let r = |m: &mut Matrix| {
-            if m.quant.as_ref().is_some_and(|q| q.kind.gpu_format().is_some()) {
+            if m.half.is_some() || m.quant.as_ref().is_some_and(|q| q.kind.gpu_format().is_some()) {
                 return;
             }
             for v in &mut m.data {
@@ -539,8 +555,10 @@ impl ModelWeights {
             .filter_map(|(i, l)| l.engram.as_ref().map(|e| (i, e)))
             .map(|(i, e)| {
                 let w = &e.w_kv;
-                let k = Matrix { rows: d, cols: w.cols, data: w.data[..d * w.cols].to_vec(), quant: None };
-                let v = Matrix { rows: d, cols: w.cols, data: w.data[d * w.cols..].to_vec(), quant: None };
+                let k =
+                    Matrix { rows: d, cols: w.cols, data: w.data[..d * w.cols].to_vec(), quant: None, half: w.half };
+                let v =
+                    Matrix { rows: d, cols: w.cols, data: w.data[d * w.cols..].to_vec(), quant: None, half: w.half };
                 (i, k, v)
             })
             .collect();
@@ -640,6 +658,10 @@ impl<'a> TensorFile<'a> {
     }
 
     fn values(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        self.values_typed(name).map(|(s, v, _)| (s, v))
+    }
+
+    fn values_typed(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>, Option<Half>)> {
         let t = self.st.tensor(name).map_err(|_| Error::Weights(format!("tensor `{name}` is missing")))?;
         let data = t.data();
         let vals: Vec<f32> = match t.dtype() {
@@ -656,13 +678,18 @@ impl<'a> TensorFile<'a> {
                 return Err(Error::Weights(format!("tensor `{name}` has dtype {other:?}; supported: F32, F16, BF16")))
             }
         };
-        Ok((t.shape().to_vec(), vals))
+        let half = match t.dtype() {
+            safetensors::Dtype::F16 => Some(Half::F16),
+            safetensors::Dtype::BF16 => Some(Half::BF16),
+            _ => None,
+        };
+        Ok((t.shape().to_vec(), vals, half))
     }
 
     pub(crate) fn matrix(&self, name: &str) -> Result<Matrix> {
-        let (shape, data) = self.values(name)?;
+        let (shape, data, half) = self.values_typed(name)?;
         match shape[..] {
-            [r, c] => Matrix::new(r, c, data),
+            [r, c] => Matrix::new(r, c, data).map(|m| Matrix { half, ..m }),
             _ => Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected 2 dims"))),
         }
     }

@@ -50,6 +50,23 @@ fn safetensors_round_trip_every_dtype() {
 }
 
 #[test]
+fn half_precision_weights_stay_16_bit_on_the_gpu() {
+    let w = model(&llama_cfg(), 53);
+    let gpu = gpu();
+    let f32_bytes = kvdecode::Engine::new(&gpu, &w, kvdecode::EngineOptions::new(1, 16)).unwrap().weight_bytes();
+    for dt in [DiskDtype::F16, DiskDtype::BF16] {
+        let back = ModelWeights::from_safetensors_bytes(&w.to_safetensors_bytes(dt).unwrap()).unwrap();
+        // f32 engine options, yet the 16-bit matrices are stored 16-bit (f16 / bf16 pairs)
+        let mut e = kvdecode::Engine::new(&gpu, &back, kvdecode::EngineOptions::new(1, 16)).unwrap();
+        assert_eq!(e.weight_bytes() * 2, f32_bytes, "{dt:?}");
+        let ids = [3u32, 9, 27, 81, 50];
+        let out = e.append(&ids, 5, &[5], None).unwrap();
+        let d = max_abs_diff(out.row(0).unwrap(), &ref_last(&back, &ids));
+        assert!(d <= 1e-4, "{dt:?}: {d}");
+    }
+}
+
+#[test]
 fn gemma_style_model_runs_on_the_engine() {
     // local-only and global-only layers alternating, 1 + w norms, post norms, gelu-tanh, softcap,
     // embedding scale, qk-norm with weights, a different RoPE base on local layers

@@ -74,14 +74,15 @@ pub fn write_llama(w: &ModelWeights, store: Store) -> Vec<u8> {
     }
     for (i, l) in w.layers.iter().enumerate() {
         let kv = l.kv_global.as_ref().expect("llama layer");
-        let k = Matrix { rows: kvd, cols: kv.cols, data: kv.data[..kvd * kv.cols].to_vec(), quant: None };
-        let v = Matrix { rows: kvd, cols: kv.cols, data: kv.data[kvd * kv.cols..].to_vec(), quant: None };
+        let k = Matrix { rows: kvd, cols: kv.cols, data: kv.data[..kvd * kv.cols].to_vec(), quant: None, half: None };
+        let v = Matrix { rows: kvd, cols: kv.cols, data: kv.data[kvd * kv.cols..].to_vec(), quant: None, half: None };
         let split = |m: &Matrix, from: usize, rows: usize| -> Matrix {
             let mut out = Matrix {
                 rows,
                 cols: m.cols,
                 data: m.data[from * m.cols..(from + rows) * m.cols].to_vec(),
                 quant: None,
+                half: None,
             };
             if let Some(q) = &m.quant {
                 let rb = m.cols / q.kind.block_len() * q.kind.block_bytes();
