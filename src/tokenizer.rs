@@ -43,13 +43,18 @@ const QWEN2_REGEX: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 impl Tokenizer {
-    /// The tokenizer stored in a GGUF file (`tokenizer.ggml.*`).
+    /// The tokenizer stored in a GGUF file (`tokenizer.ggml.*`): `gpt2` (byte-level BPE with
+    /// merges) or `llama` (SentencePiece-style BPE with scores and byte fallback).
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let model = g.get("tokenizer.ggml.model").and_then(Value::as_str).unwrap_or("");
-        if model != "gpt2" {
-            return Err(Error::Config(format!(
-                "GGUF tokenizer model {model:?} is not supported yet (supported: gpt2-style byte-level BPE)"
-            )));
+        match model {
+            "gpt2" => {}
+            "llama" => return Self::from_gguf_spm(g),
+            other => {
+                return Err(Error::Config(format!(
+                    "GGUF tokenizer model {other:?} is not supported (supported: gpt2, llama)"
+                )))
+            }
         }
         let arr = |k: &str| -> Result<&[Value]> {
             g.get(k).and_then(Value::as_array).ok_or_else(|| Error::Config(format!("GGUF metadata `{k}` is missing")))
@@ -110,6 +115,89 @@ impl Tokenizer {
             bos: id("tokenizer.ggml.bos_token_id"),
             eos: id("tokenizer.ggml.eos_token_id"),
             add_bos: matches!(g.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true))),
+            chat_template: g.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_string),
+        })
+    }
+
+    /// A SentencePiece-style (`llama`) GGUF vocabulary as Hugging Face models it: BPE whose merges
+    /// are derived from the piece scores (as transformers' SentencePiece converter does), byte
+    /// fallback to `<0xNN>` pieces, spaces as `▁` with a prefix space when the model asks for it.
+    fn from_gguf_spm(g: &GgufFile) -> Result<Self> {
+        let arr = |k: &str| -> Result<&[Value]> {
+            g.get(k).and_then(Value::as_array).ok_or_else(|| Error::Config(format!("GGUF metadata `{k}` is missing")))
+        };
+        let tokens: Vec<&str> = arr("tokenizer.ggml.tokens")?.iter().map(|v| v.as_str().unwrap_or("")).collect();
+        let scores: Vec<f64> = match g.get("tokenizer.ggml.scores").and_then(Value::as_array) {
+            Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0)).collect(),
+            None => (0..tokens.len()).map(|i| -(i as f64)).collect(),
+        };
+        let types: Vec<u64> = g
+            .get("tokenizer.ggml.token_type")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(|v| v.as_u64().unwrap_or(1)).collect())
+            .unwrap_or_else(|| vec![1; tokens.len()]);
+        let index: std::collections::HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+        // merges: every split of a normal piece into two pieces of the vocabulary, ranked by the
+        // merged piece's score (higher first), then by the parts' ids
+        let mut merges: Vec<(f64, usize, usize, &str, &str)> = Vec::new();
+        for (i, piece) in tokens.iter().enumerate() {
+            if types.get(i).copied().unwrap_or(1) != 1 {
+                continue;
+            }
+            for (at, _) in piece.char_indices().skip(1) {
+                let (l, r) = piece.split_at(at);
+                if let (Some(&li), Some(&ri)) = (index.get(l), index.get(r)) {
+                    merges.push((scores.get(i).copied().unwrap_or(0.0), li, ri, l, r));
+                }
+            }
+        }
+        merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let merges: Vec<String> = merges.iter().map(|m| format!("{} {}", m.3, m.4)).collect();
+        let vocab: serde_json::Map<String, Json> =
+            tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
+        let added: Vec<Json> = types
+            .iter()
+            .enumerate()
+            .filter(|(_, &t)| t == 3 || t == 4)
+            .map(|(i, &t)| {
+                json!({"id": i, "content": tokens.get(i).copied().unwrap_or(""), "single_word": false, "lstrip": false,
+                       "rstrip": false, "normalized": false, "special": t == 3})
+            })
+            .collect();
+        let unk = types.iter().position(|&t| t == 2).and_then(|i| tokens.get(i)).map(|s| s.to_string());
+        let prefix = !matches!(g.get("tokenizer.ggml.add_space_prefix"), Some(Value::Bool(false)));
+        let mut normalizers = Vec::new();
+        if prefix {
+            normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+        }
+        normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+        let mut decoders = vec![
+            json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+            json!({"type": "ByteFallback"}),
+            json!({"type": "Fuse"}),
+        ];
+        if prefix {
+            decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+        }
+        let spec = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": {"type": "Sequence", "normalizers": normalizers},
+            "pre_tokenizer": null, "post_processor": null,
+            "decoder": {"type": "Sequence", "decoders": decoders},
+            "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                      "vocab": vocab, "merges": merges}
+        });
+        let inner = spec
+            .to_string()
+            .parse::<tokenizers::Tokenizer>()
+            .map_err(|e| Error::Config(format!("GGUF tokenizer: {e}")))?;
+        let id = |k: &str| g.get(k).and_then(Value::as_u64).map(|v| v as u32);
+        Ok(Tokenizer {
+            inner,
+            bos: id("tokenizer.ggml.bos_token_id"),
+            eos: id("tokenizer.ggml.eos_token_id"),
+            add_bos: !matches!(g.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(false))),
             chat_template: g.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_string),
         })
     }

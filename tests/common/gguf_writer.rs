@@ -10,10 +10,15 @@ fn s(out: &mut Vec<u8>, v: &str) {
     out.extend(v.as_bytes());
 }
 
-enum Meta<'a> {
+/// A metadata value to write.
+pub enum Meta<'a> {
     U32(u32),
     F32(f32),
+    Bool(bool),
     Str(&'a str),
+    StrArr(Vec<String>),
+    F32Arr(Vec<f32>),
+    I32Arr(Vec<i32>),
 }
 
 /// How a matrix is stored.
@@ -35,8 +40,13 @@ fn permute(m: &Matrix, heads: usize) -> Matrix {
 
 /// GGUF v3 bytes of a Llama model (`w.cfg` must be the plain Llama layout).
 pub fn write_llama(w: &ModelWeights, store: Store) -> Vec<u8> {
+    write_llama_with(w, store, Vec::new())
+}
+
+/// [`write_llama`] with extra metadata (a tokenizer, say).
+pub fn write_llama_with(w: &ModelWeights, store: Store, extra: Vec<(&str, Meta)>) -> Vec<u8> {
     let c = &w.cfg;
-    let meta: Vec<(&str, Meta)> = vec![
+    let mut meta: Vec<(&str, Meta)> = vec![
         ("general.architecture", Meta::Str("llama")),
         ("llama.block_count", Meta::U32(c.n_layers() as u32)),
         ("llama.embedding_length", Meta::U32(c.d_model as u32)),
@@ -48,6 +58,7 @@ pub fn write_llama(w: &ModelWeights, store: Store) -> Vec<u8> {
         ("llama.vocab_size", Meta::U32(c.vocab as u32)),
         ("llama.rope.dimension_count", Meta::U32(c.head_dim as u32)),
     ];
+    meta.extend(extra);
     // (name, dims, type id, bytes)
     let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = Vec::new();
     let mut mat = |name: String, m: &Matrix| {
@@ -129,6 +140,34 @@ pub fn write_llama(w: &ModelWeights, store: Store) -> Vec<u8> {
             Meta::Str(x) => {
                 out.extend(8u32.to_le_bytes());
                 s(&mut out, x);
+            }
+            Meta::Bool(x) => {
+                out.extend(7u32.to_le_bytes());
+                out.push(*x as u8);
+            }
+            Meta::StrArr(v) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(8u32.to_le_bytes());
+                out.extend((v.len() as u64).to_le_bytes());
+                for x in v {
+                    s(&mut out, x);
+                }
+            }
+            Meta::F32Arr(v) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(6u32.to_le_bytes());
+                out.extend((v.len() as u64).to_le_bytes());
+                for x in v {
+                    out.extend(x.to_le_bytes());
+                }
+            }
+            Meta::I32Arr(v) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(5u32.to_le_bytes());
+                out.extend((v.len() as u64).to_le_bytes());
+                for x in v {
+                    out.extend(x.to_le_bytes());
+                }
             }
         }
     }

@@ -1,0 +1,122 @@
+//! Tokenizers from GGUF metadata (SentencePiece-style `llama` vocabularies with byte fallback) and
+//! from `tokenizer.json` + `tokenizer_config.json`; chat templates rendered with minijinja.
+//! (The gpt2-style path is tested on SmolLM2's real vocabulary in tests/smollm2.rs.)
+
+mod common;
+
+use common::gguf_writer::{write_llama_with, Meta, Store};
+use common::*;
+use kvdecode::gguf::GgufFile;
+use kvdecode::tokenizer::{Message, Tokenizer};
+
+/// A small SentencePiece vocabulary: specials, the 256 byte pieces, and scored pieces.
+fn spm_gguf() -> Vec<u8> {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut types = vec![2, 3, 3];
+    for b in 0..256 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    let pieces = [
+        "▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "el", "ll", "lo", "▁he", "llo", "▁hello", "▁w", "or", "ld",
+        "▁wor", "▁world", "▁t", "t", "he", "▁the",
+    ];
+    let first = tokens.len();
+    for p in pieces {
+        tokens.push(p.into());
+        types.push(1);
+    }
+    // longer pieces score higher, like SentencePiece's log probabilities of merged pieces
+    let scores: Vec<f32> = (0..tokens.len())
+        .map(|i| if i < first { 0.0 } else { tokens[i].chars().count() as f32 - i as f32 * 1e-3 })
+        .collect();
+    let n = tokens.len();
+    let w = model(&kvdecode::ModelConfig::llama(n, 32, 4, 2, 8, 48, 1, 10000.0, 1e-5, true), 151);
+    write_llama_with(
+        &w,
+        Store::F32,
+        vec![
+            ("tokenizer.ggml.model", Meta::Str("llama")),
+            ("tokenizer.ggml.tokens", Meta::StrArr(tokens)),
+            ("tokenizer.ggml.scores", Meta::F32Arr(scores)),
+            ("tokenizer.ggml.token_type", Meta::I32Arr(types)),
+            ("tokenizer.ggml.bos_token_id", Meta::U32(1)),
+            ("tokenizer.ggml.eos_token_id", Meta::U32(2)),
+            ("tokenizer.ggml.add_bos_token", Meta::Bool(true)),
+            ("tokenizer.chat_template", Meta::Str("{{ bos_token }}{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] | trim }}\n{% endfor %}{% if add_generation_prompt %}[ASSISTANT]{% endif %}")),
+        ],
+    )
+}
+
+#[test]
+fn sentencepiece_vocabulary_with_byte_fallback() {
+    let g = GgufFile::parse(spm_gguf()).unwrap();
+    let t = Tokenizer::from_gguf(&g).unwrap();
+    let id = |s: &str| t.token_id(s).unwrap();
+    // BOS first (the model asks for it), whole-word pieces, spaces as ▁
+    assert_eq!(t.encode("hello world").unwrap(), vec![1, id("▁hello"), id("▁world")]);
+    assert_eq!(t.encode("the hello").unwrap(), vec![1, id("▁the"), id("▁hello")]);
+    // characters outside the vocabulary fall back to their UTF-8 bytes
+    let ids = t.encode("hé").unwrap();
+    assert_eq!(ids, vec![1, id("▁h"), id("<0xC3>"), id("<0xA9>")]);
+    for text in ["hello world", "héllo wörld", "  two  spaces", "emoji 🦀", "the\tend\n"] {
+        let ids = t.encode(text).unwrap();
+        assert_eq!(t.decode(&ids, true).unwrap(), text, "round trip of {text:?}");
+    }
+    // special tokens written in the text are parsed as special
+    assert!(t.encode("</s>hello").unwrap().contains(&2));
+    let chat = t.apply_chat_template(&[Message::new("user", "  hi  ")], true).unwrap();
+    assert_eq!(chat, "<s>[USER] hi\n[ASSISTANT]");
+    assert!(t.end_of_turn().contains(&2));
+}
+
+#[test]
+fn tokenizer_json_with_config() {
+    let dir = std::env::temp_dir().join(format!("kvdecode-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // a small byte-level BPE in Hugging Face's format
+    let mut vocab = serde_json::Map::new();
+    let bytes: Vec<char> = (b'!'..=b'~').map(|b| b as char).chain(['Ġ', 'Ċ']).collect();
+    for (i, c) in bytes.iter().enumerate() {
+        vocab.insert(c.to_string(), serde_json::json!(i));
+    }
+    let n = vocab.len();
+    for (i, m) in ["Ġt", "he", "Ġthe", "Ġw", "or", "ld"].iter().enumerate() {
+        vocab.insert(m.to_string(), serde_json::json!(n + i));
+    }
+    vocab.insert("<|end|>".into(), serde_json::json!(n + 6));
+    let tj = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": n + 6, "content": "<|end|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab,
+                  "merges": ["Ġ t", "h e", "Ġt he", "Ġ w", "o r", "l d"]}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tj.to_string()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({"eos_token": "<|end|>", "chat_template": "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"}).to_string(),
+    )
+    .unwrap();
+    let t = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    assert_eq!(t.eos, Some((n + 6) as u32));
+    let ids = t.encode("a the world<|end|>").unwrap();
+    assert_eq!(*ids.last().unwrap(), (n + 6) as u32);
+    assert!(ids.contains(&t.token_id("Ġthe").unwrap()));
+    assert_eq!(t.decode(&ids, false).unwrap(), "a the world<|end|>");
+    assert_eq!(t.apply_chat_template(&[Message::new("user", "x")], false).unwrap(), "x<|end|>");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn gguf_version_2_reads_like_3() {
+    let mut bytes = spm_gguf();
+    bytes[4] = 2;
+    let g = GgufFile::parse(bytes).unwrap();
+    assert_eq!(g.version, 2);
+    assert!(g.weights().is_ok());
+}
