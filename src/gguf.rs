@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::config::{check_file_dims, ModelConfig};
+use crate::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig};
 use crate::error::{file_err, Error, Result};
 use crate::quant::QuantKind;
 use crate::weights::{Half, LayerWeights, Matrix, ModelWeights};
@@ -342,17 +342,18 @@ impl GgufFile {
         Ok(floats(t.ty, &self.bytes[t.range.clone()]))
     }
 
-    /// The model config from the metadata (architecture `llama`).
+    /// The model config from the metadata (architectures `llama`, `qwen3`, `gemma3`).
     pub fn config(&self) -> Result<ModelConfig> {
-        let arch = self.get("general.architecture").and_then(Value::as_str).unwrap_or("");
-        if arch != "llama" {
-            return Err(Error::Config(format!("GGUF architecture {arch:?} is not supported (supported: llama)")));
-        }
+        let arch = self.arch()?;
         let p = |k: &str| format!("{arch}.{k}");
         let d = self.need_u(&p("embedding_length"))?;
         let heads = self.need_u(&p("attention.head_count"))?;
         let kv_heads = self.get(&p("attention.head_count_kv")).and_then(Value::as_u64).map_or(heads, |v| v as usize);
-        let head_dim = match self.get(&p("rope.dimension_count")).and_then(Value::as_u64) {
+        let head_dim = match self
+            .get(&p("attention.key_length"))
+            .or_else(|| self.get(&p("rope.dimension_count")))
+            .and_then(Value::as_u64)
+        {
             Some(v) => v as usize,
             None => d.checked_div(heads).unwrap_or(0),
         };
@@ -383,13 +384,50 @@ impl GgufFile {
                 self.tensors.len()
             )));
         }
-        let c = ModelConfig::llama(vocab, d, heads, kv_heads, head_dim, ffn, layers, theta, eps, tied);
+        let mut c = ModelConfig::llama(vocab, d, heads, kv_heads, head_dim, ffn, layers, theta, eps, tied);
+        match arch {
+            "qwen3" => c.qk_norm = true,
+            "gemma3" => {
+                // llama.cpp's Gemma 3: every 6th layer global, the rest a sliding window with RoPE
+                // base 1e4; norms stored as 1 + w already (the converter adds the 1), so plain `w`
+                let window = self.need_u(&p("attention.sliding_window"))?;
+                let mut group = 0;
+                for (i, l) in c.layers.iter_mut().enumerate() {
+                    *l = if (i + 1) % 6 == 0 {
+                        group += 1;
+                        LayerSpec { global_group: Some(group - 1), writes_global: true, local: false }
+                    } else {
+                        LayerSpec { global_group: None, writes_global: false, local: true }
+                    };
+                }
+                c.window = window;
+                c.rope_theta_local = 10000.0;
+                c.qk_norm = true;
+                c.post_norms = true;
+                c.mlp = MlpKind::GeluTanhGated;
+                c.embed_scale = (d as f32).sqrt();
+                c.attn_scale = (head_dim as f32).powf(-0.5);
+                c.logit_softcap = self.get(&p("final_logit_softcapping")).and_then(Value::as_f64).map(|v| v as f32);
+            }
+            _ => {}
+        }
         c.validate()?;
         Ok(c)
     }
 
-    /// The model's weights. llama.cpp stores Q and K rows permuted for its interleaved RoPE; they
-    /// are put back in the half-split order kvdecode (and Hugging Face) rotate in.
+    /// The architecture, if supported.
+    fn arch(&self) -> Result<&str> {
+        let arch = self.get("general.architecture").and_then(Value::as_str).unwrap_or("");
+        match arch {
+            "llama" | "qwen3" | "gemma3" => Ok(arch),
+            _ => Err(Error::Config(format!(
+                "GGUF architecture {arch:?} is not supported (supported: llama, qwen3, gemma3)"
+            ))),
+        }
+    }
+
+    /// The model's weights. For `llama`, llama.cpp stores Q and K rows permuted for its interleaved
+    /// RoPE; they are put back in the half-split order kvdecode (and Hugging Face) rotate in.
     pub fn weights(&self) -> Result<ModelWeights> {
         self.weights_with_progress(&mut |_, _| {})
     }
@@ -397,24 +435,34 @@ impl GgufFile {
     /// [`GgufFile::weights`], calling `progress(layers_done, layers)` as layers are read.
     pub fn weights_with_progress(&self, progress: &mut dyn FnMut(usize, usize)) -> Result<ModelWeights> {
         let cfg = self.config()?;
+        let arch = self.arch()?;
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim);
         let mut layers = Vec::new();
         for i in 0..cfg.n_layers() {
             let b = |s: &str| format!("blk.{i}.{s}.weight");
-            let wq = unpermute(&self.matrix(&b("attn_q"), hd, d)?, cfg.n_heads);
-            let wk = unpermute(&self.matrix(&b("attn_k"), kvd, d)?, cfg.n_kv_heads);
+            // only llama.cpp's llama converter permutes Q/K rows (qwen3 and gemma3 are stored as
+            // Hugging Face has them)
+            let (mut wq, mut wk) = (self.matrix(&b("attn_q"), hd, d)?, self.matrix(&b("attn_k"), kvd, d)?);
+            if arch == "llama" {
+                wq = unpermute(&wq, cfg.n_heads);
+                wk = unpermute(&wk, cfg.n_kv_heads);
+            }
             let wv = self.matrix(&b("attn_v"), kvd, d)?;
+            let kv = Matrix::vstack(&[wk, wv])?;
+            let spec = cfg.layers[i];
+            let opt = |name: &str, n: usize, want: bool| want.then(|| self.vector(&b(name), n)).transpose();
+            let gemma = arch == "gemma3";
             layers.push(LayerWeights {
                 attn_norm: Some(self.vector(&b("attn_norm"), d)?),
                 wq,
-                q_norm: None,
-                k_norm: None,
-                kv_global: Some(Matrix::vstack(&[wk, wv])?),
-                kv_local: None,
+                q_norm: opt("attn_q_norm", cfg.head_dim, cfg.qk_norm)?,
+                k_norm: opt("attn_k_norm", cfg.head_dim, cfg.qk_norm)?,
+                kv_global: spec.writes_global.then(|| kv.clone()),
+                kv_local: spec.local.then_some(kv),
                 wo: self.matrix(&b("attn_output"), d, hd)?,
-                post_attn_norm: None,
+                post_attn_norm: opt("post_attention_norm", d, gemma)?,
                 mlp_norm: Some(self.vector(&b("ffn_norm"), d)?),
-                post_mlp_norm: None,
+                post_mlp_norm: opt("post_ffw_norm", d, gemma)?,
                 mlp_in: Matrix::vstack(&[
                     self.matrix(&b("ffn_gate"), cfg.ffn, d)?,
                     self.matrix(&b("ffn_up"), cfg.ffn, d)?,

@@ -163,3 +163,27 @@ fn llama_config_forms_and_unknown_architectures() {
     huge["num_hidden_layers"] = json!(1u64 << 31);
     assert!(format!("{}", config_from_json(&huge.to_string()).unwrap_err()).contains("layers is more than"));
 }
+
+#[test]
+fn qwen3_and_gemma3_gguf_match_reference() {
+    use common::gguf_writer::{write_arch, Store};
+    let mut q = base("qwen3");
+    q["rope_theta"] = json!(1000000.0);
+    let mut g = base("gemma3_text");
+    g["num_hidden_layers"] = json!(6); // llama.cpp's Gemma 3: layers 6, 12, ... are global
+    g["sliding_window"] = json!(4);
+    g["tie_word_embeddings"] = json!(true);
+    for (cfg, arch) in [(q, "qwen3"), (g, "gemma3")] {
+        let (c, _) = config_from_json(&cfg.to_string()).unwrap();
+        let w = model(&c, 143).quantized(kvdecode::quant::QuantKind::Q8_0).unwrap();
+        let bytes = write_arch(&w, Store::Blocks, arch, Vec::new());
+        let back = kvdecode::gguf::GgufFile::parse(bytes).unwrap().weights().unwrap();
+        assert_eq!(back.cfg.layers, w.cfg.layers, "{arch}");
+        // the same model (Gemma's 1 + w norms arrive pre-added): same reference logits
+        let seq: Vec<u32> = (0..20).map(|i| (i * 11 + 5) % 96).collect();
+        let a = kvdecode::reference::forward(&w, &seq).unwrap();
+        let b = kvdecode::reference::forward(&back, &seq).unwrap();
+        assert!(max_abs_diff(&a, &b) <= 1e-5, "{arch}: {}", max_abs_diff(&a, &b));
+        decode_against_reference(&back, 1e-4);
+    }
+}

@@ -45,20 +45,35 @@ pub fn write_llama(w: &ModelWeights, store: Store) -> Vec<u8> {
 
 /// [`write_llama`] with extra metadata (a tokenizer, say).
 pub fn write_llama_with(w: &ModelWeights, store: Store, extra: Vec<(&str, Meta)>) -> Vec<u8> {
+    write_arch(w, store, "llama", extra)
+}
+
+/// GGUF bytes of a `llama`, `qwen3` or `gemma3` model, as llama.cpp's converter writes them:
+/// Q/K rows permuted for llama only, Gemma norms stored as `1 + w`, Gemma's sliding window.
+pub fn write_arch(w: &ModelWeights, store: Store, arch: &str, extra: Vec<(&str, Meta)>) -> Vec<u8> {
     let c = &w.cfg;
+    let key = |k: &str| -> &'static str { Box::leak(format!("{arch}.{k}").into_boxed_str()) };
     let mut meta: Vec<(&str, Meta)> = vec![
-        ("general.architecture", Meta::Str("llama")),
-        ("llama.block_count", Meta::U32(c.n_layers() as u32)),
-        ("llama.embedding_length", Meta::U32(c.d_model as u32)),
-        ("llama.feed_forward_length", Meta::U32(c.ffn as u32)),
-        ("llama.attention.head_count", Meta::U32(c.n_heads as u32)),
-        ("llama.attention.head_count_kv", Meta::U32(c.n_kv_heads as u32)),
-        ("llama.rope.freq_base", Meta::F32(c.rope_theta)),
-        ("llama.attention.layer_norm_rms_epsilon", Meta::F32(c.norm_eps)),
-        ("llama.vocab_size", Meta::U32(c.vocab as u32)),
-        ("llama.rope.dimension_count", Meta::U32(c.head_dim as u32)),
+        ("general.architecture", Meta::Str(Box::leak(arch.to_string().into_boxed_str()))),
+        (key("block_count"), Meta::U32(c.n_layers() as u32)),
+        (key("embedding_length"), Meta::U32(c.d_model as u32)),
+        (key("feed_forward_length"), Meta::U32(c.ffn as u32)),
+        (key("attention.head_count"), Meta::U32(c.n_heads as u32)),
+        (key("attention.head_count_kv"), Meta::U32(c.n_kv_heads as u32)),
+        (key("rope.freq_base"), Meta::F32(c.rope_theta)),
+        (key("attention.layer_norm_rms_epsilon"), Meta::F32(c.norm_eps)),
+        (key("vocab_size"), Meta::U32(c.vocab as u32)),
+        (key("attention.key_length"), Meta::U32(c.head_dim as u32)),
     ];
+    if arch == "gemma3" {
+        meta.push((key("attention.sliding_window"), Meta::U32(c.window as u32)));
+        if let Some(s) = c.logit_softcap {
+            meta.push((key("final_logit_softcapping"), Meta::F32(s)));
+        }
+    }
     meta.extend(extra);
+    let gemma = arch == "gemma3";
+    let shift = |v: &Vec<f32>| -> Vec<f32> { v.iter().map(|x| if gemma { x + 1.0 } else { *x }).collect() };
     // (name, dims, type id, bytes)
     let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = Vec::new();
     let mut mat = |name: String, m: &Matrix| {
@@ -84,7 +99,7 @@ pub fn write_llama_with(w: &ModelWeights, store: Store, extra: Vec<(&str, Meta)>
         mat("output.weight".into(), h);
     }
     for (i, l) in w.layers.iter().enumerate() {
-        let kv = l.kv_global.as_ref().expect("llama layer");
+        let kv = l.kv_global.as_ref().or(l.kv_local.as_ref()).expect("a K/V projection");
         let k = Matrix { rows: kvd, cols: kv.cols, data: kv.data[..kvd * kv.cols].to_vec(), quant: None, half: None };
         let v = Matrix { rows: kvd, cols: kv.cols, data: kv.data[kvd * kv.cols..].to_vec(), quant: None, half: None };
         let split = |m: &Matrix, from: usize, rows: usize| -> Matrix {
@@ -105,18 +120,34 @@ pub fn write_llama_with(w: &ModelWeights, store: Store, extra: Vec<(&str, Meta)>
             out
         };
         let (k, v) = if kv.quant.is_some() { (split(kv, 0, kvd), split(kv, kvd, kvd)) } else { (k, v) };
-        mat(format!("blk.{i}.attn_q.weight"), &permute(&l.wq, c.n_heads));
-        mat(format!("blk.{i}.attn_k.weight"), &permute(&k, c.n_kv_heads));
+        if arch == "llama" {
+            mat(format!("blk.{i}.attn_q.weight"), &permute(&l.wq, c.n_heads));
+            mat(format!("blk.{i}.attn_k.weight"), &permute(&k, c.n_kv_heads));
+        } else {
+            mat(format!("blk.{i}.attn_q.weight"), &l.wq);
+            mat(format!("blk.{i}.attn_k.weight"), &k);
+        }
         mat(format!("blk.{i}.attn_v.weight"), &v);
         mat(format!("blk.{i}.attn_output.weight"), &l.wo);
         mat(format!("blk.{i}.ffn_gate.weight"), &split(&l.mlp_in, 0, c.ffn));
         mat(format!("blk.{i}.ffn_up.weight"), &split(&l.mlp_in, c.ffn, c.ffn));
         mat(format!("blk.{i}.ffn_down.weight"), &l.mlp_out);
     }
-    let mut vecs: Vec<(String, &Vec<f32>)> = vec![("output_norm.weight".into(), w.final_norm.as_ref().expect("norm"))];
+    let mut vecs: Vec<(String, Vec<f32>)> =
+        vec![("output_norm.weight".into(), shift(w.final_norm.as_ref().expect("norm")))];
     for (i, l) in w.layers.iter().enumerate() {
-        vecs.push((format!("blk.{i}.attn_norm.weight"), l.attn_norm.as_ref().expect("norm")));
-        vecs.push((format!("blk.{i}.ffn_norm.weight"), l.mlp_norm.as_ref().expect("norm")));
+        vecs.push((format!("blk.{i}.attn_norm.weight"), shift(l.attn_norm.as_ref().expect("norm"))));
+        vecs.push((format!("blk.{i}.ffn_norm.weight"), shift(l.mlp_norm.as_ref().expect("norm"))));
+        for (name, v) in [
+            ("attn_q_norm", &l.q_norm),
+            ("attn_k_norm", &l.k_norm),
+            ("post_attention_norm", &l.post_attn_norm),
+            ("post_ffw_norm", &l.post_mlp_norm),
+        ] {
+            if let Some(v) = v {
+                vecs.push((format!("blk.{i}.{name}.weight"), shift(v)));
+            }
+        }
     }
     for (n, v) in vecs {
         tensors.push((n, vec![v.len() as u64], 0, v.iter().flat_map(|x| x.to_le_bytes()).collect()));
