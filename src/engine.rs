@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::cache::{KvCache, KvDtype};
 use crate::config::{MlpKind, ModelConfig};
+pub use crate::decode::{Turn, TurnLimit};
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gpu_weights::{GpuLayer, GpuMatrix, GpuWeights, WeightDtype};
@@ -60,26 +61,6 @@ impl Logits {
     pub fn row(&self, r: usize) -> Option<&[f32]> {
         self.valid.get(r).copied().unwrap_or(false).then(|| &self.data[r * self.vocab..(r + 1) * self.vocab])
     }
-}
-
-/// When a decoded turn ends.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TurnLimit {
-    /// Most tokens in the turn.
-    pub max_new: usize,
-    /// Token ids that end the turn (returned, not appended).
-    pub stop: Vec<u32>,
-}
-
-/// One decoded turn of a row.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Turn {
-    /// Sampled tokens, the stop token included when the turn stopped on one.
-    pub tokens: Vec<u32>,
-    /// Log-probability of each token (see [`Sampler`]).
-    pub logprobs: Vec<f32>,
-    /// Whether the turn ended on a stop token (else on `max_new`).
-    pub stopped: bool,
 }
 
 /// Counters for the benchmark.
@@ -158,7 +139,7 @@ impl Dispatch {
 }
 
 /// Activation buffers, sized once for `rows * chunk` tokens.
-struct Scratch {
+pub(crate) struct Scratch {
     step: wgpu::Buffer,       // uniform Step
     row_info: wgpu::Buffer,   // [rows] RowInfo
     ids: wgpu::Buffer,        // [rows * chunk] u32
@@ -179,7 +160,7 @@ struct Scratch {
     all_logits: wgpu::Buffer, // [all_logits_tokens, vocab]
     dummy: wgpu::Buffer,      // bound where a kernel's optional input is absent
     logits_read: wgpu::Buffer,
-    sampled_read: wgpu::Buffer, // [max_window, 2, rows]: one slot per multi-step step
+    pub(crate) sampled_read: wgpu::Buffer, // [max_window, 2, rows]: one slot per multi-step step
     all_logits_read: wgpu::Buffer,
 }
 
@@ -188,9 +169,9 @@ pub struct Engine {
     gpu: Gpu,
     cfg: ModelConfig,
     pipelines: Pipelines,
-    cache: KvCache,
+    pub(crate) cache: KvCache,
     chunk: usize,
-    s: Scratch,
+    pub(crate) s: Scratch,
     _weights: GpuWeights,
     _rope: HashMap<u32, wgpu::Buffer>,
     /// Every dispatch of one chunk up to the final hidden states, in order.
@@ -201,14 +182,13 @@ pub struct Engine {
     all_head_dispatches: Vec<Dispatch>,
     all_logits_tokens: usize,
     /// Most steps per multi-step window: `rollback + 1`.
-    max_window: usize,
+    pub(crate) max_window: usize,
     sample_dispatch: Dispatch,
     stats: Stats,
 }
 
 /// Everything the per-layer builder needs to see while it builds dispatches.
 struct Builder<'a> {
-    gpu: &'a Gpu,
     cfg: &'a ModelConfig,
     pipelines: &'a Pipelines,
     cache: &'a KvCache,
@@ -541,8 +521,7 @@ impl Engine {
             }
         }
         let pipelines = Pipelines::new(&gpu.device);
-        let bld = Builder { gpu, cfg: &cfg, pipelines: &pipelines, cache: &cache, s: &s, rope: &rope, gw: &gw };
-        let _ = bld.gpu;
+        let bld = Builder { cfg: &cfg, pipelines: &pipelines, cache: &cache, s: &s, rope: &rope, gw: &gw };
         let mut chunk_dispatches = Vec::new();
         // embedding gather, one dispatch per table part
         for p in &gw.embed.parts {
@@ -758,7 +737,13 @@ impl Engine {
     }
 
     /// Validate a call; the error names the row, index or limit.
-    fn check(&self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<Vec<usize>> {
+    pub(crate) fn check(
+        &self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+    ) -> Result<Vec<usize>> {
         let cache_rows: Vec<usize> = match rows {
             Some(r) => {
                 self.cache.check_rows(r)?;
@@ -802,7 +787,7 @@ impl Engine {
     /// submit it. `n_sub[r]` tokens of chunk row `r` start at `ids[r * stride + start]`; with
     /// `ids_from_sampled`, the ids are instead last step's sampled ids (one per row, on the GPU).
     #[allow(clippy::too_many_arguments)]
-    fn submit_chunk(
+    pub(crate) fn submit_chunk(
         &mut self,
         cache_rows: &[usize],
         n_sub: &[usize],
@@ -964,155 +949,6 @@ impl Engine {
             .collect())
     }
 
-    /// Multi-step decode: enqueue `steps` single-token steps on `rows` before reading anything
-    /// back. Step 0 feeds `first[r]`; every later step feeds the id sampled by the step before,
-    /// straight from GPU memory. Returns the `steps` sampled ids of each row (the last one is not
-    /// yet appended: feed it next). One readback for the whole window; `steps` is at most
-    /// `rollback + 1`, so a row that should have stopped early can be rolled back exactly
-    /// (see [`Engine::decode_until`]).
-    pub fn decode_steps(
-        &mut self,
-        rows: &[usize],
-        first: &[u32],
-        samplers: &[Sampler],
-        steps: usize,
-    ) -> Result<Vec<Vec<u32>>> {
-        Ok(self.decode_steps_logprobs(rows, first, samplers, steps)?.into_iter().map(|r| r.0).collect())
-    }
-
-    /// [`Engine::decode_steps`] that also returns each sampled token's log-probability under the
-    /// distribution it was drawn from (see [`Sampler`]).
-    pub fn decode_steps_logprobs(
-        &mut self,
-        rows: &[usize],
-        first: &[u32],
-        samplers: &[Sampler],
-        steps: usize,
-    ) -> Result<Vec<(Vec<u32>, Vec<f32>)>> {
-        let r_n = rows.len();
-        if first.len() != r_n || samplers.len() != r_n {
-            return Err(Error::Input(format!(
-                "decode_steps: {r_n} rows, {} first ids, {} samplers",
-                first.len(),
-                samplers.len()
-            )));
-        }
-        if steps == 0 || steps > self.max_window {
-            return Err(Error::Input(format!("decode_steps: steps {steps} must be in 1..={}", self.max_window)));
-        }
-        for (r, s) in samplers.iter().enumerate() {
-            s.check(r)?;
-        }
-        // the window's capacity is checked up front: every row must have room for all its steps
-        let n_new = vec![steps; r_n];
-        let pad: Vec<u32> = (0..r_n * steps).map(|i| if i % steps == 0 { first[i / steps] } else { 0 }).collect();
-        let cache_rows = self.check(&pad, steps, &n_new, Some(rows))?;
-        let ones = vec![1usize; r_n];
-        for step in 0..steps {
-            let from_gpu = step > 0;
-            self.submit_chunk(
-                &cache_rows,
-                &ones,
-                first,
-                1,
-                0,
-                Some(samplers),
-                from_gpu,
-                Output::Sampled { slot: step },
-            );
-        }
-        let mut raw = vec![0u32; steps * r_n * 2];
-        self.read(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut raw))?;
-        let mut out = vec![(Vec::with_capacity(steps), Vec::with_capacity(steps)); r_n];
-        for step in 0..steps {
-            for (r, o) in out.iter_mut().enumerate() {
-                o.0.push(raw[step * r_n * 2 + r]);
-                o.1.push(f32::from_bits(raw[step * r_n * 2 + r_n + r]));
-            }
-        }
-        // step 0 recorded `first`; the ids fed from the GPU are known now: all sampled but the last
-        for (r, &row) in cache_rows.iter().enumerate() {
-            self.cache.history_cpu[row].extend_from_slice(&out[r].0[..steps - 1]);
-        }
-        Ok(out)
-    }
-
-    /// Decode until each row samples a stop token (`is_stop`) or `max_new` tokens, enqueueing
-    /// `window` steps per readback. A row that stops inside a window is rolled back, so it ends
-    /// exactly as if it had stopped on time: its stop token is returned but not appended.
-    pub fn decode_until(
-        &mut self,
-        rows: &[usize],
-        first: &[u32],
-        samplers: &[Sampler],
-        max_new: usize,
-        window: usize,
-        is_stop: impl Fn(u32) -> bool,
-    ) -> Result<Vec<Vec<u32>>> {
-        let limits = vec![TurnLimit { max_new, stop: Vec::new() }; rows.len()];
-        let turns = self.decode_turns(rows, first, samplers, &limits, window, &|_, t| is_stop(t))?;
-        Ok(turns.into_iter().map(|t| t.tokens).collect())
-    }
-
-    /// Decode one turn on each row: feed `first[i]`, then sampled tokens, until row `i` samples
-    /// one of `limits[i].stop` (or `extra_stop(i, token)` says so) or has `limits[i].max_new`
-    /// tokens. `window` steps are enqueued per readback (at most `rollback + 1`); rows that
-    /// stopped inside a window are rolled back exactly. The stop token is returned (with its
-    /// logprob) but not appended, so the next append continues right after the turn.
-    pub fn decode_turns(
-        &mut self,
-        rows: &[usize],
-        first: &[u32],
-        samplers: &[Sampler],
-        limits: &[TurnLimit],
-        window: usize,
-        extra_stop: &dyn Fn(usize, u32) -> bool,
-    ) -> Result<Vec<Turn>> {
-        if limits.len() != rows.len() {
-            return Err(Error::Input(format!("decode_turns: {} rows, {} limits", rows.len(), limits.len())));
-        }
-        let window = window.clamp(1, self.max_window);
-        let mut out: Vec<Turn> = vec![Turn::default(); rows.len()];
-        let mut live: Vec<usize> = (0..rows.len()).filter(|&i| limits[i].max_new > 0).collect();
-        let mut feed: Vec<u32> = first.to_vec();
-        while !live.is_empty() {
-            let room = live.iter().map(|&i| limits[i].max_new - out[i].tokens.len()).min().unwrap_or(1);
-            let steps = window.min(room).max(1);
-            let live_rows: Vec<usize> = live.iter().map(|&i| rows[i]).collect();
-            let live_feed: Vec<u32> = live.iter().map(|&i| feed[i]).collect();
-            let live_samplers: Vec<Sampler> = live.iter().map(|&i| samplers[i]).collect();
-            let got = self.decode_steps_logprobs(&live_rows, &live_feed, &live_samplers, steps)?;
-            let mut still = Vec::new();
-            let (mut back_rows, mut back_n) = (Vec::new(), Vec::new());
-            for (k, &i) in live.iter().enumerate() {
-                let (toks, lps) = &got[k];
-                let is_stop = |t: u32| limits[i].stop.contains(&t) || extra_stop(i, t);
-                // tokens kept: up to and including the first stop, and at most max_new in all
-                let mut keep = toks.len().min(limits[i].max_new - out[i].tokens.len());
-                if let Some(p) = toks[..keep].iter().position(|&t| is_stop(t)) {
-                    keep = p + 1;
-                    out[i].stopped = true;
-                }
-                out[i].tokens.extend_from_slice(&toks[..keep]);
-                out[i].logprobs.extend_from_slice(&lps[..keep]);
-                // this window appended feed + toks[..steps - 1]; a finished row keeps
-                // feed + toks[..keep - 1]: its last sampled token is returned, not appended
-                if out[i].stopped || out[i].tokens.len() >= limits[i].max_new {
-                    if steps > keep {
-                        back_rows.push(rows[i]);
-                        back_n.push(steps - keep);
-                    }
-                } else {
-                    feed[i] = toks[keep - 1];
-                    still.push(i);
-                }
-            }
-            self.rollback(&back_rows, &back_n)?;
-            live = still;
-        }
-        Ok(out)
-    }
-
     /// Test hook: the raw bytes of group `g`'s global K and V, all shards in row order
     /// (allocates; not for decoding).
     #[doc(hidden)]
@@ -1143,7 +979,7 @@ impl Engine {
     }
 
     /// Map a readback buffer and copy its first `out.len()` bytes.
-    fn read(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
+    pub(crate) fn read(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
         let slice = buf.slice(..out.len() as u64);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -1167,7 +1003,7 @@ impl Engine {
 
 /// What a chunk copies out for readback.
 #[derive(Clone, Copy, Debug)]
-enum Output {
+pub(crate) enum Output {
     None,
     /// Logits at each row's last real token.
     Logits,

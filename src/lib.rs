@@ -22,6 +22,7 @@ pub mod batching;
 pub mod cache;
 pub mod compat;
 pub mod config;
+pub mod decode;
 pub mod device;
 pub mod engine;
 pub mod engram;
