@@ -87,16 +87,7 @@ impl Tokenizer {
         };
         let vocab: serde_json::Map<String, Json> =
             tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
-        // control (3) and user-defined (4) tokens are matched whole in text
-        let added: Vec<Json> = types
-            .iter()
-            .enumerate()
-            .filter(|(_, &t)| t == 3 || t == 4)
-            .map(|(i, &t)| {
-                json!({"id": i, "content": tokens.get(i).copied().unwrap_or(""), "single_word": false, "lstrip": false,
-                       "rstrip": false, "normalized": false, "special": t == 3})
-            })
-            .collect();
+        let added = added_tokens(&tokens, &types);
         let spec = json!({
             "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
             "pre_tokenizer": pre_tokenizer, "post_processor": null,
@@ -105,18 +96,7 @@ impl Tokenizer {
                       "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
                       "vocab": vocab, "merges": merges}
         });
-        let inner = spec
-            .to_string()
-            .parse::<tokenizers::Tokenizer>()
-            .map_err(|e| Error::Config(format!("GGUF tokenizer: {e}")))?;
-        let id = |k: &str| g.get(k).and_then(Value::as_u64).map(|v| v as u32);
-        Ok(Tokenizer {
-            inner,
-            bos: id("tokenizer.ggml.bos_token_id"),
-            eos: id("tokenizer.ggml.eos_token_id"),
-            add_bos: matches!(g.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true))),
-            chat_template: g.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_string),
-        })
+        Self::from_gguf_spec(g, spec, false)
     }
 
     /// A SentencePiece-style (`llama`) GGUF vocabulary as Hugging Face models it: BPE whose merges
@@ -155,15 +135,7 @@ impl Tokenizer {
         let merges: Vec<String> = merges.iter().map(|m| format!("{} {}", m.3, m.4)).collect();
         let vocab: serde_json::Map<String, Json> =
             tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
-        let added: Vec<Json> = types
-            .iter()
-            .enumerate()
-            .filter(|(_, &t)| t == 3 || t == 4)
-            .map(|(i, &t)| {
-                json!({"id": i, "content": tokens.get(i).copied().unwrap_or(""), "single_word": false, "lstrip": false,
-                       "rstrip": false, "normalized": false, "special": t == 3})
-            })
-            .collect();
+        let added = added_tokens(&tokens, &types);
         let unk = types.iter().position(|&t| t == 2).and_then(|i| tokens.get(i)).map(|s| s.to_string());
         let prefix = !matches!(g.get("tokenizer.ggml.add_space_prefix"), Some(Value::Bool(false)));
         let mut normalizers = Vec::new();
@@ -188,6 +160,12 @@ impl Tokenizer {
                       "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
                       "vocab": vocab, "merges": merges}
         });
+        Self::from_gguf_spec(g, spec, true)
+    }
+
+    /// Build from a `tokenizer.json`-shaped spec, with BOS/EOS and the chat template from the
+    /// GGUF metadata (`add_bos_default` when the file does not say).
+    fn from_gguf_spec(g: &GgufFile, spec: Json, add_bos_default: bool) -> Result<Self> {
         let inner = spec
             .to_string()
             .parse::<tokenizers::Tokenizer>()
@@ -197,7 +175,10 @@ impl Tokenizer {
             inner,
             bos: id("tokenizer.ggml.bos_token_id"),
             eos: id("tokenizer.ggml.eos_token_id"),
-            add_bos: !matches!(g.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(false))),
+            add_bos: match g.get("tokenizer.ggml.add_bos_token") {
+                Some(Value::Bool(b)) => *b,
+                _ => add_bos_default,
+            },
             chat_template: g.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_string),
         })
     }
@@ -288,4 +269,17 @@ impl Tokenizer {
             })
             .map_err(|e| Error::Config(format!("chat template: {e}")))
     }
+}
+
+/// Control (type 3) and user-defined (type 4) tokens, matched whole in text, as added tokens.
+fn added_tokens(tokens: &[&str], types: &[u64]) -> Vec<Json> {
+    types
+        .iter()
+        .enumerate()
+        .filter(|(_, &t)| t == 3 || t == 4)
+        .map(|(i, &t)| {
+            json!({"id": i, "content": tokens.get(i).copied().unwrap_or(""), "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": t == 3})
+        })
+        .collect()
 }
