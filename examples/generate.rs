@@ -2,15 +2,18 @@
 //!
 //! `cargo run --release --example generate -- --model PATH --prompts FILE.jsonl [--rows S] [--prefill-chunk N] [--max-len L]`
 //!
-//! One request per line: `{"tokens": [..]}` (or `{"text": ".."}` once the model has a
-//! tokenizer), optional `"max_tokens"` (default 32), `"temperature"` (0 = greedy, the default),
-//! `"top_k"`, `"top_p"`, `"seed"`, `"stop"` (token ids). Prints one JSON line per request, in
-//! input order: `{"id": i, "tokens": [generated ids]}`, and a summary on stderr. PATH is a Hugging
-//! Face Llama directory, a kvdecode safetensors file, or `demo` for the embedded model.
+//! One request per line: `{"tokens": [..]}` or `{"text": ".."}` (when the model has a tokenizer),
+//! optional `"max_tokens"` (default 32), `"temperature"` (0 = greedy, the default), `"top_k"`,
+//! `"top_p"`, `"seed"`, `"stop"` (token ids). Prints one JSON line per request, in input order:
+//! `{"id": i, "tokens": [generated ids], "text": ".."}` (text when a tokenizer exists), and a
+//! summary on stderr. PATH is a GGUF file, a Hugging Face directory, a kvdecode safetensors file,
+//! or `demo` for the embedded model.
 
 use std::path::Path;
 use std::time::Instant;
 
+use kvdecode::gguf::GgufFile;
+use kvdecode::tokenizer::Tokenizer;
 use kvdecode::{Engine, EngineOptions, Gpu, ModelWeights, Request, Sampler, Scheduler};
 use serde_json::{json, Value};
 
@@ -33,17 +36,24 @@ fn run() -> Result<(), String> {
     let rows = num("--rows", 4)?;
     let prefill_chunk = num("--prefill-chunk", 32)?;
     let max_len = num("--max-len", 1024)?;
-    let model = if model_path == "demo" {
-        ModelWeights::demo()
-    } else if Path::new(&model_path).is_dir() {
-        kvdecode::hf::load_dir(&model_path).map_err(|e| e.to_string())?
+    // the model, and its tokenizer when it has one (GGUF metadata or tokenizer.json)
+    let path = Path::new(&model_path);
+    let (model, tok) = if model_path == "demo" {
+        (ModelWeights::demo(), None)
+    } else if path.is_dir() {
+        let tj = path.join("tokenizer.json");
+        let tok = if tj.exists() { Some(Tokenizer::from_file(&tj).map_err(|e| e.to_string())?) } else { None };
+        (kvdecode::hf::load_dir(path).map_err(|e| e.to_string())?, tok)
+    } else if path.extension().is_some_and(|e| e == "gguf") {
+        let g = GgufFile::open(path).map_err(|e| e.to_string())?;
+        (g.weights().map_err(|e| e.to_string())?, Some(Tokenizer::from_gguf(&g).map_err(|e| e.to_string())?))
     } else {
-        ModelWeights::load_safetensors(&model_path).map_err(|e| e.to_string())?
+        (ModelWeights::load_safetensors(path).map_err(|e| e.to_string())?, None)
     };
     let text = std::fs::read_to_string(&prompts).map_err(|e| format!("{prompts}: {e}"))?;
     let mut reqs = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        reqs.push(parse_request(line).map_err(|e| format!("{prompts}:{}: {e}", i + 1))?);
+        reqs.push(parse_request(line, tok.as_ref()).map_err(|e| format!("{prompts}:{}: {e}", i + 1))?);
     }
     let gpu = Gpu::new().map_err(|e| e.to_string())?;
     let mut engine = Engine::new(&gpu, &model, EngineOptions::new(rows, max_len)).map_err(|e| e.to_string())?;
@@ -56,7 +66,13 @@ fn run() -> Result<(), String> {
     let secs = t0.elapsed().as_secs_f64();
     let generated: usize = done.iter().map(|c| c.tokens.len()).sum();
     for c in &done {
-        println!("{}", json!({"id": c.id, "tokens": c.tokens}));
+        match &tok {
+            Some(t) => {
+                let text = t.decode(&c.tokens, true).map_err(|e| e.to_string())?;
+                println!("{}", json!({"id": c.id, "tokens": c.tokens, "text": text}));
+            }
+            None => println!("{}", json!({"id": c.id, "tokens": c.tokens})),
+        }
     }
     eprintln!(
         "{} requests, {generated} tokens in {secs:.2} s ({:.1} tokens/s) on {} with {rows} rows",
@@ -67,7 +83,7 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-fn parse_request(line: &str) -> Result<Request, String> {
+fn parse_request(line: &str, tok: Option<&Tokenizer>) -> Result<Request, String> {
     let v: Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
     let ids = |key: &str| -> Result<Option<Vec<u32>>, String> {
         match v.get(key) {
@@ -81,12 +97,16 @@ fn parse_request(line: &str) -> Result<Request, String> {
             Some(_) => Err(format!("\"{key}\" must be an array of token ids")),
         }
     };
-    let tokens = match (ids("tokens")?, v.get("text")) {
-        (Some(t), _) => t,
-        (None, Some(_)) => {
+    let tokens = match (ids("tokens")?, v.get("text"), tok) {
+        (Some(t), _, _) => t,
+        (None, Some(text), Some(tok)) => {
+            let text = text.as_str().ok_or("\"text\" must be a string")?;
+            tok.encode(text).map_err(|e| e.to_string())?
+        }
+        (None, Some(_), None) => {
             return Err("\"text\" needs a tokenizer, which this model does not have; give \"tokens\"".into())
         }
-        (None, None) => return Err("a request needs \"tokens\" (or \"text\")".into()),
+        (None, None, _) => return Err("a request needs \"tokens\" (or \"text\")".into()),
     };
     let f = |key: &str, default: f64| v.get(key).and_then(Value::as_f64).unwrap_or(default);
     let temperature = f("temperature", 0.0) as f32;
