@@ -32,6 +32,7 @@ impl Engine {
     /// yet appended: feed it next). One readback for the whole window; `steps` is at most
     /// `rollback + 1`, so a row that should have stopped early can be rolled back exactly
     /// (see [`Engine::decode_until`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn decode_steps(
         &mut self,
         rows: &[usize],
@@ -44,7 +45,19 @@ impl Engine {
 
     /// [`Engine::decode_steps`] that also returns each sampled token's log-probability under the
     /// distribution it was drawn from (see [`Sampler`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn decode_steps_logprobs(
+        &mut self,
+        rows: &[usize],
+        first: &[u32],
+        samplers: &[Sampler],
+        steps: usize,
+    ) -> Result<Vec<(Vec<u32>, Vec<f32>)>> {
+        pollster::block_on(self.decode_steps_async(rows, first, samplers, steps))
+    }
+
+    /// [`Engine::decode_steps_logprobs`] that awaits the readback instead of blocking.
+    pub async fn decode_steps_async(
         &mut self,
         rows: &[usize],
         first: &[u32],
@@ -84,7 +97,7 @@ impl Engine {
             );
         }
         let mut raw = vec![0u32; steps * r_n * 2];
-        self.read(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut raw))?;
+        self.read_async(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut raw)).await?;
         let mut out = vec![(Vec::with_capacity(steps), Vec::with_capacity(steps)); r_n];
         for step in 0..steps {
             for (r, o) in out.iter_mut().enumerate() {
@@ -102,6 +115,7 @@ impl Engine {
     /// Decode until each row samples a stop token (`is_stop`) or `max_new` tokens, enqueueing
     /// `window` steps per readback. A row that stops inside a window is rolled back, so it ends
     /// exactly as if it had stopped on time: its stop token is returned but not appended.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn decode_until(
         &mut self,
         rows: &[usize],
@@ -121,7 +135,21 @@ impl Engine {
     /// tokens. `window` steps are enqueued per readback (at most `rollback + 1`); rows that
     /// stopped inside a window are rolled back exactly. The stop token is returned (with its
     /// logprob) but not appended, so the next append continues right after the turn.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn decode_turns(
+        &mut self,
+        rows: &[usize],
+        first: &[u32],
+        samplers: &[Sampler],
+        limits: &[TurnLimit],
+        window: usize,
+        extra_stop: &dyn Fn(usize, u32) -> bool,
+    ) -> Result<Vec<Turn>> {
+        pollster::block_on(self.decode_turns_async(rows, first, samplers, limits, window, extra_stop))
+    }
+
+    /// [`Engine::decode_turns`] that awaits each window's readback instead of blocking.
+    pub async fn decode_turns_async(
         &mut self,
         rows: &[usize],
         first: &[u32],
@@ -143,7 +171,7 @@ impl Engine {
             let live_rows: Vec<usize> = live.iter().map(|&i| rows[i]).collect();
             let live_feed: Vec<u32> = live.iter().map(|&i| feed[i]).collect();
             let live_samplers: Vec<Sampler> = live.iter().map(|&i| samplers[i]).collect();
-            let got = self.decode_steps_logprobs(&live_rows, &live_feed, &live_samplers, steps)?;
+            let got = self.decode_steps_async(&live_rows, &live_feed, &live_samplers, steps).await?;
             let mut still = Vec::new();
             let (mut back_rows, mut back_n) = (Vec::new(), Vec::new());
             for (k, &i) in live.iter().enumerate() {

@@ -37,12 +37,15 @@ const INSTALL_HINT: &str = "install a Vulkan driver (Debian/Ubuntu: `apt-get ins
 
 impl Gpu {
     /// Acquire an adapter on the native backends (honouring `WGPU_BACKEND`) and create a device
-    /// that needs neither `shader-f16` nor subgroups. Blocks (natively) until done.
+    /// that needs neither `shader-f16` nor subgroups. Blocks until done (native only; the browser
+    /// uses [`Gpu::new_async`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self> {
         Self::with_options(&GpuOptions::default())
     }
 
     /// [`Gpu::new`] with options.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn with_options(opts: &GpuOptions) -> Result<Self> {
         pollster::block_on(Self::new_async(opts))
     }

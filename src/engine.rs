@@ -680,11 +680,24 @@ impl Engine {
     /// tokens (0 leaves the row untouched). `rows`: the cache rows the chunk rows refer to (a
     /// sub-batch); `None` means all cache rows in order. Returns the logits at each row's last real
     /// token. Everything is checked before anything is written: on error no row changes.
+    /// (Blocks until the GPU is done; [`Engine::append_async`] is the same without blocking.)
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn append(&mut self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<Logits> {
+        pollster::block_on(self.append_async(ids, width, n_new, rows))
+    }
+
+    /// [`Engine::append`] that awaits the readback instead of blocking (the browser's form).
+    pub async fn append_async(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+    ) -> Result<Logits> {
         let any = self.run(ids, width, n_new, rows, None, Output::Logits)?;
         let mut data = vec![0f32; n_new.len() * self.cfg.vocab];
         if any {
-            self.read(&self.s.logits_read, bytemuck::cast_slice_mut(&mut data))?;
+            self.read_async(&self.s.logits_read, bytemuck::cast_slice_mut(&mut data)).await?;
         }
         Ok(Logits { vocab: self.cfg.vocab, data, valid: n_new.iter().map(|&n| n > 0).collect() })
     }
@@ -697,6 +710,7 @@ impl Engine {
 
     /// Like [`Engine::append`], but samples on the GPU and reads back only the ids: `samplers[r]`
     /// picks chunk row `r`'s next token. Rows that received no token give `None`.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn append_sample(
         &mut self,
         ids: &[u32],
@@ -713,7 +727,20 @@ impl Engine {
     }
 
     /// [`Engine::append_sample`] that also returns each sampled token's log-probability.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn append_sample_logprobs(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Option<(u32, f32)>>> {
+        pollster::block_on(self.append_sample_logprobs_async(ids, width, n_new, rows, samplers))
+    }
+
+    /// [`Engine::append_sample_logprobs`] that awaits the readback instead of blocking.
+    pub async fn append_sample_logprobs_async(
         &mut self,
         ids: &[u32],
         width: usize,
@@ -730,7 +757,7 @@ impl Engine {
         let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Sampled { slot: 0 })?;
         let mut got = vec![0u32; 2 * n_new.len()];
         if any {
-            self.read(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut got))?;
+            self.read_async(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut got)).await?;
         }
         let r_n = n_new.len();
         Ok((0..r_n).map(|r| (n_new[r] > 0).then(|| (got[r], f32::from_bits(got[r_n + r])))).collect())
@@ -920,7 +947,19 @@ impl Engine {
     /// Like [`Engine::append`], but returns the logits at every real token of every row
     /// (`[row][token][vocab]`), for speculative verification. The whole call must fit one chunk:
     /// at most [`Engine::chunk_width`] tokens per row and `all_logits_tokens` (rows x width) in all.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn append_all_logits(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        pollster::block_on(self.append_all_logits_async(ids, width, n_new, rows))
+    }
+
+    /// [`Engine::append_all_logits`] that awaits the readback instead of blocking.
+    pub async fn append_all_logits_async(
         &mut self,
         ids: &[u32],
         width: usize,
@@ -940,7 +979,7 @@ impl Engine {
         let v = self.cfg.vocab;
         let mut data = vec![0f32; n_new.len() * longest * v];
         if any {
-            self.read(&self.s.all_logits_read, bytemuck::cast_slice_mut(&mut data))?;
+            self.read_async(&self.s.all_logits_read, bytemuck::cast_slice_mut(&mut data)).await?;
         }
         Ok(n_new
             .iter()
@@ -952,6 +991,7 @@ impl Engine {
     /// Test hook: the raw bytes of group `g`'s global K and V, all shards in row order
     /// (allocates; not for decoding).
     #[doc(hidden)]
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn debug_read_global(&self, g: usize) -> Result<(Vec<u8>, Vec<u8>)> {
         let shards = self.cache.global.get(g).ok_or_else(|| Error::Input(format!("no group {g}")))?;
         let (mut k, mut v) = (Vec::new(), Vec::new());
@@ -962,6 +1002,7 @@ impl Engine {
         Ok((k, v))
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
     fn debug_read(&self, src: &wgpu::Buffer) -> Result<Vec<u8>> {
         let size = src.size();
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -974,22 +1015,24 @@ impl Engine {
         enc.copy_buffer_to_buffer(src, 0, &staging, 0, size);
         self.gpu.queue.submit([enc.finish()]);
         let mut out = vec![0u8; size as usize];
-        self.read(&staging, &mut out)?;
+        pollster::block_on(self.read_async(&staging, &mut out))?;
         Ok(out)
     }
 
-    /// Map a readback buffer and copy its first `out.len()` bytes.
-    pub(crate) fn read(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
+    /// Map a readback buffer and copy its first `out.len()` bytes. Natively the map completes
+    /// inside `poll`; in the browser the event loop completes it while this awaits.
+    pub(crate) async fn read_async(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
         let slice = buf.slice(..out.len() as u64);
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx, rx) = futures_channel::oneshot::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
+        #[cfg(not(target_arch = "wasm32"))]
         self.gpu
             .device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))?;
-        rx.recv()
+        rx.await
             .map_err(|_| Error::Device("readback callback never ran".into()))?
             .map_err(|e| Error::Device(format!("readback failed: {e}")))?;
         {

@@ -18,8 +18,10 @@
 
 #![warn(missing_docs)]
 
+#[cfg(not(target_arch = "wasm32"))]
 pub mod batching;
 pub mod cache;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod compat;
 pub mod config;
 pub mod decode;
@@ -33,21 +35,26 @@ pub mod hf;
 pub mod npy;
 pub mod quant;
 pub mod reference;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod rollout;
 pub mod sampling;
 pub mod shaders;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod speculative;
 pub mod tokenizer;
 pub mod weights;
 
+#[cfg(not(target_arch = "wasm32"))]
 pub use batching::{Completion, Event, Finish, Request, Scheduler};
 pub use cache::{KvCache, KvDtype};
+#[cfg(not(target_arch = "wasm32"))]
 pub use compat::{PaddedBatch, SequenceCache};
 pub use config::{EngramConfig, LayerSpec, MlpKind, ModelConfig, NormKind};
 pub use device::{Gpu, GpuOptions};
 pub use engine::{Engine, EngineOptions, Logits, Stats, Turn, TurnLimit, CHUNK};
 pub use error::{Error, Result};
 pub use gpu_weights::WeightDtype;
+#[cfg(not(target_arch = "wasm32"))]
 pub use rollout::{Episode, Rollouts};
 pub use sampling::{argmax, sample_cpu, Sampler};
 pub use weights::{DiskDtype, EngramWeights, Half, LayerWeights, Matrix, ModelWeights, SplitMix64};
