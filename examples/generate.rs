@@ -1,6 +1,6 @@
 //! Serve a file of requests through the continuous-batching scheduler.
 //!
-//! `cargo run --release --example generate -- --model PATH --prompts FILE.jsonl [--rows S] [--prefill-chunk N] [--max-len L]`
+//! `cargo run --release --example generate -- --model PATH --prompts FILE.jsonl [--rows S] [--prefill-chunk N] [--max-len L] [--kv f32|f16] [--weights f32|f16]`
 //!
 //! One request per line: `{"tokens": [..]}` or `{"text": ".."}` (when the model has a tokenizer),
 //! optional `"max_tokens"` (default 32), `"temperature"` (0 = greedy, the default), `"top_k"`,
@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use kvdecode::gguf::GgufFile;
 use kvdecode::tokenizer::Tokenizer;
-use kvdecode::{Engine, EngineOptions, Gpu, ModelWeights, Request, Sampler, Scheduler};
+use kvdecode::{Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Request, Sampler, Scheduler, WeightDtype};
 use serde_json::{json, Value};
 
 fn main() {
@@ -56,7 +56,10 @@ fn run() -> Result<(), String> {
         reqs.push(parse_request(line, tok.as_ref()).map_err(|e| format!("{prompts}:{}: {e}", i + 1))?);
     }
     let gpu = Gpu::new().map_err(|e| e.to_string())?;
-    let mut engine = Engine::new(&gpu, &model, EngineOptions::new(rows, max_len)).map_err(|e| e.to_string())?;
+    let kv = if get("--kv").as_deref() == Some("f16") { KvDtype::F16 } else { KvDtype::F32 };
+    let weights = if get("--weights").as_deref() == Some("f16") { WeightDtype::F16 } else { WeightDtype::F32 };
+    let opts = EngineOptions { kv, weights, ..EngineOptions::new(rows, max_len) };
+    let mut engine = Engine::new(&gpu, &model, opts).map_err(|e| e.to_string())?;
     let mut sched = Scheduler::new(&engine, prefill_chunk);
     for (i, r) in reqs.into_iter().enumerate() {
         sched.submit(r).map_err(|e| format!("request {i}: {e}"))?;

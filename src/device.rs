@@ -105,9 +105,19 @@ impl Gpu {
         Ok(Gpu { device, queue, info, limits })
     }
 
-    /// One line describing the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) on Vulkan`.
+    /// One line describing the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) on Vulkan (llvmpipe)`.
+    /// Browsers often hide the adapter's name; then the device type stands in for it.
     pub fn describe(&self) -> String {
-        format!("{} on {:?} ({})", self.info.name, self.info.backend, self.info.driver)
+        let name = if self.info.name.is_empty() {
+            format!("{:?} adapter", self.info.device_type)
+        } else {
+            self.info.name.clone()
+        };
+        if self.info.driver.is_empty() {
+            format!("{name} on {:?}", self.info.backend)
+        } else {
+            format!("{name} on {:?} ({})", self.info.backend, self.info.driver)
+        }
     }
 
     /// Largest storage binding, in bytes.

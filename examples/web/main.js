@@ -19,7 +19,14 @@ async function load() {
     } else {
       session = await Session.demo(1024);
     }
-    $("adapter").textContent = session.adapter();
+    // the browser's own words for the adapter (wgpu may not see its name)
+    let info = "";
+    try {
+      const a = await navigator.gpu.requestAdapter();
+      const i = a.info ?? (await a.requestAdapterInfo?.());
+      if (i) info = [i.vendor, i.architecture, i.description].filter(Boolean).join(" ");
+    } catch (_) {}
+    $("adapter").textContent = session.adapter() + (info ? ` [${info}]` : "");
     $("status").textContent = which === "gguf" ? "GGUF loaded" : "demo model loaded";
     $("run").disabled = false;
   } catch (e) {

@@ -85,7 +85,8 @@ impl Session {
     pub fn chat_prompt(&self, user: &str) -> Result<Vec<u32>, JsValue> {
         self.get(|s| {
             let tok = s.tok.as_ref().ok_or(JsValue::from_str("this model has no tokenizer"))?;
-            let text = tok.apply_chat_template(&[Message::new("user", user)], true).unwrap_or_else(|_| user.to_string());
+            let text =
+                tok.apply_chat_template(&[Message::new("user", user)], true).unwrap_or_else(|_| user.to_string());
             tok.encode(&text).map_err(js)
         })?
     }
@@ -111,7 +112,8 @@ impl Session {
             let out = async {
                 s.engine.reset(&[0]).map_err(js)?;
                 let n = prompt.len();
-                let got = s.engine.append_sample_logprobs_async(&prompt, n, &[n], None, &[s.sampler]).await.map_err(js)?;
+                let got =
+                    s.engine.append_sample_logprobs_async(&prompt, n, &[n], None, &[s.sampler]).await.map_err(js)?;
                 Ok(JsValue::from(got[0].ok_or("empty prompt")?.0))
             }
             .await;
@@ -123,7 +125,8 @@ impl Session {
     pub fn step(&self, token: u32) -> Promise {
         future_to_promise(with(self.inner.clone(), move |mut s| async move {
             let out = async {
-                let got = s.engine.append_sample_logprobs_async(&[token], 1, &[1], None, &[s.sampler]).await.map_err(js)?;
+                let got =
+                    s.engine.append_sample_logprobs_async(&[token], 1, &[1], None, &[s.sampler]).await.map_err(js)?;
                 Ok(JsValue::from(got[0].ok_or("no token")?.0))
             }
             .await;

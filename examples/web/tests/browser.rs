@@ -2,7 +2,9 @@
 //! cached incremental decoding equals the CPU reference, both layouts, f32 and f16 K/V storage.
 //! Run with scripts/web-test.sh (wasm-bindgen-test-runner + chromedriver).
 
-use kvdecode::{argmax, reference, Engine, EngineOptions, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights, SplitMix64};
+use kvdecode::{
+    argmax, reference, Engine, EngineOptions, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights, SplitMix64,
+};
 use wasm_bindgen_test::*;
 
 wasm_bindgen_test_configure!(run_in_browser);

@@ -1,0 +1,71 @@
+// End-to-end test of the page: serve examples/web, open it in a headless browser, let it load the
+// demo model and decode N greedy tokens, and assert they equal the native engine's tokens for the
+// same model and prompt (passed in EXPECTED as a JSON array). Saves a screenshot.
+//   EXPECTED='[..]' node e2e.mjs [out.png]                  Chromium (Debian's; WebGPU on SwiftShader), playwright-core
+//   EXPECTED='[..]' BROWSER_KIND=firefox node e2e.mjs [out.png]   Firefox ESR (WebGPU on lavapipe), puppeteer-core over WebDriver BiDi
+import http from "node:http";
+import fs from "node:fs";
+import path from "node:path";
+import { chromium } from "playwright-core";
+import puppeteer from "puppeteer-core";
+
+const root = path.dirname(new URL(import.meta.url).pathname);
+const expected = JSON.parse(process.env.EXPECTED ?? "null");
+const shot = process.argv[2] ?? path.join(root, "screenshot.png");
+const firefox = process.env.BROWSER_KIND === "firefox";
+const browserPath = process.env.BROWSER ?? (firefox ? "/usr/bin/firefox-esr" : "/usr/bin/chromium");
+const types = { ".html": "text/html", ".js": "text/javascript", ".wasm": "application/wasm", ".css": "text/css" };
+
+const server = http.createServer((req, res) => {
+  const url = new URL(req.url, "http://x");
+  const file = path.join(root, url.pathname === "/" ? "index.html" : decodeURIComponent(url.pathname));
+  if (!file.startsWith(root) || !fs.existsSync(file)) { res.writeHead(404); res.end(); return; }
+  res.writeHead(200, { "content-type": types[path.extname(file)] ?? "application/octet-stream" });
+  fs.createReadStream(file).pipe(res);
+});
+await new Promise((r) => server.listen(0, "127.0.0.1", r));
+const port = server.address().port;
+
+const browser = firefox
+  ? await puppeteer.launch({
+      browser: "firefox",
+      executablePath: browserPath,
+      headless: true,
+      extraPrefsFirefox: { "dom.webgpu.enabled": true, "gfx.webgpu.ignore-blocklist": true },
+    })
+  : await chromium.launch({
+      executablePath: browserPath,
+      headless: true,
+      args: ["--no-sandbox", "--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
+    });
+let failed = false;
+try {
+  const page = await browser.newPage();
+  await page.setViewportSize?.({ width: 900, height: 640 });
+  await page.setViewport?.({ width: 900, height: 640 });
+  page.on("console", (m) => console.log("page:", m.text()));
+  page.on("pageerror", (e) => console.log("page error:", e.message));
+  const n = expected ? expected.length : 20;
+  await page.goto(`http://127.0.0.1:${port}/?auto=${n}`);
+  await page.waitForSelector("body[data-done='1']", { timeout: 240_000 });
+  const text = (sel) => page.evaluate((s) => document.querySelector(s).textContent, sel);
+  const got = JSON.parse(await text("#tokens"));
+  const adapter = await text("#adapter");
+  const tps = await text("#tps");
+  await page.screenshot({ path: shot });
+  console.log(`${firefox ? "firefox" : "chromium"}: adapter ${adapter}; ${n} tokens at ${tps} tokens/s; screenshot ${shot}`);
+  console.log(`page tokens:   ${JSON.stringify(got)}`);
+  if (expected) {
+    console.log(`native tokens: ${JSON.stringify(expected)}`);
+    if (JSON.stringify(got) !== JSON.stringify(expected)) { console.log("MISMATCH: the page's tokens differ from the native engine's"); failed = true; }
+    else console.log("page tokens equal the native engine's");
+  }
+} catch (e) {
+  console.log("e2e failed:", e.message);
+  failed = true;
+} finally {
+  await browser.close();
+  server.close();
+}
+process.exit(failed ? 1 : 0);

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The browser tests, installing what is missing (Debian's chromium, chromium-driver and
+# firefox-esr, the wasm-bindgen-cli matching examples/web/Cargo.lock, playwright-core and
+# puppeteer-core):
+#   1. the engine's parity tests inside headless Chromium (wasm-bindgen-test, WebGPU on SwiftShader);
+#   2. the page end to end in Chromium (playwright-core): load, decode 20 greedy tokens, compare
+#      with the native engine's tokens for the same model and prompt, save a screenshot;
+#   3. the same page test in Firefox ESR (WebGPU on lavapipe, driven over WebDriver BiDi).
+# Exits non-zero if any fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+need=()
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
+command -v firefox-esr >/dev/null || need+=(firefox-esr)
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq "${need[@]}"
+fi
+rustup target add wasm32-unknown-unknown >/dev/null
+want=$(grep -A1 '^name = "wasm-bindgen"$' examples/web/Cargo.lock | sed -n 's/version = "\(.*\)"/\1/p')
+if [ "$(wasm-bindgen --version 2>/dev/null | cut -d' ' -f2)" != "$want" ]; then
+  cargo install wasm-bindgen-cli --version "$want"
+fi
+(cd examples/web && { [ -d node_modules/playwright-core ] && [ -d node_modules/puppeteer-core ]; } || npm ci --no-audit --no-fund --silent)
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+
+echo "== 1. parity tests in headless Chromium (wasm-bindgen-test)"
+(cd examples/web && CHROMEDRIVER=$(command -v chromedriver) WASM_BINDGEN_TEST_TIMEOUT=600 cargo test)
+
+echo "== 2. the page end to end (playwright-core)"
+bash scripts/web-build.sh
+cargo build --release --example generate
+echo '{"tokens": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 20}' > "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl"
+# the page decodes with f16 weights and f16 K/V: the native run uses the same
+expected=$(./target/release/examples/generate --model demo --prompts "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl" --rows 1 --kv f16 --weights f16 \
+  | python3 -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.readline())["tokens"]))')
+echo "native engine (lavapipe): $expected"
+(cd examples/web && EXPECTED="$expected" node e2e.mjs "$root/examples/web/screenshot.png")
+
+echo "== 3. the page end to end in Firefox ESR (puppeteer-core, WebDriver BiDi)"
+(cd examples/web && EXPECTED="$expected" BROWSER_KIND=firefox node e2e.mjs "$root/examples/web/screenshot-firefox.png")
+echo "web tests: 3 passed, 0 failed"
