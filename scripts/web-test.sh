@@ -5,7 +5,9 @@
 #   1. the engine's parity tests inside headless Chromium (wasm-bindgen-test, WebGPU on SwiftShader);
 #   2. the page end to end in Chromium (playwright-core): load, decode 20 greedy tokens, compare
 #      with the native engine's tokens for the same model and prompt, save a screenshot;
-#   3. the same page test in Firefox ESR (WebGPU on lavapipe, driven over WebDriver BiDi).
+#   3. the same page test in Firefox ESR (WebGPU on lavapipe, driven over WebDriver BiDi);
+#   4. SmolLM2-135M-Instruct (models/, scripts/fetch-smollm2.sh) picked from disk in the page,
+#      asked "What is the capital of France?" greedily: the answer must name Paris.
 # Exits non-zero if any fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,4 +45,7 @@ echo "native engine (lavapipe): $expected"
 
 echo "== 3. the page end to end in Firefox ESR (puppeteer-core, WebDriver BiDi)"
 (cd examples/web && EXPECTED="$expected" BROWSER_KIND=firefox node e2e.mjs "$root/examples/web/screenshot-firefox.png")
-echo "web tests: 3 passed, 0 failed"
+echo "== 4. SmolLM2 chosen from disk, chatting in the page (Chromium)"
+bash scripts/fetch-smollm2.sh >/dev/null
+(cd examples/web && GGUF="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" EXPECT_TEXT=Paris node e2e.mjs "$root/examples/web/screenshot-smollm2.png")
+echo "web tests: 4 passed, 0 failed"

@@ -3,6 +3,8 @@
 // same model and prompt (passed in EXPECTED as a JSON array). Saves a screenshot.
 //   EXPECTED='[..]' node e2e.mjs [out.png]                  Chromium (Debian's; WebGPU on SwiftShader), playwright-core
 //   EXPECTED='[..]' BROWSER_KIND=firefox node e2e.mjs [out.png]   Firefox ESR (WebGPU on lavapipe), puppeteer-core over WebDriver BiDi
+//   GGUF=model.gguf EXPECT_TEXT=Paris node e2e.mjs [out.png]      Chromium: pick the GGUF in the file input, ask the
+//                                                                  page's default question greedily, expect the text
 import http from "node:http";
 import fs from "node:fs";
 import path from "node:path";
@@ -46,20 +48,38 @@ try {
   await page.setViewport?.({ width: 900, height: 640 });
   page.on("console", (m) => console.log("page:", m.text()));
   page.on("pageerror", (e) => console.log("page error:", e.message));
-  const n = expected ? expected.length : 20;
-  await page.goto(`http://127.0.0.1:${port}/?auto=${n}`);
-  await page.waitForSelector("body[data-done='1']", { timeout: 240_000 });
-  const text = (sel) => page.evaluate((s) => document.querySelector(s).textContent, sel);
-  const got = JSON.parse(await text("#tokens"));
-  const adapter = await text("#adapter");
-  const tps = await text("#tps");
-  await page.screenshot({ path: shot });
-  console.log(`${firefox ? "firefox" : "chromium"}: adapter ${adapter}; ${n} tokens at ${tps} tokens/s; screenshot ${shot}`);
-  console.log(`page tokens:   ${JSON.stringify(got)}`);
-  if (expected) {
-    console.log(`native tokens: ${JSON.stringify(expected)}`);
-    if (JSON.stringify(got) !== JSON.stringify(expected)) { console.log("MISMATCH: the page's tokens differ from the native engine's"); failed = true; }
-    else console.log("page tokens equal the native engine's");
+  if (process.env.GGUF) {
+    // a real model chosen from disk through the page's file input (Chromium / playwright only)
+    await page.goto(`http://127.0.0.1:${port}/`);
+    await page.check("input[value=gguf]");
+    await page.setInputFiles("#file", process.env.GGUF);
+    await page.click("#load");
+    const status = () => page.evaluate(() => document.querySelector("#status").textContent);
+    await page.waitForFunction(() => !document.querySelector("#run").disabled || document.querySelector("#status").textContent.startsWith("error"), null, { timeout: 300_000 });
+    await page.fill("#max", "16");
+    await page.click("#run");
+    await page.waitForFunction(() => /^(done|error)/.test(document.querySelector("#status").textContent), null, { timeout: 300_000 });
+    const out = await page.evaluate(() => document.querySelector("#out").textContent);
+    const tps = await page.evaluate(() => document.querySelector("#tps").textContent);
+    await page.screenshot({ path: shot });
+    console.log(`gguf: "${out}" at ${tps} tokens/s (${await status()}); screenshot ${shot}`);
+    if (!out.includes(process.env.EXPECT_TEXT ?? "")) { console.log(`MISMATCH: expected the answer to contain ${process.env.EXPECT_TEXT}`); failed = true; }
+  } else {
+    const n = expected ? expected.length : 20;
+    await page.goto(`http://127.0.0.1:${port}/?auto=${n}`);
+    await page.waitForSelector("body[data-done='1']", { timeout: 240_000 });
+    const text = (sel) => page.evaluate((s) => document.querySelector(s).textContent, sel);
+    const got = JSON.parse(await text("#tokens"));
+    const adapter = await text("#adapter");
+    const tps = await text("#tps");
+    await page.screenshot({ path: shot });
+    console.log(`${firefox ? "firefox" : "chromium"}: adapter ${adapter}; ${n} tokens at ${tps} tokens/s; screenshot ${shot}`);
+    console.log(`page tokens:   ${JSON.stringify(got)}`);
+    if (expected) {
+      console.log(`native tokens: ${JSON.stringify(expected)}`);
+      if (JSON.stringify(got) !== JSON.stringify(expected)) { console.log("MISMATCH: the page's tokens differ from the native engine's"); failed = true; }
+      else console.log("page tokens equal the native engine's");
+    }
   }
 } catch (e) {
   console.log("e2e failed:", e.message);
