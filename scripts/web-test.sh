@@ -37,8 +37,8 @@ echo "== 2. the page end to end (playwright-core)"
 bash scripts/web-build.sh
 cargo build --release --example generate
 echo '{"tokens": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 20}' > "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl"
-# the page decodes with f16 weights and f16 K/V: the native run uses the same
-expected=$(./target/release/examples/generate --model demo --prompts "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl" --rows 1 --kv f16 --weights f16 \
+# the page decodes with f16 weights and f16 K/V and the portable kernels: the native run too
+expected=$(KVDECODE_PORTABLE=1 ./target/release/examples/generate --model demo --prompts "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl" --rows 1 --kv f16 --weights f16 \
   | python3 -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.readline())["tokens"]))')
 echo "native engine (lavapipe): $expected"
 (cd examples/web && EXPECTED="$expected" node e2e.mjs "$root/examples/web/screenshot.png")

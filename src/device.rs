@@ -11,11 +11,16 @@ pub struct GpuOptions {
     /// Lower `max_storage_buffer_binding_size` to this many bytes (tests use it to force every
     /// split: weight row parts, cache shards, narrower chunks).
     pub max_storage_binding: Option<u64>,
+    /// Use only the portable path: request no optional feature, so the subgroup fast path is off.
+    /// Defaults to the `KVDECODE_PORTABLE` environment variable being `1` (CI runs the suite both
+    /// ways).
+    pub portable: bool,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { webgpu_default_limits: true, max_storage_binding: None }
+        let portable = std::env::var("KVDECODE_PORTABLE").is_ok_and(|v| v == "1");
+        GpuOptions { webgpu_default_limits: true, max_storage_binding: None, portable }
     }
 }
 
@@ -93,10 +98,19 @@ impl Gpu {
         if let Some(max) = opts.max_storage_binding {
             limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(max);
         }
+        // optional fast paths: subgroups, when the adapter has them with a fixed subgroup size
+        // (the subgroup matmul's workgroup is one subgroup) and the caller did not ask for the
+        // portable path
+        let fixed = info.subgroup_min_size == info.subgroup_max_size && info.subgroup_min_size >= 4;
+        let fast_features = if !opts.portable && fixed && adapter.features().contains(wgpu::Features::SUBGROUP) {
+            wgpu::Features::SUBGROUP
+        } else {
+            wgpu::Features::empty()
+        };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kvdecode"),
-                required_features: wgpu::Features::empty(),
+                required_features: fast_features,
                 required_limits: limits.clone(),
                 ..Default::default()
             })
@@ -118,6 +132,11 @@ impl Gpu {
         } else {
             format!("{name} on {:?} ({})", self.info.backend, self.info.driver)
         }
+    }
+
+    /// The subgroup size of the fast path, when the device has one (`None`: portable path).
+    pub fn subgroup_size(&self) -> Option<u32> {
+        self.device.features().contains(wgpu::Features::SUBGROUP).then_some(self.info.subgroup_min_size)
     }
 
     /// Largest storage binding, in bytes.

@@ -101,6 +101,8 @@ enum Grid {
     Rows(usize),
     /// Matmul over the chunk's tokens (or rows): one thread per output and 4 tokens.
     Matmul { out_rows: usize, per_row: bool },
+    /// Subgroup matmul: one workgroup (one subgroup) per output and 4 tokens.
+    MatmulSubgroup { out_rows: usize, per_row: bool },
     /// One workgroup per chunk row.
     WorkgroupPerRow,
 }
@@ -125,6 +127,11 @@ impl Dispatch {
             Grid::Matmul { out_rows, per_row } => {
                 let n = if per_row { rows } else { rows * width };
                 (out_rows.div_ceil(self.wg as usize) as u32, n.div_ceil(4).max(1) as u32, 1)
+            }
+            Grid::MatmulSubgroup { out_rows, per_row } => {
+                let n = if per_row { rows } else { rows * width };
+                let x = out_rows.clamp(1, 65535);
+                (x as u32, out_rows.div_ceil(x) as u32, n.div_ceil(4).max(1) as u32)
             }
             Grid::WorkgroupPerRow => (rows as u32, 1, 1),
         }
@@ -195,6 +202,8 @@ struct Builder<'a> {
     s: &'a Scratch,
     rope: &'a HashMap<u32, wgpu::Buffer>,
     gw: &'a GpuWeights,
+    /// Subgroup size of the matmul fast path (`None`: the portable kernel).
+    subgroup: Option<u32>,
 }
 
 fn b(v: bool) -> f64 {
@@ -207,11 +216,15 @@ fn b(v: bool) -> f64 {
 
 impl Builder<'_> {
     fn dispatch(&self, kernel: Kernel, constants: Constants, buffers: &[&wgpu::Buffer], grid: Grid) -> Dispatch {
+        let wg = match (kernel, self.subgroup) {
+            (Kernel::MatmulSubgroup, Some(sg)) => sg,
+            _ => kernel.workgroup_size(),
+        };
         Dispatch {
             pipeline: self.pipelines.get(kernel, &constants),
             bind: self.pipelines.bind(kernel, buffers),
             grid,
-            wg: kernel.workgroup_size(),
+            wg,
         }
     }
 
@@ -257,21 +270,26 @@ impl Builder<'_> {
         w.parts
             .iter()
             .map(|p| {
-                self.dispatch(
-                    Kernel::Matmul,
-                    vec![
-                        ("K", w.cols as f64),
-                        ("O_ROWS", p.rows as f64),
-                        ("OUT_STRIDE", y_stride as f64),
-                        ("OUT_OFFSET", p.row_start as f64),
-                        ("W_FORMAT", w.format as f64),
-                        ("ACCUMULATE", b(accumulate)),
-                        ("SOFTCAP", softcap as f64),
-                        ("PER_ROW", b(per_row)),
-                    ],
-                    &[&self.s.step, x, &p.buffer, y],
-                    Grid::Matmul { out_rows: p.rows, per_row },
-                )
+                let (kernel, grid, extra) = match self.subgroup {
+                    Some(sg) => (
+                        Kernel::MatmulSubgroup,
+                        Grid::MatmulSubgroup { out_rows: p.rows, per_row },
+                        vec![("SG", sg as f64)],
+                    ),
+                    None => (Kernel::Matmul, Grid::Matmul { out_rows: p.rows, per_row }, vec![]),
+                };
+                let mut consts = vec![
+                    ("K", w.cols as f64),
+                    ("O_ROWS", p.rows as f64),
+                    ("OUT_STRIDE", y_stride as f64),
+                    ("OUT_OFFSET", p.row_start as f64),
+                    ("W_FORMAT", w.format as f64),
+                    ("ACCUMULATE", b(accumulate)),
+                    ("SOFTCAP", softcap as f64),
+                    ("PER_ROW", b(per_row)),
+                ];
+                consts.extend(extra);
+                self.dispatch(kernel, consts, &[&self.s.step, x, &p.buffer, y], grid)
             })
             .collect()
     }
@@ -521,7 +539,15 @@ impl Engine {
             }
         }
         let pipelines = Pipelines::new(&gpu.device);
-        let bld = Builder { cfg: &cfg, pipelines: &pipelines, cache: &cache, s: &s, rope: &rope, gw: &gw };
+        let bld = Builder {
+            subgroup: gpu.subgroup_size(),
+            cfg: &cfg,
+            pipelines: &pipelines,
+            cache: &cache,
+            s: &s,
+            rope: &rope,
+            gw: &gw,
+        };
         let mut chunk_dispatches = Vec::new();
         // embedding gather, one dispatch per table part
         for p in &gw.embed.parts {

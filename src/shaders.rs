@@ -40,11 +40,14 @@ pub enum Kernel {
     EngramGather,
     /// Engram gated residual (`engram_mix.wgsl`).
     EngramMix,
+    /// Fast path of [`Kernel::Matmul`] with subgroups (`matmul.wgsl` + `matmul_subgroup.wgsl`);
+    /// built only on devices with the `subgroups` feature.
+    MatmulSubgroup,
 }
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 11] = [
+    pub const ALL: [Kernel; 12] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -56,6 +59,7 @@ impl Kernel {
         Kernel::Sample,
         Kernel::EngramGather,
         Kernel::EngramMix,
+        Kernel::MatmulSubgroup,
     ];
 
     /// The WGSL file name under `shaders/`.
@@ -72,7 +76,21 @@ impl Kernel {
             Kernel::Sample => "sample.wgsl",
             Kernel::EngramGather => "engram_gather.wgsl",
             Kernel::EngramMix => "engram_mix.wgsl",
+            Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
         }
+    }
+
+    /// The entry point.
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            Kernel::MatmulSubgroup => "main_subgroup",
+            _ => "main",
+        }
+    }
+
+    /// Whether the kernel needs the `subgroups` device feature (a fast path).
+    pub fn needs_subgroups(self) -> bool {
+        self == Kernel::MatmulSubgroup
     }
 
     /// The full WGSL module source: `common.wgsl` followed by the kernel's file.
@@ -89,6 +107,16 @@ impl Kernel {
             Kernel::Sample => include_str!("../shaders/sample.wgsl"),
             Kernel::EngramGather => include_str!("../shaders/engram_gather.wgsl"),
             Kernel::EngramMix => include_str!("../shaders/engram_mix.wgsl"),
+            // the portable kernel's bindings and helpers, plus the subgroup entry point
+            Kernel::MatmulSubgroup => {
+                return format!(
+                    // naga 30 takes subgroup builtins without `enable subgroups;` (the device
+                    // feature gates them); it rejects the directive itself
+                    "{COMMON}\n{}\n{}",
+                    include_str!("../shaders/matmul.wgsl"),
+                    include_str!("../shaders/matmul_subgroup.wgsl")
+                );
+            }
         };
         format!("{COMMON}\n{body}")
     }
@@ -107,10 +135,12 @@ impl Kernel {
             Kernel::Sample => &[Uniform, Read, Read, Read, ReadWrite],
             Kernel::EngramGather => &[Uniform, Read, Read, Read, Read, Read, Read, ReadWrite],
             Kernel::EngramMix => &[Uniform, Read, Read, ReadWrite],
+            Kernel::MatmulSubgroup => &[Uniform, Read, Read, ReadWrite],
         }
     }
 
-    /// Threads per workgroup (the `WG` constant of the kernel).
+    /// Threads per workgroup (the `WG` constant of the kernel; the subgroup matmul's is set per
+    /// device).
     pub(crate) fn workgroup_size(self) -> u32 {
         match self {
             Kernel::Sample => 256,
@@ -136,7 +166,8 @@ impl Pipelines {
     pub(crate) fn new(device: &wgpu::Device) -> Self {
         let mut modules = HashMap::new();
         let mut layouts = HashMap::new();
-        for k in Kernel::ALL {
+        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+        for k in Kernel::ALL.into_iter().filter(|k| subgroups || !k.needs_subgroups()) {
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(k.file()),
                 source: wgpu::ShaderSource::Wgsl(k.source().into()),
@@ -188,7 +219,7 @@ impl Pipelines {
                     label: Some(kernel.file()),
                     layout: Some(&self.layouts[&kernel].1),
                     module: &self.modules[&kernel],
-                    entry_point: Some("main"),
+                    entry_point: Some(kernel.entry_point()),
                     compilation_options: wgpu::PipelineCompilationOptions {
                         constants,
                         zero_initialize_workgroup_memory: false,

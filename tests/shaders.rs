@@ -22,6 +22,7 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
             &[("HEADS", 2.0), ("N_ORDERS", 2.0), ("TABLE_ROWS", 64.0), ("DIM", 8.0), ("MAX_LEN", 32.0)]
         }
         Kernel::EngramMix => &[("D", 64.0), ("EPS", 1e-6)],
+        Kernel::MatmulSubgroup => &[("K", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0), ("SG", 8.0)],
     }
 }
 
@@ -30,7 +31,14 @@ fn translate_all(kernel: Kernel, flip_bools: bool) {
     let src = kernel.source();
     let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
     // pack2x16float / unpack2x16float are core WGSL; naga gates them behind this capability
-    let info = Validator::new(ValidationFlags::all(), Capabilities::SHADER_FLOAT16_IN_FLOAT32)
+    let caps = if kernel.needs_subgroups() {
+        Capabilities::SHADER_FLOAT16_IN_FLOAT32 | Capabilities::SUBGROUP
+    } else {
+        Capabilities::SHADER_FLOAT16_IN_FLOAT32
+    };
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+        .subgroup_operations(naga::valid::SubgroupOperationSet::all())
         .validate(&module)
         .unwrap_or_else(|e| panic!("{name}: validation: {e:?}"));
     let mut constants = PipelineConstants::default();
@@ -48,7 +56,7 @@ fn translate_all(kernel: Kernel, flip_bools: bool) {
             }
         }
     }
-    let ep = (naga::ShaderStage::Compute, "main");
+    let ep = (naga::ShaderStage::Compute, kernel.entry_point());
     let (module, info) = naga::back::pipeline_constants::process_overrides(&module, &info, Some(ep), &constants)
         .unwrap_or_else(|e| panic!("{name}: overrides: {e:?}"));
 
@@ -58,7 +66,7 @@ fn translate_all(kernel: Kernel, flip_bools: bool) {
 
     let msl_opts = naga::back::msl::Options { lang_version: (2, 1), ..Default::default() };
     let msl_pipe = naga::back::msl::PipelineOptions {
-        entry_point: Some((naga::ShaderStage::Compute, "main".into())),
+        entry_point: Some((naga::ShaderStage::Compute, kernel.entry_point().into())),
         ..Default::default()
     };
     let (msl, _) = naga::back::msl::write_string(&module, &info, &msl_opts, &msl_pipe)
@@ -67,8 +75,9 @@ fn translate_all(kernel: Kernel, flip_bools: bool) {
 
     let mut hlsl = String::new();
     let hlsl_opts = naga::back::hlsl::Options::default();
-    let hlsl_pipe =
-        naga::back::hlsl::PipelineOptions { entry_point: Some((naga::ShaderStage::Compute, "main".into())) };
+    let hlsl_pipe = naga::back::hlsl::PipelineOptions {
+        entry_point: Some((naga::ShaderStage::Compute, kernel.entry_point().into())),
+    };
     naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_opts, &hlsl_pipe)
         .write(&module, &info, None)
         .unwrap_or_else(|e| panic!("{name}: HLSL: {e:?}"));
@@ -79,7 +88,7 @@ fn translate_all(kernel: Kernel, flip_bools: bool) {
         naga::back::glsl::Options { version: naga::back::glsl::Version::new_gles(310), ..Default::default() };
     let glsl_pipe = naga::back::glsl::PipelineOptions {
         shader_stage: naga::ShaderStage::Compute,
-        entry_point: "main".into(),
+        entry_point: kernel.entry_point().into(),
         multiview: None,
     };
     naga::back::glsl::Writer::new(
