@@ -31,24 +31,25 @@ fn w4(o: u32, k4: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
 }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x;
-    let n_total = select(step.tokens, step.rows, PER_ROW);
-    let n0 = gid.y * 4u;
-    if o >= O_ROWS || n0 >= n_total { return; }
-    let k4n = K / 4u;
-    // Out-of-range tokens of the last block re-read the last valid token; their results are dropped.
+// Input row bases (in vec4 units) of tokens n0 .. n0 + 3; out-of-range tokens of the last block
+// re-read the last valid token and their results are dropped by `store4`.
+fn row_bases(n0: u32, n_total: u32) -> vec4<u32> {
     let last = n_total - 1u;
-    let b0 = n0 * k4n;
-    let b1 = min(n0 + 1u, last) * k4n;
-    let b2 = min(n0 + 2u, last) * k4n;
-    let b3 = min(n0 + 3u, last) * k4n;
+    return vec4<u32>(n0, min(n0 + 1u, last), min(n0 + 2u, last), min(n0 + 3u, last)) * (K / 4u);
+}
+
+// The 4 tokens' dot products with weights w4(o, k4) for k4 = start, start + stride, ...
+fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
-    for (var k4 = 0u; k4 < k4n; k4++) {
+    for (var k4 = start; k4 < K / 4u; k4 += stride) {
         let wv = w4(o, k4);
-        acc += vec4<f32>(dot(x[b0 + k4], wv), dot(x[b1 + k4], wv), dot(x[b2 + k4], wv), dot(x[b3 + k4], wv));
+        acc += vec4<f32>(dot(x[b.x + k4], wv), dot(x[b.y + k4], wv), dot(x[b.z + k4], wv), dot(x[b.w + k4], wv));
     }
+    return acc;
+}
+
+// Write output column o of tokens n0 .. n0 + 3 (those that exist), with softcap and residual.
+fn store4(o: u32, n0: u32, n_total: u32, acc: vec4<f32>) {
     for (var t = 0u; t < 4u; t++) {
         let n = n0 + t;
         if n >= n_total { break; }
@@ -58,4 +59,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         if ACCUMULATE { v += y[i]; }
         y[i] = v;
     }
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let o = gid.x;
+    let n_total = select(step.tokens, step.rows, PER_ROW);
+    let n0 = gid.y * 4u;
+    if o >= O_ROWS || n0 >= n_total { return; }
+    store4(o, n0, n_total, dots(o, row_bases(n0, n_total), 0u, 1u));
 }
