@@ -1,5 +1,6 @@
-// Fast path of matmul.wgsl (appended to it) for adapters with subgroups: one subgroup per output column and 4 tokens; the lanes split the input features, so
-// neighbouring lanes read neighbouring weights, and `subgroupAdd` sums their partial dot products.
+// Fast path of matmul.wgsl (appended to it) for adapters with subgroups: one subgroup per output
+// column and 4 tokens; the lanes split the input features, so neighbouring lanes read neighbouring
+// weights, and `subgroupAdd` sums their partial dot products.
 // Used only when the device has the `subgroups` feature and a fixed subgroup size SG; the portable
 // `main` above is the reference (KVDECODE_PORTABLE=1 forces it).
 
