@@ -7,13 +7,11 @@
 //! `tokenizer.json`. `--temperature 0` is greedy. Several prompts decode as rows of one batch.
 
 use std::io::Write;
-use std::path::Path;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kvdecode::gguf::GgufFile;
-use kvdecode::tokenizer::{Message, Tokenizer};
-use kvdecode::{Engine, EngineOptions, Event, Gpu, KvDtype, ModelWeights, Request, Sampler, Scheduler, WeightDtype};
+use kvdecode::tokenizer::Message;
+use kvdecode::{Engine, EngineOptions, Event, Gpu, KvDtype, Request, Sampler, Scheduler, WeightDtype};
 
 fn main() {
     if let Err(e) = run() {
@@ -60,7 +58,13 @@ fn run() -> Result<(), String> {
     );
     bar.set_message(model_path.clone());
     let t0 = Instant::now();
-    let (weights, tok) = load(Path::new(&model_path), &bar).map_err(|e| e.to_string())?;
+    let loaded = kvdecode::model_file::load(&model_path, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .map_err(|e| e.to_string())?;
+    let weights = loaded.weights;
+    let tok = loaded.tokenizer.ok_or(format!("{model_path}: the model has no tokenizer to chat with"))?;
     bar.finish_and_clear();
     let gpu = Gpu::new().map_err(|e| e.to_string())?;
     let rows = prompts.len();
@@ -130,18 +134,4 @@ fn run() -> Result<(), String> {
         n.saturating_sub(rows) as f64 / (secs - ttft).max(1e-9)
     );
     Ok(())
-}
-
-fn load(path: &Path, bar: &ProgressBar) -> kvdecode::Result<(ModelWeights, Tokenizer)> {
-    if path.is_dir() {
-        let w = kvdecode::hf::load_dir(path)?;
-        Ok((w, Tokenizer::from_file(path.join("tokenizer.json"))?))
-    } else {
-        let g = GgufFile::open(path)?;
-        let w = g.weights_with_progress(&mut |done, total| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        })?;
-        Ok((w, Tokenizer::from_gguf(&g)?))
-    }
 }

@@ -9,10 +9,8 @@
 //! summary on stderr. PATH is a GGUF file, a Hugging Face directory, a kvdecode safetensors file,
 //! or `demo` for the embedded model.
 
-use std::path::Path;
 use std::time::Instant;
 
-use kvdecode::gguf::GgufFile;
 use kvdecode::tokenizer::Tokenizer;
 use kvdecode::{Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Request, Sampler, Scheduler, WeightDtype};
 use serde_json::{json, Value};
@@ -37,18 +35,11 @@ fn run() -> Result<(), String> {
     let prefill_chunk = num("--prefill-chunk", 32)?;
     let max_len = num("--max-len", 1024)?;
     // the model, and its tokenizer when it has one (GGUF metadata or tokenizer.json)
-    let path = Path::new(&model_path);
     let (model, tok) = if model_path == "demo" {
         (ModelWeights::demo(), None)
-    } else if path.is_dir() {
-        let tj = path.join("tokenizer.json");
-        let tok = if tj.exists() { Some(Tokenizer::from_file(&tj).map_err(|e| e.to_string())?) } else { None };
-        (kvdecode::hf::load_dir(path).map_err(|e| e.to_string())?, tok)
-    } else if path.extension().is_some_and(|e| e == "gguf") {
-        let g = GgufFile::open(path).map_err(|e| e.to_string())?;
-        (g.weights().map_err(|e| e.to_string())?, Some(Tokenizer::from_gguf(&g).map_err(|e| e.to_string())?))
     } else {
-        (ModelWeights::load_safetensors(path).map_err(|e| e.to_string())?, None)
+        let m = kvdecode::model_file::load(&model_path, &mut |_, _| {}).map_err(|e| e.to_string())?;
+        (m.weights, m.tokenizer)
     };
     let text = std::fs::read_to_string(&prompts).map_err(|e| format!("{prompts}: {e}"))?;
     let mut reqs = Vec::new();

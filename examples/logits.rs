@@ -7,9 +7,7 @@
 //! per append; OUT gets the logits after each append, f32 `[T - N + 1, vocab]`. `--tokens` is an
 //! int64 (or int32) `.npy` of shape `[T]` or `[1, T]`.
 
-use std::path::Path;
-
-use kvdecode::{npy, Engine, EngineOptions, Gpu, KvDtype, ModelWeights};
+use kvdecode::{npy, Engine, EngineOptions, Gpu, KvDtype};
 
 fn main() {
     if let Err(e) = run() {
@@ -30,7 +28,7 @@ fn run() -> Result<(), String> {
         Some("f16") => KvDtype::F16,
         Some(o) => return Err(format!("--kv {o}: expected f32 or f16")),
     };
-    let model = load(Path::new(&model_path)).map_err(|e| e.to_string())?;
+    let model = kvdecode::model_file::load(&model_path, &mut |_, _| {}).map_err(|e| e.to_string())?.weights;
     let arr = npy::read(&tokens_path).map_err(|e| e.to_string())?;
     if !(arr.shape.len() == 1 || (arr.shape.len() == 2 && arr.shape[0] == 1)) {
         return Err(format!("{tokens_path}: shape {:?}, expected [T] or [1, T]", arr.shape));
@@ -61,14 +59,4 @@ fn run() -> Result<(), String> {
     npy::write_f32(&out_path, &[t - n + 1, v], &out).map_err(|e| e.to_string())?;
     eprintln!("{}: wrote [{}, {v}] logits ({})", out_path, t - n + 1, gpu.describe());
     Ok(())
-}
-
-fn load(path: &Path) -> kvdecode::Result<ModelWeights> {
-    if path.is_dir() {
-        kvdecode::hf::load_dir(path)
-    } else if path.extension().is_some_and(|e| e == "gguf") {
-        kvdecode::gguf::GgufFile::open(path)?.weights()
-    } else {
-        ModelWeights::load_safetensors(path)
-    }
 }

@@ -5,11 +5,6 @@
 //! PATH is a GGUF file or a directory with `tokenizer.json`. Special tokens written in the text
 //! are parsed as special; BOS is added only if the model asks for it.
 
-use std::path::Path;
-
-use kvdecode::gguf::GgufFile;
-use kvdecode::tokenizer::Tokenizer;
-
 fn main() {
     if let Err(e) = run() {
         eprintln!("error: {e}");
@@ -23,16 +18,10 @@ fn run() -> Result<(), String> {
     let at = args.iter().position(|a| a == "--model").ok_or(usage)?;
     let model = args.get(at + 1).ok_or(usage)?;
     let text = args.iter().enumerate().find(|(i, _)| *i != at && *i != at + 1).map(|(_, t)| t).ok_or(usage)?;
-    let tok = load(Path::new(model)).map_err(|e| e.to_string())?;
+    let tok = kvdecode::model_file::load_tokenizer(model)
+        .map_err(|e| e.to_string())?
+        .ok_or(format!("{model}: no tokenizer (a GGUF file or a directory with tokenizer.json)"))?;
     let ids = tok.encode(text).map_err(|e| e.to_string())?;
     println!("{}", serde_json::to_string(&ids).map_err(|e| e.to_string())?);
     Ok(())
-}
-
-fn load(path: &Path) -> kvdecode::Result<Tokenizer> {
-    if path.is_dir() {
-        Tokenizer::from_file(path.join("tokenizer.json"))
-    } else {
-        Tokenizer::from_gguf(&GgufFile::open(path)?)
-    }
 }

@@ -32,6 +32,7 @@ pub mod error;
 pub mod gguf;
 mod gpu_weights;
 pub mod hf;
+pub mod model_file;
 pub mod npy;
 pub mod quant;
 pub mod reference;
