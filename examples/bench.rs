@@ -23,8 +23,7 @@ fn main() -> kvdecode::Result<()> {
     let rows_list: Vec<usize> = list("--rows", "1,8,32").iter().map(|s| s.parse().expect("--rows")).collect();
     let ctx_list: Vec<usize> = list("--ctx", "128,512,2048").iter().map(|s| s.parse().expect("--ctx")).collect();
     let steps: usize = list("--steps", "16")[0].parse().expect("--steps");
-    let kvs: Vec<KvDtype> =
-        list("--kv", "f32,f16").iter().map(|s| if s == "f16" { KvDtype::F16 } else { KvDtype::F32 }).collect();
+    let kvs = list("--kv", "f32,f16,bf16").iter().map(|s| KvDtype::parse(s)).collect::<kvdecode::Result<Vec<_>>>()?;
     let gpu = Gpu::new()?;
     let model = ModelWeights::demo();
     println!("adapter: {}", gpu.describe());

@@ -1,7 +1,7 @@
 //! Chat with a model: streams tokens as they are sampled, stops at end-of-turn, prints tokens/s.
 //!
 //! `cargo run --release --example chat -- --model PATH "prompt" ["another prompt" ...] [--system TEXT]
-//!   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--max-tokens N]`
+//!   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--max-tokens N] [--max-len L] [--kv f16|bf16|f32]`
 //!
 //! PATH is a GGUF file (its tokenizer and chat template are used) or a Hugging Face directory with
 //! `tokenizer.json`. `--temperature 0` is greedy. Several prompts decode as rows of one batch.
@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kvdecode::tokenizer::Message;
-use kvdecode::{Engine, EngineOptions, Event, Gpu, KvDtype, Request, Sampler, Scheduler, WeightDtype};
+use kvdecode::{Engine, EngineOptions, Event, Gpu, KvCache, KvDtype, Request, Sampler, Scheduler, WeightDtype};
 
 fn main() {
     if let Err(e) = run() {
@@ -35,7 +35,7 @@ fn run() -> Result<(), String> {
             i += 1;
         }
     }
-    let usage = "usage: chat --model PATH \"prompt\" [...] [--system T] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--max-tokens N]";
+    let usage = "usage: chat --model PATH \"prompt\" [...] [--system T] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--max-tokens N] [--max-len L] [--kv f16|bf16|f32]";
     let model_path = opts.get("model").ok_or(usage)?.clone();
     if prompts.is_empty() {
         return Err(usage.into());
@@ -81,8 +81,16 @@ fn run() -> Result<(), String> {
         };
         texts.push(tok.encode(&text).map_err(|e| e.to_string())?);
     }
-    let max_len = texts.iter().map(Vec::len).max().unwrap_or(0) + max_tokens + 1;
-    let eopts = EngineOptions { kv: KvDtype::F16, weights: WeightDtype::F16, ..EngineOptions::new(rows, max_len) };
+    let kv = KvDtype::parse(opts.get("kv").map_or("f16", String::as_str)).map_err(|e| format!("--kv: {e}"))?;
+    // rows as long as the model's trained context (capped so the K/V fits in 1 GiB), or --max-len
+    let fit = KvCache::fit_max_len(&gpu, &weights.cfg, rows, kv, 1 << 30, 4096);
+    let max_len = num("max-len", fit as f64)? as usize;
+    let longest = texts.iter().map(Vec::len).max().unwrap_or(0);
+    if longest + 1 > max_len {
+        return Err(format!("a prompt of {longest} tokens does not fit in max_len {max_len}"));
+    }
+    let max_tokens = max_tokens.min(max_len - longest);
+    let eopts = EngineOptions { kv, weights: WeightDtype::F16, ..EngineOptions::new(rows, max_len) };
     let mut engine = Engine::new(&gpu, &weights, eopts).map_err(|e| e.to_string())?;
     eprintln!("loaded in {:.1} s; {} on {}", t0.elapsed().as_secs_f64(), model_path, gpu.describe());
     let stop = tok.end_of_turn();

@@ -1,6 +1,6 @@
 //! Serve a file of requests through the continuous-batching scheduler.
 //!
-//! `cargo run --release --example generate -- --model PATH --prompts FILE.jsonl [--rows S] [--prefill-chunk N] [--max-len L] [--kv f32|f16] [--weights f32|f16]`
+//! `cargo run --release --example generate -- --model PATH --prompts FILE.jsonl [--rows S] [--prefill-chunk N] [--max-len L] [--kv f32|f16|bf16] [--weights f32|f16]`
 //!
 //! One request per line: `{"tokens": [..]}` or `{"text": ".."}` (when the model has a tokenizer),
 //! optional `"max_tokens"` (default 32), `"temperature"` (0 = greedy, the default), `"top_k"`,
@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use kvdecode::tokenizer::Tokenizer;
-use kvdecode::{Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Request, Sampler, Scheduler, WeightDtype};
+use kvdecode::{Engine, EngineOptions, Gpu, KvCache, KvDtype, ModelWeights, Request, Sampler, Scheduler, WeightDtype};
 use serde_json::{json, Value};
 
 fn main() {
@@ -33,7 +33,6 @@ fn run() -> Result<(), String> {
     };
     let rows = num("--rows", 4)?;
     let prefill_chunk = num("--prefill-chunk", 32)?;
-    let max_len = num("--max-len", 1024)?;
     // the model, and its tokenizer when it has one (GGUF metadata or tokenizer.json)
     let (model, tok) = if model_path == "demo" {
         (ModelWeights::demo(), None)
@@ -47,8 +46,10 @@ fn run() -> Result<(), String> {
         reqs.push(parse_request(line, tok.as_ref()).map_err(|e| format!("{prompts}:{}: {e}", i + 1))?);
     }
     let gpu = Gpu::new().map_err(|e| e.to_string())?;
-    let kv = if get("--kv").as_deref() == Some("f16") { KvDtype::F16 } else { KvDtype::F32 };
+    let kv = KvDtype::parse(get("--kv").as_deref().unwrap_or("f32")).map_err(|e| format!("--kv: {e}"))?;
     let weights = if get("--weights").as_deref() == Some("f16") { WeightDtype::F16 } else { WeightDtype::F32 };
+    // default: the model's trained context, capped so the K/V of all rows fits in 1 GiB
+    let max_len = num("--max-len", KvCache::fit_max_len(&gpu, &model.cfg, rows, kv, 1 << 30, 1024))?;
     let opts = EngineOptions { kv, weights, ..EngineOptions::new(rows, max_len) };
     let mut engine = Engine::new(&gpu, &model, opts).map_err(|e| e.to_string())?;
     let mut sched = Scheduler::new(&engine, prefill_chunk);

@@ -1,6 +1,6 @@
 //! Write the logits of a model after each append, to compare with another implementation.
 //!
-//! `cargo run --release --example logits -- --model PATH --tokens FILE.npy [--prefill N] [--kv f32|f16] --out OUT.npy`
+//! `cargo run --release --example logits -- --model PATH --tokens FILE.npy [--prefill N] [--kv f32|f16|bf16] --out OUT.npy`
 //!
 //! PATH is a GGUF file, a Hugging Face directory (`config.json` + `*.safetensors`) or a
 //! kvdecode/TinyAgent `.safetensors` file. The first N tokens (default: all) go in as one append, the rest one token
@@ -19,15 +19,11 @@ fn main() {
 fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let get = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let usage = "usage: logits --model PATH --tokens FILE.npy [--prefill N] [--kv f32|f16] --out OUT.npy";
+    let usage = "usage: logits --model PATH --tokens FILE.npy [--prefill N] [--kv f32|f16|bf16] --out OUT.npy";
     let model_path = get("--model").ok_or(usage)?;
     let tokens_path = get("--tokens").ok_or(usage)?;
     let out_path = get("--out").ok_or(usage)?;
-    let kv = match get("--kv").as_deref() {
-        None | Some("f32") => KvDtype::F32,
-        Some("f16") => KvDtype::F16,
-        Some(o) => return Err(format!("--kv {o}: expected f32 or f16")),
-    };
+    let kv = KvDtype::parse(get("--kv").as_deref().unwrap_or("f32")).map_err(|e| format!("--kv: {e}"))?;
     let model = kvdecode::model_file::load(&model_path, &mut |_, _| {}).map_err(|e| e.to_string())?.weights;
     let arr = npy::read(&tokens_path).map_err(|e| e.to_string())?;
     if !(arr.shape.len() == 1 || (arr.shape.len() == 2 && arr.shape[0] == 1)) {

@@ -25,7 +25,7 @@ fn main() -> kvdecode::Result<()> {
     let episodes: usize = arg("--episodes", "48").parse().expect("--episodes");
     let seed: u64 = arg("--seed", "1").parse().expect("--seed");
     let window: usize = arg("--window", "4").parse().expect("--window");
-    let kv = if arg("--kv", "f32") == "f16" { KvDtype::F16 } else { KvDtype::F32 };
+    let kv = KvDtype::parse(&arg("--kv", "f32"))?;
     assert!(group >= 1 && rows.is_multiple_of(group), "--rows must be a multiple of --group");
     let gpu = Gpu::new()?;
     let model = ModelWeights::demo();

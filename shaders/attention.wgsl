@@ -18,7 +18,7 @@ override W: u32 = 1u;           // sliding window
 override RING: u32 = 1u;        // ring slots: W + rollback spares (plus one scratch slot)
 override HAS_GLOBAL: bool = true;
 override HAS_LOCAL: bool = false;
-override KV_F16: bool = false;
+override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
 override SCALE: f32;
 override ROW0: u32 = 0u;        // first cache row held by the bound cache shard
 override SHARD_ROWS: u32 = 0xffffffffu;  // cache rows in the shard (caches over one binding are split by rows)
@@ -38,7 +38,7 @@ const MAX_D4: u32 = 64u;  // head_dim <= 256: private arrays need a constant siz
 
 fn load4(is_global: bool, is_v: bool, e: u32) -> vec4<f32> {
     // e: element index (multiple of 4) into the cache tensor
-    if KV_F16 {
+    if KV_FORMAT != 0u {
         let w = e / 2u;
         var a: u32; var b: u32;
         if is_global {
@@ -46,7 +46,7 @@ fn load4(is_global: bool, is_v: bool, e: u32) -> vec4<f32> {
         } else {
             if is_v { a = lv[w]; b = lv[w + 1u]; } else { a = lk[w]; b = lk[w + 1u]; }
         }
-        return vec4<f32>(unpack2x16float(a), unpack2x16float(b));
+        return half4(KV_FORMAT, a, b);
     }
     var u: vec4<u32>;
     if is_global {
@@ -73,7 +73,7 @@ fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
         var k: vec4<f32>;
         if is_fresh {
             k = fresh[k_at + i];
-            if KV_F16 { k = round_to_f16(k); }
+            k = round_to(KV_FORMAT, k);
         } else {
             k = load4(is_global, false, k_at + i * 4u);
         }
@@ -92,7 +92,7 @@ fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
         var v: vec4<f32>;
         if is_fresh {
             v = fresh[v_at + i];
-            if KV_F16 { v = round_to_f16(v); }
+            v = round_to(KV_FORMAT, v);
         } else {
             v = load4(is_global, true, v_at + i * 4u);
         }

@@ -13,13 +13,34 @@ struct Step {
 struct RowInfo {
     cache_row: u32,  // the cache row this chunk row reads and writes
     n_new: u32,      // real tokens of this row in this chunk (j < n_new is real, the rest is padding)
-    pos0: u32,       // lens[cache_row] before this chunk: token j sits at position pos0 + j
-    _pad: u32,
+    pos0: u32,       // lens[cache_row] before this chunk: token j is stored at slot pos0 + j
+    rope_pos0: u32,  // RoPE rotates token j by position rope_pos0 + j (pos0 plus skipped padding)
 }
 
-// f16 values are stored two per u32 word (portable: no `shader-f16` needed).
-fn round_to_f16(v: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(pack2x16float(v.xy)), unpack2x16float(pack2x16float(v.zw)));
+// 16-bit values are stored two per u32 word, the first in the low half (portable: no `shader-f16`
+// needed). K/V storage formats (`KV_FORMAT`) use the weight codes below: 0 f32 bits, 1 f16 pairs,
+// 5 bf16 pairs.
+
+// bf16 bits of x, rounded to nearest even (as PyTorch's `.to(torch.bfloat16)`; x is finite).
+fn bf16_bits(x: f32) -> u32 {
+    let u = bitcast<u32>(x);
+    return (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;
+}
+
+// Two values packed into one word in a 16-bit format (1 f16, 5 bf16).
+fn pack2(fmt: u32, v: vec2<f32>) -> u32 {
+    if fmt == 5u {
+        return bf16_bits(v.x) | (bf16_bits(v.y) << 16u);
+    }
+    return pack2x16float(v);
+}
+
+// v rounded to what storage in `fmt` keeps (0: unchanged).
+fn round_to(fmt: u32, v: vec4<f32>) -> vec4<f32> {
+    if fmt == 0u {
+        return v;
+    }
+    return half4(fmt, pack2(fmt, v.xy), pack2(fmt, v.zw));
 }
 
 // tanh that stays finite for large arguments on every backend.

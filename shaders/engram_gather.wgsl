@@ -1,5 +1,6 @@
 // Engram lookup: for each real token, the n-gram addresses (FNV-1a over compressed ids, seeded per
-// head; positions before 0 count as 0) and the gathered table rows e_t. The ids of earlier
+// head; a position before 0 holds token id 0, so its compressed id is cid_map[0], as in the seed)
+// and the gathered table rows e_t. The ids of earlier
 // positions come from the cache's token history (written at the end of every chunk), the ids of
 // this chunk from the chunk itself: addresses are right across chunk boundaries, sub-batches and
 // resets (a reset row has length 0, so nothing before the chunk is read).
@@ -37,7 +38,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let order = i32(orders[k / HEADS]);
     var h = 0x811C9DC5u + (k % HEADS) * 0x9E3779B9u;
     for (var q = pos - order + 1; q <= pos; q++) {
-        var c = 0u;
+        var c = cid_map[0];  // before the row's start: token id 0
         if q >= i32(info.pos0) {
             c = cid_map[ids[r * step.width + u32(q) - info.pos0]];
         } else if q >= 0 {

@@ -10,7 +10,7 @@ override HK: u32;               // n_kv_heads
 override D: u32;                // head_dim (even)
 override SLOTS: u32;            // max_len + 1 (global) or ring slots + 1
 override RING: bool = false;
-override KV_F16: bool = false;  // cache stores f16 pairs
+override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
 override ROW0: u32 = 0u;        // first cache row held by the bound cache shard
 override SHARD_ROWS: u32 = 0xffffffffu;  // cache rows in the shard (caches over one binding are split by rows)
 override WG: u32 = 64u;
@@ -23,8 +23,8 @@ override WG: u32 = 64u;
 
 fn store(i: u32, v: vec2<f32>, is_v: bool) {
     // i: element index of the first of two adjacent values (even)
-    if KV_F16 {
-        let w = pack2x16float(v);
+    if KV_FORMAT != 0u {
+        let w = pack2(KV_FORMAT, v);
         if is_v { cache_v[i / 2u] = w; } else { cache_k[i / 2u] = w; }
     } else {
         let w = bitcast<vec2<u32>>(v);

@@ -1,6 +1,6 @@
 // y[n, OUT_OFFSET + o] = sum_k x[n, k] * w[o, k] for one row-part of a weight matrix (PyTorch layout
 // [out, in]). One thread per output column and 4 tokens: each weight vec4 is read once per 4 tokens
-// (register blocking; workgroup memory was slower on lavapipe, see DESIGN.md section 5).
+// (register blocking; workgroup memory was slower on lavapipe).
 
 override K: u32;                   // input features (multiple of 4)
 override O_ROWS: u32;              // output rows of this part

@@ -1,5 +1,6 @@
 // Per-head RMS norm (qk-norm, optional) then RoPE at each token's own position, in place.
-// Token n = r * C + j of the chunk sits at position rows[r].pos0 + j. RoPE is the half-split
+// Token n = r * C + j of the chunk is rotated by position rows[r].rope_pos0 + j (its slot, plus any
+// positions the row skipped as padding; at most max_len - 1, checked on the host). RoPE is the half-split
 // (`rotate_half`) layout: pairs (i, i + D/2) rotate by angle pos * theta^(-2i/D), read from a table
 // computed on the host in f64 (GPU sin/cos of large arguments is not accurate on every backend).
 // Keys are rotated once, here, before they are stored: they are never rotated again.
@@ -28,7 +29,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let j = n % step.width;
     let info = rows[r];
     if j >= info.n_new { return; }  // padding: its value is never read as a real key or query
-    let pos = info.pos0 + j;
+    let pos = info.rope_pos0 + j;
     let base = n * STRIDE + h * D;
     var inv = 1.0;
     if NORM {

@@ -17,7 +17,7 @@ use crate::sampling::Sampler;
 pub struct Request {
     /// Prompt token ids (at least one).
     pub tokens: Vec<u32>,
-    /// Most tokens to generate.
+    /// Most tokens to generate (at least 1: a request for no token is refused at submit).
     pub max_new: usize,
     /// Token ids that end the generation (returned, and not appended).
     pub stop: Vec<u32>,
@@ -121,11 +121,16 @@ impl Scheduler {
     }
 
     /// Queue a request; returns its id. A request that could never fit a row (prompt + max_new
-    /// beyond max_len) or has bad tokens is refused here, so nothing fails mid-way.
+    /// beyond max_len), asks for no token (`max_new` 0: the scheduler would have to prefill a row
+    /// for nothing, and a sampled first token could not be withheld without special cases) or
+    /// has bad tokens is refused here, so nothing fails mid-way.
     pub fn submit(&mut self, req: Request) -> Result<usize> {
         let id = self.next_id;
         if req.tokens.is_empty() {
             return Err(Error::Input(format!("request {id}: empty prompt")));
+        }
+        if req.max_new == 0 {
+            return Err(Error::Input(format!("request {id}: max_new is 0; ask for at least one token")));
         }
         if req.tokens.len() + req.max_new > self.max_len {
             return Err(Error::Input(format!(

@@ -25,14 +25,46 @@ pub enum KvDtype {
     F32,
     /// IEEE halves, packed two per u32 (no `shader-f16` needed).
     F16,
+    /// bfloat16 (the seed's default), packed two per u32 and unpacked with a shift; rounded to
+    /// nearest even like PyTorch's `.to(torch.bfloat16)`.
+    BF16,
 }
 
 impl KvDtype {
+    /// Every storage type, for options and benchmarks.
+    pub const ALL: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16];
+
     /// Bytes per stored value.
     pub fn bytes(self) -> usize {
         match self {
             KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
+            KvDtype::F16 | KvDtype::BF16 => 2,
+        }
+    }
+
+    /// The name options use: `f32`, `f16`, `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::BF16 => "bf16",
+        }
+    }
+
+    /// Parse an option value (`f32`, `f16`, `bf16`); anything else is an error that lists them.
+    pub fn parse(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| Error::Input(format!("unknown K/V type {s:?}; expected f32, f16 or bf16")))
+    }
+
+    /// The shaders' `KV_FORMAT` code (common.wgsl: the weight format codes of the same layouts).
+    pub(crate) fn format(self) -> u32 {
+        match self {
+            KvDtype::F32 => 0,
+            KvDtype::F16 => 1,
+            KvDtype::BF16 => 5,
         }
     }
 }
@@ -64,6 +96,10 @@ pub struct KvCache {
     /// Per row, the largest length reached since the last reset: the ring holds positions
     /// `written - ring_slots ..`, so a rollback to `len` is exact while `written - len <= spare`.
     pub(crate) written: Vec<usize>,
+    /// Per row, runs of positions skipped as padding ([`KvCache::skip`]) as (stored tokens at the
+    /// time, count): the next token is rotated by RoPE as position `lens + skipped`, skipped
+    /// positions count against `max_len`, and a rollback drops the runs it goes back past.
+    pub(crate) skips: Vec<Vec<(usize, usize)>>,
     /// One row's largest region; `fork` copies through it (a buffer cannot be copied into itself).
     row_stage: wgpu::Buffer,
 }
@@ -142,6 +178,7 @@ impl KvCache {
             lens_cpu: vec![0; rows],
             history_cpu: vec![Vec::new(); rows],
             written: vec![0; rows],
+            skips: vec![Vec::new(); rows],
             row_stage: gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("fork row stage"),
                 size: widest.max((max_len as u64 + 1) * 4).max((w as u64 + 1) * 4).next_multiple_of(4),
@@ -149,6 +186,24 @@ impl KvCache {
                 mapped_at_creation: false,
             }),
         })
+    }
+
+    /// The default `max_len` of a program that does not know how long its rows will get: the
+    /// model's trained context (`fallback` when the file does not say), capped so that the global
+    /// K/V of `rows` rows fits in `kv_budget` bytes and one row's K/V fits one storage binding of
+    /// `gpu`.
+    pub fn fit_max_len(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        rows: usize,
+        dtype: KvDtype,
+        kv_budget: u64,
+        fallback: usize,
+    ) -> usize {
+        let per_position = (cfg.n_kv_heads * cfg.head_dim * dtype.bytes()) as u64;
+        let by_binding = gpu.max_binding() / per_position.max(1) - 1;
+        let by_budget = kv_budget / (per_position * 2 * cfg.n_groups().max(1) as u64 * rows.max(1) as u64);
+        (cfg.context_len.unwrap_or(fallback) as u64).min(by_binding).min(by_budget).max(1) as usize
     }
 
     /// Number of rows.
@@ -196,6 +251,32 @@ impl KvCache {
         &self.history_cpu[row]
     }
 
+    /// Positions used by `row`: stored tokens plus positions skipped as padding. The next token
+    /// of the row sits at this position (its RoPE angle), and it may not exceed `max_len`.
+    pub fn position(&self, row: usize) -> usize {
+        self.lens_cpu[row] + self.skips[row].iter().map(|s| s.1).sum::<usize>()
+    }
+
+    /// Advance the position of each row's next token by `n[i]` without storing anything: padding
+    /// that no later query can see (a key-padding mask; the seeds' `padding_mask`). The next
+    /// token's RoPE position moves on; its storage slot does not. Checked like an append: nothing
+    /// changes if a row would pass `max_len`.
+    pub fn skip(&mut self, rows: &[usize], n: &[usize]) -> Result<()> {
+        self.check_rows(rows)?;
+        if rows.len() != n.len() {
+            return Err(Error::Input(format!("skip: {} rows but {} counts", rows.len(), n.len())));
+        }
+        for (&row, &k) in rows.iter().zip(n) {
+            if self.position(row) + k > self.max_len {
+                return Err(Error::CacheFull { row, len: self.position(row), n_new: k, max_len: self.max_len });
+            }
+        }
+        for (&row, &k) in rows.iter().zip(n).filter(|(_, &k)| k > 0) {
+            self.skips[row].push((self.lens_cpu[row], k));
+        }
+        Ok(())
+    }
+
     /// Rows per cache shard (all rows, unless the cache is larger than one storage binding).
     pub fn shard_rows(&self) -> usize {
         self.shard_rows
@@ -235,6 +316,7 @@ impl KvCache {
         for &r in rows {
             self.lens_cpu[r] = 0;
             self.written[r] = 0;
+            self.skips[r].clear();
             self.history_cpu[r].clear();
             gpu.queue.write_buffer(&self.lens, (r * 4) as u64, &0u32.to_le_bytes());
             gpu.queue.write_buffer(
@@ -268,6 +350,8 @@ impl KvCache {
         for (&r, &k) in rows.iter().zip(n) {
             self.lens_cpu[r] -= k;
             self.history_cpu[r].truncate(self.lens_cpu[r]);
+            let len = self.lens_cpu[r];
+            self.skips[r].retain(|&(at, _)| at <= len);
             gpu.queue.write_buffer(&self.lens, (r * 4) as u64, &(self.lens_cpu[r] as u32).to_le_bytes());
         }
         Ok(())
@@ -321,6 +405,7 @@ impl KvCache {
         for &d in dst {
             self.lens_cpu[d] = self.lens_cpu[src];
             self.written[d] = self.written[src];
+            self.skips[d] = self.skips[src].clone();
             self.history_cpu[d] = self.history_cpu[src].clone();
         }
         Ok(())

@@ -1,5 +1,5 @@
 //! Model configuration: dimensions, numerics switches, and the *layer plan* that says which K/V
-//! each layer reads and writes (DESIGN.md section 2).
+//! each layer reads and writes (docs/DESIGN.md, "The layer plan and the small cache").
 
 use serde::{Deserialize, Serialize};
 
@@ -92,9 +92,14 @@ pub struct ModelConfig {
     pub logit_softcap: Option<f32>,
     /// The LM head shares the embedding matrix.
     pub tie_embeddings: bool,
-    /// The Engram n-gram memory (DESIGN.md section 7) on some layers.
+    /// The Engram n-gram memory (docs/DESIGN.md, "Engram") on some layers.
     #[serde(default)]
     pub engram: Option<EngramConfig>,
+    /// The context the model was trained for (Hugging Face `max_position_embeddings`, GGUF
+    /// `<arch>.context_length`), when the file says. [`crate::Engine::new`] refuses rows longer
+    /// than this unless [`crate::EngineOptions::beyond_trained_context`] is set.
+    #[serde(default)]
+    pub context_len: Option<usize>,
 }
 
 /// The Engram module: hashed n-gram tables whose rows, gated by the hidden state, are added to
@@ -192,6 +197,7 @@ impl ModelConfig {
             logit_softcap: Some(15.0),
             tie_embeddings: false,
             engram: None,
+            context_len: None,
         }
     }
 
@@ -232,6 +238,7 @@ impl ModelConfig {
             logit_softcap: None,
             tie_embeddings,
             engram: None,
+            context_len: None,
         }
     }
 

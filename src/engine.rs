@@ -36,12 +36,23 @@ pub struct EngineOptions {
     pub rollback: usize,
     /// Tokens (rows x width) for which [`Engine::append_all_logits`] can return logits at once.
     pub all_logits_tokens: usize,
+    /// Allow `max_len` beyond the model's trained context ([`ModelConfig::context_len`]). Off by
+    /// default: positions the model never saw in training give output that only looks right.
+    pub beyond_trained_context: bool,
 }
 
 impl EngineOptions {
     /// `rows` rows of `max_len` tokens, f32 everywhere.
     pub fn new(rows: usize, max_len: usize) -> Self {
-        EngineOptions { rows, max_len, kv: KvDtype::F32, weights: WeightDtype::F32, rollback: 8, all_logits_tokens: 64 }
+        EngineOptions {
+            rows,
+            max_len,
+            kv: KvDtype::F32,
+            weights: WeightDtype::F32,
+            rollback: 8,
+            all_logits_tokens: 64,
+            beyond_trained_context: false,
+        }
     }
 }
 
@@ -89,7 +100,7 @@ struct RowInfoGpu {
     cache_row: u32,
     n_new: u32,
     pos0: u32,
-    _pad: u32,
+    rope_pos0: u32,
 }
 
 /// How many workgroups a dispatch needs, given the chunk shape (R rows, C width).
@@ -336,7 +347,7 @@ impl Builder<'_> {
                     ("D", c.head_dim as f64),
                     ("SLOTS", slots as f64),
                     ("RING", b(ring)),
-                    ("KV_F16", b(self.cache.dtype() == KvDtype::F16)),
+                    ("KV_FORMAT", self.cache.dtype().format() as f64),
                 ];
                 consts.extend(self.shard(shard));
                 self.dispatch(
@@ -421,7 +432,7 @@ impl Builder<'_> {
                 ("RING", cache.ring_slots().max(1) as f64),
                 ("HAS_GLOBAL", b(group.is_some())),
                 ("HAS_LOCAL", b(ring.is_some())),
-                ("KV_F16", b(cache.dtype() == KvDtype::F16)),
+                ("KV_FORMAT", cache.dtype().format() as f64),
                 ("SCALE", c.attn_scale as f64),
             ];
             consts.extend(self.shard(shard));
@@ -474,6 +485,13 @@ impl Engine {
     pub fn new(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
         weights.check()?;
         let cfg = weights.cfg.clone();
+        if let Some(ctx) = cfg.context_len.filter(|&c| opts.max_len > c && !opts.beyond_trained_context) {
+            return Err(Error::Limit(format!(
+                "max_len {} is longer than the model's trained context of {ctx} tokens; use max_len <= {ctx} \
+                 or set EngineOptions::beyond_trained_context to go past it",
+                opts.max_len
+            )));
+        }
         let cache = KvCache::new(gpu, &cfg, opts.rows, opts.max_len, opts.kv, opts.rollback)?;
         let gw = GpuWeights::upload(gpu, weights, opts.weights)?;
         let rows = opts.rows;
@@ -696,6 +714,12 @@ impl Engine {
         self.cache.rollback(&self.gpu, rows, n)
     }
 
+    /// Advance the positions of `rows[i]` by `n[i]` without storing anything: padding that no later
+    /// query sees (see [`KvCache::skip`]).
+    pub fn skip(&mut self, rows: &[usize], n: &[usize]) -> Result<()> {
+        self.cache.skip(rows, n)
+    }
+
     /// Copy row `src` into rows `dst` on the GPU: they continue from the same prefix without
     /// recomputing it (GRPO-style k samples per prompt).
     pub fn fork(&mut self, src: usize, dst: &[usize]) -> Result<()> {
@@ -828,7 +852,7 @@ impl Engine {
                     )));
                 }
             }
-            let len = self.cache.lens_cpu[row];
+            let len = self.cache.position(row);
             if len + n > self.cache.max_len() {
                 return Err(Error::CacheFull { row, len, n_new: n, max_len: self.cache.max_len() });
             }
@@ -862,7 +886,7 @@ impl Engine {
                 cache_row: row as u32,
                 n_new: n as u32,
                 pos0: self.cache.lens_cpu[row] as u32,
-                _pad: 0,
+                rope_pos0: self.cache.position(row) as u32,
             })
             .collect();
         q.write_buffer(&self.s.step, 0, bytemuck::bytes_of(&step));

@@ -385,6 +385,11 @@ impl GgufFile {
             )));
         }
         let mut c = ModelConfig::llama(vocab, d, heads, kv_heads, head_dim, ffn, layers, theta, eps, tied);
+        c.context_len = self
+            .get(&p("context_length"))
+            .and_then(Value::as_u64)
+            .filter(|&n| n > 0 && n <= u32::MAX as u64)
+            .map(|n| n as usize);
         match arch {
             "qwen3" => c.qk_norm = true,
             "gemma3" => {

@@ -144,6 +144,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         })
         .collect();
     c.window = window;
+    c.context_len = get_usize(cfg, "max_position_embeddings")?.filter(|&n| n > 0);
     match family {
         Family::Llama | Family::Qwen3 => {
             let theta = rope_theta(cfg, "full_attention", "rope_theta", 10000.0)?;

@@ -13,8 +13,8 @@
 //! # Ok::<(), kvdecode::Error>(())
 //! ```
 //!
-//! See `ARCHITECTURE.md` for the layout of the crate and `../shared/docs/DESIGN.md` for the
-//! semantics it keeps.
+//! See `ARCHITECTURE.md` for the layout of the crate and `docs/DESIGN.md` for the semantics and
+//! invariants it keeps.
 
 #![warn(missing_docs)]
 

@@ -1,6 +1,7 @@
 //! The CPU reference forward: full recomputation of every position's logits, no cache.
 //! It is the oracle for every GPU path. f32 weights and activations, f64 accumulation.
 
+use crate::cache::KvDtype;
 use crate::config::{MlpKind, ModelConfig, NormKind};
 use crate::error::{Error, Result};
 use crate::weights::{Matrix, ModelWeights};
@@ -64,7 +65,34 @@ struct Kv {
     v: Vec<Vec<f32>>,
 }
 
-fn project_kv(cfg: &ModelConfig, w: &Matrix, k_norm: Option<&[f32]>, h: &[Vec<f32>], rope_t: &[[f32; 2]]) -> Kv {
+/// What the reference models beyond the weights and tokens.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RefOptions<'a> {
+    /// Round keys and values to the values a cache of this type stores (`None`: exact f32).
+    pub kv: Option<KvDtype>,
+    /// Key-padding mask over positions: the key at position `s` is seen by later queries only
+    /// where `key_mask[s]`; every query always sees its own key (the seed's forced diagonal, which
+    /// keeps a padding query's softmax finite).
+    pub key_mask: Option<&'a [bool]>,
+}
+
+/// `x` as stored in a K/V cache of type `kv` (round to nearest even).
+pub fn round_kv(kv: Option<KvDtype>, x: f32) -> f32 {
+    match kv {
+        Some(KvDtype::F16) => half::f16::from_f32(x).to_f32(),
+        Some(KvDtype::BF16) => half::bf16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+fn project_kv(
+    cfg: &ModelConfig,
+    w: &Matrix,
+    k_norm: Option<&[f32]>,
+    h: &[Vec<f32>],
+    rope_t: &[[f32; 2]],
+    kv_type: Option<KvDtype>,
+) -> Kv {
     let (hk, d) = (cfg.n_kv_heads, cfg.head_dim);
     let half = d / 2;
     let mut kv = Kv { k: Vec::new(), v: Vec::new() };
@@ -78,15 +106,30 @@ fn project_kv(cfg: &ModelConfig, w: &Matrix, k_norm: Option<&[f32]>, h: &[Vec<f3
             }
             rope(head, &rope_t[t * half..(t + 1) * half]);
         }
-        kv.k.push(k);
-        kv.v.push(out[hk * d..].to_vec());
+        kv.k.push(k.iter().map(|&x| round_kv(kv_type, x)).collect());
+        kv.v.push(out[hk * d..].iter().map(|&x| round_kv(kv_type, x)).collect());
     }
     kv
 }
 
 /// Logits `[T, vocab]` at every position of `tokens` (position `t` sees tokens `0..=t`).
 pub fn forward(w: &ModelWeights, tokens: &[u32]) -> Result<Vec<f32>> {
+    forward_with(w, tokens, RefOptions::default())
+}
+
+/// [`forward`] with K/V rounded as a 16-bit cache stores them and/or a key-padding mask.
+pub fn forward_with(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> Result<Vec<f32>> {
     let cfg = &w.cfg;
+    if let Some(m) = opts.key_mask {
+        if m.len() != tokens.len() {
+            return Err(Error::Input(format!(
+                "key_mask covers {} positions but there are {} tokens",
+                m.len(),
+                tokens.len()
+            )));
+        }
+    }
+    let visible = |t: usize, s: usize| s == t || opts.key_mask.is_none_or(|m| m[s]);
     for (i, &t) in tokens.iter().enumerate() {
         if t as usize >= cfg.vocab {
             return Err(Error::Input(format!("token {i} = {t} is outside the vocabulary ({})", cfg.vocab)));
@@ -99,11 +142,13 @@ pub fn forward(w: &ModelWeights, tokens: &[u32]) -> Result<Vec<f32>> {
     let mut x: Vec<Vec<f32>> =
         tokens.iter().map(|&t| w.embed.row(t as usize).iter().map(|v| v * cfg.embed_scale).collect()).collect();
     let mut groups: Vec<Kv> = Vec::new();
-    let cids: Vec<u32> = tokens.iter().map(|&t| w.cid_map.as_ref().map_or(t, |m| m[t as usize])).collect();
+    let cid = |t: u32| w.cid_map.as_ref().map_or(t, |m| m[t as usize]);
+    let cids: Vec<u32> = tokens.iter().map(|&t| cid(t)).collect();
+    let before_start = cid(0);
     for (li, (lw, spec)) in w.layers.iter().zip(&cfg.layers).enumerate() {
         if let (Some(ew), Some(e)) = (&lw.engram, &cfg.engram) {
             let add: Vec<Vec<f32>> = (0..n)
-                .map(|t| crate::engram::residual(e, &ew.tables, &ew.w_kv, &x[t], &cids, t, cfg.norm_eps))
+                .map(|t| crate::engram::residual(e, &ew.tables, &ew.w_kv, &x[t], &cids, before_start, t, cfg.norm_eps))
                 .collect();
             for (xt, a) in x.iter_mut().zip(add) {
                 for (v, av) in xt.iter_mut().zip(a) {
@@ -115,12 +160,13 @@ pub fn forward(w: &ModelWeights, tokens: &[u32]) -> Result<Vec<f32>> {
         let h: Vec<Vec<f32>> =
             x.iter().map(|xt| rms_norm(xt, lw.attn_norm.as_deref(), cfg.norm, cfg.norm_eps)).collect();
         if spec.writes_global {
-            let kv = project_kv(cfg, lw.kv_global.as_ref().expect("checked"), lw.k_norm.as_deref(), &h, &rope_t);
+            let kv =
+                project_kv(cfg, lw.kv_global.as_ref().expect("checked"), lw.k_norm.as_deref(), &h, &rope_t, opts.kv);
             groups.push(kv);
         }
-        let local = spec
-            .local
-            .then(|| project_kv(cfg, lw.kv_local.as_ref().expect("checked"), lw.k_norm.as_deref(), &h, &rope_t));
+        let local = spec.local.then(|| {
+            project_kv(cfg, lw.kv_local.as_ref().expect("checked"), lw.k_norm.as_deref(), &h, &rope_t, opts.kv)
+        });
         let global = spec.global_group.map(|g| &groups[g]);
         for t in 0..n {
             let mut q = matvec(&lw.wq, &h[t]);
@@ -142,10 +188,11 @@ pub fn forward(w: &ModelWeights, tokens: &[u32]) -> Result<Vec<f32>> {
                     qh.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * cfg.attn_scale as f64
                 };
                 if let Some(g) = global {
-                    keys.extend((0..=t).map(|s| (score(g, s), g, s)));
+                    keys.extend((0..=t).filter(|&s| visible(t, s)).map(|s| (score(g, s), g, s)));
                 }
                 if let Some(l) = &local {
-                    keys.extend(((t + 1).saturating_sub(cfg.window)..=t).map(|s| (score(l, s), l, s)));
+                    let first = (t + 1).saturating_sub(cfg.window);
+                    keys.extend((first..=t).filter(|&s| visible(t, s)).map(|s| (score(l, s), l, s)));
                 }
                 let m = keys.iter().map(|k| k.0).fold(f64::NEG_INFINITY, f64::max);
                 let denom: f64 = keys.iter().map(|k| (k.0 - m).exp()).sum();

@@ -136,7 +136,7 @@ pub struct LayerWeights {
     pub engram: Option<EngramWeights>,
 }
 
-/// One layer's Engram module (DESIGN.md section 7).
+/// One layer's Engram module (docs/DESIGN.md, "Engram").
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngramWeights {
     /// `E[n][j]` for each order `n` (in config order) and head `j`, each `[table_rows, dim]`,
@@ -216,8 +216,14 @@ impl ModelWeights {
                 _ => None,
             });
         }
-        let cid_map =
-            cfg.engram.as_ref().map(|e| (0..cfg.vocab).map(|t| (t % (e.table_rows.max(2) / 2 + 1)) as u32).collect());
+        // A many-to-one map (about two tokens per compressed id, as a tokenizer's case and space
+        // variants fold together) whose ids start at 1: `cid_map[0] != 0`, so the ids of positions
+        // before a row's start (token 0, mapped) differ from a raw 0 and tests can tell them apart.
+        let cid_map = cfg.engram.as_ref().map(|_| {
+            let mut rng = SplitMix64(seed ^ 0x0C1D_0AA9);
+            let distinct = (cfg.vocab / 2).max(1);
+            (0..cfg.vocab).map(|_| 1 + rng.below(distinct) as u32).collect()
+        });
         let mut layer_mats = Vec::new();
         for l in &cfg.layers {
             let wq = mat(hd, d, 1.0);

@@ -69,6 +69,11 @@ fn admission_refuses_what_cannot_fit_and_accounts() {
     assert!(format!("{err}").contains("exceeds the rows' max_len 32"), "{err}");
     let bad = Request { tokens: vec![1, 500], max_new: 3, stop: vec![], sampler: Sampler::GREEDY };
     assert!(format!("{}", sched.submit(bad).unwrap_err()).contains("token 1 = 500"));
+    // asking for no token is refused, not answered with one
+    let nothing = Request { tokens: vec![1, 2], max_new: 0, stop: vec![], sampler: Sampler::GREEDY };
+    let err = sched.submit(nothing).unwrap_err().to_string();
+    assert!(err.contains("max_new is 0"), "{err}");
+    assert_eq!(sched.queued(), 0, "refused requests are not queued");
     for n in [5, 9, 3] {
         sched.submit(Request { tokens: vec![2; n], max_new: 4, stop: vec![], sampler: Sampler::GREEDY }).unwrap();
     }

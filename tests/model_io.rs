@@ -105,3 +105,27 @@ fn gemma_style_model_runs_on_the_engine() {
         }
     }
 }
+
+#[test]
+fn rows_longer_than_the_trained_context_need_an_explicit_opt_out() {
+    let mut cfg = llama_cfg();
+    cfg.context_len = Some(32);
+    let w = model(&cfg, 91);
+    let gpu = gpu();
+    let err = kvdecode::Engine::new(&gpu, &w, kvdecode::EngineOptions::new(1, 33)).err().unwrap().to_string();
+    assert!(err.contains("max_len 33") && err.contains("trained context of 32"), "{err}");
+    assert!(err.contains("beyond_trained_context"), "the error names the opt-out: {err}");
+    kvdecode::Engine::new(&gpu, &w, kvdecode::EngineOptions::new(1, 32)).unwrap();
+    let opts = kvdecode::EngineOptions { beyond_trained_context: true, ..kvdecode::EngineOptions::new(1, 64) };
+    kvdecode::Engine::new(&gpu, &w, opts).unwrap();
+    // the config keeps it through a safetensors round trip
+    let back =
+        kvdecode::ModelWeights::from_safetensors_bytes(&w.to_safetensors_bytes(kvdecode::DiskDtype::F32).unwrap())
+            .unwrap();
+    assert_eq!(back.cfg.context_len, Some(32));
+    // the examples' default: the trained context, capped by a K/V budget
+    let kv = kvdecode::KvDtype::F16;
+    assert_eq!(kvdecode::KvCache::fit_max_len(&gpu, &w.cfg, 4, kv, 1 << 30, 1024), 32);
+    // 3 groups x K and V x 2 KV heads x 8 dims x 2 bytes = 192 bytes per position and row
+    assert_eq!(kvdecode::KvCache::fit_max_len(&gpu, &w.cfg, 4, kv, 192 * 4 * 10, 1024), 10);
+}

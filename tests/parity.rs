@@ -190,6 +190,13 @@ fn engram_random_schedules_match_reference() {
     let s = seed(16);
     let w = model(&engram_cfg(), s);
     assert!(w.layers[1].engram.is_some() && w.cid_map.is_some());
+    // positions before a row's start hold token 0, whose compressed id is not 0 here: the map
+    // decides a row's first addresses (the seed's rule), so a GPU that used 0 would differ
+    let cid0 = w.cid_map.as_ref().unwrap()[0];
+    assert_ne!(cid0, 0);
+    assert_ne!(ModelWeights::demo().cid_map.unwrap()[0], 0);
+    let fnv = |ids: &[u32]| ids.iter().fold(0x811C_9DC5u32, |h, &c| (h ^ c).wrapping_mul(0x0100_0193));
+    assert_eq!(kvdecode::engram::address(&[5], cid0, 0, 3, 0, 1 << 30), (fnv(&[cid0, cid0, 5]) % (1 << 30)) as usize);
     random_schedule(&w, 4, 40, 40, s, 1e-4);
     // and with chunks longer than CHUNK
     let gpu = gpu();

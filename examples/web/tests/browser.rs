@@ -1,10 +1,10 @@
 //! The engine's parity tests inside a real browser (headless Chromium, WebGPU on SwiftShader):
-//! cached incremental decoding equals the CPU reference, both layouts, f32 and f16 K/V storage.
+//! cached incremental decoding equals the CPU reference, both layouts, f32, f16 and bf16 K/V
+//! storage (16-bit storage against the reference that rounds K/V the same way).
 //! Run with scripts/web-test.sh (wasm-bindgen-test-runner + chromedriver).
 
-use kvdecode::{
-    argmax, reference, Engine, EngineOptions, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights, SplitMix64,
-};
+use kvdecode::reference::{self, RefOptions};
+use kvdecode::{argmax, Engine, EngineOptions, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights, SplitMix64};
 use wasm_bindgen_test::*;
 
 wasm_bindgen_test_configure!(run_in_browser);
@@ -37,7 +37,7 @@ async fn parity(cfg: ModelConfig, kv: KvDtype, seed: u64, tol: f32) {
         let cache_rows = rows.unwrap_or_else(|| (0..3).collect());
         for (r, &row) in cache_rows.iter().enumerate() {
             let hist = e.cache().history(row).to_vec();
-            let all = reference::forward(&w, &hist).unwrap();
+            let all = reference::forward_with(&w, &hist, RefOptions { kv: Some(kv), ..Default::default() }).unwrap();
             let want = &all[(hist.len() - 1) * v..];
             let got = out.row(r).unwrap();
             let d = max_abs_diff(got, want);
@@ -73,10 +73,20 @@ async fn browser_llama_f32() {
 
 #[wasm_bindgen_test]
 async fn browser_tiny_agent_f16() {
-    parity(tiny_agent(), KvDtype::F16, 13, 5e-3).await;
+    parity(tiny_agent(), KvDtype::F16, 13, 2e-3).await;
 }
 
 #[wasm_bindgen_test]
 async fn browser_llama_f16() {
-    parity(llama(), KvDtype::F16, 14, 5e-3).await;
+    parity(llama(), KvDtype::F16, 14, 2e-3).await;
+}
+
+#[wasm_bindgen_test]
+async fn browser_tiny_agent_bf16() {
+    parity(tiny_agent(), KvDtype::BF16, 15, 2e-3).await;
+}
+
+#[wasm_bindgen_test]
+async fn browser_llama_bf16() {
+    parity(llama(), KvDtype::BF16, 16, 2e-3).await;
 }
