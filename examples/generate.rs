@@ -11,9 +11,8 @@
 
 use std::time::Instant;
 
-use kvdecode::tokenizer::Tokenizer;
-use kvdecode::{Engine, EngineOptions, Gpu, KvCache, KvDtype, ModelWeights, Request, Sampler, Scheduler, WeightDtype};
-use serde_json::{json, Value};
+use kvdecode::{Engine, EngineOptions, Gpu, KvCache, KvDtype, ModelWeights, Request, Scheduler, WeightDtype};
+use serde_json::json;
 
 fn main() {
     if let Err(e) = run() {
@@ -43,7 +42,7 @@ fn run() -> Result<(), String> {
     let text = std::fs::read_to_string(&prompts).map_err(|e| format!("{prompts}: {e}"))?;
     let mut reqs = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        reqs.push(parse_request(line, tok.as_ref()).map_err(|e| format!("{prompts}:{}: {e}", i + 1))?);
+        reqs.push(Request::from_json(line, tok.as_ref()).map_err(|e| format!("{prompts}:{}: {e}", i + 1))?);
     }
     let gpu = Gpu::new().map_err(|e| e.to_string())?;
     let kv = KvDtype::parse(get("--kv").as_deref().unwrap_or("f32")).map_err(|e| format!("--kv: {e}"))?;
@@ -76,40 +75,4 @@ fn run() -> Result<(), String> {
         gpu.describe()
     );
     Ok(())
-}
-
-fn parse_request(line: &str, tok: Option<&Tokenizer>) -> Result<Request, String> {
-    let v: Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
-    let ids = |key: &str| -> Result<Option<Vec<u32>>, String> {
-        match v.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|x| x.as_u64().filter(|&n| n <= u32::MAX as u64).map(|n| n as u32))
-                .collect::<Option<Vec<u32>>>()
-                .map(Some)
-                .ok_or_else(|| format!("\"{key}\" must be an array of token ids")),
-            Some(_) => Err(format!("\"{key}\" must be an array of token ids")),
-        }
-    };
-    let tokens = match (ids("tokens")?, v.get("text"), tok) {
-        (Some(t), _, _) => t,
-        (None, Some(text), Some(tok)) => {
-            let text = text.as_str().ok_or("\"text\" must be a string")?;
-            tok.encode(text).map_err(|e| e.to_string())?
-        }
-        (None, Some(_), None) => {
-            return Err("\"text\" needs a tokenizer, which this model does not have; give \"tokens\"".into())
-        }
-        (None, None, _) => return Err("a request needs \"tokens\" (or \"text\")".into()),
-    };
-    let f = |key: &str, default: f64| v.get(key).and_then(Value::as_f64).unwrap_or(default);
-    let temperature = f("temperature", 0.0) as f32;
-    let sampler = Sampler {
-        temperature,
-        seed: f("seed", 0.0) as u32,
-        top_k: f("top_k", 0.0) as u32,
-        top_p: f("top_p", 1.0) as f32,
-    };
-    Ok(Request { tokens, max_new: f("max_tokens", 32.0) as usize, stop: ids("stop")?.unwrap_or_default(), sampler })
 }

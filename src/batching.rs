@@ -25,6 +25,63 @@ pub struct Request {
     pub sampler: Sampler,
 }
 
+/// A request as one JSON object (one line of a JSONL file), before tokenization.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest {
+    tokens: Option<Vec<u32>>,
+    text: Option<String>,
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_k: Option<u32>,
+    top_p: Option<f32>,
+    seed: Option<u32>,
+    stop: Option<Vec<u32>>,
+}
+
+impl Request {
+    /// Most bytes of one JSON request line (a prompt of a million tokens is longer than any row).
+    pub const MAX_JSON_BYTES: usize = 16 << 20;
+
+    /// Parse one request from a JSON object (a line of a JSONL file):
+    /// `{"tokens": [ids]}` or `{"text": "..."}` (tokenized with `tok`), and optionally
+    /// `"max_tokens"` (default 32), `"temperature"` (0, the default, is greedy), `"top_k"`,
+    /// `"top_p"`, `"seed"`, `"stop"` (token ids). Untrusted input: wrong types, unknown keys,
+    /// text without a tokenizer and bad sampler values are errors that name the field.
+    pub fn from_json(line: &str, tok: Option<&crate::tokenizer::Tokenizer>) -> Result<Request> {
+        if line.len() > Self::MAX_JSON_BYTES {
+            return Err(Error::Input(format!(
+                "request of {} bytes is larger than the {} accepted",
+                line.len(),
+                Self::MAX_JSON_BYTES
+            )));
+        }
+        let j: JsonRequest = serde_json::from_str(line).map_err(|e| Error::Input(format!("request: {e}")))?;
+        let tokens = match (j.tokens, j.text, tok) {
+            (Some(_), Some(_), _) => return Err(Error::Input("request: give \"tokens\" or \"text\", not both".into())),
+            (Some(t), None, _) => t,
+            (None, Some(text), Some(tok)) => tok.encode(&text)?,
+            (None, Some(_), None) => {
+                return Err(Error::Input(
+                    "request: \"text\" needs a tokenizer, which this model does not have; give \"tokens\"".into(),
+                ))
+            }
+            (None, None, _) => return Err(Error::Input("request: needs \"tokens\" (or \"text\")".into())),
+        };
+        if tokens.is_empty() {
+            return Err(Error::Input("request: empty prompt".into()));
+        }
+        let sampler = Sampler {
+            temperature: j.temperature.unwrap_or(0.0),
+            seed: j.seed.unwrap_or(0),
+            top_k: j.top_k.unwrap_or(0),
+            top_p: j.top_p.unwrap_or(1.0),
+        };
+        sampler.check(0).map_err(|e| Error::Input(format!("request: {e}")))?;
+        Ok(Request { tokens, max_new: j.max_tokens.unwrap_or(32), stop: j.stop.unwrap_or_default(), sampler })
+    }
+}
+
 /// Why a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finish {
@@ -132,7 +189,7 @@ impl Scheduler {
         if req.max_new == 0 {
             return Err(Error::Input(format!("request {id}: max_new is 0; ask for at least one token")));
         }
-        if req.tokens.len() + req.max_new > self.max_len {
+        if req.tokens.len().saturating_add(req.max_new) > self.max_len {
             return Err(Error::Input(format!(
                 "request {id}: prompt {} + max_new {} exceeds the rows' max_len {}",
                 req.tokens.len(),

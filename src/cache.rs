@@ -179,12 +179,11 @@ impl KvCache {
             history_cpu: vec![Vec::new(); rows],
             written: vec![0; rows],
             skips: vec![Vec::new(); rows],
-            row_stage: gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("fork row stage"),
-                size: widest.max((max_len as u64 + 1) * 4).max((w as u64 + 1) * 4).next_multiple_of(4),
-                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
+            row_stage: gpu.buffer(
+                "fork row stage",
+                widest.max((max_len as u64 + 1) * 4).max((w as u64 + 1) * 4).next_multiple_of(4),
+                wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            )?,
         })
     }
 
@@ -288,6 +287,16 @@ impl KvCache {
         let g = self.global.len() as u64 * 2 * (self.max_len as u64 + 1) * per;
         let r = self.ring.iter().flatten().count() as u64 * 2 * (self.ring_slots as u64 + 1) * per;
         g + r
+    }
+
+    /// Bytes a cache of these dimensions allocates on the GPU (K/V, ring positions, lengths, token
+    /// history), computed before allocating anything.
+    pub fn bytes_needed(cfg: &ModelConfig, rows: usize, max_len: usize, dtype: KvDtype, spare: usize) -> u64 {
+        let ring_slots = if cfg.has_local() { cfg.window + spare } else { 0 } as u64;
+        let per = (rows * cfg.n_kv_heads * cfg.head_dim * dtype.bytes()) as u64;
+        let locals = cfg.layers.iter().filter(|l| l.local).count() as u64;
+        let kv = cfg.n_groups() as u64 * 2 * (max_len as u64 + 1) * per + locals * 2 * (ring_slots + 1) * per;
+        kv + rows as u64 * ((ring_slots + 1) + 1 + (max_len as u64 + 1)) * 4
     }
 
     /// Bytes a naive cache would take: every layer its own full-length K and V.

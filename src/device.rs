@@ -1,4 +1,8 @@
-//! Adapter and device acquisition.
+//! Adapter and device acquisition, and the device's health: a lost device and errors no error
+//! scope caught are recorded (never panics from wgpu's default handler) and returned as errors by
+//! the next call.
+
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
@@ -15,12 +19,18 @@ pub struct GpuOptions {
     /// Defaults to the `KVDECODE_PORTABLE` environment variable being `1` (CI runs the suite both
     /// ways).
     pub portable: bool,
+    /// Most bytes of buffers the engines on this device may hold together; creating more is an
+    /// out-of-memory error at `Engine::new`. `None`: for adapters that are really the CPU
+    /// (lavapipe, llvmpipe, SwiftShader), 90% of the memory available when the `Gpu` is created
+    /// (their drivers commit memory lazily, so they accept any size and fail only when it is
+    /// touched); for GPUs, the driver's own out-of-memory errors, caught by error scopes.
+    pub memory_budget: Option<u64>,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
         let portable = std::env::var("KVDECODE_PORTABLE").is_ok_and(|v| v == "1");
-        GpuOptions { webgpu_default_limits: true, max_storage_binding: None, portable }
+        GpuOptions { webgpu_default_limits: true, max_storage_binding: None, portable, memory_budget: None }
     }
 }
 
@@ -35,6 +45,35 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     /// The limits the device was created with.
     pub limits: wgpu::Limits,
+    health: Arc<Mutex<Health>>,
+    memory: Arc<Mutex<Memory>>,
+}
+
+/// Bytes of buffers engines hold on this device, against the budget (if any).
+#[derive(Debug, Default)]
+struct Memory {
+    budget: Option<u64>,
+    in_use: u64,
+}
+
+/// Memory the OS can give this process now (Linux `MemAvailable`); `None` where unknown.
+fn host_memory_available() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
+/// What the device told us outside any call: that it was lost, or errors no scope caught.
+#[derive(Debug, Default)]
+struct Health {
+    lost: Option<String>,
+    uncaptured: Vec<String>,
 }
 
 const INSTALL_HINT: &str = "install a Vulkan driver (Debian/Ubuntu: `apt-get install mesa-vulkan-drivers` \
@@ -76,6 +115,10 @@ impl Gpu {
         for backends in tries {
             let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
             desc.backends = backends;
+            // Resource creation past 90% of the driver's memory budget is an out-of-memory error
+            // (Vulkan, VK_EXT_memory_budget): drivers that commit memory lazily, lavapipe among
+            // them, would otherwise accept any engine and fail later, when it is touched.
+            desc.memory_budget_thresholds.for_resource_creation = Some(90);
             let instance = wgpu::Instance::new(desc);
             match instance
                 .request_adapter(&wgpu::RequestAdapterOptions {
@@ -116,7 +159,101 @@ impl Gpu {
             })
             .await
             .map_err(|e| Error::Device(format!("adapter {} refused a device: {e}", info.name)))?;
-        Ok(Gpu { device, queue, info, limits })
+        let health = Arc::new(Mutex::new(Health::default()));
+        let h = health.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            if let Ok(mut h) = h.lock() {
+                h.lost = Some(format!("{reason:?}: {msg}"));
+            }
+        });
+        // wgpu's default handler panics; an engine reports errors instead
+        let h = health.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut h) = h.lock() {
+                h.uncaptured.push(e.to_string());
+            }
+        }));
+        let budget = opts.memory_budget.or_else(|| {
+            (info.device_type == wgpu::DeviceType::Cpu).then(host_memory_available).flatten().map(|b| b / 10 * 9)
+        });
+        let memory = Arc::new(Mutex::new(Memory { budget, in_use: 0 }));
+        Ok(Gpu { device, queue, info, limits, health, memory })
+    }
+
+    /// The budget engines on this device share, in bytes (see [`GpuOptions::memory_budget`]).
+    pub fn memory_budget(&self) -> Option<u64> {
+        self.memory.lock().ok().and_then(|m| m.budget)
+    }
+
+    /// Bytes of buffers the engines on this device hold now.
+    pub fn memory_in_use(&self) -> u64 {
+        self.memory.lock().map(|m| m.in_use).unwrap_or(0)
+    }
+
+    /// Error unless `bytes` more fit in the memory budget; `what` says what needs them.
+    pub(crate) fn check_budget(&self, bytes: u64, what: &str) -> Result<()> {
+        let m = self.memory.lock().map_err(|_| Error::Device("memory lock poisoned".into()))?;
+        match m.budget {
+            Some(budget) if m.in_use.saturating_add(bytes) > budget => {
+                let mib = |b: u64| b as f64 / (1 << 20) as f64;
+                Err(Error::Device(format!(
+                    "out of GPU memory: {what} needs {:.1} MiB, {:.1} MiB of the {:.1} MiB budget are free \
+                     (GpuOptions::memory_budget)",
+                    mib(bytes),
+                    mib(budget.saturating_sub(m.in_use)),
+                    mib(budget)
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Give back `bytes` of the budget (an engine that was dropped, or failed to build).
+    pub(crate) fn release(&self, bytes: u64) {
+        if let Ok(mut m) = self.memory.lock() {
+            m.in_use = m.in_use.saturating_sub(bytes);
+        }
+    }
+
+    /// A buffer of `size` bytes counted against the memory budget; the error names it.
+    pub(crate) fn buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+        {
+            let mut m = self.memory.lock().map_err(|_| Error::Device("memory lock poisoned".into()))?;
+            if let Some(budget) = m.budget.filter(|&b| m.in_use.saturating_add(size) > b) {
+                return Err(Error::Device(format!(
+                    "out of GPU memory: {label} needs {size} bytes, {} of the {budget}-byte budget are in use \
+                     (GpuOptions::memory_budget)",
+                    m.in_use
+                )));
+            }
+            m.in_use += size;
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// `Ok` while the device is usable. A lost device (driver reset, `Device::destroy`, a browser
+    /// that reclaimed the GPU) is [`Error::DeviceLost`] from then on: build a new `Gpu` and
+    /// `Engine`. An error no scope caught since the last call (a validation error, out of memory
+    /// while running) is returned once as [`Error::Device`].
+    pub fn check(&self) -> Result<()> {
+        // natively, callbacks (the device-lost one among them) run inside poll; a non-blocking
+        // poll lets a loss that already happened be seen before this call changes anything
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        let mut h = self.health.lock().map_err(|_| Error::Device("device health lock poisoned".into()))?;
+        if let Some(why) = &h.lost {
+            return Err(Error::DeviceLost(why.clone()));
+        }
+        if !h.uncaptured.is_empty() {
+            let all = std::mem::take(&mut h.uncaptured).join("; ");
+            return Err(Error::Device(format!("the GPU reported an error: {all}")));
+        }
+        Ok(())
     }
 
     /// One line describing the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) on Vulkan (llvmpipe)`.
@@ -149,12 +286,8 @@ impl Gpu {
     /// A zeroed storage buffer of `size` bytes that fits one binding; the error names it.
     pub(crate) fn storage(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
         self.check_binding(label, size)?;
-        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: size.max(16).next_multiple_of(4),
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        }))
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        self.buffer(label, size.max(16).next_multiple_of(4), usage)
     }
 
     /// A storage buffer holding `data` (padded to at least 16 bytes).

@@ -203,6 +203,14 @@ pub struct Engine {
     pub(crate) max_window: usize,
     sample_dispatch: Dispatch,
     stats: Stats,
+    /// Bytes of buffers this engine counts against the device's memory budget.
+    gpu_bytes: u64,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.gpu.release(self.gpu_bytes);
+    }
 }
 
 /// Everything the per-layer builder needs to see while it builds dispatches.
@@ -481,8 +489,65 @@ impl Builder<'_> {
 
 impl Engine {
     /// Upload `weights`, allocate the cache and every buffer, and build every pipeline and bind
-    /// group. Nothing is allocated per step after this.
+    /// group. Nothing is allocated per step after this. An engine the device cannot hold is an
+    /// error naming what it needs (error scopes catch out-of-memory and validation errors during
+    /// creation), never a panic. (Natively this blocks on the scopes; in the browser use
+    /// [`Engine::new_async`], or the first call reports what creation ran into.)
     pub fn new(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return pollster::block_on(Self::new_async(gpu, weights, opts));
+        #[cfg(target_arch = "wasm32")]
+        Self::build(gpu, weights, opts)
+    }
+
+    /// [`Engine::new`] that awaits the device's verdict on creation (the browser's form).
+    pub async fn new_async(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
+        gpu.check()?;
+        let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let invalid = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let built = Self::build(gpu, weights, opts);
+        let invalid = invalid.pop().await;
+        let oom = oom.pop().await;
+        let engine = built?;
+        let needs = || {
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            format!(
+                "the engine needs {:.1} MiB of weights and {:.1} MiB of K/V cache plus activations",
+                mib(engine.weight_bytes()),
+                mib(engine.cache.nbytes())
+            )
+        };
+        if let Some(e) = oom {
+            return Err(Error::Device(format!(
+                "out of GPU memory creating the engine ({}; use fewer rows, a shorter max_len, 16-bit K/V or \
+                 quantized weights): {e}",
+                needs()
+            )));
+        }
+        if let Some(e) = invalid {
+            return Err(Error::Device(format!("the device refused the engine ({}): {e}", needs())));
+        }
+        gpu.check()?;
+        Ok(engine)
+    }
+
+    /// Build, counting the buffers against the device's memory budget (given back on drop, or
+    /// at once when building fails half-way).
+    fn build(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
+        let before = gpu.memory_in_use();
+        match Self::build_parts(gpu, weights, opts) {
+            Ok(mut e) => {
+                e.gpu_bytes = gpu.memory_in_use().saturating_sub(before);
+                Ok(e)
+            }
+            Err(e) => {
+                gpu.release(gpu.memory_in_use().saturating_sub(before));
+                Err(e)
+            }
+        }
+    }
+
+    fn build_parts(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
         weights.check()?;
         let cfg = weights.cfg.clone();
         if let Some(ctx) = cfg.context_len.filter(|&c| opts.max_len > c && !opts.beyond_trained_context) {
@@ -492,6 +557,21 @@ impl Engine {
                 opts.max_len
             )));
         }
+        // what the engine will hold, before anything is allocated (activations are small beside it)
+        let weight_bytes = crate::gpu_weights::bytes_needed(weights, opts.weights);
+        let kv_bytes = KvCache::bytes_needed(&cfg, opts.rows, opts.max_len, opts.kv, opts.rollback);
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        gpu.check_budget(
+            weight_bytes.saturating_add(kv_bytes),
+            &format!(
+                "an engine with {:.1} MiB of weights and a {:.1} MiB K/V cache ({} rows x {} positions, {} K/V)",
+                mib(weight_bytes),
+                mib(kv_bytes),
+                opts.rows,
+                opts.max_len,
+                opts.kv.name()
+            ),
+        )?;
         let cache = KvCache::new(gpu, &cfg, opts.rows, opts.max_len, opts.kv, opts.rollback)?;
         let gw = GpuWeights::upload(gpu, weights, opts.weights)?;
         let rows = opts.rows;
@@ -512,20 +592,10 @@ impl Engine {
         let max_window = opts.rollback + 1;
         let f4 = |n: usize| (n * 4) as u64;
         let map_read = |label: &str, size: u64| {
-            gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
+            gpu.buffer(label, size, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST)
         };
         let s = Scratch {
-            step: gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("step"),
-                size: 16,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
+            step: gpu.buffer("step", 16, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST)?,
             row_info: gpu.storage("row info", (rows * 16) as u64)?,
             ids: gpu.storage("ids", f4(t))?,
             x: gpu.storage("x", f4(t * d))?,
@@ -544,9 +614,9 @@ impl Engine {
             sampled: gpu.storage("sampled ids", f4(2 * rows))?,
             all_logits: gpu.storage("all-position logits", f4(all_tokens * cfg.vocab))?,
             dummy: gpu.storage("dummy", 16)?,
-            logits_read: map_read("logits readback", f4(rows * cfg.vocab)),
-            sampled_read: map_read("sampled readback", f4(2 * rows * max_window)),
-            all_logits_read: map_read("all-position logits readback", f4(all_tokens * cfg.vocab)),
+            logits_read: map_read("logits readback", f4(rows * cfg.vocab))?,
+            sampled_read: map_read("sampled readback", f4(2 * rows * max_window))?,
+            all_logits_read: map_read("all-position logits readback", f4(all_tokens * cfg.vocab))?,
         };
         let mut rope = HashMap::new();
         for i in 0..cfg.n_layers() {
@@ -650,6 +720,7 @@ impl Engine {
             max_window,
             sample_dispatch,
             stats: Stats::default(),
+            gpu_bytes: 0,
         })
     }
 
@@ -706,23 +777,27 @@ impl Engine {
 
     /// Empty these cache rows (new sequences start there).
     pub fn reset(&mut self, rows: &[usize]) -> Result<()> {
+        self.gpu.check()?;
         self.cache.reset(&self.gpu, rows)
     }
 
     /// Remove the last `n[i]` tokens of `rows[i]` exactly (see [`KvCache::rollback`]).
     pub fn rollback(&mut self, rows: &[usize], n: &[usize]) -> Result<()> {
+        self.gpu.check()?;
         self.cache.rollback(&self.gpu, rows, n)
     }
 
     /// Advance the positions of `rows[i]` by `n[i]` without storing anything: padding that no later
     /// query sees (see [`KvCache::skip`]).
     pub fn skip(&mut self, rows: &[usize], n: &[usize]) -> Result<()> {
+        self.gpu.check()?;
         self.cache.skip(rows, n)
     }
 
     /// Copy row `src` into rows `dst` on the GPU: they continue from the same prefix without
     /// recomputing it (GRPO-style k samples per prompt).
     pub fn fork(&mut self, src: usize, dst: &[usize]) -> Result<()> {
+        self.gpu.check()?;
         self.cache.fork(&self.gpu, src, dst)
     }
 
@@ -821,6 +896,7 @@ impl Engine {
         n_new: &[usize],
         rows: Option<&[usize]>,
     ) -> Result<Vec<usize>> {
+        self.gpu.check()?;
         let cache_rows: Vec<usize> = match rows {
             Some(r) => {
                 self.cache.check_rows(r)?;
@@ -1072,6 +1148,13 @@ impl Engine {
     /// Map a readback buffer and copy its first `out.len()` bytes. Natively the map completes
     /// inside `poll`; in the browser the event loop completes it while this awaits.
     pub(crate) async fn read_async(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
+        let read = self.read_raw(buf, out).await;
+        // a lost device (or an error the step raised) explains a failed read better than the read
+        self.gpu.check()?;
+        read
+    }
+
+    async fn read_raw(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
         let slice = buf.slice(..out.len() as u64);
         let (tx, rx) = futures_channel::oneshot::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {

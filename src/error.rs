@@ -6,9 +6,13 @@ use thiserror::Error;
 /// included, comes back as one of these and leaves all state as it was.
 #[derive(Debug, Error)]
 pub enum Error {
-    /// No usable GPU adapter or device.
+    /// No usable GPU adapter or device, or the device reported an error (out of memory, validation).
     #[error("GPU: {0}")]
     Device(String),
+    /// The GPU device was lost (driver reset, destroyed, reclaimed by the browser). Nothing on it
+    /// can be used any more; create a new `Gpu` and `Engine`.
+    #[error("GPU device lost ({0}); create a new Gpu and Engine")]
+    DeviceLost(String),
     /// The model configuration is inconsistent.
     #[error("invalid model config: {0}")]
     Config(String),

@@ -32,23 +32,56 @@ pub(crate) struct GpuMatrix {
     pub parts: Vec<MatrixPart>,
 }
 
+/// How a matrix is stored on the GPU: its quantized blocks when the GPU reads that format (and
+/// the rows are whole blocks), else 16-bit when it is 16-bit on disk or `dtype` asks, else f32.
+struct Layout<'a> {
+    quant: Option<&'a crate::quant::QuantData>,
+    half: Option<Half>,
+    format: u32,
+    row_bytes: u64,
+}
+
+fn layout(m: &Matrix, dtype: WeightDtype) -> Layout<'_> {
+    let quant = m.quant.as_ref().filter(|q| q.kind.gpu_format().is_some() && m.cols.is_multiple_of(32));
+    // 16-bit on disk stays 16-bit on the GPU (bf16 as bf16); f32 follows `dtype`
+    let half = match (m.half, dtype) {
+        (Some(h), _) => Some(h),
+        (None, WeightDtype::F16) => Some(Half::F16),
+        (None, WeightDtype::F32) => None,
+    };
+    let (format, row_bytes) = match (quant, half) {
+        (Some(q), _) => (q.kind.gpu_format().unwrap_or(0), (m.cols / 32 * q.kind.gpu_block_words() * 4) as u64),
+        (None, None) => (0, (m.cols * 4) as u64),
+        (None, Some(Half::F16)) => (1, (m.cols * 2) as u64),
+        (None, Some(Half::BF16)) => (5, (m.cols * 2) as u64),
+    };
+    Layout { quant, half, format, row_bytes }
+}
+
+/// Bytes `w`'s matrices, norms and tables take on the GPU as `dtype` (before anything is
+/// uploaded, so an engine the device cannot hold is refused up front).
+pub(crate) fn bytes_needed(w: &ModelWeights, dtype: WeightDtype) -> u64 {
+    let m = |x: &Matrix| layout(x, dtype).row_bytes * x.rows as u64;
+    let v = |x: &Option<Vec<f32>>| x.as_ref().map_or(0, |x| x.len() as u64 * 4);
+    let mut total = m(&w.embed) + w.head.as_ref().map_or(0, m) + v(&w.final_norm) + w.cfg.vocab as u64 * 4;
+    for l in &w.layers {
+        total += m(&l.wq) + m(&l.wo) + m(&l.mlp_in) + m(&l.mlp_out);
+        total += l.kv_global.as_ref().map_or(0, m) + l.kv_local.as_ref().map_or(0, m);
+        total += [&l.attn_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.mlp_norm, &l.post_mlp_norm]
+            .into_iter()
+            .map(v)
+            .sum::<u64>();
+        if let Some(e) = &l.engram {
+            total += m(&e.w_kv) + e.tables.iter().map(|t| t.data.len() as u64 * 4).sum::<u64>();
+        }
+    }
+    total
+}
+
 impl GpuMatrix {
-    /// Upload `m`: its quantized blocks when the GPU reads that format (and the rows are whole
-    /// blocks), else its values as `dtype`. Split into row parts that each fit one binding.
+    /// Upload `m` (see [`layout`]), split into row parts that each fit one binding.
     pub(crate) fn upload(gpu: &Gpu, label: &str, m: &Matrix, dtype: WeightDtype) -> Result<Self> {
-        let quant = m.quant.as_ref().filter(|q| q.kind.gpu_format().is_some() && m.cols.is_multiple_of(32));
-        // 16-bit on disk stays 16-bit on the GPU (bf16 as bf16); f32 follows `dtype`
-        let half = match (m.half, dtype) {
-            (Some(h), _) => Some(h),
-            (None, WeightDtype::F16) => Some(Half::F16),
-            (None, WeightDtype::F32) => None,
-        };
-        let (format, row_bytes) = match (quant, half) {
-            (Some(q), _) => (q.kind.gpu_format().unwrap_or(0), (m.cols / 32 * q.kind.gpu_block_words() * 4) as u64),
-            (None, None) => (0, (m.cols * 4) as u64),
-            (None, Some(Half::F16)) => (1, (m.cols * 2) as u64),
-            (None, Some(Half::BF16)) => (5, (m.cols * 2) as u64),
-        };
+        let Layout { quant, half, format, row_bytes } = layout(m, dtype);
         let rows_per_part = (gpu.max_binding() / row_bytes.max(1)) as usize;
         if rows_per_part == 0 {
             return Err(Error::Limit(format!("{label}: one row of {row_bytes} bytes exceeds a storage binding")));

@@ -42,7 +42,7 @@ impl Sampler {
         if !self.temperature.is_finite() {
             return Err(Error::Input(format!("row {row}: temperature {} is not finite", self.temperature)));
         }
-        if !(self.top_p > 0.0 && self.top_p.is_finite()) {
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(Error::Input(format!("row {row}: top_p {} must be in (0, 1]", self.top_p)));
         }
         Ok(())

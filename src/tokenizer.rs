@@ -2,6 +2,7 @@
 //! from a Hugging Face `tokenizer.json`, both run by the `tokenizers` crate; and chat templates
 //! (Jinja, from `tokenizer.chat_template`) rendered by `minijinja`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::{json, Value as Json};
@@ -46,6 +47,12 @@ impl Tokenizer {
     /// The tokenizer stored in a GGUF file (`tokenizer.ggml.*`): `gpt2` (byte-level BPE with
     /// merges) or `llama` (SentencePiece-style BPE with scores and byte fallback).
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        Self::from_gguf_metadata(&g.metadata)
+    }
+
+    /// [`Tokenizer::from_gguf`] from the metadata alone (`tokenizer.ggml.*`,
+    /// `tokenizer.chat_template`): untrusted input, every missing or malformed key is an error.
+    pub fn from_gguf_metadata(g: &BTreeMap<String, Value>) -> Result<Self> {
         let model = g.get("tokenizer.ggml.model").and_then(Value::as_str).unwrap_or("");
         match model {
             "gpt2" => {}
@@ -102,7 +109,7 @@ impl Tokenizer {
     /// A SentencePiece-style (`llama`) GGUF vocabulary as Hugging Face models it: BPE whose merges
     /// are derived from the piece scores (as transformers' SentencePiece converter does), byte
     /// fallback to `<0xNN>` pieces, spaces as `▁` with a prefix space when the model asks for it.
-    fn from_gguf_spm(g: &GgufFile) -> Result<Self> {
+    fn from_gguf_spm(g: &BTreeMap<String, Value>) -> Result<Self> {
         let arr = |k: &str| -> Result<&[Value]> {
             g.get(k).and_then(Value::as_array).ok_or_else(|| Error::Config(format!("GGUF metadata `{k}` is missing")))
         };
@@ -165,7 +172,7 @@ impl Tokenizer {
 
     /// Build from a `tokenizer.json`-shaped spec, with BOS/EOS and the chat template from the
     /// GGUF metadata (`add_bos_default` when the file does not say).
-    fn from_gguf_spec(g: &GgufFile, spec: Json, add_bos_default: bool) -> Result<Self> {
+    fn from_gguf_spec(g: &BTreeMap<String, Value>, spec: Json, add_bos_default: bool) -> Result<Self> {
         let inner = spec
             .to_string()
             .parse::<tokenizers::Tokenizer>()
@@ -247,27 +254,111 @@ impl Tokenizer {
 
     /// Render the model's chat template for `messages`, ending with the assistant's turn prompt
     /// when `add_generation_prompt`.
+    ///
+    /// The template comes from the model file, so it is untrusted code: rendering runs under
+    /// [`TEMPLATE_LIMITS`] (source size, fuel, recursion depth, output size), and a template that
+    /// exceeds one is an error naming the limit.
     pub fn apply_chat_template(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let tpl =
             self.chat_template.as_deref().ok_or_else(|| Error::Config("the model has no chat template".into()))?;
-        let mut env = minijinja::Environment::new();
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
-        env.add_template("chat", tpl).map_err(|e| Error::Config(format!("chat template: {e}")))?;
         let tok = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i)).unwrap_or_default();
-        env.get_template("chat")
-            .and_then(|t| {
-                t.render(minijinja::context! {
-                    messages => messages,
-                    add_generation_prompt => add_generation_prompt,
-                    bos_token => tok(self.bos),
-                    eos_token => tok(self.eos),
-                })
-            })
-            .map_err(|e| Error::Config(format!("chat template: {e}")))
+        render_chat_template(tpl, messages, add_generation_prompt, &tok(self.bos), &tok(self.eos))
+    }
+}
+
+/// Render a chat template (Jinja, untrusted: it comes from a model file) under
+/// [`TEMPLATE_LIMITS`] with the variables chat templates expect (`messages`,
+/// `add_generation_prompt`, `bos_token`, `eos_token`, and `raise_exception`).
+pub fn render_chat_template(
+    tpl: &str,
+    messages: &[Message],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String> {
+    let lim = TEMPLATE_LIMITS;
+    if tpl.len() > lim.source_bytes {
+        return Err(Error::Config(format!(
+            "chat template: {} bytes is more than the {} accepted",
+            tpl.len(),
+            lim.source_bytes
+        )));
+    }
+    let mut env = minijinja::Environment::new();
+    env.set_fuel(Some(lim.fuel));
+    env.set_recursion_limit(lim.recursion);
+    minijinja_contrib::add_to_environment(&mut env);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+    });
+    env.add_template("chat", tpl).map_err(|e| Error::Config(format!("chat template: {e}")))?;
+    let mut out = BoundedWriter { buf: Vec::new(), max: lim.output_bytes };
+    let rendered = env.get_template("chat").and_then(|t| {
+        t.render_captured_to(
+            minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => bos_token,
+                eos_token => eos_token,
+            },
+            &mut out,
+        )
+        .map(|_| ())
+    });
+    match rendered {
+        Ok(_) => {
+            String::from_utf8(out.buf).map_err(|e| Error::Config(format!("chat template: output is not UTF-8: {e}")))
+        }
+        Err(e) => Err(Error::Config(match e.kind() {
+            minijinja::ErrorKind::OutOfFuel => {
+                format!("chat template ran out of fuel (more than {} instructions): {e}", lim.fuel)
+            }
+            minijinja::ErrorKind::WriteFailure => {
+                format!("chat template output is larger than {} bytes", lim.output_bytes)
+            }
+            _ => format!("chat template: {e}"),
+        })),
+    }
+}
+
+/// Limits on rendering a chat template (untrusted code from a model file).
+#[derive(Clone, Copy, Debug)]
+pub struct TemplateLimits {
+    /// Largest template source accepted.
+    pub source_bytes: usize,
+    /// Instructions the template may run (minijinja's fuel).
+    pub fuel: u64,
+    /// Nesting depth of loops, conditions, macros and includes.
+    pub recursion: usize,
+    /// Largest rendered prompt.
+    pub output_bytes: usize,
+}
+
+/// The limits every chat template renders under. Real templates (ChatML, Llama 3, Qwen3 with
+/// tools, Gemma) are a few KiB, run a few hundred instructions per message and nest a few levels.
+/// These limits bound the time and output a template can take; minijinja also caps a repeated
+/// string (100 MB) and a `range` (100k items), but not string concatenation, so a hostile
+/// template can still build large intermediate strings within its fuel.
+pub const TEMPLATE_LIMITS: TemplateLimits =
+    TemplateLimits { source_bytes: 256 << 10, fuel: 2_000_000, recursion: 64, output_bytes: 8 << 20 };
+
+/// Collects rendered output up to `max` bytes, then fails the write (and so the render).
+struct BoundedWriter {
+    buf: Vec<u8>,
+    max: usize,
+}
+
+impl std::io::Write for BoundedWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > self.max {
+            return Err(std::io::Error::other("chat template output limit"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -89,3 +89,39 @@ fn admission_refuses_what_cannot_fit_and_accounts() {
     assert_eq!(done.len(), 3, "the queued request runs once a row frees up");
     assert!(done[2].stats.queued_steps > 0);
 }
+
+#[test]
+fn json_requests_parse_and_bad_ones_name_the_field() {
+    let r = Request::from_json(
+        r#"{"tokens": [1, 2, 3], "max_tokens": 5, "temperature": 0.7, "seed": 9, "stop": [4]}"#,
+        None,
+    )
+    .unwrap();
+    assert_eq!((r.tokens, r.max_new, r.stop, r.sampler.seed), (vec![1, 2, 3], 5, vec![4], 9));
+    let bad = [
+        (r#"{"tokens": [1], "max_token": 5}"#, "unknown field `max_token`"),
+        (r#"{"tokens": [1], "max_tokens": -1}"#, "invalid value: integer `-1`"),
+        (r#"{"tokens": [1], "max_tokens": 2.5}"#, "invalid type: floating point"),
+        (r#"{"tokens": [1, -2]}"#, "invalid value: integer `-2`"),
+        (r#"{"tokens": "1 2"}"#, "invalid type: string"),
+        (r#"{"text": "hello"}"#, "needs a tokenizer"),
+        (r#"{"tokens": [1], "text": "x"}"#, "not both"),
+        (r#"{}"#, "needs \"tokens\""),
+        (r#"{"tokens": [1], "top_p": 5}"#, "top_p 5 must be in (0, 1]"),
+        (r#"{"tokens": [1], "top_p": 0}"#, "top_p 0 must be in (0, 1]"),
+        (r#"{"tokens": [1], "temperature": 1e39}"#, "temperature inf is not finite"),
+        (r#"[1, 2]"#, "request:"),
+        (r#"{"tokens": [1]"#, "EOF while parsing"),
+    ];
+    for (line, want) in bad {
+        let e = Request::from_json(line, None).err().unwrap_or_else(|| panic!("{line} parsed")).to_string();
+        assert!(e.contains(want), "{line}: {e}");
+    }
+    // the largest max_tokens JSON can say is refused by the scheduler, not an overflow
+    let w = model(&llama_cfg(), 83);
+    let engine = Engine::new(&gpu(), &w, EngineOptions::new(1, 16)).unwrap();
+    let mut sched = Scheduler::new(&engine, 8);
+    let r = Request::from_json(r#"{"tokens": [1], "max_tokens": 18446744073709551615}"#, None).unwrap();
+    let e = sched.submit(r).unwrap_err().to_string();
+    assert!(e.contains("exceeds the rows' max_len 16"), "{e}");
+}

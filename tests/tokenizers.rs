@@ -120,3 +120,38 @@ fn gguf_version_2_reads_like_3() {
     assert_eq!(g.version, 2);
     assert!(g.weights().is_ok());
 }
+
+/// A chat template comes from the model file: a hostile one hits a limit and is a clear error,
+/// quickly, and the tokenizer keeps working with its real template afterwards.
+#[test]
+fn hostile_chat_templates_hit_their_limits() {
+    let g = GgufFile::parse(spm_gguf()).unwrap();
+    let mut t = Tokenizer::from_gguf(&g).unwrap();
+    let good = t.chat_template.clone();
+    let msgs = [Message::new("user", "hi")];
+    let lim = kvdecode::tokenizer::TEMPLATE_LIMITS;
+    let cases: Vec<(String, &str)> = vec![
+        // an endless loop (minijinja caps each range at 100k items, nesting multiplies them)
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}".into(), "ran out of fuel"),
+        // unbounded recursion through a macro
+        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}".into(), "recursion"),
+        // a prompt larger than any context
+        ("{{ 'x' * 50000000 }}".into(), "output is larger than"),
+        ("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}".into(), "output is larger than"),
+        // a template larger than any real one
+        ("x".repeat(lim.source_bytes + 1), "more than the"),
+        // and plain errors name the template
+        ("{{ raise_exception('no tools here') }}".into(), "no tools here"),
+        ("{% for %}".into(), "chat template"),
+    ];
+    for (tpl, want) in cases {
+        t.chat_template = Some(tpl.clone());
+        let start = std::time::Instant::now();
+        let err = t.apply_chat_template(&msgs, true).err().unwrap_or_else(|| panic!("{:.60} rendered", tpl));
+        let msg = err.to_string();
+        assert!(msg.contains(want), "{:.60}: {msg}", tpl);
+        println!("{:.50} -> {msg:.120} ({:?})", tpl, start.elapsed());
+    }
+    t.chat_template = good;
+    assert!(t.apply_chat_template(&msgs, true).unwrap().ends_with("[ASSISTANT]"));
+}

@@ -33,7 +33,7 @@ fn js(e: kvdecode::Error) -> JsValue {
 async fn open(weights: ModelWeights, tok: Option<Tokenizer>, max_len: usize) -> Result<Session, JsValue> {
     let gpu = Gpu::new_async(&GpuOptions::default()).await.map_err(js)?;
     let opts = EngineOptions { kv: KvDtype::F16, weights: WeightDtype::F16, ..EngineOptions::new(1, max_len) };
-    let engine = Engine::new(&gpu, &weights, opts).map_err(js)?;
+    let engine = Engine::new_async(&gpu, &weights, opts).await.map_err(js)?;
     let adapter = gpu.describe();
     Ok(Session { inner: Rc::new(RefCell::new(Some(Inner { engine, tok, adapter, sampler: Sampler::GREEDY }))) })
 }
