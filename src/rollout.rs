@@ -52,6 +52,24 @@ impl Rollouts {
             return Err(Error::Input(format!("start: prompt {i} (row {}) is empty", rows[i])));
         }
         engine.cache().check_rows(rows)?;
+        // everything the prefill could refuse is checked before the rows are reset
+        let (vocab, max_len) = (engine.config().vocab, engine.cache().max_len());
+        for (i, (p, s)) in prompts.iter().zip(samplers).enumerate() {
+            if let Some(t) = p.iter().find(|&&t| t as usize >= vocab) {
+                return Err(Error::Input(format!(
+                    "start: prompt {i} (row {}): id {t} is outside the vocabulary ({vocab})",
+                    rows[i]
+                )));
+            }
+            if p.len() > max_len {
+                return Err(Error::Input(format!(
+                    "start: prompt {i} (row {}) has {} tokens, more than max_len {max_len}",
+                    rows[i],
+                    p.len()
+                )));
+            }
+            s.check(i)?;
+        }
         engine.reset(rows)?;
         let heads: Vec<Vec<u32>> = prompts.iter().map(|p| p[..p.len() - 1].to_vec()).collect();
         append_batch(engine, rows, &heads)?;

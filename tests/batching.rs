@@ -73,6 +73,8 @@ fn admission_refuses_what_cannot_fit_and_accounts() {
     let nothing = Request { tokens: vec![1, 2], max_new: 0, stop: vec![], sampler: Sampler::GREEDY };
     let err = sched.submit(nothing).unwrap_err().to_string();
     assert!(err.contains("max_new is 0"), "{err}");
+    let empty = Request { tokens: vec![], max_new: 3, stop: vec![], sampler: Sampler::GREEDY };
+    assert!(sched.submit(empty).unwrap_err().to_string().contains("empty prompt"));
     assert_eq!(sched.queued(), 0, "refused requests are not queued");
     for n in [5, 9, 3] {
         sched.submit(Request { tokens: vec![2; n], max_new: 4, stop: vec![], sampler: Sampler::GREEDY }).unwrap();

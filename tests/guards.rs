@@ -132,3 +132,42 @@ fn padding_lands_in_the_scratch_slot_only() {
     };
     assert_eq!(a.row(0).unwrap(), b.row(0).unwrap());
 }
+
+#[test]
+fn bad_samplers_windows_and_episodes_change_nothing() {
+    use kvdecode::{Rollouts, Sampler};
+    let w = model(&tiny_agent_cfg(), 22);
+    let mut e = engine(&w, 2, 32);
+    e.append(&[1, 2, 3, 4], 2, &[2, 2], None).unwrap();
+    let lens = e.cache().lens().to_vec();
+    let bad = [
+        (Sampler::temperature(f32::NAN, 1), "temperature NaN is not finite"),
+        (Sampler::temperature(f32::INFINITY, 1), "temperature inf is not finite"),
+        (Sampler::GREEDY.with_top_p(0.0), "top_p 0 must be in (0, 1]"),
+        (Sampler::GREEDY.with_top_p(1.5), "top_p 1.5 must be in (0, 1]"),
+        (Sampler::GREEDY.with_top_p(f32::NAN), "top_p NaN must be in (0, 1]"),
+    ];
+    for (s, want) in bad {
+        let m = e.append_sample(&[5], 1, &[1], Some(&[1]), &[s]).unwrap_err().to_string();
+        assert!(m.contains(want), "{m}");
+        let m = e.decode_steps(&[0], &[5], &[s], 2).unwrap_err().to_string();
+        assert!(m.contains(want), "{m}");
+    }
+    // multi-step windows: 1..=rollback + 1 steps
+    let m = e.decode_steps(&[0], &[5], &[Sampler::GREEDY], 0).unwrap_err().to_string();
+    assert!(m.contains("steps 0 must be in 1..=9"), "{m}");
+    let m = e.decode_steps(&[0], &[5], &[Sampler::GREEDY], 10).unwrap_err().to_string();
+    assert!(m.contains("steps 10 must be in 1..=9"), "{m}");
+    // episodes: an empty prompt, an id outside the vocabulary, a bad sampler; rows keep their state
+    let mut eps = Rollouts::new(&e);
+    let m = eps.start(&mut e, &[0], &[vec![]], &[Sampler::GREEDY]).unwrap_err().to_string();
+    assert!(m.contains("prompt 0 (row 0) is empty"), "{m}");
+    let m = eps.start(&mut e, &[0, 1], &[vec![1], vec![1, 500]], &[Sampler::GREEDY; 2]).unwrap_err().to_string();
+    assert!(m.contains("prompt 1 (row 1): id 500 is outside the vocabulary"), "{m}");
+    let m = eps.start(&mut e, &[1], &[vec![1; 40]], &[Sampler::GREEDY]).unwrap_err().to_string();
+    assert!(m.contains("40 tokens, more than max_len 32"), "{m}");
+    let m = eps.start(&mut e, &[1], &[vec![1]], &[Sampler::GREEDY.with_top_p(2.0)]).unwrap_err().to_string();
+    assert!(m.contains("top_p 2 must be in (0, 1]"), "{m}");
+    assert_eq!(e.cache().lens(), &lens[..]);
+    assert_rows_match_reference(&mut e, &w, &[7, 8]);
+}

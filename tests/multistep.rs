@@ -66,6 +66,12 @@ fn stop_inside_a_window_rolls_back_exactly() {
             assert_eq!(e.cache().history(r), &hist[..], "window {window} row {r}");
             assert_eq!(e.cache().lens()[r], hist.len());
         }
+        // a turn that asks for no token returns none and leaves the row alone
+        let lens = e.cache().lens().to_vec();
+        let none = kvdecode::TurnLimit { max_new: 0, stop: vec![] };
+        let turns = e.decode_turns(&[0], &[5], &[Sampler::GREEDY], &[none], window, &|_, _| false).unwrap();
+        assert!(turns[0].tokens.is_empty() && !turns[0].stopped);
+        assert_eq!(e.cache().lens(), &lens[..]);
         // and decoding on matches the reference
         let out = e.append(&[1, 2], 1, &[1, 1], None).unwrap();
         for r in 0..2 {

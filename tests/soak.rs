@@ -1,0 +1,28 @@
+//! A short soak in CI (the long one is `cargo run --release --example soak`, figures in the
+//! README): random resets, forks, rollbacks, tool results and sub-batches, checked against the
+//! reference at checkpoints, with memory that must not grow.
+
+mod common;
+
+#[path = "../examples/soak.rs"]
+mod soak;
+
+use common::*;
+use kvdecode::KvDtype;
+
+#[test]
+fn short_soak_stays_exact_and_flat() {
+    let s = seed(97);
+    let o = soak::SoakOptions { steps: 1500, rows: 6, seed: s, check_every: 60, kv: KvDtype::F32 };
+    let gpu = gpu();
+    let r = soak::soak(&gpu, o, &mut |_| {}).unwrap();
+    println!("{r:?}");
+    assert!(r.checks >= 40 && r.worst_diff <= 1e-4, "{r:?}");
+    assert!(r.turns > 0 && r.tool_results > 0 && r.forks > 0 && r.rollbacks > 0 && r.prompts > 0, "{r:?}");
+    assert_eq!(r.engine_bytes_end, r.engine_bytes, "engine buffers changed during the run");
+    if let (Some(a), Some(b)) = (r.gpu_allocated_start, r.gpu_allocated_end) {
+        assert!(b <= a, "GPU allocations grew from {a} to {b} bytes");
+    }
+    // host memory: allow allocator noise, not growth with the number of steps
+    assert!(r.rss_end <= r.rss_start + (32 << 20), "RSS grew from {} to {} bytes", r.rss_start, r.rss_end);
+}
