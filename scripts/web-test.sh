@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The browser tests, installing what is missing (Debian's chromium, chromium-driver and
-# firefox-esr, the wasm-bindgen-cli matching examples/web/Cargo.lock, playwright-core and
+# firefox-esr, the wasm-bindgen-cli matching the workspace's Cargo.lock, playwright-core and
 # puppeteer-core):
 #   1. the engine's parity tests inside headless Chromium (wasm-bindgen-test, WebGPU on SwiftShader);
 #   2. the page end to end in Chromium (playwright-core): load, decode 20 greedy tokens, compare
@@ -23,7 +23,7 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need[@]}"
 fi
 rustup target add wasm32-unknown-unknown >/dev/null
-want=$(grep -A1 '^name = "wasm-bindgen"$' examples/web/Cargo.lock | sed -n 's/version = "\(.*\)"/\1/p')
+want=$(grep -A1 '^name = "wasm-bindgen"$' Cargo.lock | sed -n 's/version = "\(.*\)"/\1/p')
 if [ "$(wasm-bindgen --version 2>/dev/null | cut -d' ' -f2)" != "$want" ]; then
   cargo install wasm-bindgen-cli --version "$want"
 fi
@@ -35,10 +35,10 @@ echo "== 1. parity tests in headless Chromium (wasm-bindgen-test)"
 
 echo "== 2. the page end to end (playwright-core)"
 bash scripts/web-build.sh
-cargo build --release --example generate
+cargo build --release -p kvdecode-cli
 echo '{"tokens": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 20}' > "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl"
 # the page decodes with f16 weights and f16 K/V and the portable kernels: the native run too
-expected=$(KVDECODE_PORTABLE=1 ./target/release/examples/generate --model demo --prompts "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl" --rows 1 --kv f16 --weights f16 \
+expected=$(KVDECODE_PORTABLE=1 ./target/release/kvdecode generate --model demo --prompts "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl" --rows 1 --kv f16 --weights f16 \
   | python3 -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.readline())["tokens"]))')
 echo "native engine (lavapipe): $expected"
 (cd examples/web && EXPECTED="$expected" node e2e.mjs "$root/examples/web/screenshot.png")

@@ -6,7 +6,11 @@
 //   (top_p < 1) stay, as in Hugging Face's top-k then top-p order.
 // The noise is a hash of (seed, counter, token id): a row's draw depends only on its own seed and
 // the position the token will take, whatever else shares the batch.
-// Also writes the chosen token's log-probability under softmax(score) (before top-k / top-p).
+// Also writes the chosen token's log-probability under softmax(score) (before top-k / top-p), and,
+// for rows that ask, the top_n most likely tokens with theirs (the same distribution).
+// A row with a token mask sees only the tokens its mask allows (constrained decoding): the others
+// score MASKED, which no draw can pick while one token is allowed. Logit biases were added to the
+// logits by `logit_bias.wgsl` before this dispatch.
 // Rows with no new tokens in this chunk keep their previous id.
 
 struct Sampler {
@@ -15,23 +19,31 @@ struct Sampler {
     counter: u32,      // the position the sampled token will take
     top_k: u32,        // 0: off
     top_p: f32,        // >= 1: off
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    masked: u32,       // 1: only tokens the row's mask allows
+    top_n: u32,        // most likely tokens to report (at most TOP_MAX)
+    _pad: u32,
 }
 
 override V: u32;           // vocabulary size
+override MASK_WORDS: u32;  // words per mask row: ceil(V / 32)
 const WG: u32 = 256u;
 const BISECT: u32 = 32u;
+const TOP_MAX: u32 = 20u;
+const MASKED: f32 = -3.0e38;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;      // [R]
 @group(0) @binding(2) var<storage, read> samplers: array<Sampler>;  // [R]
 @group(0) @binding(3) var<storage, read> logits: array<f32>;        // [R, V]
 @group(0) @binding(4) var<storage, read_write> out: array<u32>;     // [2, R]: ids, then logprob bits
+@group(0) @binding(5) var<storage, read> mask: array<u32>;          // [cache rows, MASK_WORDS]: bit i % 32 of word i / 32 = token i allowed
+@group(0) @binding(6) var<storage, read_write> top: array<u32>;     // [R, TOP_MAX, 2]: token id, logprob bits
 
 var<workgroup> red_v: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
+var<workgroup> picked: array<u32, TOP_MAX>;
+var<private> mask_row: u32;   // first mask word of this workgroup's row
+var<private> use_mask: bool;
 
 fn pcg(v: u32) -> u32 {
     let s = v * 747796405u + 2891336453u;
@@ -46,8 +58,18 @@ fn uniform01(seed: u32, counter: u32, id: u32) -> f32 {
 }
 
 fn score(r: u32, i: u32, t: f32) -> f32 {
+    if use_mask && (mask[mask_row + i / 32u] & (1u << (i % 32u))) == 0u {
+        return MASKED;
+    }
     let l = logits[r * V + i];
     return select(l, l / t, t > 0.0);
+}
+
+fn was_picked(i: u32, n: u32) -> bool {
+    for (var k = 0u; k < n; k++) {
+        if picked[k] == i { return true; }
+    }
+    return false;
 }
 
 // workgroup sum of red_v (every thread calls it; the result is in red_v[0])
@@ -82,6 +104,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let t = lid.x;
     let s = samplers[r];
     let temp = s.temperature;
+    use_mask = s.masked != 0u;
+    mask_row = rows[r].cache_row * MASK_WORDS;
     // 1. max and min score, softmax normalizer
     var mx = -3.4e38;
     var mn = 3.4e38;
@@ -162,8 +186,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         reduce_argmax(t);
         chosen = red_i[0];
     }
+    let lz = m + log(z);
     if t == 0u && r < step.rows && rows[r].n_new > 0u {
         out[r] = chosen;
-        out[step.rows + r] = bitcast<u32>(score(r, chosen, temp) - m - log(z));
+        out[step.rows + r] = bitcast<u32>(score(r, chosen, temp) - lz);
+    }
+
+    // 4. the top_n most likely tokens, one argmax round each (ties to the lowest id)
+    let top_n = min(s.top_n, TOP_MAX);
+    for (var k = 0u; k < top_n; k++) {
+        var bv = -3.4e38;
+        var bj = 0xffffffffu;
+        for (var i = t; i < V; i += WG) {
+            let v = score(r, i, temp);
+            if v > bv && !was_picked(i, k) { bv = v; bj = i; }
+        }
+        red_v[t] = bv;
+        red_i[t] = bj;
+        workgroupBarrier();
+        reduce_argmax(t);
+        if t == 0u {
+            picked[k] = red_i[0];
+            top[(r * TOP_MAX + k) * 2u] = red_i[0];
+            top[(r * TOP_MAX + k) * 2u + 1u] = bitcast<u32>(red_v[0] - lz);
+        }
+        workgroupBarrier();
     }
 }

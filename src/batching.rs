@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::sampling::Sampler;
 
 /// One generation request.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Request {
     /// Prompt token ids (at least one).
     pub tokens: Vec<u32>,
@@ -21,8 +21,21 @@ pub struct Request {
     pub max_new: usize,
     /// Token ids that end the generation (returned, and not appended).
     pub stop: Vec<u32>,
-    /// How to pick tokens (greedy, temperature + seed, top-k, top-p).
+    /// How to pick tokens (greedy, temperature + seed, top-k, top-p, top logprobs).
     pub sampler: Sampler,
+    /// Added to the logits before every draw (OpenAI's `logit_bias`: token, bias).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Subtracted from a token's logit once it has been generated (OpenAI's `presence_penalty`).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it has been generated
+    /// (OpenAI's `frequency_penalty`).
+    pub frequency_penalty: f32,
+}
+
+impl Request {
+    fn has_penalties(&self) -> bool {
+        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
 }
 
 /// A request as one JSON object (one line of a JSONL file), before tokenization.
@@ -76,9 +89,16 @@ impl Request {
             seed: j.seed.unwrap_or(0),
             top_k: j.top_k.unwrap_or(0),
             top_p: j.top_p.unwrap_or(1.0),
+            top_logprobs: 0,
         };
         sampler.check(0).map_err(|e| Error::Input(format!("request: {e}")))?;
-        Ok(Request { tokens, max_new: j.max_tokens.unwrap_or(32), stop: j.stop.unwrap_or_default(), sampler })
+        Ok(Request {
+            tokens,
+            max_new: j.max_tokens.unwrap_or(32),
+            stop: j.stop.unwrap_or_default(),
+            sampler,
+            ..Default::default()
+        })
     }
 }
 
@@ -89,6 +109,8 @@ pub enum Finish {
     Stop,
     /// It generated `max_new` tokens.
     Length,
+    /// [`Scheduler::cancel`] ended it.
+    Cancelled,
 }
 
 /// Per-request measurements.
@@ -115,6 +137,8 @@ pub struct Completion {
     pub tokens: Vec<u32>,
     /// Log-probability of each generated token.
     pub logprobs: Vec<f32>,
+    /// Per generated token, the most likely alternatives (when the sampler asks for them).
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
     /// Why it ended.
     pub finish: Finish,
     /// Measurements.
@@ -132,6 +156,8 @@ pub enum Event<'a> {
         token: u32,
         /// Its log-probability.
         logprob: f32,
+        /// The most likely alternatives, when the request's sampler asks for them.
+        top: &'a [(u32, f32)],
     },
     /// A request finished.
     Done(&'a Completion),
@@ -146,20 +172,69 @@ struct Active {
     next: Option<u32>,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// Members of a group that wait for this row's prefill, then fork from it (row, request).
+    followers: Vec<(usize, Queued)>,
+    /// Tokens generated so far (presence / frequency penalties).
+    seen: std::collections::HashSet<u32>,
     submitted: Instant,
     first_token: Option<Duration>,
     queued_steps: usize,
     active_steps: usize,
 }
 
+/// A request waiting for a row: id, request, submission time, scheduler step at submission.
+type Queued = (usize, Request, Instant, usize);
+
+impl Active {
+    fn new(id: usize, req: Request, submitted: Instant, queued_steps: usize, followers: Vec<(usize, Queued)>) -> Self {
+        Active {
+            id,
+            req,
+            fed: 0,
+            next: None,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
+            followers,
+            seen: Default::default(),
+            submitted,
+            first_token: None,
+            queued_steps,
+            active_steps: 0,
+        }
+    }
+
+    fn complete(self, finish: Finish) -> Completion {
+        Completion {
+            id: self.id,
+            stats: RequestStats {
+                prompt_tokens: self.req.tokens.len(),
+                queued_steps: self.queued_steps,
+                active_steps: self.active_steps,
+                time_to_first_token: self.first_token.unwrap_or_default(),
+                total_time: self.submitted.elapsed(),
+            },
+            tokens: self.tokens,
+            logprobs: self.logprobs,
+            top_logprobs: self.top_logprobs,
+            finish,
+        }
+    }
+}
+
 /// The continuous-batching scheduler over an engine's rows.
 pub struct Scheduler {
-    queue: VecDeque<(usize, Request, Instant, usize)>,
+    /// Groups of requests sharing a prompt (one request is a group of one), in order.
+    queue: VecDeque<Vec<Queued>>,
     rows: Vec<Option<Active>>,
+    /// Rows held for group members until their leader's prefill is forked into them.
+    reserved: Vec<bool>,
     next_id: usize,
     prefill_chunk: usize,
     max_len: usize,
     vocab: usize,
+    bias_slots: usize,
     steps: usize,
 }
 
@@ -169,10 +244,12 @@ impl Scheduler {
         Scheduler {
             queue: VecDeque::new(),
             rows: (0..engine.cache().rows()).map(|_| None).collect(),
+            reserved: vec![false; engine.cache().rows()],
             next_id: 0,
             prefill_chunk: prefill_chunk.max(1),
             max_len: engine.cache().max_len(),
             vocab: engine.config().vocab,
+            bias_slots: engine.logit_bias_slots(),
             steps: 0,
         }
     }
@@ -183,6 +260,76 @@ impl Scheduler {
     /// has bad tokens is refused here, so nothing fails mid-way.
     pub fn submit(&mut self, req: Request) -> Result<usize> {
         let id = self.next_id;
+        self.check(id, &req)?;
+        self.next_id += 1;
+        self.queue.push_back(vec![(id, req, Instant::now(), self.steps)]);
+        Ok(id)
+    }
+
+    /// Queue `n` requests that share `req`'s prompt, each with its own sampler (`samplers[i]`,
+    /// say seeds `s, s + 1, ...`): the group waits until `n` rows are free, the prompt is
+    /// prefilled once on the first and forked into the others on the GPU (OpenAI's `n`, GRPO
+    /// groups). Returns the ids, in sampler order. Each member streams and finishes on its own.
+    pub fn submit_group(&mut self, req: Request, samplers: &[Sampler]) -> Result<Vec<usize>> {
+        if samplers.is_empty() || samplers.len() > self.rows.len() {
+            return Err(Error::Input(format!(
+                "request {}: a group of {} needs 1 to {} rows",
+                self.next_id,
+                samplers.len(),
+                self.rows.len()
+            )));
+        }
+        for (i, s) in samplers.iter().enumerate() {
+            let member = Request { sampler: *s, ..req.clone() };
+            self.check(self.next_id + i, &member)?;
+        }
+        let now = Instant::now();
+        let group: Vec<Queued> = samplers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (self.next_id + i, Request { sampler: *s, ..req.clone() }, now, self.steps))
+            .collect();
+        let ids = group.iter().map(|g| g.0).collect();
+        self.next_id += samplers.len();
+        self.queue.push_back(group);
+        Ok(ids)
+    }
+
+    /// Stop request `id` now: a queued request leaves the queue, a running one frees its row at
+    /// once (its completion, with the tokens so far, comes back with [`Finish::Cancelled`]).
+    /// `None` if no such request is queued or running.
+    pub fn cancel(&mut self, engine: &mut Engine, id: usize) -> Option<Completion> {
+        for g in &mut self.queue {
+            if let Some(k) = g.iter().position(|q| q.0 == id) {
+                let (id, req, submitted, _) = g.remove(k);
+                let prompt_tokens = req.tokens.len();
+                self.queue.retain(|g| !g.is_empty());
+                return Some(Completion {
+                    id,
+                    tokens: Vec::new(),
+                    logprobs: Vec::new(),
+                    top_logprobs: Vec::new(),
+                    finish: Finish::Cancelled,
+                    stats: RequestStats { prompt_tokens, total_time: submitted.elapsed(), ..Default::default() },
+                });
+            }
+        }
+        let r = self.rows.iter().position(|a| a.as_ref().is_some_and(|a| a.id == id))?;
+        let mut a = self.rows[r].take().expect("found");
+        // followers waiting on this row's prefill start over in the queue, as a group of their own
+        if !a.followers.is_empty() {
+            let followers = std::mem::take(&mut a.followers);
+            for &(row, _) in &followers {
+                self.reserved[row] = false;
+            }
+            self.queue.push_front(followers.into_iter().map(|f| f.1).collect());
+        }
+        let _ = engine.reset(&[r]);
+        Some(a.complete(Finish::Cancelled))
+    }
+
+    /// Refuse what could never run, before it is queued.
+    fn check(&self, id: usize, req: &Request) -> Result<()> {
         if req.tokens.is_empty() {
             return Err(Error::Input(format!("request {id}: empty prompt")));
         }
@@ -204,14 +351,38 @@ impl Scheduler {
             )));
         }
         req.sampler.check(0).map_err(|e| Error::Input(format!("request {id}: {e}")))?;
-        self.next_id += 1;
-        self.queue.push_back((id, req, Instant::now(), self.steps));
-        Ok(id)
+        for (what, p) in [("presence_penalty", req.presence_penalty), ("frequency_penalty", req.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&p) {
+                return Err(Error::Input(format!("request {id}: {what} {p} must be in [-2, 2]")));
+            }
+        }
+        if let Some(&(t, b)) = req.logit_bias.iter().find(|(t, b)| *t as usize >= self.vocab || !b.is_finite()) {
+            return Err(Error::Input(format!(
+                "request {id}: logit_bias {b} for token {t} (tokens below {}, finite biases)",
+                self.vocab
+            )));
+        }
+        // penalties add one bias entry per distinct generated token: make sure they all fit
+        let entries = req.logit_bias.len() + if req.has_penalties() { req.max_new } else { 0 };
+        if entries > self.bias_slots {
+            return Err(Error::Input(format!(
+                "request {id}: {} logit_bias entries{} need more than the engine's {} bias slots \
+                 (EngineOptions::logit_bias_slots)",
+                req.logit_bias.len(),
+                if req.has_penalties() {
+                    format!(" plus up to {} penalized tokens", req.max_new)
+                } else {
+                    String::new()
+                },
+                self.bias_slots
+            )));
+        }
+        Ok(())
     }
 
     /// Requests waiting for a row.
     pub fn queued(&self) -> usize {
-        self.queue.len()
+        self.queue.iter().map(Vec::len).sum()
     }
 
     /// Requests holding a row.
@@ -238,28 +409,55 @@ impl Scheduler {
     /// (a prompt piece or the last generated token), sample, stream, release finished rows.
     /// Returns the requests that finished in this step; `false` in `.1` when there is no work.
     pub fn step(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(Event)) -> Result<(Vec<Completion>, bool)> {
-        // admission: a free row is all a request needs (its fit was checked at submit)
+        // admission, in queue order: a group takes as many free rows as it has members (its
+        // fit was checked at submit); the first row prefills, the others wait to be forked
         let mut admitted = Vec::new();
-        for r in 0..self.rows.len() {
-            if self.rows[r].is_some() {
-                continue;
+        loop {
+            let free: Vec<usize> =
+                (0..self.rows.len()).filter(|&r| self.rows[r].is_none() && !self.reserved[r]).collect();
+            match self.queue.front() {
+                Some(g) if g.len() <= free.len() => {}
+                _ => break,
             }
-            let Some((id, req, submitted, at_step)) = self.queue.pop_front() else { break };
-            admitted.push(r);
-            self.rows[r] = Some(Active {
-                id,
-                req,
-                fed: 0,
-                next: None,
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                submitted,
-                first_token: None,
-                queued_steps: self.steps - at_step,
-                active_steps: 0,
-            });
+            let mut group = self.queue.pop_front().expect("checked").into_iter();
+            let (id, req, submitted, at_step) = group.next().expect("groups are not empty");
+            let leader = free[0];
+            let followers: Vec<(usize, Queued)> = free[1..].iter().copied().zip(group).collect();
+            for &(r, _) in &followers {
+                self.reserved[r] = true;
+            }
+            admitted.push(leader);
+            self.rows[leader] = Some(Active::new(id, req, submitted, self.steps - at_step, followers));
         }
         engine.reset(&admitted)?;
+        for &r in &admitted {
+            let a = self.rows[r].as_ref().expect("admitted");
+            if !a.req.logit_bias.is_empty() {
+                engine.set_logit_bias(r, &a.req.logit_bias)?;
+            }
+        }
+        // leaders whose shared part of the prompt is in: fork it into the followers' rows, then
+        // every member appends the last prompt token and samples its own first token
+        for r in 0..self.rows.len() {
+            let ready =
+                self.rows[r].as_ref().is_some_and(|a| !a.followers.is_empty() && a.fed + 1 == a.req.tokens.len());
+            if !ready {
+                continue;
+            }
+            let followers = std::mem::take(&mut self.rows[r].as_mut().expect("ready").followers);
+            let dst: Vec<usize> = followers.iter().map(|f| f.0).collect();
+            engine.fork(r, &dst)?;
+            let fed = self.rows[r].as_ref().expect("ready").fed;
+            for (row, (id, req, submitted, at_step)) in followers {
+                self.reserved[row] = false;
+                if !req.logit_bias.is_empty() {
+                    engine.set_logit_bias(row, &req.logit_bias)?;
+                }
+                let mut a = Active::new(id, req, submitted, self.steps - at_step, Vec::new());
+                a.fed = fed;
+                self.rows[row] = Some(a);
+            }
+        }
         let active: Vec<usize> = (0..self.rows.len()).filter(|&r| self.rows[r].is_some()).collect();
         if active.is_empty() {
             return Ok((Vec::new(), false));
@@ -269,13 +467,15 @@ impl Scheduler {
             .iter()
             .map(|&r| {
                 let a = self.rows[r].as_ref().expect("active");
+                // a leader stops one token short: the group's members each append the last one
+                let until = a.req.tokens.len() - usize::from(!a.followers.is_empty());
                 match a.next {
                     Some(t) => vec![t],
-                    None => a.req.tokens[a.fed..(a.fed + self.prefill_chunk).min(a.req.tokens.len())].to_vec(),
+                    None => a.req.tokens[a.fed..(a.fed + self.prefill_chunk).min(until)].to_vec(),
                 }
             })
             .collect();
-        let width = chunks.iter().map(Vec::len).max().unwrap_or(1);
+        let width = chunks.iter().map(Vec::len).max().unwrap_or(1).max(1);
         let mut ids = vec![0u32; active.len() * width];
         for (i, c) in chunks.iter().enumerate() {
             ids[i * width..i * width + c.len()].copy_from_slice(c);
@@ -283,9 +483,9 @@ impl Scheduler {
         let n_new: Vec<usize> = chunks.iter().map(Vec::len).collect();
         let samplers: Vec<Sampler> =
             active.iter().map(|&r| self.rows[r].as_ref().expect("active").req.sampler).collect();
-        let sampled = engine.append_sample_logprobs(&ids, width, &n_new, Some(&active), &samplers)?;
+        let sampled = engine.append_sample_full(&ids, width, &n_new, Some(&active), &samplers)?;
         let mut finished = Vec::new();
-        for (i, &r) in active.iter().enumerate() {
+        for (i, (&r, got)) in active.iter().zip(sampled).enumerate() {
             let a = self.rows[r].as_mut().expect("active");
             a.active_steps += 1;
             if a.next.is_none() {
@@ -294,34 +494,30 @@ impl Scheduler {
                     continue; // still prefilling: this step's sample is not a token yet
                 }
             }
-            let (token, logprob) = sampled[i].expect("every active row appended tokens");
+            let got = got.expect("every row that finished its prompt appended tokens");
+            let token = got.token;
             a.first_token.get_or_insert_with(|| a.submitted.elapsed());
+            on_event(Event::Token { id: a.id, token, logprob: got.logprob, top: &got.top });
             a.tokens.push(token);
-            a.logprobs.push(logprob);
-            on_event(Event::Token { id: a.id, token, logprob });
+            a.logprobs.push(got.logprob);
+            if a.req.sampler.top_logprobs > 0 {
+                a.top_logprobs.push(got.top);
+            }
             let finish = if a.req.stop.contains(&token) {
                 Some(Finish::Stop)
             } else if a.tokens.len() >= a.req.max_new {
                 Some(Finish::Length)
             } else {
                 a.next = Some(token);
+                if a.req.has_penalties() {
+                    let first = a.seen.insert(token);
+                    let delta = -a.req.frequency_penalty - if first { a.req.presence_penalty } else { 0.0 };
+                    engine.add_logit_bias(r, token, delta)?;
+                }
                 None
             };
             if let Some(finish) = finish {
-                let a = self.rows[r].take().expect("active");
-                let done = Completion {
-                    id: a.id,
-                    stats: RequestStats {
-                        prompt_tokens: a.req.tokens.len(),
-                        queued_steps: a.queued_steps,
-                        active_steps: a.active_steps,
-                        time_to_first_token: a.first_token.unwrap_or_default(),
-                        total_time: a.submitted.elapsed(),
-                    },
-                    tokens: a.tokens,
-                    logprobs: a.logprobs,
-                    finish,
-                };
+                let done = self.rows[r].take().expect("active").complete(finish);
                 on_event(Event::Done(&done));
                 finished.push(done);
             }

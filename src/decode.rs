@@ -77,6 +77,12 @@ impl Engine {
         }
         for (r, s) in samplers.iter().enumerate() {
             s.check(r)?;
+            if s.top_logprobs > 0 {
+                return Err(Error::Input(format!(
+                    "decode_steps: row {r} asks for top_logprobs, which single-step sampling \
+                     (append_sample_full) reports"
+                )));
+            }
         }
         // the window's capacity is checked up front: every row must have room for all its steps
         let n_new = vec![steps; r_n];
@@ -93,7 +99,7 @@ impl Engine {
                 0,
                 Some(samplers),
                 from_gpu,
-                Output::Sampled { slot: step },
+                Output::Sampled { slot: step, top: false },
             );
         }
         let mut raw = vec![0u32; steps * r_n * 2];

@@ -12,7 +12,7 @@ use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gpu_weights::{GpuLayer, GpuMatrix, GpuWeights, WeightDtype};
 use crate::reference::rope_table;
-use crate::sampling::{Sampler, SamplerGpu};
+use crate::sampling::{RowSampling, Sampled, Sampler, SamplerGpu, TOP_LOGPROBS_MAX};
 use crate::shaders::{Constants, Kernel, Pipelines};
 use crate::weights::ModelWeights;
 
@@ -39,6 +39,9 @@ pub struct EngineOptions {
     /// Allow `max_len` beyond the model's trained context ([`ModelConfig::context_len`]). Off by
     /// default: positions the model never saw in training give output that only looks right.
     pub beyond_trained_context: bool,
+    /// Logit bias entries each row can hold ([`Engine::set_logit_bias`]; penalties add one per
+    /// distinct generated token).
+    pub logit_bias_slots: usize,
 }
 
 impl EngineOptions {
@@ -52,6 +55,7 @@ impl EngineOptions {
             rollback: 8,
             all_logits_tokens: 64,
             beyond_trained_context: false,
+            logit_bias_slots: 1024,
         }
     }
 }
@@ -202,6 +206,10 @@ pub struct Engine {
     /// Most steps per multi-step window: `rollback + 1`.
     pub(crate) max_window: usize,
     sample_dispatch: Dispatch,
+    /// Adds rows' logit biases to the logits of a sampling step (recorded only when one has some).
+    bias_dispatch: Dispatch,
+    /// Per-row logit bias and token mask.
+    sampling: RowSampling,
     stats: Stats,
     /// Bytes of buffers this engine counts against the device's memory budget.
     gpu_bytes: u64,
@@ -698,11 +706,18 @@ impl Engine {
             false,
             cfg.logit_softcap.unwrap_or(0.0),
         ));
+        let sampling = RowSampling::new(gpu, rows, cfg.vocab, opts.logit_bias_slots)?;
         let sample_dispatch = bld.dispatch(
             Kernel::Sample,
-            vec![("V", cfg.vocab as f64)],
-            &[&s.step, &s.row_info, &s.samplers, &s.logits, &s.sampled],
+            vec![("V", cfg.vocab as f64), ("MASK_WORDS", sampling.words as f64)],
+            &[&s.step, &s.row_info, &s.samplers, &s.logits, &s.sampled, &sampling.mask, &sampling.top],
             Grid::WorkgroupPerRow,
+        );
+        let bias_dispatch = bld.dispatch(
+            Kernel::LogitBias,
+            vec![("V", cfg.vocab as f64), ("SLOTS", sampling.slots.max(1) as f64)],
+            &[&s.step, &s.row_info, &sampling.bias_n, &sampling.bias, &s.logits],
+            Grid::Rows(sampling.slots.max(1)),
         );
         Ok(Engine {
             gpu: gpu.clone(),
@@ -719,6 +734,8 @@ impl Engine {
             all_logits_tokens: all_tokens,
             max_window,
             sample_dispatch,
+            bias_dispatch,
+            sampling,
             stats: Stats::default(),
             gpu_bytes: 0,
         })
@@ -778,13 +795,47 @@ impl Engine {
     /// Empty these cache rows (new sequences start there).
     pub fn reset(&mut self, rows: &[usize]) -> Result<()> {
         self.gpu.check()?;
-        self.cache.reset(&self.gpu, rows)
+        self.cache.reset(&self.gpu, rows)?;
+        self.sampling.clear(&self.gpu, rows);
+        Ok(())
     }
 
     /// Remove the last `n[i]` tokens of `rows[i]` exactly (see [`KvCache::rollback`]).
     pub fn rollback(&mut self, rows: &[usize], n: &[usize]) -> Result<()> {
         self.gpu.check()?;
         self.cache.rollback(&self.gpu, rows, n)
+    }
+
+    /// Add `bias` (token, value; values for the same token add up) to `row`'s logits whenever the
+    /// row is sampled, replacing its earlier bias (OpenAI's `logit_bias`). Only sampling sees it:
+    /// the logits [`Engine::append`] returns are the model's. Cleared by a reset.
+    pub fn set_logit_bias(&mut self, row: usize, bias: &[(u32, f32)]) -> Result<()> {
+        self.cache.check_rows(&[row])?;
+        self.sampling.set_bias(&self.gpu, row, bias)
+    }
+
+    /// Add `delta` to `row`'s bias of `token` (presence and frequency penalties, as tokens come).
+    pub fn add_logit_bias(&mut self, row: usize, token: u32, delta: f32) -> Result<()> {
+        self.cache.check_rows(&[row])?;
+        self.sampling.add_bias(&self.gpu, row, token, delta)
+    }
+
+    /// Logit bias entries each row can hold.
+    pub fn logit_bias_slots(&self) -> usize {
+        self.sampling.slots
+    }
+
+    /// `row`'s logit bias, one entry per token.
+    pub fn logit_bias(&self, row: usize) -> &[(u32, f32)] {
+        self.sampling.bias(row)
+    }
+
+    /// Sample `row` only among the tokens whose bit is set in `allowed` (`ceil(vocab / 32)`
+    /// words, bit `i % 32` of word `i / 32` for token `i`), or among all tokens (`None`):
+    /// constrained decoding. A mask that allows no token is an error. Cleared by a reset.
+    pub fn set_token_mask(&mut self, row: usize, allowed: Option<&[u32]>) -> Result<()> {
+        self.cache.check_rows(&[row])?;
+        self.sampling.set_mask(&self.gpu, row, allowed)
     }
 
     /// Advance the positions of `rows[i]` by `n[i]` without storing anything: padding that no later
@@ -796,9 +847,14 @@ impl Engine {
 
     /// Copy row `src` into rows `dst` on the GPU: they continue from the same prefix without
     /// recomputing it (GRPO-style k samples per prompt).
+    ///
+    /// The destinations' sampling state (logit bias, token mask) is cleared, not copied: each
+    /// fork samples with what its caller sets.
     pub fn fork(&mut self, src: usize, dst: &[usize]) -> Result<()> {
         self.gpu.check()?;
-        self.cache.fork(&self.gpu, src, dst)
+        self.cache.fork(&self.gpu, src, dst)?;
+        self.sampling.clear(&self.gpu, dst);
+        Ok(())
     }
 
     /// Feed a right-padded chunk `ids` (`[R, width]`, row-major); chunk row `r` has `n_new[r]` real
@@ -873,19 +929,60 @@ impl Engine {
         rows: Option<&[usize]>,
         samplers: &[Sampler],
     ) -> Result<Vec<Option<(u32, f32)>>> {
+        let got = self.append_sample_full_async(ids, width, n_new, rows, samplers).await?;
+        Ok(got.into_iter().map(|o| o.map(|s| (s.token, s.logprob))).collect())
+    }
+
+    /// [`Engine::append_sample`] that returns each sampled token with its log-probability and,
+    /// for samplers that ask (`top_logprobs`), the most likely alternatives.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn append_sample_full(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Option<Sampled>>> {
+        pollster::block_on(self.append_sample_full_async(ids, width, n_new, rows, samplers))
+    }
+
+    /// [`Engine::append_sample_full`] that awaits the readback instead of blocking.
+    pub async fn append_sample_full_async(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Option<Sampled>>> {
         if samplers.len() != n_new.len() {
             return Err(Error::Input(format!("{} samplers for {} chunk rows", samplers.len(), n_new.len())));
         }
         for (r, s) in samplers.iter().enumerate() {
             s.check(r)?;
         }
-        let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Sampled { slot: 0 })?;
-        let mut got = vec![0u32; 2 * n_new.len()];
+        let top = samplers.iter().any(|s| s.top_logprobs > 0);
+        let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Sampled { slot: 0, top })?;
+        let r_n = n_new.len();
+        let mut got = vec![0u32; 2 * r_n];
+        let mut alts = vec![0u32; if top { r_n * TOP_LOGPROBS_MAX as usize * 2 } else { 0 }];
         if any {
             self.read_async(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut got)).await?;
+            if top {
+                self.read_async(&self.sampling.top_read, bytemuck::cast_slice_mut(&mut alts)).await?;
+            }
         }
-        let r_n = n_new.len();
-        Ok((0..r_n).map(|r| (n_new[r] > 0).then(|| (got[r], f32::from_bits(got[r_n + r])))).collect())
+        Ok((0..r_n)
+            .map(|r| {
+                (n_new[r] > 0).then(|| {
+                    let n = samplers[r].top_logprobs as usize;
+                    let at = r * TOP_LOGPROBS_MAX as usize * 2;
+                    let top = (0..n).map(|k| (alts[at + 2 * k], f32::from_bits(alts[at + 2 * k + 1]))).collect();
+                    Sampled { token: got[r], logprob: f32::from_bits(got[r_n + r]), top }
+                })
+            })
+            .collect())
     }
 
     /// Validate a call; the error names the row, index or limit.
@@ -981,7 +1078,9 @@ impl Engine {
                 .iter()
                 .zip(cache_rows)
                 .zip(n_sub)
-                .map(|((s, &row), &n)| SamplerGpu::new(s, (self.cache.lens_cpu[row] + n) as u32))
+                .map(|((s, &row), &n)| {
+                    SamplerGpu::new(s, (self.cache.lens_cpu[row] + n) as u32, self.sampling.masked[row])
+                })
                 .collect();
             q.write_buffer(&self.s.samplers, 0, bytemuck::cast_slice(&g));
         }
@@ -1002,6 +1101,10 @@ impl Engine {
                 n_disp += 1;
             }
             if samplers.is_some() {
+                if self.sampling.any_bias(cache_rows) {
+                    self.bias_dispatch.record(&mut pass, r_n, c);
+                    n_disp += 1;
+                }
                 self.sample_dispatch.record(&mut pass, r_n, c);
                 n_disp += 1;
             }
@@ -1017,9 +1120,13 @@ impl Engine {
                 let bytes = (r_n * c * self.cfg.vocab * 4) as u64;
                 enc.copy_buffer_to_buffer(&self.s.all_logits, 0, &self.s.all_logits_read, 0, bytes);
             }
-            Output::Sampled { slot } => {
+            Output::Sampled { slot, top } => {
                 let bytes = (r_n * 8) as u64;
                 enc.copy_buffer_to_buffer(&self.s.sampled, 0, &self.s.sampled_read, slot as u64 * bytes, bytes);
+                if top {
+                    let bytes = (r_n * TOP_LOGPROBS_MAX as usize * 8) as u64;
+                    enc.copy_buffer_to_buffer(&self.sampling.top, 0, &self.sampling.top_read, 0, bytes);
+                }
             }
         }
         q.submit([enc.finish()]);
@@ -1185,8 +1292,10 @@ pub(crate) enum Output {
     Logits,
     /// Logits at every token of the chunk.
     AllLogits,
-    /// Sampled ids and their logprobs, into window slot `slot`.
+    /// Sampled ids and their logprobs, into window slot `slot`; with `top`, also the most
+    /// likely alternatives (single steps only).
     Sampled {
         slot: usize,
+        top: bool,
     },
 }

@@ -57,5 +57,5 @@ pub use error::{Error, Result};
 pub use gpu_weights::WeightDtype;
 #[cfg(not(target_arch = "wasm32"))]
 pub use rollout::{Episode, Rollouts};
-pub use sampling::{argmax, sample_cpu, Sampler};
+pub use sampling::{argmax, sample_cpu, sample_cpu_full, Sampled, Sampler, TOP_LOGPROBS_MAX};
 pub use weights::{DiskDtype, EngramWeights, Half, LayerWeights, Matrix, ModelWeights, SplitMix64};

@@ -5,7 +5,8 @@ use crate::error::{Error, Result};
 /// How one row picks its next token (on the GPU, `shaders/sample.wgsl`).
 ///
 /// The reported log-probability of a sampled token is `log softmax(logits / temperature)` at that
-/// token (`log softmax(logits)` when greedy), before top-k / top-p truncation.
+/// token (`log softmax(logits)` when greedy), before top-k / top-p truncation, after the row's
+/// logit bias and token mask (the distribution the token was drawn from).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampler {
     /// 0 (or less): greedy argmax. Otherwise a draw from `softmax(logits / temperature)`.
@@ -17,15 +18,43 @@ pub struct Sampler {
     pub top_k: u32,
     /// Then keep the smallest set of tokens whose probability reaches `top_p` (1: off).
     pub top_p: f32,
+    /// Also report this many most likely tokens with their log-probabilities (0 to
+    /// [`TOP_LOGPROBS_MAX`]; single-step sampling only).
+    pub top_logprobs: u32,
+}
+
+/// Most alternatives a sampler can report per token.
+pub const TOP_LOGPROBS_MAX: u32 = 20;
+
+impl Default for Sampler {
+    fn default() -> Self {
+        Sampler::GREEDY
+    }
+}
+
+/// A sampled token, its log-probability, and the most likely alternatives when asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    /// The token.
+    pub token: u32,
+    /// Its log-probability (see [`Sampler`]).
+    pub logprob: f32,
+    /// The `top_logprobs` most likely tokens, most likely first, with their log-probabilities.
+    pub top: Vec<(u32, f32)>,
 }
 
 impl Sampler {
     /// Greedy decoding.
-    pub const GREEDY: Sampler = Sampler { temperature: 0.0, seed: 0, top_k: 0, top_p: 1.0 };
+    pub const GREEDY: Sampler = Sampler { temperature: 0.0, seed: 0, top_k: 0, top_p: 1.0, top_logprobs: 0 };
 
     /// Temperature sampling with a seed.
     pub fn temperature(temperature: f32, seed: u32) -> Self {
-        Sampler { temperature, seed, top_k: 0, top_p: 1.0 }
+        Sampler { temperature, seed, ..Sampler::GREEDY }
+    }
+
+    /// Also report the `n` most likely tokens with their log-probabilities.
+    pub fn with_top_logprobs(self, n: u32) -> Self {
+        Sampler { top_logprobs: n, ..self }
     }
 
     /// With top-k truncation.
@@ -45,6 +74,12 @@ impl Sampler {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(Error::Input(format!("row {row}: top_p {} must be in (0, 1]", self.top_p)));
         }
+        if self.top_logprobs > TOP_LOGPROBS_MAX {
+            return Err(Error::Input(format!(
+                "row {row}: top_logprobs {} is more than the {TOP_LOGPROBS_MAX} supported",
+                self.top_logprobs
+            )));
+        }
         Ok(())
     }
 }
@@ -58,18 +93,187 @@ pub(crate) struct SamplerGpu {
     counter: u32,
     top_k: u32,
     top_p: f32,
-    _pad: [u32; 3],
+    masked: u32,
+    top_n: u32,
+    _pad: u32,
 }
 
 impl SamplerGpu {
-    pub(crate) fn new(s: &Sampler, counter: u32) -> Self {
+    pub(crate) fn new(s: &Sampler, counter: u32, masked: bool) -> Self {
         SamplerGpu {
             temperature: s.temperature,
             seed: s.seed,
             counter,
             top_k: s.top_k,
             top_p: s.top_p.min(1.0),
-            _pad: [0; 3],
+            masked: masked as u32,
+            top_n: s.top_logprobs.min(TOP_LOGPROBS_MAX),
+            _pad: 0,
+        }
+    }
+}
+
+/// Per cache row, what shapes sampling beyond the [`Sampler`]: a sparse logit bias (OpenAI's
+/// `logit_bias`; presence and frequency penalties as the tokens come) and a token mask
+/// (constrained decoding). GPU buffers with a CPU mirror; `logit_bias.wgsl` adds the bias to the
+/// logits of sampling steps only (the logits `append` returns are the model's), `sample.wgsl`
+/// reads the mask.
+pub(crate) struct RowSampling {
+    /// `[rows, slots]` (token id, bias bits).
+    pub(crate) bias: wgpu::Buffer,
+    /// `[rows]` entries in use.
+    pub(crate) bias_n: wgpu::Buffer,
+    /// `[rows, words]` allowed-token bits.
+    pub(crate) mask: wgpu::Buffer,
+    /// `[rows, TOP_LOGPROBS_MAX, 2]` the last step's top tokens (id, logprob bits).
+    pub(crate) top: wgpu::Buffer,
+    pub(crate) top_read: wgpu::Buffer,
+    pub(crate) slots: usize,
+    pub(crate) words: usize,
+    vocab: usize,
+    entries: Vec<Vec<(u32, f32)>>,
+    pub(crate) masked: Vec<bool>,
+}
+
+impl RowSampling {
+    pub(crate) fn new(gpu: &crate::device::Gpu, rows: usize, vocab: usize, slots: usize) -> Result<Self> {
+        let words = vocab.div_ceil(32);
+        // as many slots as asked, or as one binding holds for every row
+        let slots = slots.min((gpu.max_binding() / (rows as u64 * 8)) as usize);
+        let top_bytes = (rows * TOP_LOGPROBS_MAX as usize * 8) as u64;
+        Ok(RowSampling {
+            bias: gpu.storage("logit bias", (rows * slots.max(1) * 8) as u64)?,
+            bias_n: gpu.storage("logit bias counts", (rows * 4) as u64)?,
+            mask: gpu.storage("token masks", (rows * words * 4) as u64)?,
+            top: gpu.storage("top logprobs", top_bytes)?,
+            top_read: gpu.buffer(
+                "top logprobs readback",
+                top_bytes,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            )?,
+            slots,
+            words,
+            vocab,
+            entries: vec![Vec::new(); rows],
+            masked: vec![false; rows],
+        })
+    }
+
+    /// Whether any of `rows` has a bias (the bias dispatch is recorded only then).
+    pub(crate) fn any_bias(&self, rows: &[usize]) -> bool {
+        rows.iter().any(|&r| !self.entries[r].is_empty())
+    }
+
+    pub(crate) fn bias(&self, row: usize) -> &[(u32, f32)] {
+        &self.entries[row]
+    }
+
+    fn upload(&self, gpu: &crate::device::Gpu, row: usize) {
+        let e = &self.entries[row];
+        let words: Vec<u32> = e.iter().flat_map(|&(t, b)| [t, b.to_bits()]).collect();
+        if !words.is_empty() {
+            gpu.queue.write_buffer(&self.bias, (row * self.slots * 8) as u64, bytemuck::cast_slice(&words));
+        }
+        gpu.queue.write_buffer(&self.bias_n, (row * 4) as u64, &(e.len() as u32).to_le_bytes());
+    }
+
+    fn check_entry(&self, row: usize, t: u32, b: f32) -> Result<()> {
+        if t as usize >= self.vocab {
+            return Err(Error::Input(format!(
+                "row {row}: logit bias for token {t}, outside the vocabulary ({})",
+                self.vocab
+            )));
+        }
+        if !b.is_finite() {
+            return Err(Error::Input(format!("row {row}: logit bias {b} for token {t} is not finite")));
+        }
+        Ok(())
+    }
+
+    /// Replace `row`'s bias (entries for the same token are summed).
+    pub(crate) fn set_bias(&mut self, gpu: &crate::device::Gpu, row: usize, bias: &[(u32, f32)]) -> Result<()> {
+        let mut merged: Vec<(u32, f32)> = Vec::new();
+        for &(t, b) in bias {
+            self.check_entry(row, t, b)?;
+            match merged.iter_mut().find(|e| e.0 == t) {
+                Some(e) => e.1 += b,
+                None => merged.push((t, b)),
+            }
+        }
+        if merged.len() > self.slots {
+            return Err(Error::Limit(format!(
+                "row {row}: {} logit bias entries, more than the {} slots (EngineOptions::logit_bias_slots)",
+                merged.len(),
+                self.slots
+            )));
+        }
+        self.entries[row] = merged;
+        self.upload(gpu, row);
+        Ok(())
+    }
+
+    /// Add `delta` to `row`'s bias of `token` (a new entry if it has none).
+    pub(crate) fn add_bias(&mut self, gpu: &crate::device::Gpu, row: usize, token: u32, delta: f32) -> Result<()> {
+        self.check_entry(row, token, delta)?;
+        let e = &mut self.entries[row];
+        let k = match e.iter().position(|x| x.0 == token) {
+            Some(k) => {
+                e[k].1 += delta;
+                k
+            }
+            None if e.len() < self.slots => {
+                e.push((token, delta));
+                e.len() - 1
+            }
+            None => {
+                return Err(Error::Limit(format!(
+                    "row {row}: no logit bias slot left for token {token} ({} in use, EngineOptions::logit_bias_slots)",
+                    self.slots
+                )))
+            }
+        };
+        let (t, b) = e[k];
+        gpu.queue.write_buffer(
+            &self.bias,
+            ((row * self.slots + k) * 8) as u64,
+            bytemuck::cast_slice(&[t, b.to_bits()]),
+        );
+        gpu.queue.write_buffer(&self.bias_n, (row * 4) as u64, &(e.len() as u32).to_le_bytes());
+        Ok(())
+    }
+
+    /// Allow only the tokens whose bit is set in `allowed` (`ceil(vocab / 32)` words), or all.
+    pub(crate) fn set_mask(&mut self, gpu: &crate::device::Gpu, row: usize, allowed: Option<&[u32]>) -> Result<()> {
+        match allowed {
+            None => self.masked[row] = false,
+            Some(words) => {
+                if words.len() != self.words {
+                    return Err(Error::Input(format!(
+                        "row {row}: token mask has {} words, expected {} (vocabulary {})",
+                        words.len(),
+                        self.words,
+                        self.vocab
+                    )));
+                }
+                let allows_one = (0..self.vocab).any(|i| words[i / 32] >> (i % 32) & 1 == 1);
+                if !allows_one {
+                    return Err(Error::Input(format!("row {row}: token mask allows no token")));
+                }
+                gpu.queue.write_buffer(&self.mask, (row * self.words * 4) as u64, bytemuck::cast_slice(words));
+                self.masked[row] = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// No bias and no mask on `rows` (a reset).
+    pub(crate) fn clear(&mut self, gpu: &crate::device::Gpu, rows: &[usize]) {
+        for &r in rows {
+            if !self.entries[r].is_empty() {
+                self.entries[r].clear();
+                self.upload(gpu, r);
+            }
+            self.masked[r] = false;
         }
     }
 }
@@ -89,26 +293,51 @@ fn uniform01(seed: u32, counter: u32, id: u32) -> f32 {
 /// log-probability: `counter` is the position the sampled token will take. Sums run in another
 /// order than on the GPU, so a top-p boundary that is a near tie can fall differently.
 pub fn sample_cpu(logits: &[f32], s: Sampler, counter: u32) -> (u32, f32) {
+    let got = sample_cpu_full(logits, s, counter, &[], None);
+    (got.token, got.logprob)
+}
+
+/// [`sample_cpu`] with a row's logit bias and token mask (`ceil(vocab / 32)` words of allowed
+/// bits), reporting `s.top_logprobs` alternatives: the twin of a GPU sampling step.
+pub fn sample_cpu_full(logits: &[f32], s: Sampler, counter: u32, bias: &[(u32, f32)], mask: Option<&[u32]>) -> Sampled {
+    let mut adjusted = logits.to_vec();
+    for &(tok, b) in bias {
+        adjusted[tok as usize] += b;
+    }
+    let logits = &adjusted[..];
     let t = s.temperature;
-    let score = |l: f32| if t > 0.0 { l / t } else { l };
-    let v = logits.len();
+    const MASKED: f32 = -3.0e38;
+    let allowed = |i: usize| mask.is_none_or(|m| m[i / 32] >> (i % 32) & 1 == 1);
+    let scores: Vec<f32> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            if !allowed(i) {
+                MASKED
+            } else if t > 0.0 {
+                l / t
+            } else {
+                l
+            }
+        })
+        .collect();
+    let v = scores.len();
     let (mut m, mut greedy) = (f32::NEG_INFINITY, 0usize);
     let mut mn = f32::INFINITY;
-    for (i, &l) in logits.iter().enumerate() {
-        let x = score(l);
+    for (i, &x) in scores.iter().enumerate() {
         if x > m {
             m = x;
             greedy = i;
         }
         mn = mn.min(x);
     }
-    let z: f32 = logits.iter().map(|&l| (score(l) - m).exp()).sum();
+    let z: f32 = scores.iter().map(|&x| (x - m).exp()).sum();
     let mut thr = mn;
     if t > 0.0 && s.top_k > 0 && (s.top_k as usize) < v {
         let (mut lo, mut hi) = (mn, m);
         for _ in 0..32 {
             let mid = 0.5 * (lo + hi);
-            let c = logits.iter().filter(|&&l| score(l) >= mid).count();
+            let c = scores.iter().filter(|&&x| x >= mid).count();
             if c as f32 >= s.top_k as f32 {
                 lo = mid;
             } else {
@@ -118,11 +347,11 @@ pub fn sample_cpu(logits: &[f32], s: Sampler, counter: u32) -> (u32, f32) {
         thr = lo;
     }
     if t > 0.0 && s.top_p < 1.0 {
-        let zk: f32 = logits.iter().map(|&l| score(l)).filter(|&x| x >= thr).map(|x| (x - m).exp()).sum();
+        let zk: f32 = scores.iter().filter(|&&x| x >= thr).map(|&x| (x - m).exp()).sum();
         let (mut lo, mut hi) = (thr, m);
         for _ in 0..32 {
             let mid = 0.5 * (lo + hi);
-            let p: f32 = logits.iter().map(|&l| score(l)).filter(|&x| x >= mid).map(|x| (x - m).exp()).sum();
+            let p: f32 = scores.iter().filter(|&&x| x >= mid).map(|&x| (x - m).exp()).sum();
             if p >= s.top_p * zk {
                 lo = mid;
             } else {
@@ -134,8 +363,7 @@ pub fn sample_cpu(logits: &[f32], s: Sampler, counter: u32) -> (u32, f32) {
     let mut chosen = greedy;
     if t > 0.0 {
         let mut best = f32::NEG_INFINITY;
-        for (i, &l) in logits.iter().enumerate() {
-            let x = score(l);
+        for (i, &x) in scores.iter().enumerate() {
             if x >= thr {
                 let g = x - (-(uniform01(s.seed, counter, i as u32)).ln()).ln();
                 if g > best {
@@ -145,7 +373,16 @@ pub fn sample_cpu(logits: &[f32], s: Sampler, counter: u32) -> (u32, f32) {
             }
         }
     }
-    (chosen as u32, score(logits[chosen]) - m - z.ln())
+    let lz = m + z.ln();
+    // the most likely tokens, ties to the lowest id (the GPU's rounds of argmax)
+    let n = (s.top_logprobs.min(TOP_LOGPROBS_MAX) as usize).min(v);
+    let mut top = Vec::with_capacity(n);
+    if n > 0 {
+        let mut order: Vec<usize> = (0..v).collect();
+        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+        top.extend(order[..n].iter().map(|&i| (i as u32, scores[i] - lz)));
+    }
+    Sampled { token: chosen as u32, logprob: scores[chosen] - lz, top }
 }
 
 /// Index of the largest value (first on ties).

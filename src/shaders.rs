@@ -36,6 +36,8 @@ pub enum Kernel {
     Commit,
     /// Greedy / temperature sampling (`sample.wgsl`).
     Sample,
+    /// Sparse logit bias added before sampling (`logit_bias.wgsl`).
+    LogitBias,
     /// Engram n-gram addresses and table lookup (`engram_gather.wgsl`).
     EngramGather,
     /// Engram gated residual (`engram_mix.wgsl`).
@@ -47,7 +49,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 13] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -57,6 +59,7 @@ impl Kernel {
         Kernel::MlpAct,
         Kernel::Commit,
         Kernel::Sample,
+        Kernel::LogitBias,
         Kernel::EngramGather,
         Kernel::EngramMix,
         Kernel::MatmulSubgroup,
@@ -74,6 +77,7 @@ impl Kernel {
             Kernel::MlpAct => "mlp_act.wgsl",
             Kernel::Commit => "commit.wgsl",
             Kernel::Sample => "sample.wgsl",
+            Kernel::LogitBias => "logit_bias.wgsl",
             Kernel::EngramGather => "engram_gather.wgsl",
             Kernel::EngramMix => "engram_mix.wgsl",
             Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
@@ -105,6 +109,7 @@ impl Kernel {
             Kernel::MlpAct => include_str!("../shaders/mlp_act.wgsl"),
             Kernel::Commit => include_str!("../shaders/commit.wgsl"),
             Kernel::Sample => include_str!("../shaders/sample.wgsl"),
+            Kernel::LogitBias => include_str!("../shaders/logit_bias.wgsl"),
             Kernel::EngramGather => include_str!("../shaders/engram_gather.wgsl"),
             Kernel::EngramMix => include_str!("../shaders/engram_mix.wgsl"),
             // the portable kernel's bindings and helpers, plus the subgroup entry point
@@ -132,7 +137,8 @@ impl Kernel {
             Kernel::Attention => &[Uniform, Read, ReadWrite, Read, Read, Read, Read, Read, Read],
             Kernel::MlpAct => &[Uniform, Read, ReadWrite],
             Kernel::Commit => &[Uniform, Read, Read, ReadWrite, ReadWrite, ReadWrite],
-            Kernel::Sample => &[Uniform, Read, Read, Read, ReadWrite],
+            Kernel::Sample => &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite],
+            Kernel::LogitBias => &[Uniform, Read, Read, Read, ReadWrite],
             Kernel::EngramGather => &[Uniform, Read, Read, Read, Read, Read, Read, ReadWrite],
             Kernel::EngramMix => &[Uniform, Read, Read, ReadWrite],
             Kernel::MatmulSubgroup => &[Uniform, Read, Read, ReadWrite],

@@ -8,15 +8,28 @@ use kvdecode::{Engine, EngineOptions, Event, Finish, Request, Sampler, Scheduler
 fn random_requests(n: usize, seed: u64) -> Vec<Request> {
     let mut rng = SplitMix64(seed);
     (0..n)
-        .map(|i| Request {
-            tokens: (0..1 + rng.below(40)).map(|_| 1 + rng.below(95) as u32).collect(),
-            max_new: 1 + rng.below(14),
-            stop: vec![rng.below(96) as u32, rng.below(96) as u32],
-            sampler: match i % 3 {
-                0 => Sampler::GREEDY,
-                1 => Sampler::temperature(1.0, rng.below(1000) as u32),
-                _ => Sampler::temperature(0.8, rng.below(1000) as u32).with_top_k(10).with_top_p(0.9),
-            },
+        .map(|i| {
+            let mut r = Request {
+                tokens: (0..1 + rng.below(40)).map(|_| 1 + rng.below(95) as u32).collect(),
+                max_new: 1 + rng.below(14),
+                stop: vec![rng.below(96) as u32, rng.below(96) as u32],
+                sampler: match i % 3 {
+                    0 => Sampler::GREEDY,
+                    1 => Sampler::temperature(1.0, rng.below(1000) as u32),
+                    _ => Sampler::temperature(0.8, rng.below(1000) as u32).with_top_k(10).with_top_p(0.9),
+                },
+                ..Default::default()
+            };
+            // logit bias and penalties on some, top logprobs on others
+            if i % 5 == 3 {
+                r.logit_bias = (0..4).map(|_| (rng.below(96) as u32, rng.uniform() as f32 * 8.0 - 4.0)).collect();
+                r.presence_penalty = 0.8;
+                r.frequency_penalty = 0.5;
+            }
+            if i % 5 == 4 {
+                r.sampler = r.sampler.with_top_logprobs(3);
+            }
+            r
         })
         .collect()
 }
@@ -52,10 +65,79 @@ fn batched_requests_equal_requests_run_alone() {
         assert_eq!(a[0].tokens, c.tokens, "seed {s} request {}: batched vs alone", c.id);
         assert_eq!(a[0].logprobs, c.logprobs, "seed {s} request {}: logprobs", c.id);
         assert_eq!(a[0].finish, c.finish);
+        assert_eq!(a[0].top_logprobs, c.top_logprobs, "seed {s} request {}: top logprobs", c.id);
         match c.finish {
             Finish::Stop => assert!(reqs[c.id].stop.contains(c.tokens.last().unwrap())),
             Finish::Length => assert_eq!(c.tokens.len(), reqs[c.id].max_new),
+            Finish::Cancelled => panic!("nothing was cancelled"),
         }
+        if reqs[c.id].sampler.top_logprobs > 0 {
+            assert_eq!(c.top_logprobs.len(), c.tokens.len());
+            for (k, top) in c.top_logprobs.iter().enumerate() {
+                assert_eq!(top.len(), 3);
+                assert!(top.windows(2).all(|w| w[0].1 >= w[1].1), "most likely first");
+                // greedy tokens are the most likely one
+                if reqs[c.id].sampler.temperature == 0.0 {
+                    assert_eq!(top[0], (c.tokens[k], c.logprobs[k]));
+                }
+            }
+        }
+    }
+}
+
+/// `n` completions of one prompt: prefilled once, forked into the group's rows; each member gets
+/// exactly what its request gets alone.
+#[test]
+fn groups_prefill_once_and_equal_their_members_alone() {
+    let s = seed(84);
+    let w = model(&tiny_agent_cfg(), s);
+    let mut engine = Engine::new(&gpu(), &w, EngineOptions::new(5, 64)).unwrap();
+    let mut sched = Scheduler::new(&engine, 8);
+    let base = Request { tokens: (1..30).collect(), max_new: 9, logit_bias: vec![(5, 2.0)], ..Default::default() };
+    let samplers: Vec<Sampler> = (0..4).map(|i| Sampler::temperature(0.9, 100 + i)).collect();
+    // a single request first, so the group waits for 4 free rows among 5
+    let single = sched.submit(Request { tokens: vec![7; 5], max_new: 20, ..Default::default() }).unwrap();
+    let ids = sched.submit_group(base.clone(), &samplers).unwrap();
+    let before = engine.stats().chunks;
+    let done = sched.run(&mut engine, &mut |_| {}).unwrap();
+    assert_eq!(done.len(), 5);
+    // the shared 28 tokens prefill once, in 8-token chunks: far fewer chunks than 4 prefills
+    assert!(engine.stats().chunks - before < 30, "{} chunks", engine.stats().chunks - before);
+    for (k, &id) in ids.iter().enumerate() {
+        let mut alone = Engine::new(&gpu(), &w, EngineOptions::new(1, 64)).unwrap();
+        let mut one = Scheduler::new(&alone, 64);
+        one.submit(Request { sampler: samplers[k], ..base.clone() }).unwrap();
+        let a = one.run(&mut alone, &mut |_| {}).unwrap();
+        let c = done.iter().find(|c| c.id == id).unwrap();
+        assert_eq!((&a[0].tokens, &a[0].logprobs), (&c.tokens, &c.logprobs), "seed {s} member {k}");
+    }
+    assert!(done.iter().any(|c| c.id == single));
+    let e = sched.submit_group(base, &[Sampler::GREEDY; 6]).unwrap_err().to_string();
+    assert!(e.contains("a group of 6 needs 1 to 5 rows"), "{e}");
+}
+
+#[test]
+fn cancel_frees_the_row_and_others_are_untouched() {
+    let s = seed(85);
+    let w = model(&llama_cfg(), s);
+    let reqs = random_requests(6, s);
+    let mut engine = Engine::new(&gpu(), &w, EngineOptions::new(2, 64)).unwrap();
+    let mut sched = Scheduler::new(&engine, 8);
+    let ids: Vec<usize> = reqs.iter().map(|r| sched.submit(r.clone()).unwrap()).collect();
+    // one running, one queued: cancelled
+    let (_, _) = sched.step(&mut engine, &mut |_| {}).unwrap();
+    let running = sched.cancel(&mut engine, ids[0]).expect("running");
+    assert_eq!(running.finish, Finish::Cancelled);
+    let queued = sched.cancel(&mut engine, ids[5]).expect("queued");
+    assert!(queued.finish == Finish::Cancelled && queued.tokens.is_empty());
+    assert!(sched.cancel(&mut engine, ids[5]).is_none(), "cancelled twice");
+    let done = sched.run(&mut engine, &mut |_| {}).unwrap();
+    assert_eq!(done.iter().map(|c| c.id).collect::<Vec<_>>(), ids[1..5].to_vec());
+    for c in &done {
+        let mut alone = Engine::new(&gpu(), &w, EngineOptions::new(1, 64)).unwrap();
+        let mut one = Scheduler::new(&alone, 64);
+        one.submit(reqs[c.id].clone()).unwrap();
+        assert_eq!(one.run(&mut alone, &mut |_| {}).unwrap()[0].tokens, c.tokens, "request {}", c.id);
     }
 }
 
@@ -64,20 +146,31 @@ fn admission_refuses_what_cannot_fit_and_accounts() {
     let w = model(&llama_cfg(), 82);
     let mut engine = Engine::new(&gpu(), &w, EngineOptions::new(2, 32)).unwrap();
     let mut sched = Scheduler::new(&engine, 8);
-    let too_long = Request { tokens: vec![1; 30], max_new: 3, stop: vec![], sampler: Sampler::GREEDY };
+    let too_long =
+        Request { tokens: vec![1; 30], max_new: 3, stop: vec![], sampler: Sampler::GREEDY, ..Default::default() };
     let err = sched.submit(too_long).unwrap_err();
     assert!(format!("{err}").contains("exceeds the rows' max_len 32"), "{err}");
-    let bad = Request { tokens: vec![1, 500], max_new: 3, stop: vec![], sampler: Sampler::GREEDY };
+    let bad =
+        Request { tokens: vec![1, 500], max_new: 3, stop: vec![], sampler: Sampler::GREEDY, ..Default::default() };
     assert!(format!("{}", sched.submit(bad).unwrap_err()).contains("token 1 = 500"));
     // asking for no token is refused, not answered with one
-    let nothing = Request { tokens: vec![1, 2], max_new: 0, stop: vec![], sampler: Sampler::GREEDY };
+    let nothing =
+        Request { tokens: vec![1, 2], max_new: 0, stop: vec![], sampler: Sampler::GREEDY, ..Default::default() };
     let err = sched.submit(nothing).unwrap_err().to_string();
     assert!(err.contains("max_new is 0"), "{err}");
-    let empty = Request { tokens: vec![], max_new: 3, stop: vec![], sampler: Sampler::GREEDY };
+    let empty = Request { tokens: vec![], max_new: 3, stop: vec![], sampler: Sampler::GREEDY, ..Default::default() };
     assert!(sched.submit(empty).unwrap_err().to_string().contains("empty prompt"));
     assert_eq!(sched.queued(), 0, "refused requests are not queued");
     for n in [5, 9, 3] {
-        sched.submit(Request { tokens: vec![2; n], max_new: 4, stop: vec![], sampler: Sampler::GREEDY }).unwrap();
+        sched
+            .submit(Request {
+                tokens: vec![2; n],
+                max_new: 4,
+                stop: vec![],
+                sampler: Sampler::GREEDY,
+                ..Default::default()
+            })
+            .unwrap();
     }
     assert_eq!(sched.reserved_tokens(), 64);
     let (_, more) = sched.step(&mut engine, &mut |_| {}).unwrap();

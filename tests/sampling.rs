@@ -74,3 +74,69 @@ fn temperature_draws_follow_softmax() {
         approx::assert_abs_diff_eq!(p, f, epsilon = 0.015);
     }
 }
+
+/// Logit bias, token masks and top logprobs on the GPU draw what the CPU twin draws from the
+/// model's logits with the same bias and mask, and report the same alternatives.
+#[test]
+fn bias_mask_and_top_logprobs_match_the_cpu_twin() {
+    use kvdecode::sample_cpu_full;
+    let w = model(&tiny_agent_cfg(), 43);
+    let v = w.cfg.vocab;
+    let gpu = gpu();
+    let mut e = Engine::new(&gpu, &w, EngineOptions::new(3, 64)).unwrap();
+    let mut replay = Engine::new(&gpu, &w, EngineOptions::new(3, 64)).unwrap();
+    let samplers = [
+        Sampler::GREEDY.with_top_logprobs(5),
+        Sampler::temperature(1.0, 7).with_top_logprobs(20),
+        Sampler::temperature(0.7, 99).with_top_k(12).with_top_p(0.9).with_top_logprobs(1),
+    ];
+    // row 0: a bias that makes token 5 a strong favourite; row 1: only even tokens; row 2: both
+    let bias = [(5u32, 6.0f32), (6, -3.0), (5, 1.0)];
+    e.set_logit_bias(0, &bias).unwrap();
+    assert_eq!(e.logit_bias(0), &[(5, 7.0), (6, -3.0)], "entries for one token add up");
+    let even: Vec<u32> = (0..v.div_ceil(32)).map(|_| 0x5555_5555).collect();
+    e.set_token_mask(1, Some(&even)).unwrap();
+    e.set_logit_bias(2, &[(11, 2.5)]).unwrap();
+    e.set_token_mask(2, Some(&even)).unwrap();
+    let masks: [Option<&[u32]>; 3] = [None, Some(&even), Some(&even)];
+    let prompt = [3u32, 4, 5, 6, 7, 8, 9, 10, 11];
+    let mut got = e.append_sample_full(&prompt, 3, &[3, 3, 3], None, &samplers).unwrap();
+    let mut logits = replay.append(&prompt, 3, &[3, 3, 3], None).unwrap();
+    for step in 0..10 {
+        let mut next = Vec::new();
+        for r in 0..3 {
+            let g = got[r].clone().unwrap();
+            let counter = replay.cache().lens()[r] as u32;
+            let want = sample_cpu_full(logits.row(r).unwrap(), samplers[r], counter, e.logit_bias(r), masks[r]);
+            assert_eq!(g.token, want.token, "row {r} step {step}");
+            assert!((g.logprob - want.logprob).abs() < 1e-4, "row {r} step {step}: {} vs {}", g.logprob, want.logprob);
+            assert_eq!(g.top.len(), samplers[r].top_logprobs as usize);
+            for (a, b) in g.top.iter().zip(&want.top) {
+                assert!(a.0 == b.0 && (a.1 - b.1).abs() < 1e-4, "row {r} step {step}: {a:?} vs {b:?}");
+            }
+            if masks[r].is_some() {
+                assert_eq!(g.token % 2, 0, "row {r}: a masked token was drawn");
+            }
+            next.push(g.token);
+        }
+        got = e.append_sample_full(&next, 1, &[1, 1, 1], None, &samplers).unwrap();
+        logits = replay.append(&next, 1, &[1, 1, 1], None).unwrap();
+    }
+    // the logits `append` returns are the model's: bias and mask change sampling only
+    let a = e.append(&[1, 1, 1], 1, &[1, 1, 1], None).unwrap();
+    let b = replay.append(&[1, 1, 1], 1, &[1, 1, 1], None).unwrap();
+    assert_eq!(a.data, b.data);
+    // a reset clears bias and mask; bad masks and biases are named errors
+    e.reset(&[0, 1]).unwrap();
+    assert!(e.logit_bias(0).is_empty());
+    let m = e.set_token_mask(1, Some(&vec![0; v.div_ceil(32)])).unwrap_err().to_string();
+    assert!(m.contains("row 1: token mask allows no token"), "{m}");
+    let m = e.set_token_mask(1, Some(&[1])).unwrap_err().to_string();
+    assert!(m.contains("token mask has 1 words, expected 3"), "{m}");
+    let m = e.set_logit_bias(0, &[(96, 1.0)]).unwrap_err().to_string();
+    assert!(m.contains("token 96, outside the vocabulary"), "{m}");
+    let m = e.set_logit_bias(0, &[(1, f32::NAN)]).unwrap_err().to_string();
+    assert!(m.contains("not finite"), "{m}");
+    let m = e.decode_steps(&[0], &[1], &[Sampler::GREEDY.with_top_logprobs(2)], 2).unwrap_err().to_string();
+    assert!(m.contains("top_logprobs"), "{m}");
+}

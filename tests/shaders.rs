@@ -17,7 +17,8 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
         Kernel::Attention => &[("H", 4.0), ("HK", 2.0), ("D", 16.0), ("SCALE", 0.25)],
         Kernel::MlpAct => &[("F", 64.0), ("ACT", 1.0)],
         Kernel::Commit => &[("MAX_LEN", 32.0)],
-        Kernel::Sample => &[("V", 100.0)],
+        Kernel::Sample => &[("V", 100.0), ("MASK_WORDS", 4.0)],
+        Kernel::LogitBias => &[("V", 100.0), ("SLOTS", 16.0)],
         Kernel::EngramGather => {
             &[("HEADS", 2.0), ("N_ORDERS", 2.0), ("TABLE_ROWS", 64.0), ("DIM", 8.0), ("MAX_LEN", 32.0)]
         }
@@ -26,7 +27,16 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
     }
 }
 
-fn translate_all(kernel: Kernel, flip_bools: bool) {
+/// Values of integer overrides that pick a variant (each is translated too).
+fn variants(kernel: Kernel) -> &'static [(&'static str, f64)] {
+    match kernel {
+        // K/V storage: f16 pairs, bf16 pairs (f32 is the default)
+        Kernel::KvWrite | Kernel::Attention => &[("KV_FORMAT", 1.0), ("KV_FORMAT", 5.0)],
+        _ => &[],
+    }
+}
+
+fn translate_all(kernel: Kernel, flip_bools: bool, variant: Option<(&str, f64)>) {
     let name = kernel.file();
     let src = kernel.source();
     let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
@@ -44,6 +54,9 @@ fn translate_all(kernel: Kernel, flip_bools: bool) {
     let mut constants = PipelineConstants::default();
     for (k, v) in required(kernel) {
         constants.insert((*k).to_string(), *v);
+    }
+    if let Some((k, v)) = variant {
+        constants.insert(k.to_string(), v);
     }
     if flip_bools {
         for (_, o) in module.overrides.iter() {
@@ -107,8 +120,12 @@ fn translate_all(kernel: Kernel, flip_bools: bool) {
 #[test]
 fn every_kernel_translates_to_every_backend() {
     for k in Kernel::ALL {
-        translate_all(k, false);
-        translate_all(k, true);
+        translate_all(k, false, None);
+        translate_all(k, true, None);
+        for &v in variants(k) {
+            translate_all(k, false, Some(v));
+            translate_all(k, true, Some(v));
+        }
     }
 }
 

@@ -1,32 +1,47 @@
-//! Batched multi-turn rollouts, the main job. 16 rows hold episodes in GRPO-style groups: one
-//! prompt is prefilled once and forked into the group's rows (copied on the GPU, not recomputed),
-//! each row samples its own answers. An episode alternates decoded turns (each with its own stop
-//! token and length limit) and tool results appended mid-episode; episodes end after different
-//! numbers of turns, and a group's rows take the next prompt once all of them are done.
-//!
-//! `cargo run --release --example rollout [-- --rows 16 --group 4 --episodes 48 --seed 1 --kv f16 --window 4]`
+//! `kvdecode rollout`: batched multi-turn rollouts, the main job. Rows hold episodes in GRPO-style
+//! groups: one prompt is prefilled once and forked into the group's rows (copied on the GPU, not
+//! recomputed), each row samples its own answers. An episode alternates decoded turns (each with
+//! its own stop token and length limit) and tool results appended mid-episode; episodes end after
+//! different numbers of turns, and a group's rows take the next prompt once all of them are done.
+//! The model is the embedded demo model (no download).
 
 use std::time::Instant;
 
 use kvdecode::{Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Rollouts, Sampler, SplitMix64, TurnLimit};
 
+use crate::common::Result;
+
 const END_OF_TURN: u32 = 0; // stop token of every turn
 const MAX_TURN: usize = 24; // decoded tokens per turn at most
 const MAX_TOOL: usize = 32; // tokens per tool result at most
 
-fn arg(name: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned()).unwrap_or_else(|| default.into())
+#[derive(clap::Args)]
+pub struct Args {
+    /// Cache rows.
+    #[arg(long, default_value_t = 16)]
+    rows: usize,
+    /// Rows per GRPO group (one prompt forked into them).
+    #[arg(long, default_value_t = 4)]
+    group: usize,
+    /// Episodes to finish.
+    #[arg(long, default_value_t = 48)]
+    episodes: usize,
+    /// Seed of prompts, turn counts and sampling.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Decode steps per readback.
+    #[arg(long, default_value_t = 4)]
+    window: usize,
+    /// K/V storage: f32, f16 or bf16.
+    #[arg(long, default_value = "f32", value_parser = |s: &str| KvDtype::parse(s).map_err(|e| e.to_string()))]
+    kv: KvDtype,
 }
 
-fn main() -> kvdecode::Result<()> {
-    let rows: usize = arg("--rows", "16").parse().expect("--rows");
-    let group: usize = arg("--group", "4").parse().expect("--group");
-    let episodes: usize = arg("--episodes", "48").parse().expect("--episodes");
-    let seed: u64 = arg("--seed", "1").parse().expect("--seed");
-    let window: usize = arg("--window", "4").parse().expect("--window");
-    let kv = KvDtype::parse(&arg("--kv", "f32"))?;
-    assert!(group >= 1 && rows.is_multiple_of(group), "--rows must be a multiple of --group");
+pub fn run(a: Args) -> Result<()> {
+    let (rows, group, episodes, seed, window, kv) = (a.rows, a.group, a.episodes, a.seed, a.window, a.kv);
+    if group == 0 || !rows.is_multiple_of(group) {
+        return Err(format!("--rows {rows} must be a multiple of --group {group}").into());
+    }
     let gpu = Gpu::new()?;
     let model = ModelWeights::demo();
     let vocab = model.cfg.vocab;

@@ -1,34 +1,46 @@
-//! Prefill and decode throughput of the engine on the embedded demo model.
-//!
-//! `cargo run --release --example bench [-- --rows 1,8,32 --ctx 128,512,2048 --kv f32,f16 --steps 16]`
-//!
-//! For every (kv, rows, context): prefill `rows x context` tokens in one append (split into CHUNK
-//! submits internally), then decode `steps` tokens per row with greedy GPU sampling, reading back
-//! the ids every step. Prints a markdown table: tokens/s, dispatches and submits per decode step,
-//! and KV bytes against a naive cache (every layer its own full-length K/V). A second table
-//! measures multi-step decode: steps enqueued per readback (ids fed from GPU memory) against
-//! decode tokens/s (`--windows 1,2,4,8`).
+//! `kvdecode bench`: prefill and decode throughput per K/V type, rows and context, and multi-step
+//! decode (several steps per readback), printed as markdown tables.
 
 use std::time::Instant;
 
-use kvdecode::{Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Sampler, SplitMix64};
+use kvdecode::{Engine, EngineOptions, Gpu, KvDtype, Sampler, SplitMix64, WeightDtype};
 
-fn list(name: &str, default: &str) -> Vec<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let v = args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned()).unwrap_or(default.into());
-    v.split(',').map(|s| s.trim().to_string()).collect()
+use crate::common::{load_model, Result};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A model file (GGUF, Hugging Face directory, kvdecode safetensors) or `demo`.
+    #[arg(long, default_value = "demo")]
+    model: String,
+    /// Rows to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    rows: Vec<usize>,
+    /// Contexts (prompt tokens per row) to measure.
+    #[arg(long, value_delimiter = ',', default_value = "128,512,2048")]
+    ctx: Vec<usize>,
+    /// Decode steps timed per configuration.
+    #[arg(long, default_value_t = 16)]
+    steps: usize,
+    /// K/V types to measure.
+    #[arg(long, value_delimiter = ',', default_value = "f32,f16,bf16")]
+    kv: Vec<String>,
+    /// Steps per readback in the multi-step table.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    windows: Vec<usize>,
+    /// Weights on the GPU: f32 or f16 (quantized blocks stay quantized).
+    #[arg(long, default_value = "f32", value_parser = |s: &str| match s { "f32" => Ok(WeightDtype::F32), "f16" => Ok(WeightDtype::F16), _ => Err(format!("unknown weight type {s:?}")) })]
+    weights: WeightDtype,
 }
 
-fn main() -> kvdecode::Result<()> {
-    let rows_list: Vec<usize> = list("--rows", "1,8,32").iter().map(|s| s.parse().expect("--rows")).collect();
-    let ctx_list: Vec<usize> = list("--ctx", "128,512,2048").iter().map(|s| s.parse().expect("--ctx")).collect();
-    let steps: usize = list("--steps", "16")[0].parse().expect("--steps");
-    let kvs = list("--kv", "f32,f16,bf16").iter().map(|s| KvDtype::parse(s)).collect::<kvdecode::Result<Vec<_>>>()?;
+pub fn run(a: Args) -> Result<()> {
+    let (rows_list, ctx_list, steps) = (a.rows, a.ctx, a.steps);
+    let kvs = a.kv.iter().map(|s| KvDtype::parse(s)).collect::<kvdecode::Result<Vec<_>>>()?;
     let gpu = Gpu::new()?;
-    let model = ModelWeights::demo();
+    let (model, _) = load_model(&a.model)?;
     println!("adapter: {}", gpu.describe());
     println!(
-        "model: demo TinyAgent layout, {} layers, d_model {}, {} heads / {} KV heads, window {}, vocab {}\n",
+        "model: {}, {} layers, d_model {}, {} heads / {} KV heads, window {}, vocab {}\n",
+        a.model,
         model.cfg.n_layers(),
         model.cfg.d_model,
         model.cfg.n_heads,
@@ -43,7 +55,16 @@ fn main() -> kvdecode::Result<()> {
         for &rows in &rows_list {
             for &ctx in &ctx_list {
                 let max_len = ctx + steps;
-                let mut e = Engine::new(&gpu, &model, EngineOptions { kv, ..EngineOptions::new(rows, max_len) })?;
+                let mut e = Engine::new(
+                    &gpu,
+                    &model,
+                    EngineOptions {
+                        kv,
+                        weights: a.weights,
+                        beyond_trained_context: true,
+                        ..EngineOptions::new(rows, max_len)
+                    },
+                )?;
                 let ids: Vec<u32> = (0..rows * ctx).map(|_| rng.below(model.cfg.vocab) as u32).collect();
                 let greedy = vec![Sampler::GREEDY; rows];
                 // warm up the pipelines on a throwaway row state
@@ -75,14 +96,19 @@ fn main() -> kvdecode::Result<()> {
         }
     }
     // multi-step decode: the host enqueues `window` steps, then reads all their ids at once
-    let windows: Vec<usize> = list("--windows", "1,2,4,8").iter().map(|s| s.parse().expect("--windows")).collect();
+    let windows = a.windows;
     let total = 32;
     println!("\nmulti-step decode (f32 K/V, context 128, {total} steps per row):\n");
     println!("| rows | steps per readback | decode tok/s | ms / step | readbacks |");
     println!("|---:|---:|---:|---:|---:|");
     for &rows in &rows_list {
         for &w in &windows {
-            let opts = EngineOptions { rollback: w.max(1) - 1, ..EngineOptions::new(rows, 128 + total + w) };
+            let opts = EngineOptions {
+                rollback: w.max(1) - 1,
+                weights: a.weights,
+                beyond_trained_context: true,
+                ..EngineOptions::new(rows, 128 + total + w)
+            };
             let mut e = Engine::new(&gpu, &model, opts)?;
             let ids: Vec<u32> = (0..rows * 128).map(|_| rng.below(model.cfg.vocab) as u32).collect();
             let greedy = vec![Sampler::GREEDY; rows];

@@ -1,0 +1,58 @@
+//! What every subcommand shares: loading a model with a progress bar, and the engine options.
+
+use indicatif::{ProgressBar, ProgressStyle};
+use kvdecode::tokenizer::Tokenizer;
+use kvdecode::{KvDtype, ModelWeights, WeightDtype};
+
+/// Errors of a subcommand, printed as `error: ...`.
+pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// Options that say how a model sits on the GPU.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// K/V cache storage: f32, f16 or bf16.
+    #[arg(long, default_value = "f16", value_parser = parse_kv)]
+    pub kv: KvDtype,
+    /// Weights on the GPU (quantized blocks stay quantized either way): f32 or f16.
+    #[arg(long, default_value = "f16", value_parser = parse_weights)]
+    pub weights: WeightDtype,
+    /// Tokens per row; default: the model's trained context, capped so the K/V fits in 1 GiB.
+    #[arg(long)]
+    pub max_len: Option<usize>,
+}
+
+fn parse_kv(s: &str) -> std::result::Result<KvDtype, String> {
+    KvDtype::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_weights(s: &str) -> std::result::Result<WeightDtype, String> {
+    match s {
+        "f32" => Ok(WeightDtype::F32),
+        "f16" => Ok(WeightDtype::F16),
+        _ => Err(format!("unknown weight type {s:?}; expected f32 or f16")),
+    }
+}
+
+impl EngineArgs {
+    /// Rows of `max_len` tokens: the option, else the trained context capped by a 1 GiB K/V budget.
+    pub fn max_len(&self, gpu: &kvdecode::Gpu, w: &ModelWeights, rows: usize) -> usize {
+        self.max_len.unwrap_or_else(|| kvdecode::KvCache::fit_max_len(gpu, &w.cfg, rows, self.kv, 1 << 30, 4096))
+    }
+}
+
+/// Load `path` (a GGUF file, a Hugging Face directory, a kvdecode safetensors file, or `demo`)
+/// with a progress bar on stderr.
+pub fn load_model(path: &str) -> Result<(ModelWeights, Option<Tokenizer>)> {
+    if path == "demo" {
+        return Ok((ModelWeights::demo(), None));
+    }
+    let bar = ProgressBar::new(1);
+    bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")?);
+    bar.set_message(path.to_string());
+    let loaded = kvdecode::model_file::load(path, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    Ok((loaded.weights, loaded.tokenizer))
+}

@@ -1,0 +1,64 @@
+//! `kvdecode`: one command for what people do with the engine.
+//!
+//! - `kvdecode chat --model PATH [PROMPT]`: a conversation kept on its cache row across turns
+//! - `kvdecode generate --model PATH --prompts FILE.jsonl`: a JSONL batch through the scheduler
+//! - `kvdecode rollout`: batched multi-turn RL rollouts on the embedded demo model (the main job)
+//! - `kvdecode bench`: prefill / decode throughput tables
+//! - `kvdecode tokenize --model PATH TEXT`: token ids as JSON
+
+mod bench;
+mod chat;
+mod common;
+mod generate;
+mod rollout;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kvdecode", version, about = "Incremental transformer decoding on WebGPU, many sequences at once")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Chat with a model: interactive (a conversation kept on its cache row), or one answer to PROMPT.
+    Chat(chat::Args),
+    /// Run a file of JSONL requests through the continuous-batching scheduler.
+    Generate(generate::Args),
+    /// Batched multi-turn rollouts with forks and tool results on the embedded demo model.
+    Rollout(rollout::Args),
+    /// Prefill and decode throughput on this machine's adapter.
+    Bench(bench::Args),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize {
+        /// A GGUF file or a directory with tokenizer.json.
+        #[arg(long)]
+        model: String,
+        /// The text (special tokens written in it are parsed as special).
+        text: String,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Chat(a) => chat::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Rollout(a) => rollout::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Tokenize { model, text } => tokenize(&model, &text),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn tokenize(model: &str, text: &str) -> common::Result<()> {
+    let tok = kvdecode::model_file::load_tokenizer(model)?
+        .ok_or(format!("{model}: no tokenizer (a GGUF file or a directory with tokenizer.json)"))?;
+    println!("{}", serde_json::to_string(&tok.encode(text)?)?);
+    Ok(())
+}
