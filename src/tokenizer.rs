@@ -224,6 +224,17 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Token ids of a rendered chat template: [`Tokenizer::encode`], except that BOS is not added
+    /// a second time when the template already wrote it (Llama 3's does).
+    pub fn encode_rendered(&self, text: &str) -> Result<Vec<u32>> {
+        let bos_text = self.bos.and_then(|b| self.inner.id_to_token(b));
+        if self.add_bos && bos_text.is_some_and(|b| text.starts_with(&b)) {
+            let enc = self.inner.encode(text, false).map_err(|e| Error::Input(format!("tokenize: {e}")))?;
+            return Ok(enc.get_ids().to_vec());
+        }
+        self.encode(text)
+    }
+
     /// Text of `ids` (special tokens included unless `skip_special`).
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         self.inner.decode(ids, skip_special).map_err(|e| Error::Input(format!("detokenize: {e}")))

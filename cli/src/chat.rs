@@ -57,12 +57,7 @@ pub fn run(a: Args) -> Result<()> {
     let sampler = Sampler { temperature: a.temperature, seed: a.seed, top_k: a.top_k, top_p: a.top_p, top_logprobs: 0 };
     let rows = a.prompts.len().max(1);
     let max_len = a.engine.max_len(&gpu, &weights, rows);
-    let opts = EngineOptions {
-        kv: a.engine.kv,
-        weights: a.engine.weights,
-        rollback: a.window.max(1) - 1,
-        ..EngineOptions::new(rows, max_len)
-    };
+    let opts = EngineOptions { rollback: a.window.max(1) - 1, ..a.engine.options(rows, max_len) };
     let engine = Engine::new(&gpu, &weights, opts)?;
     eprintln!(
         "loaded {} in {:.1} s on {}; rows of {max_len} tokens, {} K/V",
@@ -134,7 +129,7 @@ impl<'a> Conversation<'a> {
                 return Err(e.into());
             }
         };
-        let ids = self.tok.encode(&text)?;
+        let ids = self.tok.encode_rendered(&text)?;
         if ids.is_empty() {
             self.msgs.pop();
             return Err("the rendered prompt is empty".into());

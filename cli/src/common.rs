@@ -2,7 +2,7 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kvdecode::tokenizer::Tokenizer;
-use kvdecode::{KvDtype, ModelWeights, WeightDtype};
+use kvdecode::{EngineOptions, KvDtype, ModelWeights, WeightDtype};
 
 /// Errors of a subcommand, printed as `error: ...`.
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -19,6 +19,9 @@ pub struct EngineArgs {
     /// Tokens per row; default: the model's trained context, capped so the K/V fits in 1 GiB.
     #[arg(long)]
     pub max_len: Option<usize>,
+    /// Allow --max-len beyond the model's trained context.
+    #[arg(long)]
+    pub beyond_trained_context: bool,
 }
 
 fn parse_kv(s: &str) -> std::result::Result<KvDtype, String> {
@@ -37,6 +40,16 @@ impl EngineArgs {
     /// Rows of `max_len` tokens: the option, else the trained context capped by a 1 GiB K/V budget.
     pub fn max_len(&self, gpu: &kvdecode::Gpu, w: &ModelWeights, rows: usize) -> usize {
         self.max_len.unwrap_or_else(|| kvdecode::KvCache::fit_max_len(gpu, &w.cfg, rows, self.kv, 1 << 30, 4096))
+    }
+
+    /// Engine options for `rows` rows of `max_len` tokens.
+    pub fn options(&self, rows: usize, max_len: usize) -> EngineOptions {
+        EngineOptions {
+            kv: self.kv,
+            weights: self.weights,
+            beyond_trained_context: self.beyond_trained_context,
+            ..EngineOptions::new(rows, max_len)
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use kvdecode::{Engine, EngineOptions, Gpu, Request, Scheduler};
+use kvdecode::{Engine, Gpu, Request, Scheduler};
 use serde_json::json;
 
 use crate::common::{load_model, EngineArgs, Result};
@@ -36,8 +36,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let gpu = Gpu::new()?;
     let max_len = a.engine.max_len(&gpu, &model, a.rows);
-    let opts = EngineOptions { kv: a.engine.kv, weights: a.engine.weights, ..EngineOptions::new(a.rows, max_len) };
-    let mut engine = Engine::new(&gpu, &model, opts)?;
+    let mut engine = Engine::new(&gpu, &model, a.engine.options(a.rows, max_len))?;
     let mut sched = Scheduler::new(&engine, a.prefill_chunk);
     for (i, r) in reqs.into_iter().enumerate() {
         sched.submit(r).map_err(|e| format!("request {i}: {e}"))?;

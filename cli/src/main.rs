@@ -1,6 +1,7 @@
 //! `kvdecode`: one command for what people do with the engine.
 //!
 //! - `kvdecode chat --model PATH [PROMPT]`: a conversation kept on its cache row across turns
+//! - `kvdecode serve --model PATH --host H --port P`: an OpenAI-compatible server
 //! - `kvdecode generate --model PATH --prompts FILE.jsonl`: a JSONL batch through the scheduler
 //! - `kvdecode rollout`: batched multi-turn RL rollouts on the embedded demo model (the main job)
 //! - `kvdecode bench`: prefill / decode throughput tables
@@ -11,6 +12,7 @@ mod chat;
 mod common;
 mod generate;
 mod rollout;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -25,6 +27,8 @@ struct Cli {
 enum Command {
     /// Chat with a model: interactive (a conversation kept on its cache row), or one answer to PROMPT.
     Chat(chat::Args),
+    /// An OpenAI-compatible HTTP server (chat and text completions, streaming, metrics).
+    Serve(serve::Args),
     /// Run a file of JSONL requests through the continuous-batching scheduler.
     Generate(generate::Args),
     /// Batched multi-turn rollouts with forks and tool results on the embedded demo model.
@@ -45,6 +49,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Chat(a) => chat::run(a),
+        Command::Serve(a) => serve::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Rollout(a) => rollout::run(a),
         Command::Bench(a) => bench::run(a),

@@ -1,0 +1,510 @@
+//! The OpenAI request and response shapes: strict parsing of `/v1/completions` and
+//! `/v1/chat/completions` bodies into one [`Gen`] (every field checked, a parameter the server
+//! cannot honour is a 400 that names it), errors in OpenAI's JSON shape, and the text side of a
+//! choice (incremental detokenization, stop strings matched across token boundaries).
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kvdecode::tokenizer::{Message, Tokenizer};
+use kvdecode::{Sampled, Sampler, TOP_LOGPROBS_MAX};
+use serde_json::{json, Map, Value};
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn bad(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param: (!param.is_empty()).then(|| param.to_string()),
+            retry_after: None,
+        }
+    }
+
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), param: None, retry_after: None }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status.as_u16() {
+            429 => "rate_limit_error",
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        };
+        let body = json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": null}});
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+/// Which endpoint a request came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Chat,
+    Completion,
+}
+
+/// A validated generation request, whichever endpoint it came from.
+pub struct Gen {
+    pub kind: Kind,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub samplers: Vec<Sampler>,
+    pub stop_strings: Vec<String>,
+    pub stop_ids: Vec<u32>,
+    pub logit_bias: Vec<(u32, f32)>,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// Report logprobs, with this many alternatives per token.
+    pub logprobs: Option<u32>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// What the server's limits allow a request.
+pub struct Limits {
+    /// Tokens per cache row: prompt + completion must fit.
+    pub max_len: usize,
+    /// Most completions (`n`) in one request: the rows of the engine.
+    pub max_n: usize,
+    /// Largest `max_tokens` accepted.
+    pub max_tokens: usize,
+}
+
+/// Fields accepted and ignored: they inform, they do not change generation.
+const INFORMATIONAL: &[&str] = &["model", "user", "metadata", "store", "service_tier", "stream_options"];
+
+/// A JSON object whose fields are taken one by one; what is left at the end is an error.
+struct Fields(Map<String, Value>);
+
+impl Fields {
+    fn take(&mut self, k: &str) -> Option<Value> {
+        self.0.remove(k).filter(|v| !v.is_null())
+    }
+
+    fn f32(&mut self, k: &str, default: f32, lo: f32, hi: f32) -> Result<f32, ApiError> {
+        match self.take(k) {
+            None => Ok(default),
+            Some(v) => match v.as_f64() {
+                Some(x) if (lo as f64..=hi as f64).contains(&x) => Ok(x as f32),
+                _ => Err(ApiError::bad(k, format!("`{k}` must be a number in [{lo}, {hi}], got {v}"))),
+            },
+        }
+    }
+
+    fn uint(&mut self, k: &str, lo: u64, hi: u64) -> Result<Option<u64>, ApiError> {
+        match self.take(k) {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
+                _ => Err(ApiError::bad(k, format!("`{k}` must be an integer in [{lo}, {hi}], got {v}"))),
+            },
+        }
+    }
+
+    fn bool(&mut self, k: &str) -> Result<bool, ApiError> {
+        match self.take(k) {
+            None => Ok(false),
+            Some(Value::Bool(b)) => Ok(b),
+            Some(v) => Err(ApiError::bad(k, format!("`{k}` must be a boolean, got {v}"))),
+        }
+    }
+
+    /// Whatever is left: informational fields are fine, anything else is refused by name.
+    fn finish(self, unsupported: &[&str]) -> Result<(), ApiError> {
+        for k in self.0.keys() {
+            if INFORMATIONAL.contains(&k.as_str()) {
+                continue;
+            }
+            let msg = if unsupported.contains(&k.as_str()) {
+                format!("`{k}` is not supported by this server")
+            } else {
+                format!("Unrecognized request argument supplied: {k}")
+            };
+            return Err(ApiError::bad(k, msg));
+        }
+        Ok(())
+    }
+}
+
+/// Parse the body of a request to `kind`'s endpoint.
+pub fn parse(body: &[u8], kind: Kind, tok: &Tokenizer, limits: &Limits, seed_source: u64) -> Result<Gen, ApiError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad("", format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(map) = v else {
+        return Err(ApiError::bad("", "the body must be a JSON object"));
+    };
+    let mut f = Fields(map);
+    let include_usage = match f.0.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(ApiError::bad("stream_options", format!("`include_usage` must be a boolean, got {v}")))
+            }
+        },
+        Some(v) => return Err(ApiError::bad("stream_options", format!("`stream_options` must be an object, got {v}"))),
+    };
+    let stream = f.bool("stream")?;
+    if include_usage && !stream {
+        return Err(ApiError::bad("stream_options", "`stream_options` is only allowed when `stream` is true"));
+    }
+    // the prompt
+    let (prompt, stop_ids) = match kind {
+        Kind::Chat => {
+            let msgs = messages(f.take("messages"))?;
+            if let Some(fmt) = f.take("response_format") {
+                if fmt.get("type").and_then(Value::as_str) != Some("text") {
+                    return Err(ApiError::bad(
+                        "response_format",
+                        format!(
+                            "`response_format` {fmt} is not supported by this server yet (only {{\"type\": \"text\"}})"
+                        ),
+                    ));
+                }
+            }
+            for k in ["tools", "tool_choice"] {
+                if let Some(v) = f.take(k) {
+                    let empty = v.as_array().is_some_and(Vec::is_empty) || v.as_str() == Some("none");
+                    if !empty {
+                        return Err(ApiError::bad(k, format!("`{k}` is not supported by this server yet")));
+                    }
+                }
+            }
+            let text = tok
+                .apply_chat_template(&msgs, true)
+                .map_err(|e| ApiError::bad("messages", format!("the model's chat template failed: {e}")))?;
+            let ids = tok.encode_rendered(&text).map_err(|e| ApiError::bad("messages", e.to_string()))?;
+            (ids, tok.end_of_turn())
+        }
+        Kind::Completion => {
+            let ids = completion_prompt(f.take("prompt"), tok)?;
+            if f.bool("echo")? {
+                return Err(ApiError::bad("echo", "`echo` is not supported by this server"));
+            }
+            if let Some(b) = f.uint("best_of", 0, u64::MAX)? {
+                if b != 1 {
+                    return Err(ApiError::bad("best_of", "`best_of` other than 1 is not supported by this server"));
+                }
+            }
+            (ids, tok.eos.into_iter().collect())
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::bad(if kind == Kind::Chat { "messages" } else { "prompt" }, "the prompt is empty"));
+    }
+    if prompt.len() >= limits.max_len {
+        return Err(ApiError::bad(
+            if kind == Kind::Chat { "messages" } else { "prompt" },
+            format!(
+                "the prompt is {} tokens; this server's rows hold {} tokens, prompt and completion together",
+                prompt.len(),
+                limits.max_len
+            ),
+        ));
+    }
+    // how much to generate
+    let room = limits.max_len - prompt.len();
+    let mut max_tokens = f.uint("max_tokens", 1, u64::MAX)?;
+    if let Some(m) = f.uint("max_completion_tokens", 1, u64::MAX)? {
+        max_tokens = Some(m);
+    }
+    let max_tokens = match max_tokens {
+        Some(m) if m as usize > limits.max_tokens || m as usize > room => {
+            return Err(ApiError::bad(
+                "max_tokens",
+                format!(
+                    "`max_tokens` {m} is more than this request can have: {} tokens fit after the {}-token prompt (limit {})",
+                    room.min(limits.max_tokens),
+                    prompt.len(),
+                    limits.max_tokens
+                ),
+            ))
+        }
+        Some(m) => m as usize,
+        // OpenAI's defaults: 16 for completions, the rest of the context for chat
+        None if kind == Kind::Completion => 16.min(room),
+        None => room.min(limits.max_tokens),
+    };
+    // sampling
+    let temperature = f.f32("temperature", 1.0, 0.0, 2.0)?;
+    let top_p = f.f32("top_p", 1.0, 0.0, 1.0)?;
+    if top_p <= 0.0 {
+        return Err(ApiError::bad("top_p", "`top_p` must be greater than 0"));
+    }
+    let top_k = f.uint("top_k", 0, u32::MAX as u64)?.unwrap_or(0) as u32;
+    let n = f.uint("n", 1, limits.max_n as u64)?.unwrap_or(1) as usize;
+    let seed = f.take("seed").map(|v| match v.as_i64() {
+        Some(s) => Ok(s as u64),
+        None => Err(ApiError::bad("seed", format!("`seed` must be an integer, got {v}"))),
+    });
+    let seed = match seed {
+        Some(s) => s?,
+        None => seed_source,
+    };
+    let presence_penalty = f.f32("presence_penalty", 0.0, -2.0, 2.0)?;
+    let frequency_penalty = f.f32("frequency_penalty", 0.0, -2.0, 2.0)?;
+    let logprobs = match kind {
+        Kind::Chat => {
+            let on = f.bool("logprobs")?;
+            let top = f.uint("top_logprobs", 0, TOP_LOGPROBS_MAX as u64)?;
+            if top.is_some() && !on {
+                return Err(ApiError::bad("top_logprobs", "`top_logprobs` needs `logprobs` set to true"));
+            }
+            on.then(|| top.unwrap_or(0) as u32)
+        }
+        Kind::Completion => f.uint("logprobs", 0, TOP_LOGPROBS_MAX as u64)?.map(|k| k as u32),
+    };
+    let logit_bias = match f.take("logit_bias") {
+        None => Vec::new(),
+        Some(Value::Object(o)) => o
+            .iter()
+            .map(|(k, v)| {
+                let t: u32 = k.parse().ok().filter(|&t: &u32| (t as usize) < tok.vocab_size()).ok_or_else(|| {
+                    ApiError::bad("logit_bias", format!("`logit_bias` key {k:?} is not a token id of this model"))
+                })?;
+                let b = v.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| {
+                    ApiError::bad("logit_bias", format!("`logit_bias` value for {k} must be in [-100, 100], got {v}"))
+                })?;
+                Ok((t, b as f32))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(v) => return Err(ApiError::bad("logit_bias", format!("`logit_bias` must be an object, got {v}"))),
+    };
+    let stop_strings = match f.take("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s],
+        Some(Value::Array(a)) if a.len() <= 4 && a.iter().all(Value::is_string) => {
+            a.into_iter().filter_map(|s| s.as_str().map(str::to_string)).collect()
+        }
+        Some(v) => return Err(ApiError::bad("stop", format!("`stop` must be a string or up to 4 strings, got {v}"))),
+    };
+    if stop_strings.iter().any(String::is_empty) {
+        return Err(ApiError::bad("stop", "`stop` strings must not be empty"));
+    }
+    const UNSUPPORTED: &[&str] = &[
+        "functions",
+        "function_call",
+        "audio",
+        "modalities",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+        "suffix",
+        "parallel_tool_calls",
+    ];
+    f.finish(UNSUPPORTED)?;
+    let samplers = (0..n)
+        .map(|i| Sampler {
+            temperature,
+            seed: (seed as u32).wrapping_add(i as u32),
+            top_k,
+            top_p,
+            top_logprobs: logprobs.unwrap_or(0),
+        })
+        .collect();
+    Ok(Gen {
+        kind,
+        prompt,
+        max_tokens,
+        samplers,
+        stop_strings,
+        stop_ids,
+        logit_bias,
+        presence_penalty,
+        frequency_penalty,
+        logprobs,
+        stream,
+        include_usage,
+    })
+}
+
+fn messages(v: Option<Value>) -> Result<Vec<Message>, ApiError> {
+    let Some(Value::Array(a)) = v else {
+        return Err(ApiError::bad("messages", "`messages` must be a non-empty array"));
+    };
+    if a.is_empty() {
+        return Err(ApiError::bad("messages", "`messages` must be a non-empty array"));
+    }
+    a.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let p = format!("messages[{i}]");
+            let role = m
+                .get("role")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::bad(&p, format!("{p} needs a `role`")))?;
+            let role = match role {
+                "system" | "user" | "assistant" | "tool" => role,
+                "developer" => "system",
+                other => return Err(ApiError::bad(&p, format!("{p}: unknown role {other:?}"))),
+            };
+            let content = match m.get("content") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    let mut text = String::new();
+                    for part in parts {
+                        match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                            (Some("text"), Some(t)) => text.push_str(t),
+                            _ => {
+                                return Err(ApiError::bad(
+                                    &p,
+                                    format!("{p}: only text content parts are supported, got {part}"),
+                                ))
+                            }
+                        }
+                    }
+                    text
+                }
+                Some(other) => {
+                    return Err(ApiError::bad(&p, format!("{p}: `content` must be a string or parts, got {other}")))
+                }
+            };
+            if let Some(k) =
+                ["tool_calls", "function_call", "audio"].iter().find(|k| m.get(**k).is_some_and(|v| !v.is_null()))
+            {
+                return Err(ApiError::bad(&p, format!("{p}: `{k}` is not supported by this server yet")));
+            }
+            Ok(Message::new(role, &content))
+        })
+        .collect()
+}
+
+fn completion_prompt(v: Option<Value>, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    let ids = |a: &[Value]| -> Option<Vec<u32>> {
+        a.iter().map(|x| x.as_u64().filter(|&t| (t as usize) < tok.vocab_size()).map(|t| t as u32)).collect()
+    };
+    match v {
+        Some(Value::String(s)) => tok.encode(&s).map_err(|e| ApiError::bad("prompt", e.to_string())),
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => ids(&a)
+            .ok_or_else(|| ApiError::bad("prompt", "`prompt` token ids must be integers below the vocabulary size")),
+        Some(Value::Array(a)) if a.len() == 1 => completion_prompt(a.into_iter().next(), tok),
+        Some(Value::Array(_)) => {
+            Err(ApiError::bad("prompt", "several prompts in one request are not supported; send one per request"))
+        }
+        _ => Err(ApiError::bad("prompt", "`prompt` must be a string or an array of token ids")),
+    }
+}
+
+/// The text of one choice as tokens arrive: decoded whole (a character may span tokens), cut at
+/// the first stop string, and released only as far as no stop string could still begin.
+pub struct ChoiceText {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<Sampled>,
+    pub text: String,
+    /// Bytes of `text` already released.
+    pub released: usize,
+    pub finish: Option<&'static str>,
+}
+
+impl ChoiceText {
+    pub fn new() -> Self {
+        ChoiceText { tokens: Vec::new(), logprobs: Vec::new(), text: String::new(), released: 0, finish: None }
+    }
+
+    /// Take a token; returns the text that can be released now. Sets `finish` when a stop token
+    /// or a stop string ends the choice.
+    pub fn push(&mut self, g: &Gen, tok: &Tokenizer, s: Sampled) -> String {
+        if self.finish.is_some() {
+            return String::new();
+        }
+        if g.stop_ids.contains(&s.token) {
+            self.finish = Some("stop");
+            return self.release_all();
+        }
+        self.tokens.push(s.token);
+        self.logprobs.push(s);
+        self.text = tok.decode(&self.tokens, true).unwrap_or_default();
+        if let Some(cut) = g.stop_strings.iter().filter_map(|s| self.text.find(s.as_str())).min() {
+            self.text.truncate(cut);
+            self.finish = Some("stop");
+            return self.release_all();
+        }
+        // hold back a partial character and whatever could be the start of a stop string
+        let mut safe = self.text.len();
+        if self.text.ends_with('\u{fffd}') {
+            safe -= '\u{fffd}'.len_utf8();
+        }
+        let held = g
+            .stop_strings
+            .iter()
+            .filter_map(|s| (1..s.len()).rev().find(|&k| s.is_char_boundary(k) && self.text[..safe].ends_with(&s[..k])))
+            .max()
+            .unwrap_or(0);
+        safe -= held;
+        if safe > self.released {
+            let out = self.text[self.released..safe].to_string();
+            self.released = safe;
+            out
+        } else {
+            String::new()
+        }
+    }
+
+    /// The engine finished the choice: release the rest.
+    pub fn done(&mut self, finish: kvdecode::Finish) -> String {
+        if self.finish.is_none() {
+            self.finish = Some(match finish {
+                kvdecode::Finish::Length => "length",
+                _ => "stop",
+            });
+        }
+        self.release_all()
+    }
+
+    fn release_all(&mut self) -> String {
+        let out = self.text.get(self.released..).unwrap_or("").to_string();
+        self.released = self.text.len();
+        out
+    }
+}
+
+/// A token as OpenAI shows it in logprobs: its text and bytes.
+pub fn token_entry(tok: &Tokenizer, id: u32, logprob: f32) -> Value {
+    let text = tok.decode(&[id], false).unwrap_or_default();
+    json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()})
+}
+
+/// Chat logprobs (`{"content": [...]}`) for a run of tokens.
+pub fn chat_logprobs(tok: &Tokenizer, entries: &[Sampled]) -> Value {
+    let content: Vec<Value> = entries
+        .iter()
+        .map(|s| {
+            let mut e = token_entry(tok, s.token, s.logprob);
+            e["top_logprobs"] = s.top.iter().map(|&(t, l)| token_entry(tok, t, l)).collect();
+            e
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// Completion logprobs (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
+pub fn completion_logprobs(tok: &Tokenizer, entries: &[Sampled], offset0: usize) -> Value {
+    let mut offset = offset0;
+    let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    for s in entries {
+        let text = tok.decode(&[s.token], false).unwrap_or_default();
+        offsets.push(offset);
+        offset += text.len();
+        tokens.push(text);
+        lps.push(s.logprob);
+        let m: Map<String, Value> =
+            s.top.iter().map(|&(t, l)| (tok.decode(&[t], false).unwrap_or_default(), json!(l))).collect();
+        tops.push(Value::Object(m));
+    }
+    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}

@@ -1,0 +1,392 @@
+//! `kvdecode serve` over real HTTP (plain sockets, so the wire format itself is checked): the
+//! OpenAI shapes, streaming, `n` forks, stop strings, logprobs, logit bias, seeded determinism
+//! under concurrent load, cancellation on disconnect, backpressure and every error case.
+//! The model is a tiny random GGUF with a ChatML template (fuzz/seeds), so tests are fast.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/seeds/gguf/llama-f32-chatml.gguf");
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvdecode"))
+        .args(["serve", "--model", MODEL, "--port", "0"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start kvdecode serve");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let port = loop {
+        let line = lines.next().expect("the server printed its address").expect("stderr line");
+        if let Some(rest) = line.split("http://127.0.0.1:").nth(1) {
+            break rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
+        }
+    };
+    // keep draining stderr so the server never blocks on it
+    std::thread::spawn(move || for _ in lines {});
+    Server { child, port }
+}
+
+/// One HTTP/1.1 request; returns (status, headers, body).
+fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = raw.split_once("\r\n\r\n").expect("a full response");
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.to_string() };
+    (status, head.to_string(), body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+fn post(port: u16, path: &str, body: Value) -> (u16, Value) {
+    let (status, _, body) = http(port, "POST", path, &body.to_string());
+    (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")))
+}
+
+fn chat(port: u16, extra: Value) -> Value {
+    let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 12});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let (status, v) = post(port, "/v1/chat/completions", body);
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+fn text(v: &Value, i: usize) -> String {
+    let c = &v["choices"][i];
+    c["message"]["content"].as_str().or(c["text"].as_str()).unwrap().to_string()
+}
+
+/// The `data:` payloads of a server-sent event stream.
+fn sse(body: &str) -> Vec<String> {
+    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+#[test]
+fn shapes_streaming_and_the_small_endpoints() {
+    let s = start(&[]);
+    let (st, _, body) = http(s.port, "GET", "/health", "");
+    assert_eq!((st, body.as_str()), (200, r#"{"status":"ok"}"#));
+    let (st, _, body) = http(s.port, "GET", "/v1/models", "");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((st, v["data"][0]["id"].as_str()), (200, Some("llama-f32-chatml.gguf")));
+
+    // chat, greedy: the usual shape and usage
+    let v = chat(s.port, json!({"temperature": 0}));
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let u = &v["usage"];
+    assert_eq!(u["total_tokens"], u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap());
+    assert!(["length", "stop"].contains(&v["choices"][0]["finish_reason"].as_str().unwrap()));
+
+    // the same request streamed: role first, deltas that add up to the same text, finish, usage, [DONE]
+    let body = json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 12, "temperature": 0,
+                      "stream": true, "stream_options": {"include_usage": true}});
+    let (st, head, raw) = http(s.port, "POST", "/v1/chat/completions", &body.to_string());
+    assert_eq!(st, 200);
+    assert!(head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+    let events = sse(&raw);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    let streamed: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().concat();
+    assert_eq!(streamed, text(&v, 0), "streamed and non-streamed greedy answers differ");
+    let last = &chunks[chunks.len() - 1];
+    assert!(last["choices"].as_array().unwrap().is_empty());
+    assert_eq!(last["usage"], v["usage"]);
+    assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], v["choices"][0]["finish_reason"]);
+
+    // completions: string and token-id prompts, logprobs with alternatives
+    let (st, v) =
+        post(s.port, "/v1/completions", json!({"prompt": "hello", "max_tokens": 6, "temperature": 0, "logprobs": 3}));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    let lp = &v["choices"][0]["logprobs"];
+    let n = lp["tokens"].as_array().unwrap().len();
+    assert!(n >= 1 && lp["token_logprobs"].as_array().unwrap().len() == n);
+    assert!(lp["top_logprobs"].as_array().unwrap().iter().all(|t| t.as_object().unwrap().len() <= 3));
+    let (st, v2) = post(s.port, "/v1/completions", json!({"prompt": [49, 54], "max_tokens": 6, "temperature": 0}));
+    assert_eq!(st, 200, "{v2}");
+
+    // metrics: Prometheus text with the counters moving
+    let (st, _, m) = http(s.port, "GET", "/metrics", "");
+    assert_eq!(st, 200);
+    for name in [
+        "kvdecode_requests_total{outcome=\"ok\"}",
+        "kvdecode_completion_tokens_total",
+        "kvdecode_queue_depth",
+        "kvdecode_rows_in_use",
+        "kvdecode_kv_tokens_in_use",
+        "kvdecode_time_to_first_token_seconds_bucket",
+        "kvdecode_time_per_output_token_seconds_count",
+    ] {
+        assert!(m.contains(name), "/metrics lacks {name}:\n{m}");
+    }
+    let ok: u64 = m
+        .lines()
+        .find(|l| l.starts_with("kvdecode_requests_total{outcome=\"ok\"}"))
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ok >= 4, "{ok}");
+}
+
+#[test]
+fn sampling_parameters_are_honoured() {
+    let s = start(&[]);
+    // seeded sampling is reproducible; another seed differs
+    let a = chat(s.port, json!({"temperature": 1.0, "seed": 11, "max_tokens": 16}));
+    let b = chat(s.port, json!({"temperature": 1.0, "seed": 11, "max_tokens": 16}));
+    let c = chat(s.port, json!({"temperature": 1.0, "seed": 12, "max_tokens": 16}));
+    assert_eq!(text(&a, 0), text(&b, 0));
+    assert_ne!(text(&a, 0), text(&c, 0));
+    // n: the prompt prefilled once and forked; choice i is what seed + i gives alone
+    let n3 = chat(s.port, json!({"temperature": 1.0, "seed": 11, "max_tokens": 16, "n": 3}));
+    assert_eq!(n3["choices"].as_array().unwrap().len(), 3);
+    assert_eq!(text(&n3, 0), text(&a, 0));
+    assert_eq!(text(&n3, 1), text(&c, 0));
+    // stop strings: the greedy answer cut before the first match, across token boundaries
+    let g = chat(s.port, json!({"temperature": 0, "max_tokens": 16}));
+    let full = text(&g, 0);
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() >= 6, "{full:?}");
+    let stop: String = chars[3..5].iter().collect();
+    let cut = chat(s.port, json!({"temperature": 0, "max_tokens": 16, "stop": [stop.clone(), "\u{1}never"]}));
+    assert_eq!(text(&cut, 0), full[..full.find(&stop).unwrap()].to_string());
+    assert_eq!(cut["choices"][0]["finish_reason"], "stop");
+    // streamed, the stop string never shows up either
+    let body = json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 16, "temperature": 0,
+                      "stop": stop, "stream": true});
+    let (_, _, raw) = http(s.port, "POST", "/v1/chat/completions", &body.to_string());
+    let streamed: String = sse(&raw)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter_map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["delta"]["content"].as_str().map(str::to_string)
+        })
+        .collect();
+    assert_eq!(streamed, text(&cut, 0));
+    // logit_bias: +100 on one token makes greedy decoding repeat it
+    let tokens = |extra: Value| -> Vec<String> {
+        let mut body = json!({"prompt": "hello", "max_tokens": 8, "temperature": 0, "logprobs": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (st, v) = post(s.port, "/v1/completions", body);
+        assert_eq!(st, 200, "{v}");
+        v["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_string())
+            .collect()
+    };
+    let biased = tokens(json!({"logit_bias": {"40": 100}}));
+    assert_eq!(biased.len(), 8);
+    assert!(biased.iter().all(|t| *t == biased[0]), "{biased:?}");
+    let plain = tokens(json!({}));
+    assert!(plain.iter().any(|t| *t != biased[0]), "{plain:?}");
+    // frequency penalty: each time token 40 comes out, its +8 bias shrinks by 2, so it stops
+    // repeating; without the penalty it fills all 8 tokens
+    let count = |v: &[String]| v.iter().filter(|t| **t == biased[0]).count();
+    assert_eq!(count(&tokens(json!({"logit_bias": {"40": 8}}))), 8);
+    let penalized = tokens(json!({"logit_bias": {"40": 8}, "frequency_penalty": 2.0}));
+    assert!((1..=5).contains(&count(&penalized)), "{penalized:?}");
+    let presence = tokens(json!({"logit_bias": {"40": 8}, "presence_penalty": 2.0, "frequency_penalty": 0.5}));
+    assert!(count(&presence) < 8, "{presence:?}");
+    // chat logprobs with top alternatives: the greedy token is the most likely one
+    let lp = chat(s.port, json!({"temperature": 0, "max_tokens": 4, "logprobs": true, "top_logprobs": 2}));
+    let content = lp["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert!(!content.is_empty());
+    for e in content {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        assert_eq!(top[0]["token"], e["token"]);
+        assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+    }
+}
+
+#[test]
+fn bad_requests_are_named_and_the_server_keeps_serving() {
+    let s = start(&["--max-body", "2000"]);
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "foo": 1}).to_string(), 400, "Unrecognized request argument supplied: foo"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 3}).to_string(), 400, "`temperature` must be a number in [0, 2]"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}).to_string(), 400, "`top_p` must be greater than 0"),
+        ("/v1/chat/completions", json!({"messages": []}).to_string(), 400, "`messages` must be a non-empty array"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "hi"}]}).to_string(), 400, "unknown role"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000000}).to_string(), 400, "`max_tokens` 1000000 is more than"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "n": 99}).to_string(), 400, "`n` must be an integer in [1, 8]"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}).to_string(), 400, "`response_format`"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}).to_string(), 400, "`tools` is not supported"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}).to_string(), 400, "needs `logprobs`"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"99999": 1}}).to_string(), 400, "not a token id"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}).to_string(), 400, "`stop` must be a string or up to 4 strings"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "functions": []}).to_string(), 400, "`functions` is not supported"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": true}}).to_string(), 400, "only allowed when `stream` is true"),
+        ("/v1/completions", json!({"prompt": "hi", "echo": true}).to_string(), 400, "`echo` is not supported"),
+        ("/v1/completions", json!({"prompt": ["a", "b"]}).to_string(), 400, "several prompts"),
+        ("/v1/completions", json!({"prompt": [1, 99999]}).to_string(), 400, "below the vocabulary size"),
+        ("/v1/completions", json!({"prompt": ""}).to_string(), 400, "the prompt is empty"),
+        ("/v1/completions", "{not json".to_string(), 400, "not valid JSON"),
+        ("/v1/completions", "[1, 2]".to_string(), 400, "must be a JSON object"),
+        ("/v1/completions", json!({"prompt": "x".repeat(3000)}).to_string(), 413, "larger than 2000 bytes"),
+    ];
+    for (path, body, want_status, want) in &cases {
+        let (st, _, raw) = http(s.port, "POST", path, body);
+        let v: Value = serde_json::from_str(&raw).unwrap_or_else(|e| panic!("{e}: {raw}"));
+        assert_eq!(st, *want_status, "{body:.80}: {raw}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(want), "{body:.80}: {msg}");
+        assert!(v["error"]["type"].is_string());
+    }
+    // long prompts: more tokens than a row holds
+    let long = json!({ "prompt": vec![5; 3000] }).to_string();
+    let s2 = start(&["--max-len", "64"]);
+    let (st, _, raw) = http(s2.port, "POST", "/v1/completions", &long);
+    assert_eq!(st, 400, "{raw}");
+    assert!(raw.contains("rows hold 64 tokens"), "{raw}");
+    // and everyone still gets answers
+    let (st, _, _) = http(s.port, "GET", "/health", "");
+    assert_eq!(st, 200);
+    chat(s.port, json!({"temperature": 0, "max_tokens": 2}));
+    let (_, _, m) = http(s.port, "GET", "/metrics", "");
+    assert!(m.contains(&format!("kvdecode_requests_total{{outcome=\"client_error\"}} {}", cases.len())), "{m}");
+}
+
+#[test]
+fn a_client_that_disconnects_frees_its_row() {
+    let s = start(&["--rows", "2", "--max-len", "2000"]);
+    let body = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 1900, "temperature": 1.0,
+                      "stream": true, "logit_bias": {"0": -100, "1": -100}});
+    let mut sock = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let b = body.to_string();
+    write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{b}", b.len()).unwrap();
+    let mut buf = [0u8; 512];
+    let n = sock.read(&mut buf).unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    drop(sock);
+    // within a few steps the generation is cancelled and its row is free
+    let t0 = Instant::now();
+    loop {
+        let (_, _, m) = http(s.port, "GET", "/metrics", "");
+        let get = |name: &str| -> u64 {
+            m.lines().find(|l| l.starts_with(name)).and_then(|l| l.split(' ').nth(1)).unwrap().parse().unwrap()
+        };
+        if get("kvdecode_generations_cancelled_total") >= 1 && get("kvdecode_rows_in_use ") == 0 {
+            assert!(get("kvdecode_completion_tokens_total") < 1900, "it ran to the end");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "not cancelled:\n{m}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_full_queue_is_429_with_retry_after() {
+    let s = start(&["--rows", "1", "--queue", "1", "--max-len", "2000"]);
+    let port = s.port;
+    let long = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "temperature": 1.0,
+                      "logit_bias": {"0": -100, "1": -100}})
+    .to_string();
+    let handles: Vec<_> = (0..6)
+        .map(|_| {
+            let b = long.clone();
+            std::thread::spawn(move || http(port, "POST", "/v1/chat/completions", &b))
+        })
+        .collect();
+    let results: Vec<(u16, String, String)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let rejected: Vec<&(u16, String, String)> = results.iter().filter(|r| r.0 == 429).collect();
+    assert!(!rejected.is_empty(), "{:?}", results.iter().map(|r| r.0).collect::<Vec<_>>());
+    for r in &rejected {
+        assert!(r.1.to_ascii_lowercase().contains("retry-after: 1"), "{}", r.1);
+        assert!(r.2.contains("queue is full"));
+    }
+    assert!(results.iter().all(|r| r.0 == 200 || r.0 == 429), "no 5xx");
+}
+
+#[test]
+fn greedy_answers_do_not_depend_on_concurrent_traffic() {
+    let s = start(&["--rows", "4"]);
+    let prompts = ["hello there", "what is this", "a b c", "tell me more", "why", "x y z w"];
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            text(
+                &chat(
+                    s.port,
+                    json!({"temperature": 0, "max_tokens": 10, "messages": [{"role": "user", "content": p}]}),
+                ),
+                0,
+            )
+        })
+        .collect();
+    let port = s.port;
+    let handles: Vec<_> = (0..3)
+        .flat_map(|_| prompts.iter().enumerate())
+        .map(|(i, p)| {
+            let p = p.to_string();
+            std::thread::spawn(move || {
+                (
+                    i,
+                    text(
+                        &chat(
+                            port,
+                            json!({"temperature": 0, "max_tokens": 10, "messages": [{"role": "user", "content": p}]}),
+                        ),
+                        0,
+                    ),
+                )
+            })
+        })
+        .collect();
+    for h in handles {
+        let (i, got) = h.join().unwrap();
+        assert_eq!(got, alone[i], "prompt {i} batched vs alone");
+    }
+}
