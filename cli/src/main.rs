@@ -5,9 +5,11 @@
 //! - `kvdecode generate --model PATH --prompts FILE.jsonl`: a JSONL batch through the scheduler
 //! - `kvdecode rollout`: batched multi-turn RL rollouts on the embedded demo model (the main job)
 //! - `kvdecode bench`: prefill / decode throughput tables
+//! - `kvdecode bench-serve --url URL`: a load test of a running server that checks every answer
 //! - `kvdecode tokenize --model PATH TEXT`: token ids as JSON
 
 mod bench;
+mod bench_serve;
 mod chat;
 mod common;
 mod generate;
@@ -35,6 +37,8 @@ enum Command {
     Rollout(rollout::Args),
     /// Prefill and decode throughput on this machine's adapter.
     Bench(bench::Args),
+    /// Load-test a running server and check every answer against the same request alone.
+    BenchServe(bench_serve::Args),
     /// Print the token ids of a text as a JSON array.
     Tokenize {
         /// A GGUF file or a directory with tokenizer.json.
@@ -53,6 +57,7 @@ fn main() {
         Command::Generate(a) => generate::run(a),
         Command::Rollout(a) => rollout::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::BenchServe(a) => bench_serve::run(a),
         Command::Tokenize { model, text } => tokenize(&model, &text),
     };
     if let Err(e) = result {

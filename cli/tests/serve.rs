@@ -350,6 +350,27 @@ fn a_full_queue_is_429_with_retry_after() {
     assert!(results.iter().all(|r| r.0 == 200 || r.0 == 429), "no 5xx");
 }
 
+/// The CI variant of the load run: mixed streaming / non-streaming / cancelled / malformed
+/// requests over many connections, every answer checked against the same request alone, no 5xx,
+/// nothing lost, the server's memory flat.
+#[test]
+fn load_run_checks_every_answer() {
+    let s = start(&["--rows", "8", "--queue", "512"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_kvdecode"))
+        .args(["bench-serve", "--url", &format!("http://127.0.0.1:{}", s.port), "--requests", "400"])
+        .args(["--concurrency", "32", "--max-tokens", "12", "--json", "--server-pid", &s.child.id().to_string()])
+        .output()
+        .expect("run bench-serve");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!((v["server_5xx"].as_u64(), v["lost"].as_u64(), v["mismatched"].as_u64()), (Some(0), Some(0), Some(0)));
+    assert_eq!(v["answered"], 320);
+    let (before, after) = (v["rss_kib_before"].as_u64().unwrap(), v["rss_kib_after"].as_u64().unwrap());
+    assert!(after < before + 64 * 1024, "server RSS grew from {before} to {after} KiB");
+    println!("{stdout}");
+}
+
 #[test]
 fn greedy_answers_do_not_depend_on_concurrent_traffic() {
     let s = start(&["--rows", "4"]);

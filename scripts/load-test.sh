@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The full load run: `kvdecode serve` with SmolLM2-135M-Instruct on this machine's adapter, and
+# `kvdecode bench-serve` against it (1,000 requests over 64 connections by default: streaming,
+# non-streaming, cancelled midway, malformed; every answer checked against the same request
+# alone; the server's RSS before and after). Prints the table the README carries.
+#   scripts/load-test.sh [REQUESTS] [CONCURRENCY] [ROWS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+requests=${1:-1000}
+concurrency=${2:-64}
+rows=${3:-16}
+bash scripts/fetch-smollm2.sh >/dev/null
+cargo build --release -p kvdecode-cli
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+log=$(mktemp)
+./target/release/kvdecode serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0 --rows "$rows" \
+  --max-len 256 --queue 1024 2>"$log" &
+server=$!
+trap 'kill $server 2>/dev/null || true; rm -f "$log"' EXIT
+for _ in $(seq 1 600); do
+  port=$(sed -n 's|.*http://127.0.0.1:\([0-9]*\).*|\1|p' "$log")
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+[ -n "${port:-}" ] || { cat "$log"; exit 1; }
+head -1 "$log"
+./target/release/kvdecode bench-serve --url "http://127.0.0.1:$port" --requests "$requests" \
+  --concurrency "$concurrency" --max-tokens 16 --server-pid "$server" --json

@@ -1,0 +1,86 @@
+"""The official `openai` Python client against `kvdecode serve` (scripts/test-openai.sh starts the
+server with SmolLM2-135M-Instruct and runs this). Every check asserts; the first failure exits
+non-zero with its reason."""
+import json
+import sys
+
+import openai
+
+base = sys.argv[1]
+client = openai.OpenAI(base_url=base, api_key="none")
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    if not cond:
+        raise SystemExit(f"FAILED: {what}")
+    checks += 1
+    print(f"ok: {what}")
+
+
+model = client.models.list().data[0].id
+check(model.endswith(".gguf"), f"models.list: {model}")
+
+q = [{"role": "user", "content": "What is the capital of France?"}]
+r = client.chat.completions.create(model=model, messages=q, temperature=0, max_tokens=12)
+answer = r.choices[0].message.content
+check("Paris" in answer, f"greedy chat answer names Paris: {answer!r}")
+check(r.usage.prompt_tokens > 10 and r.usage.completion_tokens >= 1, f"usage {r.usage}")
+check(r.choices[0].finish_reason in ("stop", "length"), f"finish_reason {r.choices[0].finish_reason}")
+
+# streaming: the deltas add up to the same greedy answer, then a usage chunk
+parts, usage, finish = [], None, None
+for chunk in client.chat.completions.create(model=model, messages=q, temperature=0, max_tokens=12, stream=True,
+                                            stream_options={"include_usage": True}):
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for c in chunk.choices:
+        if c.delta.content:
+            parts.append(c.delta.content)
+        finish = c.finish_reason or finish
+check("".join(parts) == answer, f"streamed answer equals the non-streamed one: {''.join(parts)!r}")
+check(usage is not None and usage.completion_tokens == r.usage.completion_tokens, f"stream usage {usage}")
+check(finish == r.choices[0].finish_reason, "stream finish_reason")
+
+# text completions
+c = client.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=4)
+check(len(c.choices[0].text) > 0 and c.choices[0].finish_reason == "length", f"completion {c.choices[0].text!r}")
+
+# n: one prompt, three seeded choices; the same request again gives the same three
+kw = dict(model=model, messages=q, temperature=1.0, max_tokens=8, n=3, seed=42)
+a = client.chat.completions.create(**kw)
+b = client.chat.completions.create(**kw)
+texts = [x.message.content for x in a.choices]
+check(len(texts) == 3 and texts == [x.message.content for x in b.choices], f"n=3 with a seed is reproducible: {texts}")
+
+# seed: reproducible, and another seed gives other text
+s1 = client.chat.completions.create(model=model, messages=q, temperature=1.0, max_tokens=10, seed=5)
+s2 = client.chat.completions.create(model=model, messages=q, temperature=1.0, max_tokens=10, seed=5)
+check(s1.choices[0].message.content == s2.choices[0].message.content, "same seed, same text")
+
+# logprobs with alternatives
+lp = client.chat.completions.create(model=model, messages=q, temperature=0, max_tokens=4, logprobs=True, top_logprobs=3)
+content = lp.choices[0].logprobs.content
+check(len(content) >= 1 and all(len(t.top_logprobs) == 3 for t in content), "logprobs with 3 alternatives per token")
+check(all(t.top_logprobs[0].token == t.token for t in content), "greedy tokens are the most likely ones")
+
+# stop strings: trimmed, finish_reason stop
+st = client.chat.completions.create(model=model, messages=q, temperature=0, max_tokens=12, stop=["Paris"])
+check("Paris" not in st.choices[0].message.content and st.choices[0].finish_reason == "stop",
+      f"stop string trimmed: {st.choices[0].message.content!r}")
+
+# errors: named, in OpenAI's shape, and the server keeps serving
+for kwargs, want in [
+    (dict(temperature=5), "temperature"),
+    (dict(extra_body={"foo": 1}), "foo"),
+    (dict(max_tokens=10 ** 7), "max_tokens"),
+]:
+    try:
+        client.chat.completions.create(model=model, messages=q, **kwargs)
+        check(False, f"{kwargs} was accepted")
+    except openai.BadRequestError as e:
+        check(want in str(e), f"400 names {want}: {e}")
+again = client.chat.completions.create(model=model, messages=q, temperature=0, max_tokens=12)
+check(again.choices[0].message.content == answer, "still serving, same answer")
+print(json.dumps({"checks": checks, "passed": True}))

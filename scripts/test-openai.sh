@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Real clients against `kvdecode serve`: the official `openai` Python package (pinned, in a venv)
+# and curl (the SSE wire format, /metrics, /health), with SmolLM2-135M-Instruct on this
+# machine's adapter. Run by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${KVDECODE_OPENAI_VENV:-$HOME/.cache/kvdecode/openai-venv}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -c 'import openai' 2>/dev/null || "$venv/bin/pip" install --quiet openai==3.57.0
+bash scripts/fetch-smollm2.sh >/dev/null
+cargo build --release -p kvdecode-cli
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+log=$(mktemp)
+./target/release/kvdecode serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0 --rows 4 --max-len 512 2>"$log" &
+server=$!
+trap 'kill $server 2>/dev/null || true; rm -f "$log"' EXIT
+for _ in $(seq 1 600); do
+  port=$(sed -n 's|.*http://127.0.0.1:\([0-9]*\).*|\1|p' "$log")
+  [ -n "$port" ] && break
+  kill -0 $server 2>/dev/null || { cat "$log"; exit 1; }
+  sleep 0.1
+done
+[ -n "$port" ] || { echo "the server did not start"; cat "$log"; exit 1; }
+url=http://127.0.0.1:$port
+echo "== openai $("$venv/bin/python" -c 'import openai; print(openai.__version__)') against $url"
+"$venv/bin/python" scripts/serve/openai_client_test.py "$url/v1"
+
+echo "== curl: health, SSE wire format, metrics"
+[ "$(curl -s "$url/health")" = '{"status":"ok"}' ] || { echo "health"; exit 1; }
+sse=$(curl -s -N "$url/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}')
+echo "$sse" | head -3
+# every non-empty line is an SSE data line; the last one is [DONE]; one chunk carries the usage
+echo "$sse" | grep -v '^$' | grep -qv '^data: ' && { echo "a non-data line in the stream"; exit 1; }
+[ "$(echo "$sse" | grep -v '^$' | tail -1)" = "data: [DONE]" ] || { echo "no [DONE] at the end"; exit 1; }
+echo "$sse" | grep -q '"usage":{"completion_tokens":' || { echo "no usage chunk"; exit 1; }
+metrics=$(curl -s "$url/metrics")
+for m in 'kvdecode_requests_total{outcome="ok"}' kvdecode_time_to_first_token_seconds_count kvdecode_rows_in_use; do
+  echo "$metrics" | grep -q "^$m" || { echo "/metrics lacks $m"; exit 1; }
+done
+echo "$metrics" | grep -E '^kvdecode_requests_total|^kvdecode_completion_tokens_total'
+echo "openai client and curl tests passed"
