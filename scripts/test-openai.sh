@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${KVDECODE_OPENAI_VENV:-$HOME/.cache/kvdecode/openai-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -c 'import openai' 2>/dev/null || "$venv/bin/pip" install --quiet openai==3.57.0
+"$venv/bin/python" -c 'import openai, jsonschema' 2>/dev/null || "$venv/bin/pip" install --quiet openai==3.57.0 jsonschema==4.26.0
 bash scripts/fetch-smollm2.sh >/dev/null
 cargo build --release -p kvdecode-cli
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"

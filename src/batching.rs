@@ -6,6 +6,7 @@
 //! what the request gets when run alone.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::Engine;
@@ -30,6 +31,31 @@ pub struct Request {
     /// Subtracted from a token's logit once per time it has been generated
     /// (OpenAI's `frequency_penalty`).
     pub frequency_penalty: f32,
+    /// Constrained decoding: which tokens may come next (a JSON schema, a grammar), applied by
+    /// the GPU sampler to this request's row only. Each request of a group gets its own.
+    pub constraint: Option<ConstraintFactory>,
+}
+
+/// Constrained decoding for one request: before each token the scheduler asks which tokens may
+/// come next (a bitmask the GPU sampler applies to the request's row only) and afterwards says
+/// which one came. `kvdecode serve` implements it with llguidance for JSON schemas; anything that
+/// answers these two questions works.
+pub trait TokenConstraint: Send {
+    /// Write the tokens allowed next into `mask` (`ceil(vocab / 32)` words, bit `i % 32` of word
+    /// `i / 32` for token `i`, all zero on entry). An error ends the request, with its message.
+    fn allowed(&mut self, mask: &mut [u32]) -> Result<()>;
+    /// `token` was sampled.
+    fn consume(&mut self, token: u32) -> Result<()>;
+}
+
+/// Makes a fresh [`TokenConstraint`] for each request that uses it.
+#[derive(Clone)]
+pub struct ConstraintFactory(pub Arc<dyn Fn() -> Box<dyn TokenConstraint> + Send + Sync>);
+
+impl std::fmt::Debug for ConstraintFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConstraintFactory")
+    }
 }
 
 impl Request {
@@ -111,6 +137,8 @@ pub enum Finish {
     Length,
     /// [`Scheduler::cancel`] ended it.
     Cancelled,
+    /// Its [`TokenConstraint`] failed ([`Completion::error`] says why).
+    ConstraintError,
 }
 
 /// Per-request measurements.
@@ -141,6 +169,8 @@ pub struct Completion {
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
     /// Why it ended.
     pub finish: Finish,
+    /// What went wrong, when `finish` is [`Finish::ConstraintError`].
+    pub error: Option<String>,
     /// Measurements.
     pub stats: RequestStats,
 }
@@ -177,6 +207,8 @@ struct Active {
     followers: Vec<(usize, Queued)>,
     /// Tokens generated so far (presence / frequency penalties).
     seen: std::collections::HashSet<u32>,
+    /// The request's constrained decoding state.
+    constraint: Option<Box<dyn TokenConstraint>>,
     submitted: Instant,
     first_token: Option<Duration>,
     queued_steps: usize,
@@ -188,7 +220,9 @@ type Queued = (usize, Request, Instant, usize);
 
 impl Active {
     fn new(id: usize, req: Request, submitted: Instant, queued_steps: usize, followers: Vec<(usize, Queued)>) -> Self {
+        let constraint = req.constraint.as_ref().map(|f| (f.0)());
         Active {
+            constraint,
             id,
             req,
             fed: 0,
@@ -202,6 +236,16 @@ impl Active {
             first_token: None,
             queued_steps,
             active_steps: 0,
+        }
+    }
+
+    /// What this row appends in the next step: the last token generated, or the next piece of
+    /// the prompt (a group's leader stops one token short: each member appends the last one).
+    fn next_chunk(&self, prefill_chunk: usize) -> Vec<u32> {
+        let until = self.req.tokens.len() - usize::from(!self.followers.is_empty());
+        match self.next {
+            Some(t) => vec![t],
+            None => self.req.tokens[self.fed..(self.fed + prefill_chunk).min(until)].to_vec(),
         }
     }
 
@@ -219,6 +263,7 @@ impl Active {
             logprobs: self.logprobs,
             top_logprobs: self.top_logprobs,
             finish,
+            error: None,
         }
     }
 }
@@ -310,6 +355,7 @@ impl Scheduler {
                     logprobs: Vec::new(),
                     top_logprobs: Vec::new(),
                     finish: Finish::Cancelled,
+                    error: None,
                     stats: RequestStats { prompt_tokens, total_time: submitted.elapsed(), ..Default::default() },
                 });
             }
@@ -463,18 +509,31 @@ impl Scheduler {
             return Ok((Vec::new(), false));
         }
         self.steps += 1;
-        let chunks: Vec<Vec<u32>> = active
-            .iter()
-            .map(|&r| {
-                let a = self.rows[r].as_ref().expect("active");
-                // a leader stops one token short: the group's members each append the last one
-                let until = a.req.tokens.len() - usize::from(!a.followers.is_empty());
-                match a.next {
-                    Some(t) => vec![t],
-                    None => a.req.tokens[a.fed..(a.fed + self.prefill_chunk).min(until)].to_vec(),
-                }
-            })
-            .collect();
+        let mut chunks: Vec<Vec<u32>> =
+            active.iter().map(|&r| self.rows[r].as_ref().expect("active").next_chunk(self.prefill_chunk)).collect();
+        // constrained rows that sample a token in this step get their mask first; a constraint
+        // that fails ends its request here, with the reason
+        let mut finished = Vec::new();
+        let words = engine.config().vocab.div_ceil(32);
+        for (i, &r) in active.iter().enumerate() {
+            let a = self.rows[r].as_mut().expect("active");
+            let samples = a.next.is_some() || a.fed + chunks[i].len() == a.req.tokens.len();
+            let Some(c) = a.constraint.as_mut().filter(|_| samples) else { continue };
+            let mut mask = vec![0u32; words];
+            if let Err(e) = c.allowed(&mut mask).and_then(|()| engine.set_token_mask(r, Some(&mask))) {
+                engine.set_token_mask(r, None)?;
+                let mut done = self.rows[r].take().expect("active").complete(Finish::ConstraintError);
+                done.error = Some(e.to_string());
+                on_event(Event::Done(&done));
+                finished.push(done);
+                chunks[i].clear();
+            }
+        }
+        let (active, chunks): (Vec<usize>, Vec<Vec<u32>>) =
+            active.into_iter().zip(chunks).filter(|(r, _)| self.rows[*r].is_some()).unzip();
+        if active.is_empty() {
+            return Ok((finished, true));
+        }
         let width = chunks.iter().map(Vec::len).max().unwrap_or(1).max(1);
         let mut ids = vec![0u32; active.len() * width];
         for (i, c) in chunks.iter().enumerate() {
@@ -484,7 +543,6 @@ impl Scheduler {
         let samplers: Vec<Sampler> =
             active.iter().map(|&r| self.rows[r].as_ref().expect("active").req.sampler).collect();
         let sampled = engine.append_sample_full(&ids, width, &n_new, Some(&active), &samplers)?;
-        let mut finished = Vec::new();
         for (i, (&r, got)) in active.iter().zip(sampled).enumerate() {
             let a = self.rows[r].as_mut().expect("active");
             a.active_steps += 1;
@@ -503,7 +561,12 @@ impl Scheduler {
             if a.req.sampler.top_logprobs > 0 {
                 a.top_logprobs.push(got.top);
             }
-            let finish = if a.req.stop.contains(&token) {
+            let consumed = a.constraint.as_mut().map_or(Ok(()), |c| c.consume(token));
+            let mut error = None;
+            let finish = if let Err(e) = consumed {
+                error = Some(e.to_string());
+                Some(Finish::ConstraintError)
+            } else if a.req.stop.contains(&token) {
                 Some(Finish::Stop)
             } else if a.tokens.len() >= a.req.max_new {
                 Some(Finish::Length)
@@ -517,7 +580,8 @@ impl Scheduler {
                 None
             };
             if let Some(finish) = finish {
-                let done = self.rows[r].take().expect("active").complete(finish);
+                let mut done = self.rows[r].take().expect("active").complete(finish);
+                done.error = error;
                 on_event(Event::Done(&done));
                 finished.push(done);
             }

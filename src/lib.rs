@@ -46,7 +46,7 @@ pub mod tokenizer;
 pub mod weights;
 
 #[cfg(not(target_arch = "wasm32"))]
-pub use batching::{Completion, Event, Finish, Request, Scheduler};
+pub use batching::{Completion, ConstraintFactory, Event, Finish, Request, Scheduler, TokenConstraint};
 pub use cache::{KvCache, KvDtype};
 #[cfg(not(target_arch = "wasm32"))]
 pub use compat::{PaddedBatch, SequenceCache};

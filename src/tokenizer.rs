@@ -240,6 +240,12 @@ impl Tokenizer {
         self.inner.decode(ids, skip_special).map_err(|e| Error::Input(format!("detokenize: {e}")))
     }
 
+    /// The tokenizer as a Hugging Face `tokenizer.json` document (for libraries that take one,
+    /// such as llguidance's tokenizer bridge).
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(|e| Error::Input(format!("tokenizer to JSON: {e}")))
+    }
+
     /// The id of a token string.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

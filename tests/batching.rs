@@ -69,7 +69,7 @@ fn batched_requests_equal_requests_run_alone() {
         match c.finish {
             Finish::Stop => assert!(reqs[c.id].stop.contains(c.tokens.last().unwrap())),
             Finish::Length => assert_eq!(c.tokens.len(), reqs[c.id].max_new),
-            Finish::Cancelled => panic!("nothing was cancelled"),
+            Finish::Cancelled | Finish::ConstraintError => panic!("nothing was cancelled or constrained"),
         }
         if reqs[c.id].sampler.top_logprobs > 0 {
             assert_eq!(c.top_logprobs.len(), c.tokens.len());
@@ -219,4 +219,66 @@ fn json_requests_parse_and_bad_ones_name_the_field() {
     let r = Request::from_json(r#"{"tokens": [1], "max_tokens": 18446744073709551615}"#, None).unwrap();
     let e = sched.submit(r).unwrap_err().to_string();
     assert!(e.contains("exceeds the rows' max_len 16"), "{e}");
+}
+
+/// A constraint that allows only tokens of one parity, flipping after each token, and fails
+/// after `fail_after` tokens: the mask is applied to its row only, each member of a group has
+/// its own state, and a failing constraint ends its request with the reason.
+struct Alternating {
+    even: bool,
+    seen: usize,
+    fail_after: usize,
+}
+
+impl kvdecode::TokenConstraint for Alternating {
+    fn allowed(&mut self, mask: &mut [u32]) -> kvdecode::Result<()> {
+        if self.seen >= self.fail_after {
+            return Err(kvdecode::Error::Input(format!("no token fits after {}", self.seen)));
+        }
+        let bits = if self.even { 0x5555_5555 } else { 0xAAAA_AAAA };
+        mask.iter_mut().for_each(|w| *w = bits);
+        Ok(())
+    }
+    fn consume(&mut self, token: u32) -> kvdecode::Result<()> {
+        assert_eq!(token.is_multiple_of(2), self.even, "a token outside the mask was sampled");
+        self.even = !self.even;
+        self.seen += 1;
+        Ok(())
+    }
+}
+
+#[test]
+fn token_constraints_shape_their_rows_only() {
+    use kvdecode::{ConstraintFactory, TokenConstraint};
+    use std::sync::Arc;
+    let s = seed(86);
+    let w = model(&tiny_agent_cfg(), s);
+    let mut engine = Engine::new(&gpu(), &w, EngineOptions::new(4, 64)).unwrap();
+    let mut sched = Scheduler::new(&engine, 8);
+    let factory = |fail_after: usize| {
+        ConstraintFactory(Arc::new(move || {
+            Box::new(Alternating { even: true, seen: 0, fail_after }) as Box<dyn TokenConstraint>
+        }))
+    };
+    let plain = Request { tokens: (1..20).collect(), max_new: 10, ..Default::default() };
+    let constrained = Request { constraint: Some(factory(100)), ..plain.clone() };
+    let failing = Request { constraint: Some(factory(4)), ..plain.clone() };
+    let free = sched.submit(plain.clone()).unwrap();
+    let group = sched.submit_group(constrained, &[Sampler::temperature(1.0, 1), Sampler::temperature(1.0, 2)]).unwrap();
+    let fail = sched.submit(failing).unwrap();
+    let done = sched.run(&mut engine, &mut |_| {}).unwrap();
+    let get = |id: usize| done.iter().find(|c| c.id == id).unwrap();
+    for &id in &group {
+        let c = get(id);
+        assert_eq!(c.tokens.len(), 10);
+        assert!(c.tokens.iter().enumerate().all(|(k, t)| t.is_multiple_of(2) == k.is_multiple_of(2)), "{:?}", c.tokens);
+    }
+    let f = get(fail);
+    assert_eq!((f.finish, f.tokens.len()), (Finish::ConstraintError, 4));
+    assert!(f.error.as_deref().unwrap().contains("no token fits after 4"));
+    // the unconstrained request in the same batch gets what it gets alone
+    let mut alone = Engine::new(&gpu(), &w, EngineOptions::new(1, 64)).unwrap();
+    let mut one = Scheduler::new(&alone, 64);
+    one.submit(plain).unwrap();
+    assert_eq!(one.run(&mut alone, &mut |_| {}).unwrap()[0].tokens, get(free).tokens);
 }

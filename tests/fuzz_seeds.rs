@@ -22,20 +22,30 @@ fn dir(target: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds").join(target)
 }
 
-/// A 64-token byte-level vocabulary: ChatML specials, letters, a few merges.
+/// A byte-level BPE vocabulary that can spell any text (so constrained decoding to JSON has
+/// tokens to work with): ChatML specials, GPT-2's 256 byte characters, a few merges; 288 tokens.
 fn gpt2_vocab() -> (Vec<String>, Vec<String>, Vec<i32>) {
     let mut tokens: Vec<String> = vec!["<|im_start|>".into(), "<|im_end|>".into()];
     let mut types = vec![3, 3];
-    for c in "abcdefghijklmnopqrstuvwxyzĠ!,.?ĊHW0123456789".chars() {
+    // GPT-2's bytes_to_unicode: printable bytes stand for themselves, the rest map from U+0100 on
+    let mut extra = 0u32;
+    for b in 0..=255u32 {
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let c = if printable {
+            char::from_u32(b).unwrap()
+        } else {
+            extra += 1;
+            char::from_u32(255 + extra).unwrap()
+        };
         tokens.push(c.to_string());
         types.push(1);
     }
-    let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld"];
+    let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "\" :", "{ \""];
     for m in merges {
         tokens.push(m.replace(' ', ""));
         types.push(1);
     }
-    while tokens.len() < 64 {
+    while tokens.len() < 288 {
         tokens.push(format!("<extra_{}>", tokens.len()));
         types.push(4);
     }
@@ -58,8 +68,8 @@ fn gguf_seeds() -> Vec<(String, Vec<u8>)> {
         ]
     };
     // small, so mutations land on headers and metadata often (quantized rows need 32 columns)
-    let llama = ModelConfig::llama(64, 16, 2, 1, 8, 16, 1, 10000.0, 1e-5, false);
-    let llama32 = ModelConfig::llama(64, 32, 4, 2, 8, 32, 1, 10000.0, 1e-5, false);
+    let llama = ModelConfig::llama(288, 16, 2, 1, 8, 16, 1, 10000.0, 1e-5, false);
+    let llama32 = ModelConfig::llama(288, 32, 4, 2, 8, 32, 1, 10000.0, 1e-5, false);
     let mut qwen = ModelConfig::llama(64, 32, 4, 2, 8, 32, 1, 1e6, 1e-6, true);
     qwen.qk_norm = true;
     let mut gemma = ModelConfig::llama(64, 16, 2, 1, 8, 16, 6, 1e6, 1e-6, true);

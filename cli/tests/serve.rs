@@ -236,8 +236,14 @@ fn sampling_parameters_are_honoured() {
     assert_eq!(count(&tokens(json!({"logit_bias": {"40": 8}}))), 8);
     let penalized = tokens(json!({"logit_bias": {"40": 8}, "frequency_penalty": 2.0}));
     assert!((1..=5).contains(&count(&penalized)), "{penalized:?}");
-    let presence = tokens(json!({"logit_bias": {"40": 8}, "presence_penalty": 2.0, "frequency_penalty": 0.5}));
-    assert!(count(&presence) < 8, "{presence:?}");
+    // presence penalty: the smallest bias that makes token 40 fill all 8 tokens no longer does
+    // once its first appearance costs 2
+    let b = [0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0]
+        .into_iter()
+        .find(|b| count(&tokens(json!({"logit_bias": {"40": b}}))) == 8)
+        .expect("a bias of 8 fills the answer");
+    let presence = tokens(json!({"logit_bias": {"40": b}, "presence_penalty": 2.0}));
+    assert!(count(&presence) < 8, "bias {b}: {presence:?}");
     // chat logprobs with top alternatives: the greedy token is the most likely one
     let lp = chat(s.port, json!({"temperature": 0, "max_tokens": 4, "logprobs": true, "top_logprobs": 2}));
     let content = lp["choices"][0]["logprobs"]["content"].as_array().unwrap();
@@ -261,7 +267,9 @@ fn bad_requests_are_named_and_the_server_keeps_serving() {
         ("/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "hi"}]}).to_string(), 400, "unknown role"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000000}).to_string(), 400, "`max_tokens` 1000000 is more than"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "n": 99}).to_string(), 400, "`n` must be an integer in [1, 8]"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}).to_string(), 400, "`response_format`"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}).to_string(), 400, "`response_format` {\"type\":\"xml\"} is not supported"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}).to_string(), 400, "the JSON schema was refused"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}).to_string(), 400, "`json_schema.schema` must be"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}).to_string(), 400, "`tools` is not supported"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}).to_string(), 400, "needs `logprobs`"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"99999": 1}}).to_string(), 400, "not a token id"),
@@ -410,4 +418,43 @@ fn greedy_answers_do_not_depend_on_concurrent_traffic() {
         let (i, got) = h.join().unwrap();
         assert_eq!(got, alone[i], "prompt {i} batched vs alone");
     }
+}
+
+/// Structured output: with a JSON schema every answer (greedy, sampled, streamed, several
+/// choices) is JSON that validates against it, and ends on its own.
+#[test]
+fn json_schema_answers_validate() {
+    let s = start(&[]);
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]},
+                        "tag": {"type": "string", "maxLength": 5}},
+                        "required": ["ok", "n", "tag"], "additionalProperties": false});
+    let validate = |text: &str| {
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+        let o = v.as_object().unwrap_or_else(|| panic!("not an object: {text}"));
+        assert_eq!(o.len(), 3, "{text}");
+        assert!(o["ok"].is_boolean() && [1, 2, 3].contains(&o["n"].as_i64().unwrap()), "{text}");
+        assert!(o["tag"].as_str().unwrap().chars().count() <= 5, "{text}");
+    };
+    let fmt = json!({"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": true}});
+    for (t, seed) in [(0.0, 0), (1.0, 1), (1.0, 2), (1.5, 3)] {
+        let v = chat(s.port, json!({"temperature": t, "seed": seed, "max_tokens": 60, "n": 2, "response_format": fmt}));
+        for i in 0..2 {
+            validate(&text(&v, i));
+            assert_eq!(v["choices"][i]["finish_reason"], "stop");
+        }
+    }
+    let body = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 60, "temperature": 1.0,
+                      "seed": 9, "stream": true, "response_format": fmt});
+    let (_, _, raw) = http(s.port, "POST", "/v1/chat/completions", &body.to_string());
+    let streamed: String = sse(&raw)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter_map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["delta"]["content"].as_str().map(str::to_string)
+        })
+        .collect();
+    validate(&streamed);
+    // and rows without a schema in the same batch are untouched: greedy alone equals greedy now
+    let plain = chat(s.port, json!({"temperature": 0, "max_tokens": 8}));
+    assert!(serde_json::from_str::<Value>(&text(&plain, 0)).is_err() || !text(&plain, 0).starts_with('{'));
 }

@@ -4,6 +4,7 @@ non-zero with its reason."""
 import json
 import sys
 
+import jsonschema
 import openai
 
 base = sys.argv[1]
@@ -69,6 +70,30 @@ check(all(t.top_logprobs[0].token == t.token for t in content), "greedy tokens a
 st = client.chat.completions.create(model=model, messages=q, temperature=0, max_tokens=12, stop=["Paris"])
 check("Paris" not in st.choices[0].message.content and st.choices[0].finish_reason == "stop",
       f"stop string trimmed: {st.choices[0].message.content!r}")
+
+# structured output: every reply parses and validates against the schema
+schema = {
+    "type": "object",
+    "properties": {"country": {"type": "string", "maxLength": 30}, "capital": {"type": "string", "maxLength": 30}},
+    "required": ["country", "capital"],
+    "additionalProperties": False,
+}
+fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": schema, "strict": True}}
+for temperature, seed in [(0, 0), (1.0, 1), (1.0, 2)]:
+    js = client.chat.completions.create(model=model, messages=q, temperature=temperature, seed=seed, max_tokens=40,
+                                        response_format=fmt)
+    reply = json.loads(js.choices[0].message.content)
+    jsonschema.validate(reply, schema)
+    check(js.choices[0].finish_reason == "stop", f"json_schema reply validates (T={temperature}): {reply}")
+obj = client.chat.completions.create(model=model, messages=q, temperature=0, max_tokens=40,
+                                     response_format={"type": "json_object"})
+check(isinstance(json.loads(obj.choices[0].message.content), dict), f"json_object: {obj.choices[0].message.content}")
+try:
+    client.chat.completions.create(model=model, messages=q, max_tokens=8, response_format={
+        "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "nonsense"}}})
+    check(False, "an invalid schema was accepted")
+except openai.BadRequestError as e:
+    check("schema" in str(e), f"an invalid schema is a 400: {e}")
 
 # errors: named, in OpenAI's shape, and the server keeps serving
 for kwargs, want in [

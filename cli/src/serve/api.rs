@@ -6,7 +6,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kvdecode::tokenizer::{Message, Tokenizer};
-use kvdecode::{Sampled, Sampler, TOP_LOGPROBS_MAX};
+use kvdecode::{ConstraintFactory, Sampled, Sampler, TOP_LOGPROBS_MAX};
 use serde_json::{json, Map, Value};
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
@@ -71,6 +71,8 @@ pub struct Gen {
     pub logprobs: Option<u32>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Constrained decoding (`response_format` json_object / json_schema).
+    pub constraint: Option<ConstraintFactory>,
 }
 
 /// What the server's limits allow a request.
@@ -139,8 +141,36 @@ impl Fields {
     }
 }
 
+/// The JSON schema `response_format` asks for: `None` for plain text.
+fn response_schema(fmt: Value) -> Result<Option<Value>, ApiError> {
+    let p = "response_format";
+    match fmt.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "object"}))),
+        Some("json_schema") => {
+            let js = fmt.get("json_schema").ok_or_else(|| ApiError::bad(p, "`json_schema` is missing"))?;
+            match js.get("schema") {
+                Some(s) if s.is_object() => Ok(Some(s.clone())),
+                Some(s) if s.as_bool() == Some(true) => Ok(Some(json!({}))),
+                _ => Err(ApiError::bad(p, "`json_schema.schema` must be a JSON schema object")),
+            }
+        }
+        _ => Err(ApiError::bad(
+            p,
+            format!("`response_format` {fmt} is not supported (text, json_object or json_schema)"),
+        )),
+    }
+}
+
 /// Parse the body of a request to `kind`'s endpoint.
-pub fn parse(body: &[u8], kind: Kind, tok: &Tokenizer, limits: &Limits, seed_source: u64) -> Result<Gen, ApiError> {
+pub fn parse(
+    body: &[u8],
+    kind: Kind,
+    tok: &Tokenizer,
+    guide: &Result<super::guide::Guide, String>,
+    limits: &Limits,
+    seed_source: u64,
+) -> Result<Gen, ApiError> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::bad("", format!("the body is not valid JSON: {e}")))?;
     let Value::Object(map) = v else {
@@ -166,16 +196,6 @@ pub fn parse(body: &[u8], kind: Kind, tok: &Tokenizer, limits: &Limits, seed_sou
     let (prompt, stop_ids) = match kind {
         Kind::Chat => {
             let msgs = messages(f.take("messages"))?;
-            if let Some(fmt) = f.take("response_format") {
-                if fmt.get("type").and_then(Value::as_str) != Some("text") {
-                    return Err(ApiError::bad(
-                        "response_format",
-                        format!(
-                            "`response_format` {fmt} is not supported by this server yet (only {{\"type\": \"text\"}})"
-                        ),
-                    ));
-                }
-            }
             for k in ["tools", "tool_choice"] {
                 if let Some(v) = f.take(k) {
                     let empty = v.as_array().is_some_and(Vec::is_empty) || v.as_str() == Some("none");
@@ -201,6 +221,19 @@ pub fn parse(body: &[u8], kind: Kind, tok: &Tokenizer, limits: &Limits, seed_sou
                 }
             }
             (ids, tok.eos.into_iter().collect())
+        }
+    };
+    // structured output: a JSON schema compiled by llguidance (an invalid one is a 400)
+    let constraint = match f.take("response_format").map(response_schema).transpose()?.flatten() {
+        None => None,
+        Some(schema) => {
+            let g = guide.as_ref().map_err(|e| {
+                ApiError::bad("response_format", format!("structured output is not available for this model: {e}"))
+            })?;
+            Some(
+                g.json_schema(schema, stop_ids.clone())
+                    .map_err(|e| ApiError::bad("response_format", format!("the JSON schema was refused: {e}")))?,
+            )
         }
     };
     if prompt.is_empty() {
@@ -329,6 +362,7 @@ pub fn parse(body: &[u8], kind: Kind, tok: &Tokenizer, limits: &Limits, seed_sou
         logprobs,
         stream,
         include_usage,
+        constraint,
     })
 }
 

@@ -114,7 +114,11 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut jobs: mpsc::Receiver<Jo
             Event::Done(c) => {
                 if let Some(r) = running.remove(&c.id) {
                     last_token.remove(&c.id);
-                    let _ = r.job.events.send(JobEvent::Done { choice: r.choice, finish: c.finish });
+                    let ev = match &c.error {
+                        Some(e) => JobEvent::Error(e.clone()),
+                        None => JobEvent::Done { choice: r.choice, finish: c.finish },
+                    };
+                    let _ = r.job.events.send(ev);
                 }
             }
         });

@@ -6,6 +6,7 @@
 
 mod api;
 mod engine;
+mod guide;
 mod metrics;
 
 use std::net::SocketAddr;
@@ -70,6 +71,8 @@ pub struct Args {
 struct App {
     model: String,
     tok: Tokenizer,
+    /// llguidance's view of the vocabulary (or why it could not be built).
+    guide: std::result::Result<guide::Guide, String>,
     jobs: mpsc::Sender<Job>,
     metrics: Arc<Metrics>,
     limits: Limits,
@@ -85,6 +88,10 @@ pub fn run(a: Args) -> Result<()> {
     let gpu = Gpu::new()?;
     let max_len = a.engine.max_len(&gpu, &weights, a.rows);
     let engine = Engine::new(&gpu, &weights, a.engine.options(a.rows, max_len))?;
+    let guide = guide::Guide::new(&tok, weights.cfg.vocab);
+    if let Err(e) = &guide {
+        eprintln!("structured output is off: llguidance could not read the tokenizer: {e}");
+    }
     drop(weights);
     let metrics = Arc::new(Metrics::new(a.rows, max_len));
     let (jobs_tx, jobs_rx) = mpsc::channel(a.queue.max(1));
@@ -98,6 +105,7 @@ pub fn run(a: Args) -> Result<()> {
     let app = Arc::new(App {
         model,
         tok,
+        guide,
         jobs: jobs_tx,
         metrics,
         limits: Limits { max_len, max_n: a.rows, max_tokens: a.max_tokens.unwrap_or(max_len) },
@@ -172,7 +180,7 @@ async fn serve(app: Arc<App>, req: HttpRequest, kind: Kind) -> Response {
     let result = async {
         let body = read_body(req.into_body(), app.max_body).await?;
         let seed = app.seeds.fetch_add(0x6A09_E667, Ordering::Relaxed);
-        let g = api::parse(&body, kind, &app.tok, &app.limits, seed)?;
+        let g = api::parse(&body, kind, &app.tok, &app.guide, &app.limits, seed)?;
         run_gen(app.clone(), g).await
     }
     .await;
@@ -209,6 +217,7 @@ async fn run_gen(app: Arc<App>, g: Gen) -> std::result::Result<Response, ApiErro
             logit_bias: g.logit_bias.clone(),
             presence_penalty: g.presence_penalty,
             frequency_penalty: g.frequency_penalty,
+            constraint: g.constraint.clone(),
         },
         samplers: g.samplers.clone(),
         events: tx,
