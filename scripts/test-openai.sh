@@ -11,19 +11,27 @@ bash scripts/fetch-smollm2.sh >/dev/null
 cargo build --release -p kvdecode-cli
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 log=$(mktemp)
+tlog=$(mktemp)
 ./target/release/kvdecode serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0 --rows 4 --max-len 512 2>"$log" &
 server=$!
-trap 'kill $server 2>/dev/null || true; rm -f "$log"' EXIT
-for _ in $(seq 1 600); do
-  port=$(sed -n 's|.*http://127.0.0.1:\([0-9]*\).*|\1|p' "$log")
-  [ -n "$port" ] && break
-  kill -0 $server 2>/dev/null || { cat "$log"; exit 1; }
-  sleep 0.1
-done
-[ -n "$port" ] || { echo "the server did not start"; cat "$log"; exit 1; }
+# a tiny random model whose chat template takes tools (fuzz/seeds), for tool calls
+./target/release/kvdecode serve --model fuzz/seeds/gguf/llama-f32-tools.gguf --port 0 --rows 2 --max-len 1024 2>"$tlog" &
+tserver=$!
+trap 'kill $server $tserver 2>/dev/null || true; rm -f "$log" "$tlog"' EXIT
+wait_port() {
+  for _ in $(seq 1 600); do
+    p=$(sed -n 's|.*http://127.0.0.1:\([0-9]*\).*|\1|p' "$1")
+    [ -n "$p" ] && { echo "$p"; return 0; }
+    sleep 0.1
+  done
+  cat "$1" >&2
+  return 1
+}
+port=$(wait_port "$log")
+tport=$(wait_port "$tlog")
 url=http://127.0.0.1:$port
-echo "== openai $("$venv/bin/python" -c 'import openai; print(openai.__version__)') against $url"
-"$venv/bin/python" scripts/serve/openai_client_test.py "$url/v1"
+echo "== openai $("$venv/bin/python" -c 'import openai; print(openai.__version__)') against $url (and :$tport for tools)"
+"$venv/bin/python" scripts/serve/openai_client_test.py "$url/v1" "http://127.0.0.1:$tport/v1"
 
 echo "== curl: health, SSE wire format, metrics"
 [ "$(curl -s "$url/health")" = '{"status":"ok"}' ] || { echo "health"; exit 1; }
@@ -33,7 +41,7 @@ echo "$sse" | head -3
 # every non-empty line is an SSE data line; the last one is [DONE]; one chunk carries the usage
 echo "$sse" | grep -v '^$' | grep -qv '^data: ' && { echo "a non-data line in the stream"; exit 1; }
 [ "$(echo "$sse" | grep -v '^$' | tail -1)" = "data: [DONE]" ] || { echo "no [DONE] at the end"; exit 1; }
-echo "$sse" | grep -q '"usage":{"completion_tokens":' || { echo "no usage chunk"; exit 1; }
+echo "$sse" | grep -qE '"usage":\{[^}]*"completion_tokens":[0-9]+' || { echo "no usage chunk"; exit 1; }
 metrics=$(curl -s "$url/metrics")
 for m in 'kvdecode_requests_total{outcome="ok"}' kvdecode_time_to_first_token_seconds_count kvdecode_rows_in_use; do
   echo "$metrics" | grep -q "^$m" || { echo "/metrics lacks $m"; exit 1; }

@@ -26,16 +26,23 @@ pub struct Tokenizer {
 /// One chat message.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Message {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// The text.
     pub content: String,
+    /// An assistant's tool calls (OpenAI's shape: `[{"id", "type": "function", "function":
+    /// {"name", "arguments"}}]`), as templates that take tools read them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Json>,
+    /// The call a `tool` message answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
     /// A message.
     pub fn new(role: &str, content: &str) -> Self {
-        Message { role: role.into(), content: content.into() }
+        Message { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None }
     }
 }
 
@@ -276,10 +283,26 @@ impl Tokenizer {
     /// [`TEMPLATE_LIMITS`] (source size, fuel, recursion depth, output size), and a template that
     /// exceeds one is an error naming the limit.
     pub fn apply_chat_template(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.apply_chat_template_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with the function tools the model may call (OpenAI's
+    /// `tools` list, passed to the template as `tools`).
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tpl =
             self.chat_template.as_deref().ok_or_else(|| Error::Config("the model has no chat template".into()))?;
         let tok = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i)).unwrap_or_default();
-        render_chat_template(tpl, messages, add_generation_prompt, &tok(self.bos), &tok(self.eos))
+        render_chat_template_with_tools(tpl, messages, tools, add_generation_prompt, &tok(self.bos), &tok(self.eos))
+    }
+
+    /// Whether the model's chat template takes a list of tools (it reads a `tools` variable).
+    pub fn template_takes_tools(&self) -> bool {
+        self.chat_template.as_deref().is_some_and(|t| t.contains("tools"))
     }
 }
 
@@ -289,6 +312,18 @@ impl Tokenizer {
 pub fn render_chat_template(
     tpl: &str,
     messages: &[Message],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String> {
+    render_chat_template_with_tools(tpl, messages, None, add_generation_prompt, bos_token, eos_token)
+}
+
+/// [`render_chat_template`] with the tools the model may call (`tools` in the template).
+pub fn render_chat_template_with_tools(
+    tpl: &str,
+    messages: &[Message],
+    tools: Option<&Json>,
     add_generation_prompt: bool,
     bos_token: &str,
     eos_token: &str,
@@ -315,6 +350,7 @@ pub fn render_chat_template(
         t.render_captured_to(
             minijinja::context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => bos_token,
                 eos_token => eos_token,

@@ -52,6 +52,20 @@ fn gpt2_vocab() -> (Vec<String>, Vec<String>, Vec<i32>) {
     (tokens, merges.iter().map(|m| m.to_string()).collect(), types)
 }
 
+/// A ChatML template that takes tools, Hermes-style (what Qwen's templates do): the tools as JSON
+/// in a system turn, calls as `<tool_call>` blocks, results as `<tool_response>` blocks.
+const TOOLS_TEMPLATE: &str = "{%- if tools %}<|im_start|>system\nYou may call these functions:\n\
+{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\nTo call one, answer <tool_call>\n\
+{\"name\": NAME, \"arguments\": ARGS}\n</tool_call><|im_end|>\n{% endif %}\
+{%- for m in messages %}\
+{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\
+{%- for c in m.tool_calls %}\n<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": \
+{% if c.function.arguments is string %}{{ c.function.arguments }}{% else %}{{ c.function.arguments | tojson }}{% endif %}}\
+\n</tool_call>{%- endfor %}<|im_end|>\n\
+{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n\
+{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}\
+{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
 fn gguf_seeds() -> Vec<(String, Vec<u8>)> {
     let (tokens, merges, types) = gpt2_vocab();
     let tok_meta = |tpl: &'static str| -> Vec<(&'static str, Meta<'static>)> {
@@ -87,6 +101,7 @@ fn gguf_seeds() -> Vec<(String, Vec<u8>)> {
             "llama-f32-chatml.gguf".into(),
             write_arch(&model(&llama, 1), Store::F32, "llama", tok_meta(fuzz_lib::CHATML)),
         ),
+        ("llama-f32-tools.gguf".into(), write_arch(&model(&llama, 7), Store::F32, "llama", tok_meta(TOOLS_TEMPLATE))),
         (
             "llama-q4_1.gguf".into(),
             write_arch(

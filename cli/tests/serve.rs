@@ -25,8 +25,16 @@ impl Drop for Server {
 }
 
 fn start(extra: &[&str]) -> Server {
+    start_with(MODEL, extra)
+}
+
+fn start_model(model: &str) -> Server {
+    start_with(model, &[])
+}
+
+fn start_with(model: &str, extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvdecode"))
-        .args(["serve", "--model", MODEL, "--port", "0"])
+        .args(["serve", "--model", model, "--port", "0"])
         .args(extra)
         .stderr(Stdio::piped())
         .spawn()
@@ -270,7 +278,7 @@ fn bad_requests_are_named_and_the_server_keeps_serving() {
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}).to_string(), 400, "`response_format` {\"type\":\"xml\"} is not supported"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}).to_string(), 400, "the JSON schema was refused"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}).to_string(), 400, "`json_schema.schema` must be"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}).to_string(), 400, "`tools` is not supported"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}).to_string(), 400, "this model's chat template does not take tools"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}).to_string(), 400, "needs `logprobs`"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"99999": 1}}).to_string(), 400, "not a token id"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}).to_string(), 400, "`stop` must be a string or up to 4 strings"),
@@ -457,4 +465,101 @@ fn json_schema_answers_validate() {
     // and rows without a schema in the same batch are untouched: greedy alone equals greedy now
     let plain = chat(s.port, json!({"temperature": 0, "max_tokens": 8}));
     assert!(serde_json::from_str::<Value>(&text(&plain, 0)).is_err() || !text(&plain, 0).starts_with('{'));
+}
+
+const TOOLS_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/seeds/gguf/llama-f32-tools.gguf");
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                         "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "add",
+          "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                         "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+                         "required": ["a", "b"], "additionalProperties": false}}}
+    ])
+}
+
+/// A call's arguments obey its tool's parameters.
+fn check_call(call: &Value, only: Option<&str>) {
+    let f = &call["function"];
+    let name = f["name"].as_str().unwrap();
+    let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(call["type"], "function");
+    match name {
+        "get_weather" => {
+            assert!(args["city"].as_str().unwrap().chars().count() <= 12, "{args}");
+            assert!(["c", "f"].contains(&args["unit"].as_str().unwrap()), "{args}");
+        }
+        "add" => assert!(
+            (0..=99).contains(&args["a"].as_i64().unwrap()) && (0..=99).contains(&args["b"].as_i64().unwrap()),
+            "{args}"
+        ),
+        other => panic!("called {other}"),
+    }
+    if let Some(n) = only {
+        assert_eq!(name, n);
+    }
+}
+
+#[test]
+fn tools_through_the_template_and_forced_calls() {
+    let srv = start_model(TOOLS_MODEL);
+    let port = srv.port;
+    let ask = json!([{"role": "user", "content": "weather in Paris?"}]);
+    for (choice, only) in
+        [(json!("required"), None), (json!({"type": "function", "function": {"name": "add"}}), Some("add"))]
+    {
+        for seed in 0..3 {
+            let (st, v) = post(
+                port,
+                "/v1/chat/completions",
+                json!({"messages": ask, "max_tokens": 80, "temperature": 1.0,
+                "seed": seed, "tools": tools(), "tool_choice": choice}),
+            );
+            assert_eq!(st, 200, "{v}");
+            let c = &v["choices"][0];
+            assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+            assert!(c["message"]["content"].is_null());
+            let calls = c["message"]["tool_calls"].as_array().unwrap();
+            assert_eq!(calls.len(), 1);
+            check_call(&calls[0], only);
+        }
+    }
+    // streamed: the call arrives whole in one delta, then finish_reason tool_calls
+    let body = json!({"messages": ask, "max_tokens": 80, "temperature": 0, "stream": true, "tools": tools(),
+                      "tool_choice": "required"});
+    let (_, _, raw) = http(port, "POST", "/v1/chat/completions", &body.to_string());
+    let chunks: Vec<Value> =
+        sse(&raw).iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+    let call =
+        chunks.iter().find_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0).cloned()).expect("a tool call delta");
+    assert_eq!(call["index"], 0);
+    check_call(&call, None);
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    // the conversation goes on with the call and its result in the template
+    let (st, v) = post(
+        port,
+        "/v1/chat/completions",
+        json!({"max_tokens": 4, "temperature": 0, "tools": tools(), "messages": [
+        {"role": "user", "content": "add 2 and 3"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"}]}),
+    );
+    assert_eq!(st, 200, "{v}");
+    // errors: a named tool that is not there, tool_choice without tools, a template without tools
+    let (st, v) = post(
+        port,
+        "/v1/chat/completions",
+        json!({"messages": ask, "tools": tools(),
+        "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+    );
+    assert!(st == 400 && v["error"]["message"].as_str().unwrap().contains("\"nope\", which is not in `tools`"), "{v}");
+    let (st, v) = post(port, "/v1/chat/completions", json!({"messages": ask, "tool_choice": "required"}));
+    assert!(st == 400 && v["error"]["message"].as_str().unwrap().contains("requires `tools`"), "{v}");
+    let plain = start(&[]);
+    let (st, v) = post(plain.port, "/v1/chat/completions", json!({"messages": ask, "tools": tools()}));
+    assert!(st == 400 && v["error"]["message"].as_str().unwrap().contains("does not take tools"), "{v}");
 }

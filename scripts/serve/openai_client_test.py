@@ -1,5 +1,6 @@
 """The official `openai` Python client against `kvdecode serve` (scripts/test-openai.sh starts the
-server with SmolLM2-135M-Instruct and runs this). Every check asserts; the first failure exits
+server with SmolLM2-135M-Instruct and runs this, with a second server on a tiny model whose chat
+template takes tools as the second argument). Every check asserts; the first failure exits
 non-zero with its reason."""
 import json
 import sys
@@ -108,4 +109,32 @@ for kwargs, want in [
         check(want in str(e), f"400 names {want}: {e}")
 again = client.chat.completions.create(model=model, messages=q, temperature=0, max_tokens=12)
 check(again.choices[0].message.content == answer, "still serving, same answer")
+
+# tools: SmolLM2's template takes none, which is a 400 that says so
+tools = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"], "additionalProperties": False}}}]
+try:
+    client.chat.completions.create(model=model, messages=q, tools=tools)
+    check(False, "tools were accepted by a template without tools")
+except openai.BadRequestError as e:
+    check("does not take tools" in str(e), f"tools on a template without them: {e}")
+
+# tools on a model whose template takes them: a required call comes back as tool_calls
+if len(sys.argv) > 2:
+    tc = openai.OpenAI(base_url=sys.argv[2], api_key="none")
+    tmodel = tc.models.list().data[0].id
+    for choice in ["required", {"type": "function", "function": {"name": "get_weather"}}]:
+        r = tc.chat.completions.create(model=tmodel, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                       tools=tools, tool_choice=choice, temperature=0, max_tokens=60)
+        call = r.choices[0].message.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        jsonschema.validate(args, tools[0]["function"]["parameters"])
+        check(r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather",
+              f"tool_choice={choice}: {call.function.name}({args})")
+    stream = tc.chat.completions.create(model=tmodel, messages=[{"role": "user", "content": "Weather?"}], tools=tools,
+                                        tool_choice="required", temperature=0, max_tokens=60, stream=True)
+    calls = [d for chunk in stream for c in chunk.choices for d in (c.delta.tool_calls or [])]
+    check(len(calls) == 1 and calls[0].function.name == "get_weather", "a streamed tool call")
 print(json.dumps({"checks": checks, "passed": True}))

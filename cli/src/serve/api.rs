@@ -71,8 +71,148 @@ pub struct Gen {
     pub logprobs: Option<u32>,
     pub stream: bool,
     pub include_usage: bool,
-    /// Constrained decoding (`response_format` json_object / json_schema).
+    /// Constrained decoding (`response_format` json_object / json_schema, a forced tool call).
     pub constraint: Option<ConstraintFactory>,
+    /// Tools the model may call: its output is parsed for calls.
+    pub tools: Option<Tools>,
+}
+
+/// The function tools of a chat request.
+pub struct Tools {
+    /// OpenAI's `tools` list, as the chat template takes it.
+    pub list: Value,
+    /// A Lark grammar for the call, when `tool_choice` requires one (or names one).
+    pub forced: Option<String>,
+    /// Look for calls in the reply (not with `tool_choice` none).
+    pub parse: bool,
+}
+
+impl Gen {
+    /// Whether replies are parsed for tool calls (they are then sent whole, not streamed piece
+    /// by piece, and special tokens such as `<tool_call>` stay in the text).
+    pub fn parses_tool_calls(&self) -> bool {
+        self.tools.as_ref().is_some_and(|t| t.parse)
+    }
+}
+
+/// The markers a Hermes-style template (Qwen's, and most that take tools) puts around a call.
+pub const CALL_OPEN: &str = "<tool_call>";
+pub const CALL_CLOSE: &str = "</tool_call>";
+
+fn parse_tools(tools: Option<Value>, choice: Option<Value>, tok: &Tokenizer) -> Result<Option<Tools>, ApiError> {
+    let list = match tools {
+        None => Vec::new(),
+        Some(Value::Array(a)) => a,
+        Some(v) => return Err(ApiError::bad("tools", format!("`tools` must be an array, got {v}"))),
+    };
+    let mut named = Vec::new();
+    for (i, t) in list.iter().enumerate() {
+        let f = t.get("function").filter(|_| t.get("type").and_then(Value::as_str) == Some("function"));
+        let name = f.and_then(|f| f.get("name")).and_then(Value::as_str).filter(|n| !n.is_empty());
+        let Some(name) = name else {
+            return Err(ApiError::bad(
+                "tools",
+                format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"),
+            ));
+        };
+        let params = f.and_then(|f| f.get("parameters")).cloned().unwrap_or(json!({"type": "object"}));
+        if !params.is_object() {
+            return Err(ApiError::bad("tools", format!("tools[{i}].function.parameters must be a JSON schema object")));
+        }
+        named.push((name.to_string(), params));
+    }
+    let choice = match choice {
+        None => {
+            if named.is_empty() {
+                "none".to_string()
+            } else {
+                "auto".to_string()
+            }
+        }
+        Some(Value::String(s)) if ["none", "auto", "required"].contains(&s.as_str()) => s,
+        Some(v) => match v.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+            Some(n) if named.iter().any(|(m, _)| m == n) => format!("function:{n}"),
+            Some(n) => {
+                return Err(ApiError::bad("tool_choice", format!("`tool_choice` names {n:?}, which is not in `tools`")))
+            }
+            None => {
+                return Err(ApiError::bad(
+                    "tool_choice",
+                    format!("`tool_choice` must be none, auto, required or a named function, got {v}"),
+                ))
+            }
+        },
+    };
+    if named.is_empty() {
+        if choice != "none" && choice != "auto" {
+            return Err(ApiError::bad("tool_choice", "`tool_choice` requires `tools`"));
+        }
+        return Ok(None);
+    }
+    if !tok.template_takes_tools() {
+        return Err(ApiError::bad("tools", "this model's chat template does not take tools"));
+    }
+    // a required or named call: `<tool_call>` JSON `</tool_call>`, the JSON one call of one of
+    // the allowed tools (special tokens are written as such when the vocabulary has them)
+    let forced = match choice.as_str() {
+        "none" | "auto" => None,
+        c => {
+            let allowed: Vec<&(String, Value)> =
+                named.iter().filter(|(n, _)| c == "required" || c == format!("function:{n}")).collect();
+            let calls: Vec<Value> = allowed
+                .iter()
+                .map(|(n, p)| {
+                    json!({"type": "object", "properties": {"name": {"const": n}, "arguments": p},
+                                     "required": ["name", "arguments"], "additionalProperties": false})
+                })
+                .collect();
+            let mut schema = if calls.len() == 1 { calls[0].clone() } else { json!({"anyOf": calls}) };
+            // compact JSON, as for response_format
+            schema["x-guidance"] = json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+            let marker = |m: &str| {
+                if tok.token_id(m).is_some() {
+                    m.to_string()
+                } else {
+                    serde_json::to_string(m).unwrap_or_default()
+                }
+            };
+            Some(format!(
+                "start: {} \"\\n\" call \"\\n\" {}\ncall: %json {}\n",
+                marker(CALL_OPEN),
+                marker(CALL_CLOSE),
+                schema
+            ))
+        }
+    };
+    Ok(Some(Tools { list: Value::Array(list), forced, parse: choice != "none" }))
+}
+
+/// Split a reply into its text and the tool calls it makes (`<tool_call>{"name", "arguments"}
+/// </tool_call>` blocks); blocks that do not parse stay text.
+pub fn split_tool_calls(text: &str, id_prefix: &str) -> (String, Vec<Value>) {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    let mut rest = text;
+    while let Some(a) = rest.find(CALL_OPEN) {
+        let after = &rest[a + CALL_OPEN.len()..];
+        let Some(b) = after.find(CALL_CLOSE) else { break };
+        let body = after[..b].trim();
+        match serde_json::from_str::<Value>(body) {
+            Ok(v) if v.get("name").and_then(Value::as_str).is_some() => {
+                content.push_str(&rest[..a]);
+                let args = v.get("arguments").cloned().unwrap_or(json!({}));
+                calls.push(json!({
+                    "id": format!("{id_prefix}-call-{}", calls.len()),
+                    "type": "function",
+                    "function": {"name": v["name"], "arguments": args.to_string()},
+                }));
+            }
+            _ => content.push_str(&rest[..a + CALL_OPEN.len() + b + CALL_CLOSE.len()]),
+        }
+        rest = &after[b + CALL_CLOSE.len()..];
+    }
+    content.push_str(rest);
+    (content.trim().to_string(), calls)
 }
 
 /// What the server's limits allow a request.
@@ -193,19 +333,13 @@ pub fn parse(
         return Err(ApiError::bad("stream_options", "`stream_options` is only allowed when `stream` is true"));
     }
     // the prompt
+    let mut tools: Option<Tools> = None;
     let (prompt, stop_ids) = match kind {
         Kind::Chat => {
             let msgs = messages(f.take("messages"))?;
-            for k in ["tools", "tool_choice"] {
-                if let Some(v) = f.take(k) {
-                    let empty = v.as_array().is_some_and(Vec::is_empty) || v.as_str() == Some("none");
-                    if !empty {
-                        return Err(ApiError::bad(k, format!("`{k}` is not supported by this server yet")));
-                    }
-                }
-            }
+            tools = parse_tools(f.take("tools"), f.take("tool_choice"), tok)?;
             let text = tok
-                .apply_chat_template(&msgs, true)
+                .apply_chat_template_with_tools(&msgs, tools.as_ref().map(|t| &t.list), true)
                 .map_err(|e| ApiError::bad("messages", format!("the model's chat template failed: {e}")))?;
             let ids = tok.encode_rendered(&text).map_err(|e| ApiError::bad("messages", e.to_string()))?;
             (ids, tok.end_of_turn())
@@ -223,18 +357,30 @@ pub fn parse(
             (ids, tok.eos.into_iter().collect())
         }
     };
-    // structured output: a JSON schema compiled by llguidance (an invalid one is a 400)
-    let constraint = match f.take("response_format").map(response_schema).transpose()?.flatten() {
-        None => None,
-        Some(schema) => {
-            let g = guide.as_ref().map_err(|e| {
-                ApiError::bad("response_format", format!("structured output is not available for this model: {e}"))
-            })?;
-            Some(
-                g.json_schema(schema, stop_ids.clone())
-                    .map_err(|e| ApiError::bad("response_format", format!("the JSON schema was refused: {e}")))?,
-            )
-        }
+    // structured output: a JSON schema compiled by llguidance (an invalid one is a 400); a
+    // required or named tool call is the same mechanism with a grammar for the call
+    let schema = f.take("response_format").map(response_schema).transpose()?.flatten();
+    let forced_call = tools.as_ref().and_then(|t| t.forced.clone());
+    if schema.is_some() && forced_call.is_some() {
+        return Err(ApiError::bad("response_format", "`response_format` and a required tool call exclude each other"));
+    }
+    let guide = || {
+        guide.as_ref().map_err(|e| {
+            ApiError::bad("response_format", format!("constrained decoding is not available for this model: {e}"))
+        })
+    };
+    let constraint = match (schema, forced_call) {
+        (Some(schema), _) => Some(
+            guide()?
+                .json_schema(schema, stop_ids.clone())
+                .map_err(|e| ApiError::bad("response_format", format!("the JSON schema was refused: {e}")))?,
+        ),
+        (None, Some(lark)) => Some(
+            guide()?
+                .lark(&lark, stop_ids.clone())
+                .map_err(|e| ApiError::bad("tools", format!("the tools' parameters were refused: {e}")))?,
+        ),
+        (None, None) => None,
     };
     if prompt.is_empty() {
         return Err(ApiError::bad(if kind == Kind::Chat { "messages" } else { "prompt" }, "the prompt is empty"));
@@ -363,6 +509,7 @@ pub fn parse(
         stream,
         include_usage,
         constraint,
+        tools,
     })
 }
 
@@ -408,12 +555,16 @@ fn messages(v: Option<Value>) -> Result<Vec<Message>, ApiError> {
                     return Err(ApiError::bad(&p, format!("{p}: `content` must be a string or parts, got {other}")))
                 }
             };
-            if let Some(k) =
-                ["tool_calls", "function_call", "audio"].iter().find(|k| m.get(**k).is_some_and(|v| !v.is_null()))
-            {
-                return Err(ApiError::bad(&p, format!("{p}: `{k}` is not supported by this server yet")));
+            if let Some(k) = ["function_call", "audio"].iter().find(|k| m.get(**k).is_some_and(|v| !v.is_null())) {
+                return Err(ApiError::bad(&p, format!("{p}: `{k}` is not supported by this server")));
             }
-            Ok(Message::new(role, &content))
+            let mut msg = Message::new(role, &content);
+            msg.tool_calls = m.get("tool_calls").filter(|v| !v.is_null()).cloned();
+            if msg.tool_calls.as_ref().is_some_and(|c| !c.is_array()) {
+                return Err(ApiError::bad(&p, format!("{p}: `tool_calls` must be an array")));
+            }
+            msg.tool_call_id = m.get("tool_call_id").and_then(Value::as_str).map(str::to_string);
+            Ok(msg)
         })
         .collect()
 }
@@ -462,7 +613,7 @@ impl ChoiceText {
         }
         self.tokens.push(s.token);
         self.logprobs.push(s);
-        self.text = tok.decode(&self.tokens, true).unwrap_or_default();
+        self.text = tok.decode(&self.tokens, !g.parses_tool_calls()).unwrap_or_default();
         if let Some(cut) = g.stop_strings.iter().filter_map(|s| self.text.find(s.as_str())).min() {
             self.text.truncate(cut);
             self.finish = Some("stop");

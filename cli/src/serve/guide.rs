@@ -26,16 +26,20 @@ impl Guide {
 
     /// A constraint for output that matches `schema`, ended by one of `stop` (the request's end
     /// tokens) once the JSON is complete; an invalid or unsupported schema is an error with
-    /// llguidance's reason. JSON is written compactly (`, ` and `: `, no free whitespace), as
-    /// OpenAI's structured outputs are: a model cannot pad it forever.
+    /// llguidance's reason.
     pub fn json_schema(&self, mut schema: Value, stop: Vec<u32>) -> Result<ConstraintFactory, String> {
-        if let Some(o) = schema.as_object_mut() {
-            o.entry("x-guidance").or_insert_with(
-                || json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
-            );
-        }
-        let parser =
-            self.factory.create_parser(TopLevelGrammar::from_json_schema(schema)).map_err(|e| e.to_string())?;
+        compact(&mut schema);
+        self.grammar(TopLevelGrammar::from_json_schema(schema), stop)
+    }
+
+    /// A constraint for output that matches a Lark grammar (llguidance's dialect: `%json {...}`
+    /// embeds a JSON schema, `<name>` is a special token), ended by one of `stop`.
+    pub fn lark(&self, grammar: &str, stop: Vec<u32>) -> Result<ConstraintFactory, String> {
+        self.grammar(TopLevelGrammar::from_lark(grammar.to_string()), stop)
+    }
+
+    fn grammar(&self, grammar: TopLevelGrammar, stop: Vec<u32>) -> Result<ConstraintFactory, String> {
+        let parser = self.factory.create_parser(grammar).map_err(|e| e.to_string())?;
         let proto = Matcher::new(Ok(parser));
         if let Some(e) = proto.get_error() {
             return Err(e);
@@ -46,6 +50,15 @@ impl Guide {
             let m = proto.lock().unwrap_or_else(|e| e.into_inner()).deep_clone();
             Box::new(Llg { m, stop: stop.clone() }) as Box<dyn TokenConstraint>
         })))
+    }
+}
+
+/// JSON written compactly (`, ` and `: `, no free whitespace a model could pad forever), unless
+/// the schema says otherwise.
+fn compact(schema: &mut Value) {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance")
+            .or_insert_with(|| json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
     }
 }
 

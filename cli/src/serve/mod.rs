@@ -315,6 +315,20 @@ impl Output {
         }
     }
 
+    /// A finished chat choice's message and finish reason: with tools, the calls it makes.
+    fn message(&self, i: usize, c: &ChoiceText) -> (Value, Value) {
+        if !self.g.parses_tool_calls() {
+            return (json!({"role": "assistant", "content": c.text}), json!(c.finish));
+        }
+        let (content, calls) = api::split_tool_calls(&c.text, &format!("{}-{i}", self.id));
+        let content = if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) };
+        if calls.is_empty() {
+            (json!({"role": "assistant", "content": content}), json!(c.finish))
+        } else {
+            (json!({"role": "assistant", "content": content, "tool_calls": calls}), json!("tool_calls"))
+        }
+    }
+
     async fn collect(self, mut rx: mpsc::UnboundedReceiver<JobEvent>) -> std::result::Result<Response, ApiError> {
         let n = self.g.samplers.len();
         let mut choices: Vec<ChoiceText> = (0..n).map(|_| ChoiceText::new()).collect();
@@ -333,12 +347,10 @@ impl Output {
             .iter()
             .enumerate()
             .map(|(i, c)| match self.g.kind {
-                Kind::Chat => json!({
-                    "index": i,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self.logprobs_of(c, 0),
-                    "finish_reason": c.finish,
-                }),
+                Kind::Chat => {
+                    let (message, finish) = self.message(i, c);
+                    json!({"index": i, "message": message, "logprobs": self.logprobs_of(c, 0), "finish_reason": finish})
+                }
                 Kind::Completion => json!({
                     "index": i, "text": c.text, "logprobs": self.logprobs_of(c, 0), "finish_reason": c.finish,
                 }),
@@ -398,6 +410,27 @@ impl Output {
                 };
                 done[i] |= is_done;
                 let c = &choices[i];
+                if self.g.parses_tool_calls() {
+                    // replies that may hold tool calls go out whole: text and calls in one delta
+                    if finished {
+                        let (mut message, finish) = self.message(i, c);
+                        if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                            for (k, call) in calls.iter_mut().enumerate() {
+                                call["index"] = json!(k);
+                            }
+                        }
+                        message.as_object_mut().map(|m| m.remove("role"));
+                        let lp = self.logprobs_of(c, 0);
+                        let delta = json!([{"index": i, "delta": message, "logprobs": lp, "finish_reason": null}]);
+                        let last = json!([{"index": i, "delta": {}, "logprobs": null, "finish_reason": finish}]);
+                        for ch in [delta, last] {
+                            if sse_tx.send(Ok(self.chunk(ch, None))).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    continue;
+                }
                 let lp = self.logprobs_of(c, sent_lp[i]);
                 let lp_changed = c.logprobs.len() > sent_lp[i];
                 if !text.is_empty() || (lp_changed && self.g.logprobs.is_some()) {
