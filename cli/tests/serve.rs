@@ -563,3 +563,17 @@ fn tools_through_the_template_and_forced_calls() {
     let (st, v) = post(plain.port, "/v1/chat/completions", json!({"messages": ask, "tools": tools()}));
     assert!(st == 400 && v["error"]["message"].as_str().unwrap().contains("does not take tools"), "{v}");
 }
+
+#[test]
+fn the_page_is_served_beside_the_api() {
+    let web = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/web");
+    let s = start(&["--web", web]);
+    let (st, head, body) = http(s.port, "GET", "/", "");
+    assert_eq!(st, 200, "{head}");
+    assert!(body.contains("main.js"), "{body:.200}");
+    let (st, _, _) = http(s.port, "GET", "/main.js", "");
+    assert_eq!(st, 200);
+    // the API still answers on the same port
+    let (st, _, _) = http(s.port, "GET", "/v1/models", "");
+    assert_eq!(st, 200);
+}
