@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# The full load run: `kvdecode serve` with SmolLM2-135M-Instruct on this machine's adapter, and
-# `kvdecode bench-serve` against it (1,000 requests over 64 connections by default: streaming,
-# non-streaming, cancelled midway, malformed; every answer checked against the same request
-# alone; the server's RSS before and after). Prints the table the README carries.
-#   scripts/load-test.sh [REQUESTS] [CONCURRENCY] [ROWS]
+# The full load run: `kvdecode serve` on this machine's adapter and `kvdecode bench-serve` against
+# it (1,000 requests over 64 connections by default: streaming, non-streaming, cancelled midway,
+# malformed; every answer checked against the same request alone; the server's RSS before and
+# after). Prints the table the README carries.
+#   scripts/load-test.sh [REQUESTS] [CONCURRENCY] [ROWS] [MODEL] [MAX_TOKENS]
+# MODEL defaults to the tiny random ChatML model of the fuzz seeds (the server's machinery under
+# load, not the GPU's speed); give models/SmolLM2-135M-Instruct.Q4_1.gguf for a real model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 requests=${1:-1000}
 concurrency=${2:-64}
 rows=${3:-16}
-bash scripts/fetch-smollm2.sh >/dev/null
+model=${4:-fuzz/seeds/gguf/llama-f32-chatml.gguf}
+max_tokens=${5:-16}
+case $model in models/SmolLM2*) bash scripts/fetch-smollm2.sh >/dev/null ;; esac
 cargo build --release -p kvdecode-cli
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 log=$(mktemp)
-./target/release/kvdecode serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0 --rows "$rows" \
-  --max-len 256 --queue 1024 2>"$log" &
+./target/release/kvdecode serve --model "$model" --port 0 --rows "$rows" --max-len 256 --queue 1024 2>"$log" &
 server=$!
 trap 'kill $server 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 1 600); do
@@ -25,4 +28,4 @@ done
 [ -n "${port:-}" ] || { cat "$log"; exit 1; }
 head -1 "$log"
 ./target/release/kvdecode bench-serve --url "http://127.0.0.1:$port" --requests "$requests" \
-  --concurrency "$concurrency" --max-tokens 16 --server-pid "$server" --json
+  --concurrency "$concurrency" --max-tokens "$max_tokens" --server-pid "$server" --json

@@ -127,14 +127,14 @@ if len(sys.argv) > 2:
     tmodel = tc.models.list().data[0].id
     for choice in ["required", {"type": "function", "function": {"name": "get_weather"}}]:
         r = tc.chat.completions.create(model=tmodel, messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                       tools=tools, tool_choice=choice, temperature=0, max_tokens=60)
+                                       tools=tools, tool_choice=choice, temperature=0, max_tokens=200)
         call = r.choices[0].message.tool_calls[0]
         args = json.loads(call.function.arguments)
         jsonschema.validate(args, tools[0]["function"]["parameters"])
         check(r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather",
               f"tool_choice={choice}: {call.function.name}({args})")
     stream = tc.chat.completions.create(model=tmodel, messages=[{"role": "user", "content": "Weather?"}], tools=tools,
-                                        tool_choice="required", temperature=0, max_tokens=60, stream=True)
+                                        tool_choice="required", temperature=0, max_tokens=200, stream=True)
     calls = [d for chunk in stream for c in chunk.choices for d in (c.delta.tool_calls or [])]
     check(len(calls) == 1 and calls[0].function.name == "get_weather", "a streamed tool call")
 print(json.dumps({"checks": checks, "passed": True}))
