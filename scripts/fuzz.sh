@@ -3,6 +3,7 @@
 #
 #   scripts/fuzz.sh [RUNS] [TARGET ...]     RUNS executions per target (default 10,000,000)
 #   FUZZ_SECONDS=600 scripts/fuzz.sh 0 gguf  run by time instead (RUNS 0 = no run limit)
+#   FUZZ_JOBS=2 scripts/fuzz.sh              RUNS split over this many parallel processes
 #
 # Targets (fuzz/fuzz_targets/): gguf (reader, weights, tokenizer, the file's chat template, and an
 # engine built and stepped for every model shape that loads), safetensors (reader + engine),
@@ -39,9 +40,14 @@ for t in "${targets[@]}"; do
   case $t in
     gguf | safetensors) max_len=65536 ;;
     chat_template) max_len=16384 ;;
+    # every input builds a whole tokenizer (pre-tokenizer regexes included): a few hundred
+    # tokens of vocabulary per input keep millions of runs within hours
+    tokenizer) max_len=2048 ;;
     *) max_len=8192 ;;
   esac
-  args=(-runs="$runs" -rss_limit_mb=2048 -timeout=10 -max_len="$max_len" -print_final_stats=1)
+  jobs=${FUZZ_JOBS:-1}
+  args=(-runs="$((runs / jobs))" -rss_limit_mb=2048 -timeout=10 -max_len="$max_len" -print_final_stats=1)
+  [ "$jobs" -gt 1 ] && args+=(-jobs="$jobs" -workers="$jobs")
   [ -n "${FUZZ_SECONDS:-}" ] && args+=(-max_total_time="$FUZZ_SECONDS")
   [ "$runs" = 0 ] && args=("${args[@]:1}")  # no run limit: -max_total_time decides
   echo "== $t: ${args[*]}"
@@ -56,8 +62,11 @@ for t in "${targets[@]}"; do
     failed=1
   fi
   secs=$(( $(date +%s) - start ))
-  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "fuzz/logs/$t.log" | tail -1)
-  rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "fuzz/logs/$t.log" | tail -1)
+  # with jobs, each process writes its own fuzz-N.log in fuzz/: add them up
+  logs=("fuzz/logs/$t.log")
+  [ "$jobs" -gt 1 ] && { mv fuzz/fuzz-*.log "fuzz/logs/" 2>/dev/null || true; logs=(fuzz/logs/fuzz-*.log); }
+  execs=$(cat "${logs[@]}" | sed -n 's/^stat::number_of_executed_units: *//p' | awk '{s += $1} END {print s}')
+  rss=$(cat "${logs[@]}" | sed -n 's/^stat::peak_rss_mb: *//p' | sort -n | tail -1)
   corpus=$(ls "fuzz/corpus/$t" | wc -l)
   summary+=("| $t | ${execs:-?} | $secs | ${rss:-?} | $corpus | $result |")
   echo "${summary[-1]}"
