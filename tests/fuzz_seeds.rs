@@ -161,6 +161,21 @@ fn text_seeds() -> Vec<(&'static str, String, String)> {
         ("chat_template", "llama3.txt".into(), format!("{llama3}\n---\n{conv}")),
         ("chat_template", "macros-namespace.txt".into(), format!("{macros}\n---\n{conv}")),
         ("jsonl", "tokens.json".into(), json!({"tokens": [1, 2, 3], "max_tokens": 8, "stop": [1]}).to_string()),
+        ("openai_request", "chat-stream.json".into(), json!({"model": "m", "messages": [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]}], "stream": true, "stream_options": {"include_usage": true},
+            "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "n": 2, "seed": 3, "stop": ["\n\n"], "logprobs": true,
+            "top_logprobs": 2, "logit_bias": {"5": -100}, "presence_penalty": 0.5, "user": "u"}).to_string()),
+        ("openai_request", "chat-tools.json".into(), json!({"messages": [{"role": "user", "content": "add 2 and 3"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 2}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "5"}],
+            "tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}],
+            "tool_choice": "required"}).to_string()),
+        ("openai_request", "chat-schema.json".into(), json!({"messages": [{"role": "user", "content": "json"}], "max_completion_tokens": 30,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+            "properties": {"ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+            "required": ["ok"]}}}}).to_string()),
+        ("openai_request", "completion-ids.json".into(), json!({"prompt": [[3, 4, 5]], "max_tokens": 4, "logprobs": 3, "echo": false,
+            "best_of": 1, "frequency_penalty": -0.5}).to_string()),
         (
             "jsonl",
             "text-sampled.json".into(),
@@ -234,6 +249,10 @@ fn text_seeds_build_render_and_parse() {
         let out =
             render_chat_template(&tpl, &msgs, gen, "<s>", "</s>").unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         assert!(out.contains("Hi!") || out.contains('4'), "{}: {out}", p.display());
+    }
+    for p in files("openai_request") {
+        let v: serde_json::Value = serde_json::from_slice(&read(&p)).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(v.is_object(), "{}", p.display());
     }
     for p in files("jsonl") {
         let line = String::from_utf8(read(&p)).unwrap();

@@ -8,15 +8,8 @@
 //! - `kvdecode bench-serve --url URL`: a load test of a running server that checks every answer
 //! - `kvdecode tokenize --model PATH TEXT`: token ids as JSON
 
-mod bench;
-mod bench_serve;
-mod chat;
-mod common;
-mod generate;
-mod rollout;
-mod serve;
-
 use clap::{Parser, Subcommand};
+use kvdecode_cli::{bench, bench_serve, chat, common, generate, rollout, serve};
 
 #[derive(Parser)]
 #[command(name = "kvdecode", version, about = "Incremental transformer decoding on WebGPU, many sequences at once")]

@@ -587,6 +587,7 @@ fn completion_prompt(v: Option<Value>, tok: &Tokenizer) -> Result<Vec<u32>, ApiE
 
 /// The text of one choice as tokens arrive: decoded whole (a character may span tokens), cut at
 /// the first stop string, and released only as far as no stop string could still begin.
+#[derive(Default)]
 pub struct ChoiceText {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<Sampled>,
@@ -597,10 +598,6 @@ pub struct ChoiceText {
 }
 
 impl ChoiceText {
-    pub fn new() -> Self {
-        ChoiceText { tokens: Vec::new(), logprobs: Vec::new(), text: String::new(), released: 0, finish: None }
-    }
-
     /// Take a token; returns the text that can be released now. Sets `finish` when a stop token
     /// or a stop string ends the choice.
     pub fn push(&mut self, g: &Gen, tok: &Tokenizer, s: Sampled) -> String {

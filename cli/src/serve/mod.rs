@@ -4,9 +4,9 @@
 //! bounded channel (full: 429 with Retry-After) and turn the engine's tokens into responses or
 //! server-sent events. A client that goes away cancels its generation at once.
 
-mod api;
+pub mod api;
 mod engine;
-mod guide;
+pub mod guide;
 mod metrics;
 
 use std::net::SocketAddr;
@@ -331,7 +331,7 @@ impl Output {
 
     async fn collect(self, mut rx: mpsc::UnboundedReceiver<JobEvent>) -> std::result::Result<Response, ApiError> {
         let n = self.g.samplers.len();
-        let mut choices: Vec<ChoiceText> = (0..n).map(|_| ChoiceText::new()).collect();
+        let mut choices: Vec<ChoiceText> = (0..n).map(|_| ChoiceText::default()).collect();
         let mut done = vec![false; n];
         let mut generated = 0;
         while done.iter().any(|d| !d) {
@@ -383,7 +383,7 @@ impl Output {
         let (sse_tx, sse_rx) = mpsc::channel::<std::result::Result<SseEvent, std::convert::Infallible>>(64);
         tokio::spawn(async move {
             let n = self.g.samplers.len();
-            let mut choices: Vec<ChoiceText> = (0..n).map(|_| ChoiceText::new()).collect();
+            let mut choices: Vec<ChoiceText> = (0..n).map(|_| ChoiceText::default()).collect();
             let mut sent_lp = vec![0usize; n];
             let mut done = vec![false; n];
             let mut generated = 0;
