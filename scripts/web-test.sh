@@ -5,6 +5,7 @@
 #   1. the engine's parity tests inside headless Chromium (wasm-bindgen-test, WebGPU on SwiftShader);
 #   2. the page end to end in Chromium (playwright-core): load, decode 20 greedy tokens, compare
 #      with the native engine's tokens for the same model and prompt, save a screenshot;
+#      then again with the GPU device destroyed after 5 tokens: the page must build a new session;
 #   3. the same page test in Firefox ESR (WebGPU on lavapipe, driven over WebDriver BiDi);
 #   4. SmolLM2-135M-Instruct (models/, scripts/fetch-smollm2.sh) picked from disk in the page,
 #      asked "What is the capital of France?" greedily: the answer must name Paris.
@@ -42,6 +43,9 @@ expected=$(KVDECODE_PORTABLE=1 ./target/release/kvdecode generate --model demo -
   | python3 -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.readline())["tokens"]))')
 echo "native engine (lavapipe): $expected"
 (cd examples/web && EXPECTED="$expected" node e2e.mjs "$root/examples/web/screenshot.png")
+
+echo "== 2b. the GPU device lost mid-answer: the page builds a new session and answers the same (Chromium)"
+(cd examples/web && EXPECTED="$expected" LOSE=5 node e2e.mjs "${TMPDIR:-/tmp}/kvdecode-device-lost.png")
 
 echo "== 3. the page end to end in Firefox ESR (puppeteer-core, WebDriver BiDi)"
 (cd examples/web && EXPECTED="$expected" BROWSER_KIND=firefox node e2e.mjs "$root/examples/web/screenshot-firefox.png")

@@ -304,6 +304,27 @@ impl KvCache {
         (self.n_layers * 2 * self.rows * self.n_kv_heads * self.max_len * self.head_dim * self.dtype.bytes()) as u64
     }
 
+    /// The host-side bookkeeping of every row, taken before a step whose results are awaited.
+    pub(crate) fn mark(&self) -> HostMark {
+        HostMark(
+            (0..self.rows)
+                .map(|r| (self.lens_cpu[r], self.written[r], self.skips[r].len(), self.history_cpu[r].len()))
+                .collect(),
+        )
+    }
+
+    /// Put the host-side bookkeeping back to `mark` (a step only ever adds to it). For a device
+    /// lost while a step was in flight: the GPU's copy is gone anyway, and the rows read as the
+    /// caller last saw them.
+    pub(crate) fn restore_host(&mut self, mark: &HostMark) {
+        for (r, &(len, written, skips, history)) in mark.0.iter().enumerate() {
+            self.lens_cpu[r] = len;
+            self.written[r] = written;
+            self.skips[r].truncate(skips);
+            self.history_cpu[r].truncate(history);
+        }
+    }
+
     /// Check a list of cache rows: in range and not repeated. Names the offending row.
     pub(crate) fn check_rows(&self, rows: &[usize]) -> Result<()> {
         let mut seen = vec![false; self.rows];
@@ -420,3 +441,8 @@ impl KvCache {
         Ok(())
     }
 }
+
+/// Each row's (length, positions written, skips, history length) at some moment; see
+/// [`KvCache::mark`].
+#[derive(Clone, Debug)]
+pub(crate) struct HostMark(Vec<(usize, usize, usize, usize)>);

@@ -89,6 +89,7 @@ impl Engine {
         let pad: Vec<u32> = (0..r_n * steps).map(|i| if i % steps == 0 { first[i / steps] } else { 0 }).collect();
         let cache_rows = self.check(&pad, steps, &n_new, Some(rows))?;
         let ones = vec![1usize; r_n];
+        let mark = self.cache.mark();
         for step in 0..steps {
             let from_gpu = step > 0;
             self.submit_chunk(
@@ -103,7 +104,8 @@ impl Engine {
             );
         }
         let mut raw = vec![0u32; steps * r_n * 2];
-        self.read_async(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut raw)).await?;
+        let read = self.read_async(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut raw)).await;
+        self.undo_if_lost(read, &mark)?;
         let mut out = vec![(Vec::with_capacity(steps), Vec::with_capacity(steps)); r_n];
         for step in 0..steps {
             for (r, o) in out.iter_mut().enumerate() {

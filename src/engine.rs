@@ -875,10 +875,12 @@ impl Engine {
         n_new: &[usize],
         rows: Option<&[usize]>,
     ) -> Result<Logits> {
+        let mark = self.cache.mark();
         let any = self.run(ids, width, n_new, rows, None, Output::Logits)?;
         let mut data = vec![0f32; n_new.len() * self.cfg.vocab];
         if any {
-            self.read_async(&self.s.logits_read, bytemuck::cast_slice_mut(&mut data)).await?;
+            let read = self.read_async(&self.s.logits_read, bytemuck::cast_slice_mut(&mut data)).await;
+            self.undo_if_lost(read, &mark)?;
         }
         Ok(Logits { vocab: self.cfg.vocab, data, valid: n_new.iter().map(|&n| n > 0).collect() })
     }
@@ -963,14 +965,17 @@ impl Engine {
             s.check(r)?;
         }
         let top = samplers.iter().any(|s| s.top_logprobs > 0);
+        let mark = self.cache.mark();
         let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Sampled { slot: 0, top })?;
         let r_n = n_new.len();
         let mut got = vec![0u32; 2 * r_n];
         let mut alts = vec![0u32; if top { r_n * TOP_LOGPROBS_MAX as usize * 2 } else { 0 }];
         if any {
-            self.read_async(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut got)).await?;
+            let read = self.read_async(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut got)).await;
+            self.undo_if_lost(read, &mark)?;
             if top {
-                self.read_async(&self.sampling.top_read, bytemuck::cast_slice_mut(&mut alts)).await?;
+                let read = self.read_async(&self.sampling.top_read, bytemuck::cast_slice_mut(&mut alts)).await;
+                self.undo_if_lost(read, &mark)?;
             }
         }
         Ok((0..r_n)
@@ -1208,11 +1213,13 @@ impl Engine {
                 self.all_logits_tokens
             )));
         }
+        let mark = self.cache.mark();
         let any = self.run(ids, width, n_new, rows, None, Output::AllLogits)?;
         let v = self.cfg.vocab;
         let mut data = vec![0f32; n_new.len() * longest * v];
         if any {
-            self.read_async(&self.s.all_logits_read, bytemuck::cast_slice_mut(&mut data)).await?;
+            let read = self.read_async(&self.s.all_logits_read, bytemuck::cast_slice_mut(&mut data)).await;
+            self.undo_if_lost(read, &mark)?;
         }
         Ok(n_new
             .iter()
@@ -1258,6 +1265,16 @@ impl Engine {
         let read = self.read_raw(buf, out).await;
         // a lost device (or an error the step raised) explains a failed read better than the read
         self.gpu.check()?;
+        read
+    }
+
+    /// A readback's result; when the device was lost while the step was in flight, first put the
+    /// rows' host-side state back to `mark`. A browser learns of a loss only asynchronously, so a
+    /// step can be submitted to a device that is already gone: it still changes nothing.
+    pub(crate) fn undo_if_lost(&mut self, read: Result<()>, mark: &crate::cache::HostMark) -> Result<()> {
+        if let Err(Error::DeviceLost(_)) = &read {
+            self.cache.restore_host(mark);
+        }
         read
     }
 

@@ -3,6 +3,8 @@
 // same model and prompt (passed in EXPECTED as a JSON array). Saves a screenshot.
 //   EXPECTED='[..]' node e2e.mjs [out.png]                  Chromium (Debian's; WebGPU on SwiftShader), playwright-core
 //   EXPECTED='[..]' BROWSER_KIND=firefox node e2e.mjs [out.png]   Firefox ESR (WebGPU on lavapipe), puppeteer-core over WebDriver BiDi
+//   LOSE=5 EXPECTED='[..]' node e2e.mjs [out.png]          Chromium: destroy the GPU device after 5 tokens; the page
+//                                                                  must build a new session and still give EXPECTED
 //   GGUF=model.gguf EXPECT_TEXT=Paris node e2e.mjs [out.png]      Chromium: pick the GGUF in the file input, ask the
 //                                                                  page's default question greedily, expect the text
 import http from "node:http";
@@ -66,7 +68,8 @@ try {
     if (!out.includes(process.env.EXPECT_TEXT ?? "")) { console.log(`MISMATCH: expected the answer to contain ${process.env.EXPECT_TEXT}`); failed = true; }
   } else {
     const n = expected ? expected.length : 20;
-    await page.goto(`http://127.0.0.1:${port}/?auto=${n}`);
+    const lose = process.env.LOSE ? `&lose=${process.env.LOSE}` : "";
+    await page.goto(`http://127.0.0.1:${port}/?auto=${n}${lose}`);
     await page.waitForSelector("body[data-done='1']", { timeout: 240_000 });
     const text = (sel) => page.evaluate((s) => document.querySelector(s).textContent, sel);
     const got = JSON.parse(await text("#tokens"));
@@ -75,6 +78,11 @@ try {
     await page.screenshot({ path: shot });
     console.log(`${firefox ? "firefox" : "chromium"}: adapter ${adapter}; ${n} tokens at ${tps} tokens/s; screenshot ${shot}`);
     console.log(`page tokens:   ${JSON.stringify(got)}`);
+    if (lose) {
+      const why = await text("#recovered");
+      console.log(`device lost after ${process.env.LOSE} tokens: "${why}"`);
+      if (!why.includes("device lost")) { console.log("MISMATCH: the page never saw the device lost"); failed = true; }
+    }
     if (expected) {
       console.log(`native tokens: ${JSON.stringify(expected)}`);
       if (JSON.stringify(got) !== JSON.stringify(expected)) { console.log("MISMATCH: the page's tokens differ from the native engine's"); failed = true; }

@@ -76,6 +76,13 @@ impl Session {
         self.get(|s| s.adapter.clone())
     }
 
+    /// Destroy the session's GPU device, as a driver reset or a browser reclaiming the GPU of a
+    /// background tab would: every later step is an error that says "device lost", and the page
+    /// has to build a new session. The page's `?lose=N` uses it to test that recovery.
+    pub fn lose_device(&self) -> Result<(), JsValue> {
+        self.get(|s| s.engine.gpu().device.destroy())
+    }
+
     /// Whether the model has a tokenizer.
     pub fn has_tokenizer(&self) -> Result<bool, JsValue> {
         self.get(|s| s.tok.is_some())

@@ -1,10 +1,12 @@
 //! The engine's parity tests inside a real browser (headless Chromium, WebGPU on SwiftShader):
 //! cached incremental decoding equals the CPU reference, both layouts, f32, f16 and bf16 K/V
-//! storage (16-bit storage against the reference that rounds K/V the same way).
+//! storage (16-bit storage against the reference that rounds K/V the same way); a lost device is an
+//! error on every later call and a new engine works.
 //! Run with scripts/web-test.sh (wasm-bindgen-test-runner + chromedriver).
 
 use kvdecode::reference::{self, RefOptions};
-use kvdecode::{argmax, Engine, EngineOptions, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights, SplitMix64};
+use kvdecode::{argmax, Engine, EngineOptions, Error, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights, SplitMix64};
+use wasm_bindgen::JsValue;
 use wasm_bindgen_test::*;
 
 wasm_bindgen_test_configure!(run_in_browser);
@@ -89,4 +91,41 @@ async fn browser_tiny_agent_bf16() {
 #[wasm_bindgen_test]
 async fn browser_llama_bf16() {
     parity(llama(), KvDtype::BF16, 16, 2e-3).await;
+}
+
+/// Let the browser's event loop run once: the device's `lost` promise settles there.
+async fn next_task() {
+    let wait = js_sys::Promise::new(&mut |resolve, _| {
+        let set_timeout = js_sys::Reflect::get(&js_sys::global(), &"setTimeout".into()).unwrap();
+        js_sys::Function::from(set_timeout).call2(&JsValue::NULL, &resolve, &JsValue::from(0)).unwrap();
+    });
+    wasm_bindgen_futures::JsFuture::from(wait).await.unwrap();
+}
+
+/// A lost device (as when the browser reclaims a background tab's GPU) makes every later call an
+/// error that says so, changes nothing, and a new `Gpu` + `Engine` decode correctly afterwards.
+#[wasm_bindgen_test]
+async fn browser_device_lost_then_rebuilt() {
+    let cfg = tiny_agent();
+    let w = ModelWeights::random(&cfg, 17).unwrap();
+    let gpu = Gpu::new_async(&GpuOptions::default()).await.unwrap();
+    let mut e = Engine::new(&gpu, &w, EngineOptions::new(2, 32)).unwrap();
+    e.append_async(&[1, 2, 3, 4], 2, &[2, 2], None).await.unwrap();
+    gpu.device.destroy();
+    next_task().await;
+    for what in ["append", "append again"] {
+        let err = e.append_async(&[5, 6], 1, &[1, 1], None).await.err().unwrap_or_else(|| panic!("{what} succeeded"));
+        assert!(matches!(err, Error::DeviceLost(_)), "{what}: {err}");
+        assert!(err.to_string().contains("device lost"), "{err}");
+    }
+    assert!(matches!(e.reset(&[0]), Err(Error::DeviceLost(_))));
+    assert_eq!(e.cache().lens(), &[2, 2], "nothing changed");
+    drop(e);
+    let gpu2 = Gpu::new_async(&GpuOptions::default()).await.unwrap();
+    let mut e2 = Engine::new_async(&gpu2, &w, EngineOptions::new(2, 32)).await.unwrap();
+    let out = e2.append_async(&[1, 2, 3, 0, 0, 0], 3, &[3, 0], None).await.unwrap();
+    let want = reference::forward_with(&w, &[1, 2, 3], RefOptions::default()).unwrap();
+    let d = max_abs_diff(out.row(0).unwrap(), &want[2 * cfg.vocab..]);
+    assert!(d <= 1e-4, "rebuilt engine: {d}");
+    web_sys_log(&format!("device lost, then rebuilt: worst |gpu - reference| = {d:e}"));
 }
