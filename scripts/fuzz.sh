@@ -41,9 +41,9 @@ for t in "${targets[@]}"; do
   case $t in
     gguf | safetensors) max_len=65536 ;;
     chat_template | openai_request) max_len=16384 ;;
-    # every input builds a whole tokenizer (pre-tokenizer regexes included): a few hundred
-    # tokens of vocabulary per input keep millions of runs within hours
-    tokenizer) max_len=2048 ;;
+    # every input builds a whole tokenizer (pre-tokenizer regexes, the added-token automaton): 1 KiB
+    # (a hundred or two tokens of vocabulary, merges and texts) keeps an input to about a millisecond
+    tokenizer) max_len=1024 ;;
     *) max_len=8192 ;;
   esac
   jobs=${FUZZ_JOBS:-1}
