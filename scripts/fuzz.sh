@@ -9,7 +9,8 @@
 # engine built and stepped for every model shape that loads), safetensors (reader + engine),
 # tokenizer (GGUF tokenizer metadata), chat_template (hostile templates and conversations), jsonl
 # (request lines), openai_request (bodies of the server's /v1/chat/completions and /v1/completions:
-# templates with tools, tool_choice, JSON schemas compiled by llguidance, every parameter). Each starts from its seed corpus in fuzz/seeds/ (committed) plus whatever
+# templates with tools, tool_choice, JSON schemas compiled by llguidance, every parameter). Each
+# starts from its seed corpus in fuzz/seeds/ (committed) plus whatever
 # earlier runs found (fuzz/corpus/, git-ignored). Installs the nightly toolchain and cargo-fuzz if
 # missing. Bounds: 2 GiB RSS, 10 s per input. A crash, timeout or bound exceeded stops that target
 # with its reproducer in fuzz/artifacts/<target>/.
@@ -41,8 +42,8 @@ for t in "${targets[@]}"; do
   case $t in
     gguf | safetensors) max_len=65536 ;;
     chat_template | openai_request) max_len=16384 ;;
-    # every input builds a whole tokenizer (pre-tokenizer regexes, the added-token automaton): 1 KiB
-    # (a hundred or two tokens of vocabulary, merges and texts) keeps an input to about a millisecond
+    # every input builds a whole tokenizer (pre-tokenizer regexes, the added-token automaton):
+    # 1 KiB (a hundred or two tokens of vocabulary, merges and texts) is about a millisecond
     tokenizer) max_len=1024 ;;
     *) max_len=8192 ;;
   esac
