@@ -256,6 +256,14 @@ impl Gpu {
         Ok(())
     }
 
+    /// Whether the device was lost (unlike [`Gpu::check`], it leaves errors not yet reported for
+    /// the next `check`). Owners of a shared `Gpu` use it to decide whether to make a new one.
+    pub fn is_lost(&self) -> bool {
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        self.health.lock().map(|h| h.lost.is_some()).unwrap_or(true)
+    }
+
     /// One line describing the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) on Vulkan (llvmpipe)`.
     /// Browsers often hide the adapter's name; then the device type stands in for it.
     pub fn describe(&self) -> String {

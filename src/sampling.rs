@@ -67,7 +67,9 @@ impl Sampler {
         Sampler { top_p, ..self }
     }
 
-    pub(crate) fn check(&self, row: usize) -> Result<()> {
+    /// `Ok` when the parameters are usable; otherwise an error naming the parameter and `row`
+    /// (the row the sampler is for, in the message).
+    pub fn check(&self, row: usize) -> Result<()> {
         if !self.temperature.is_finite() {
             return Err(Error::Input(format!("row {row}: temperature {} is not finite", self.temperature)));
         }

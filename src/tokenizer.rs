@@ -24,18 +24,19 @@ pub struct Tokenizer {
 }
 
 /// One chat message.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Message {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
-    /// The text.
+    /// The text (an assistant message that only calls tools may leave it out).
+    #[serde(default)]
     pub content: String,
     /// An assistant's tool calls (OpenAI's shape: `[{"id", "type": "function", "function":
     /// {"name", "arguments"}}]`), as templates that take tools read them.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Json>,
     /// The call a `tool` message answers.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
 }
 

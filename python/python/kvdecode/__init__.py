@@ -1,0 +1,486 @@
+"""kvdecode: incremental decoding of transformer language models on WebGPU (Vulkan, Metal, DX12,
+GL), many sequences at once, with a small KV cache.
+
+The seed's calling pattern maps one to one::
+
+    import kvdecode, numpy as np
+    model = kvdecode.load("SmolLM2-135M-Instruct.Q4_1.gguf")
+    engine = kvdecode.Engine(model, rows=4, max_len=512)
+    logits = engine.append(ids, n_new, rows=None)   # ids: right-padded (B, C); logits: (B, vocab)
+
+Everything that waits for the GPU releases the GIL. Errors are :class:`Error` subclasses whose
+message names what was wrong (which row, id, limit); a call that fails leaves the engine as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _kvdecode as _native
+from ._kvdecode import (
+    CHUNK,
+    CacheFull,
+    Completion,
+    DeviceError,
+    DeviceLost,
+    Error,
+    InvalidInput,
+    ModelFileError,
+    Sampler,
+    Token,
+    Turn,
+    device,
+    device_memory,
+)
+
+__all__ = [
+    "CHUNK",
+    "CacheFull",
+    "Completion",
+    "DeviceError",
+    "DeviceLost",
+    "Engine",
+    "Error",
+    "InvalidInput",
+    "Model",
+    "ModelFileError",
+    "Rollouts",
+    "Sampler",
+    "Scheduler",
+    "Token",
+    "Tokenizer",
+    "Turn",
+    "device",
+    "device_memory",
+    "load",
+]
+
+__version__ = "0.1.0"
+
+SamplerArg = Union[None, Sampler, Sequence[Sampler]]
+"""One sampler for every row, one per row, or ``None`` for greedy."""
+
+
+def _as_numpy(x: Any, what: str) -> np.ndarray:
+    """An array-like (numpy, a CPU torch tensor, anything with ``__array__`` or DLPack, lists)
+    as a numpy array, without a copy where the source allows it."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__dlpack__") and not hasattr(x, "__array__"):
+        try:
+            return np.from_dlpack(x)
+        except Exception as e:  # noqa: BLE001
+            raise InvalidInput(f"invalid input: {what}: cannot read it as an array on the CPU ({e})") from e
+    try:
+        a = np.asarray(x)
+    except Exception as e:  # noqa: BLE001 - a GPU tensor, a ragged list ...
+        raise InvalidInput(f"invalid input: {what}: cannot read it as an array on the CPU ({e})") from e
+    if a.dtype == object:
+        raise InvalidInput(f"invalid input: {what}: cannot read {type(x).__name__} as an array of numbers")
+    return a
+
+
+def _int_array(x: Any, what: str, ndim: Tuple[int, ...]) -> np.ndarray:
+    a = _as_numpy(x, what)
+    if a.ndim not in ndim:
+        dims = " or ".join(f"{d}-D" for d in ndim)
+        raise InvalidInput(f"invalid input: {what}: expected a {dims} array, got shape {a.shape}")
+    if a.size and a.dtype.kind not in "iu":
+        raise InvalidInput(f"invalid input: {what}: expected integers, got dtype {a.dtype}")
+    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        raise InvalidInput(f"invalid input: {what}: {int(a.max())} is not a token id")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _ids2d(ids: Any) -> np.ndarray:
+    """A chunk of ids as a contiguous int64 ``(B, C)`` array; 1-D is one row."""
+    a = _int_array(ids, "ids", (1, 2))
+    return a[None, :] if a.ndim == 1 else a
+
+
+def _int_list(x: Any, what: str) -> List[int]:
+    return _int_array(x, what, (0, 1)).reshape(-1).tolist()
+
+
+def _opt_int_list(x: Any, what: str) -> Optional[List[int]]:
+    return None if x is None else _int_list(x, what)
+
+
+class Tokenizer:
+    """A model's tokenizer and chat template (Hugging Face's tokenizers underneath)."""
+
+    def __init__(self, native: _native.Tokenizer):
+        self._t = native
+
+    def encode(self, text: str) -> List[int]:
+        """Token ids of ``text``; special tokens written in it are parsed, BOS added when the
+        model asks for it."""
+        return self._t.encode(text)
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``."""
+        return self._t.decode(_int_list(ids, "ids"), skip_special_tokens)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Optional[Sequence[Mapping[str, Any]]] = None,
+        tokenize: bool = False,
+    ) -> Union[str, List[int]]:
+        """Render the model's chat template (Jinja, run under limits: it comes from the model
+        file) for ``messages`` (``{"role", "content"}`` dicts, OpenAI-style ``tool_calls``
+        allowed). ``tokenize=True`` returns token ids, as in Hugging Face transformers."""
+        try:
+            messages_json = json.dumps(list(messages))
+            tools_json = None if tools is None else json.dumps(list(tools))
+        except (TypeError, ValueError) as e:
+            raise InvalidInput(f"invalid input: messages: not JSON-serializable ({e})") from e
+        return self._t.apply_chat_template_json(messages_json, add_generation_prompt, tools_json, tokenize)
+
+    def token_id(self, token: str) -> Optional[int]:
+        """The id of a token string, or ``None``."""
+        return self._t.token_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        """Vocabulary size, added tokens included."""
+        return self._t.vocab_size
+
+    @property
+    def end_of_turn(self) -> List[int]:
+        """Ids that end an assistant turn (EOS and the usual end-of-turn markers)."""
+        return self._t.end_of_turn
+
+    def __repr__(self) -> str:
+        return repr(self._t)
+
+
+class Model:
+    """A model's weights on the CPU, and its tokenizer when the files carry one. Build engines
+    from it; the weights can be dropped once the engines exist."""
+
+    def __init__(self, native: _native.Model):
+        self._m = native
+        t = native.tokenizer
+        self.tokenizer: Optional[Tokenizer] = None if t is None else Tokenizer(t)
+        """The tokenizer, or ``None`` (kvdecode safetensors files and the demo model have none)."""
+
+    @staticmethod
+    def demo() -> "Model":
+        """The built-in demo model: seeded random weights in the TinyAgent layout (global and
+        sliding-window layers, Engram), vocabulary 512. Needs no download."""
+        return Model(_native.Model.demo())
+
+    @staticmethod
+    def random(**shape: int) -> "Model":
+        """A seeded random TinyAgent-layout model. Keywords (defaults): vocab=256, d_model=64,
+        heads=4, kv_heads=2, head_dim=16, ffn=128, layers=4, group=2, window=8, seed=7."""
+        return Model(_native.Model.random(**shape))
+
+    @property
+    def config(self) -> dict:
+        """The model's configuration (layers, heads, window, RoPE, ...)."""
+        return json.loads(self._m.config_json)
+
+    @property
+    def vocab(self) -> int:
+        """Vocabulary size: the width of the logits."""
+        return self._m.vocab
+
+    def reference_logits(self, tokens: Any) -> np.ndarray:
+        """Logits ``(len(tokens), vocab)`` from kvdecode's CPU reference (f32, no cache): what the
+        GPU engine is tested against. Slow; for tests."""
+        return self._m.reference_logits(_int_array(tokens, "tokens", (1,)))
+
+    def __repr__(self) -> str:
+        return repr(self._m)
+
+
+def load(path: Union[str, os.PathLike]) -> Model:
+    """Load a GGUF file, a Hugging Face model directory (``config.json``, ``*.safetensors``,
+    ``tokenizer.json``) or a kvdecode safetensors file. Model files are untrusted input: a bad one
+    raises :class:`ModelFileError` naming the tensor or field."""
+    return Model(_native.load(path))
+
+
+class Engine:
+    """The model's weights on the GPU and a KV cache of ``rows`` rows of ``max_len`` tokens.
+
+    Args:
+        model: a :class:`Model`.
+        rows: sequences decoded side by side.
+        max_len: capacity of each row, in tokens.
+        kv: K/V storage, ``"f32"`` (default, exact against the reference), ``"f16"`` or ``"bf16"``
+            (half the memory).
+        weights: ``"f32"`` or ``"f16"`` for weights that are not already quantized or 16-bit.
+        rollback: tokens a row can roll back exactly; also bounds ``decode_steps`` windows
+            (``rollback + 1`` steps).
+        beyond_trained_context: allow ``max_len`` past the model's trained context.
+
+    A row's results never depend on what else is in the batch or how its tokens were chunked
+    (bit for bit). One engine is used from one thread at a time.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        rows: int,
+        max_len: int,
+        *,
+        kv: str = "f32",
+        weights: str = "f32",
+        rollback: int = 8,
+        beyond_trained_context: bool = False,
+    ):
+        if not isinstance(model, Model):
+            raise InvalidInput(f"invalid input: model: expected a kvdecode.Model, got {type(model).__name__}")
+        self._e = _native.Engine(
+            model._m, rows, max_len, kv=kv, weights=weights, rollback=rollback,
+            beyond_trained_context=beyond_trained_context,
+        )
+
+    def append(self, ids: Any, n_new: Any = None, rows: Any = None) -> np.ndarray:
+        """Feed a right-padded chunk ``ids`` of shape ``(B, C)`` (a 1-D array is one row); row
+        ``b`` has ``n_new[b]`` real tokens (default ``C``; 0 leaves the row untouched).
+        ``rows``: the cache rows ``ids`` refers to (a sub-batch); by default ``ids`` covers every
+        cache row in order, as in the seed.
+
+        Returns float32 logits ``(B, vocab)`` at each row's last new token, a numpy array that
+        owns the engine's readback (no copy); rows with ``n_new == 0`` are NaN."""
+        return self._e.append(_ids2d(ids), _opt_int_list(n_new, "n_new"), _opt_int_list(rows, "rows"))
+
+    def append_sample(
+        self, ids: Any, n_new: Any = None, rows: Any = None, sampler: SamplerArg = None
+    ) -> Tuple[List[Optional[int]], List[Optional[float]]]:
+        """:meth:`append`, but each row's next token is sampled on the GPU and only the ids (and
+        their log-probabilities) are read back. Rows that received no token give ``None``."""
+        return self._e.append_sample(_ids2d(ids), _opt_int_list(n_new, "n_new"), _opt_int_list(rows, "rows"), sampler)
+
+    def decode_steps(
+        self, rows: Any, first: Any, steps: int, sampler: SamplerArg = None
+    ) -> Tuple[np.ndarray, np.ndarray]:
+        """Multi-step decode with one readback: step 0 feeds ``first[i]`` to ``rows[i]``, each later
+        step the token sampled before, straight from GPU memory. Returns int64 ids and float32
+        log-probabilities, both ``(len(rows), steps)``; the last id of each row is not yet appended
+        (feed it next). ``steps`` is at most :attr:`max_window`."""
+        return self._e.decode_steps(_int_list(rows, "rows"), _int_list(first, "first"), steps, sampler)
+
+    def decode_turns(
+        self,
+        rows: Any,
+        first: Any,
+        max_new: Union[int, Sequence[int]],
+        stop: Union[None, Sequence[int], Sequence[Sequence[int]]] = None,
+        window: Optional[int] = None,
+        sampler: SamplerArg = None,
+    ) -> List[Turn]:
+        """Decode one turn per row: feed ``first[i]``, then sampled tokens, until the row samples a
+        stop id (``stop``: shared by all rows, or one list per row) or has ``max_new`` tokens.
+        ``window`` steps run per readback (default :attr:`max_window`); rows that stopped inside a
+        window are rolled back exactly. The stop token is returned, not appended."""
+        return self._e.decode_turns(_int_list(rows, "rows"), _int_list(first, "first"), max_new, stop, window, sampler)
+
+    def fork(self, src: int, dst: Any) -> None:
+        """Copy row ``src`` (its K/V, sliding-window rings and token history) into each row of
+        ``dst``: they continue from the same prefix without recomputing it."""
+        self._e.fork(int(src), _int_list(dst, "dst"))
+
+    def rollback(self, rows: Any, n: Any) -> None:
+        """Drop the last ``n[i]`` tokens of ``rows[i]``, exactly (at most :meth:`max_rollback`)."""
+        self._e.rollback(_int_list(rows, "rows"), _int_list(n, "n"))
+
+    def reset(self, rows: Any = None) -> None:
+        """Empty ``rows`` (every row when ``None``)."""
+        self._e.reset(_opt_int_list(rows, "rows"))
+
+    def history(self, row: int) -> List[int]:
+        """The token ids row ``row`` holds, in order."""
+        return self._e.history(int(row))
+
+    def max_rollback(self, row: int) -> int:
+        """Tokens row ``row`` can roll back exactly now."""
+        return self._e.max_rollback(int(row))
+
+    @property
+    def lens(self) -> List[int]:
+        """Tokens held by each row."""
+        return self._e.lens
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the KV cache on the GPU."""
+        return self._e.nbytes
+
+    @property
+    def naive_nbytes(self) -> int:
+        """Bytes a cache keeping every layer's K/V for every position would take."""
+        return self._e.naive_nbytes
+
+    @property
+    def rows(self) -> int:
+        """Cache rows."""
+        return self._e.rows
+
+    @property
+    def max_len(self) -> int:
+        """Capacity of each row, in tokens."""
+        return self._e.max_len
+
+    @property
+    def vocab(self) -> int:
+        """Vocabulary size."""
+        return self._e.vocab
+
+    @property
+    def max_window(self) -> int:
+        """Most steps per ``decode_steps`` call or per ``decode_turns`` readback."""
+        return self._e.max_window
+
+    @property
+    def kv(self) -> str:
+        """K/V storage type."""
+        return self._e.kv
+
+    def __repr__(self) -> str:
+        return repr(self._e)
+
+
+class Rollouts:
+    """Multi-turn episodes for RL rollouts, one per engine row: a prompt, turns the model decodes
+    (each with its own stops), tool results appended between turns, forks that continue one
+    prompt in k rows (GRPO groups) without recomputing it, per-token log-probabilities.
+
+    Each row keeps its last token un-appended: the next turn's first step appends it and samples
+    with the row's own sampler, so forked rows draw different answers from the same prompt."""
+
+    def __init__(self, engine: Engine):
+        if not isinstance(engine, Engine):
+            raise InvalidInput(f"invalid input: engine: expected a kvdecode.Engine, got {type(engine).__name__}")
+        self.engine = engine
+        """The engine the episodes live on."""
+        self._r = _native.Rollouts(engine._e)
+
+    def start(self, rows: Any, prompts: Sequence[Any], sampler: SamplerArg = None) -> None:
+        """Reset ``rows`` and prefill ``prompts[i]`` into ``rows[i]`` (one batched append)."""
+        self._r.start(_int_list(rows, "rows"), [_int_list(p, f"prompts[{i}]") for i, p in enumerate(prompts)],
+                      sampler)
+
+    def fork(self, src: int, dst: Any, sampler: SamplerArg = None) -> None:
+        """Continue ``src``'s episode in each row of ``dst``, each with its own sampler."""
+        self._r.fork(int(src), _int_list(dst, "dst"), sampler)
+
+    def tool_result(self, rows: Any, chunks: Sequence[Any]) -> None:
+        """Append ``chunks[i]`` (token ids, e.g. a tool's answer) to ``rows[i]`` after its last
+        turn, batched."""
+        self._r.tool_result(_int_list(rows, "rows"), [_int_list(c, f"chunks[{i}]") for i, c in enumerate(chunks)])
+
+    def decode_turn(
+        self,
+        rows: Any,
+        max_new: Union[int, Sequence[int]],
+        stop: Union[None, Sequence[int], Sequence[Sequence[int]]] = None,
+        window: Optional[int] = None,
+    ) -> List[Turn]:
+        """Decode the next turn on each row (batched), until its stop ids or ``max_new``."""
+        return self._r.decode_turn(_int_list(rows, "rows"), max_new, stop, window)
+
+    def episode(self, row: int) -> Optional[List[Turn]]:
+        """The turns of the episode in ``row`` so far (``None``: no episode there)."""
+        return self._r.episode(int(row))
+
+    def finish(self, row: int) -> Optional[List[Turn]]:
+        """End the episode in ``row`` and return its turns; the row is free again."""
+        return self._r.finish(int(row))
+
+
+class Scheduler:
+    """Continuous batching over an engine's rows: free rows admit queued requests (prompts
+    prefilled ``prefill_chunk`` tokens per step, sharing steps with decoding rows), every step
+    decodes all active rows, tokens stream as they come. A request's tokens do not depend on what
+    else shares the batch, so seeded sampling gives what it gets alone.
+
+    ``step()`` returns the step's :class:`Token` and :class:`Completion` objects in order;
+    ``stream()`` iterates over them until no work is left; ``run()`` returns the completions. Each
+    step releases the GIL while the GPU works."""
+
+    def __init__(self, engine: Engine, prefill_chunk: int = 32):
+        if not isinstance(engine, Engine):
+            raise InvalidInput(f"invalid input: engine: expected a kvdecode.Engine, got {type(engine).__name__}")
+        self.engine = engine
+        """The engine whose rows serve the requests."""
+        self._s = _native.Scheduler(engine._e, prefill_chunk)
+
+    def submit(
+        self,
+        tokens: Any,
+        max_new: int = 32,
+        stop: Any = (),
+        sampler: Optional[Sampler] = None,
+        logit_bias: Optional[Mapping[int, float]] = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+    ) -> int:
+        """Queue a request (prompt ids, at most ``max_new`` new tokens, ending early on a ``stop``
+        id, which is returned but not appended); returns its id. A request that could never fit
+        a row, or has bad ids or parameters, raises here, so nothing fails mid-way."""
+        return self._s.submit(_int_list(tokens, "tokens"), int(max_new), _int_list(list(stop), "stop"), sampler,
+                              _bias(logit_bias), float(presence_penalty), float(frequency_penalty))
+
+    def submit_group(
+        self,
+        tokens: Any,
+        samplers: Sequence[Sampler],
+        max_new: int = 32,
+        stop: Any = (),
+        logit_bias: Optional[Mapping[int, float]] = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+    ) -> List[int]:
+        """Queue one request per sampler sharing the prompt (a GRPO group, OpenAI's ``n``): the
+        prompt is prefilled once and forked on the GPU. Returns the ids in sampler order."""
+        return self._s.submit_group(_int_list(tokens, "tokens"), int(max_new), _int_list(list(stop), "stop"),
+                                    list(samplers), _bias(logit_bias), float(presence_penalty),
+                                    float(frequency_penalty))
+
+    def step(self) -> List[Union[Token, Completion]]:
+        """One step: admit, append a chunk per active row, sample, release finished rows."""
+        return self._s.step()[0]
+
+    def stream(self) -> Iterator[Union[Token, Completion]]:
+        """Step until every request has finished, yielding tokens and completions as they come."""
+        while self.queued or self.active:
+            yield from self._s.step()[0]
+
+    def run(self) -> List[Completion]:
+        """Step until every request has finished; completions in id order."""
+        done = [e for e in self.stream() if isinstance(e, Completion)]
+        return sorted(done, key=lambda c: c.id)
+
+    def cancel(self, request_id: int) -> Optional[Completion]:
+        """Stop a queued or running request now; its completion (tokens so far, finish
+        ``"cancelled"``) or ``None`` when there is no such request."""
+        return self._s.cancel(int(request_id))
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a row."""
+        return self._s.queued
+
+    @property
+    def active(self) -> int:
+        """Requests holding a row."""
+        return self._s.active
+
+    def accounting(self) -> Tuple[int, int, int]:
+        """The seed's accounting in tokens: used (stored for running requests), allocated (a whole
+        row per running request) and reserved (every row of the cache)."""
+        return self._s.accounting()
+
+
+def _bias(logit_bias: Optional[Mapping[int, float]]) -> List[Tuple[int, float]]:
+    return [] if logit_bias is None else [(int(t), float(b)) for t, b in logit_bias.items()]

@@ -1,0 +1,397 @@
+//! The engine: a KV cache of `rows` rows on the GPU and the calls that feed and decode them.
+
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray2, PyReadonlyArray2};
+use pyo3::prelude::*;
+
+use crate::model::Model;
+use crate::{default_gpu, indices, invalid, to_py, token_ids};
+
+/// How a row picks its next token: greedy (temperature 0) or a seeded draw. A draw depends only on
+/// (seed, position, token), so a row's tokens never depend on what else shares the batch.
+#[pyclass(module = "kvdecode._kvdecode", frozen, from_py_object)]
+#[derive(Clone, Copy)]
+pub struct Sampler {
+    pub(crate) inner: kvdecode::Sampler,
+}
+
+#[pymethods]
+impl Sampler {
+    #[new]
+    #[pyo3(signature = (temperature=0.0, seed=0, top_k=0, top_p=1.0))]
+    fn new(temperature: f32, seed: u32, top_k: u32, top_p: f32) -> PyResult<Self> {
+        let inner = kvdecode::Sampler { temperature, seed, top_k, top_p, top_logprobs: 0 };
+        // the check names a row; a sampler built on its own has none yet
+        inner.check(0).map_err(|e| invalid(e.to_string().replace("invalid input: row 0: ", "Sampler: ")))?;
+        Ok(Sampler { inner })
+    }
+
+    /// 0: greedy. Otherwise draws from softmax(logits / temperature).
+    #[getter]
+    fn temperature(&self) -> f32 {
+        self.inner.temperature
+    }
+
+    /// Seed of the row's draws.
+    #[getter]
+    fn seed(&self) -> u32 {
+        self.inner.seed
+    }
+
+    /// Keep the `top_k` most likely tokens (0: all).
+    #[getter]
+    fn top_k(&self) -> u32 {
+        self.inner.top_k
+    }
+
+    /// Then the smallest set reaching probability `top_p` (1: all).
+    #[getter]
+    fn top_p(&self) -> f32 {
+        self.inner.top_p
+    }
+
+    fn __repr__(&self) -> String {
+        let s = &self.inner;
+        format!("Sampler(temperature={}, seed={}, top_k={}, top_p={})", s.temperature, s.seed, s.top_k, s.top_p)
+    }
+}
+
+/// `None` (greedy for all), one `Sampler` for all `n` rows, or a sequence of `n` samplers.
+pub(crate) fn samplers(obj: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Vec<kvdecode::Sampler>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(vec![kvdecode::Sampler::GREEDY; n]);
+    };
+    if let Ok(s) = obj.extract::<Sampler>() {
+        return Ok(vec![s.inner; n]);
+    }
+    let v: Vec<Sampler> =
+        obj.extract().map_err(|_| invalid("sampler: expected None, a Sampler or a sequence of Samplers"))?;
+    if v.len() != n {
+        return Err(invalid(format!("sampler: {} samplers for {n} rows", v.len())));
+    }
+    Ok(v.into_iter().map(|s| s.inner).collect())
+}
+
+/// `max_new` (an int or one per row) and `stop` (None, ids shared by all rows, or one list per
+/// row) as per-row turn limits.
+pub(crate) fn turn_limits(
+    max_new: &Bound<'_, PyAny>,
+    stop: Option<&Bound<'_, PyAny>>,
+    n: usize,
+) -> PyResult<Vec<kvdecode::TurnLimit>> {
+    let max_new: Vec<usize> = match max_new.extract::<i64>() {
+        Ok(m) => indices(&vec![m; n], "max_new")?,
+        Err(_) => {
+            let v: Vec<i64> = max_new.extract().map_err(|_| invalid("max_new: expected an int or one int per row"))?;
+            if v.len() != n {
+                return Err(invalid(format!("max_new: {} values for {n} rows", v.len())));
+            }
+            indices(&v, "max_new")?
+        }
+    };
+    let stop: Vec<Vec<u32>> = match stop.filter(|s| !s.is_none()) {
+        None => vec![Vec::new(); n],
+        Some(s) => match s.extract::<Vec<i64>>() {
+            Ok(shared) => vec![token_ids(&shared, "stop")?; n],
+            Err(_) => {
+                let per_row: Vec<Vec<i64>> = s
+                    .extract()
+                    .map_err(|_| invalid("stop: expected None, a list of ids, or one list of ids per row"))?;
+                if per_row.len() != n {
+                    return Err(invalid(format!("stop: {} lists for {n} rows", per_row.len())));
+                }
+                per_row.iter().enumerate().map(|(i, s)| token_ids(s, &format!("stop[{i}]"))).collect::<PyResult<_>>()?
+            }
+        },
+    };
+    Ok(max_new.into_iter().zip(stop).map(|(max_new, stop)| kvdecode::TurnLimit { max_new, stop }).collect())
+}
+
+/// One decoded turn of a row: the sampled tokens (the stop token included when it stopped on
+/// one), their log-probabilities, and whether it ended on a stop token.
+#[pyclass(module = "kvdecode._kvdecode", frozen)]
+pub struct Turn {
+    /// Sampled token ids.
+    #[pyo3(get)]
+    tokens: Vec<u32>,
+    /// Log-probability of each token under the distribution it was drawn from.
+    #[pyo3(get)]
+    logprobs: Vec<f32>,
+    /// Whether the turn ended on a stop token (else on `max_new`).
+    #[pyo3(get)]
+    stopped: bool,
+}
+
+impl From<kvdecode::Turn> for Turn {
+    fn from(t: kvdecode::Turn) -> Self {
+        Turn { tokens: t.tokens, logprobs: t.logprobs, stopped: t.stopped }
+    }
+}
+
+#[pymethods]
+impl Turn {
+    fn __repr__(&self) -> String {
+        format!("Turn(tokens={:?}, stopped={})", self.tokens, self.stopped)
+    }
+
+    fn __len__(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
+/// The engine: the model's weights on the GPU and a KV cache of `rows` rows of `max_len` tokens.
+#[pyclass(module = "kvdecode._kvdecode")]
+pub struct Engine {
+    pub(crate) inner: kvdecode::Engine,
+}
+
+/// `(ids, width, n_new, rows)` of a right-padded chunk `[R, C]`: `n_new` defaults to `C` per row.
+type Chunk = (Vec<u32>, usize, Vec<usize>, Option<Vec<usize>>);
+
+fn chunk(ids: &PyReadonlyArray2<'_, i64>, n_new: Option<Vec<i64>>, rows: Option<Vec<i64>>) -> PyResult<Chunk> {
+    let (r, c) = ids.as_array().dim();
+    let flat = token_ids(ids.as_slice()?, "ids")?;
+    let n_new = match n_new {
+        Some(n) => {
+            if n.len() != r {
+                return Err(invalid(format!("n_new has {} entries, ids has {r} rows", n.len())));
+            }
+            indices(&n, "n_new")?
+        }
+        None => vec![c; r],
+    };
+    let rows = rows.map(|v| indices(&v, "rows")).transpose()?;
+    Ok((flat, c, n_new, rows))
+}
+
+fn kv_dtype(name: &str) -> PyResult<kvdecode::KvDtype> {
+    kvdecode::KvDtype::parse(name).map_err(to_py)
+}
+
+fn weight_dtype(name: &str) -> PyResult<kvdecode::WeightDtype> {
+    match name {
+        "f32" => Ok(kvdecode::WeightDtype::F32),
+        "f16" => Ok(kvdecode::WeightDtype::F16),
+        other => Err(invalid(format!("weights: {other:?} is not f32 or f16"))),
+    }
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (model, rows, max_len, *, kv="f32", weights="f32", rollback=8, beyond_trained_context=false))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
+    fn new(
+        py: Python<'_>,
+        model: &Model,
+        rows: usize,
+        max_len: usize,
+        kv: &str,
+        weights: &str,
+        rollback: usize,
+        beyond_trained_context: bool,
+    ) -> PyResult<Self> {
+        let opts = kvdecode::EngineOptions {
+            kv: kv_dtype(kv)?,
+            weights: weight_dtype(weights)?,
+            rollback,
+            beyond_trained_context,
+            ..kvdecode::EngineOptions::new(rows, max_len)
+        };
+        let gpu = default_gpu(py)?;
+        let w = model.weights.clone();
+        let inner = py.detach(|| kvdecode::Engine::new(&gpu, &w, opts)).map_err(to_py)?;
+        Ok(Engine { inner })
+    }
+
+    /// Feed a right-padded chunk (native form of `Engine.append`).
+    #[pyo3(signature = (ids, n_new=None, rows=None))]
+    fn append<'py>(
+        &mut self,
+        py: Python<'py>,
+        ids: PyReadonlyArray2<'py, i64>,
+        n_new: Option<Vec<i64>>,
+        rows: Option<Vec<i64>>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let (ids, width, n_new, rows) = chunk(&ids, n_new, rows)?;
+        let e = &mut self.inner;
+        let logits = py.detach(|| e.append(&ids, width, &n_new, rows.as_deref())).map_err(to_py)?;
+        let (n, vocab) = (logits.valid.len(), logits.vocab);
+        let mut data = logits.data;
+        // rows that received no token hold stale values in the engine's buffer: NaN says so
+        for (r, _) in logits.valid.iter().enumerate().filter(|(_, &v)| !v) {
+            data[r * vocab..(r + 1) * vocab].fill(f32::NAN);
+        }
+        let arr = Array2::from_shape_vec((n, vocab), data).map_err(|e| invalid(format!("logits: {e}")))?;
+        Ok(arr.into_pyarray(py))
+    }
+
+    /// Feed a right-padded chunk and sample each row's next token on the GPU (native form).
+    #[pyo3(signature = (ids, n_new=None, rows=None, sampler=None))]
+    #[allow(clippy::type_complexity)]
+    fn append_sample(
+        &mut self,
+        py: Python<'_>,
+        ids: PyReadonlyArray2<'_, i64>,
+        n_new: Option<Vec<i64>>,
+        rows: Option<Vec<i64>>,
+        sampler: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(Vec<Option<u32>>, Vec<Option<f32>>)> {
+        let (ids, width, n_new, rows) = chunk(&ids, n_new, rows)?;
+        let samplers = samplers(sampler, n_new.len())?;
+        let e = &mut self.inner;
+        let got =
+            py.detach(|| e.append_sample_logprobs(&ids, width, &n_new, rows.as_deref(), &samplers)).map_err(to_py)?;
+        Ok(got.into_iter().map(|o| (o.map(|x| x.0), o.map(|x| x.1))).unzip())
+    }
+
+    /// Multi-step decode: `steps` tokens per row with one readback (native form).
+    #[pyo3(signature = (rows, first, steps, sampler=None))]
+    #[allow(clippy::type_complexity)]
+    fn decode_steps<'py>(
+        &mut self,
+        py: Python<'py>,
+        rows: Vec<i64>,
+        first: Vec<i64>,
+        steps: usize,
+        sampler: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>)> {
+        let rows = indices(&rows, "rows")?;
+        let first = token_ids(&first, "first")?;
+        let samplers = samplers(sampler, rows.len())?;
+        let e = &mut self.inner;
+        let got = py.detach(|| e.decode_steps_logprobs(&rows, &first, &samplers, steps)).map_err(to_py)?;
+        let n = got.len();
+        let ids: Vec<i64> = got.iter().flat_map(|(t, _)| t.iter().map(|&x| x as i64)).collect();
+        let lps: Vec<f32> = got.into_iter().flat_map(|(_, l)| l).collect();
+        let ids = Array2::from_shape_vec((n, steps), ids).map_err(|e| invalid(format!("decode_steps: {e}")))?;
+        let lps = Array2::from_shape_vec((n, steps), lps).map_err(|e| invalid(format!("decode_steps: {e}")))?;
+        Ok((ids.into_pyarray(py), lps.into_pyarray(py)))
+    }
+
+    /// Decode one turn per row until a stop token or `max_new` (native form).
+    #[pyo3(signature = (rows, first, max_new, stop=None, window=None, sampler=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn decode_turns(
+        &mut self,
+        py: Python<'_>,
+        rows: Vec<i64>,
+        first: Vec<i64>,
+        max_new: &Bound<'_, PyAny>,
+        stop: Option<&Bound<'_, PyAny>>,
+        window: Option<usize>,
+        sampler: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<Turn>> {
+        let rows = indices(&rows, "rows")?;
+        let first = token_ids(&first, "first")?;
+        let limits = turn_limits(max_new, stop, rows.len())?;
+        let samplers = samplers(sampler, rows.len())?;
+        let window = window.unwrap_or(self.inner.max_window());
+        let e = &mut self.inner;
+        let turns =
+            py.detach(|| e.decode_turns(&rows, &first, &samplers, &limits, window, &|_, _| false)).map_err(to_py)?;
+        Ok(turns.into_iter().map(Turn::from).collect())
+    }
+
+    /// Copy row `src` (its K/V, ring and history) into each row of `dst`.
+    fn fork(&mut self, py: Python<'_>, src: i64, dst: Vec<i64>) -> PyResult<()> {
+        let src = indices(&[src], "src")?[0];
+        let dst = indices(&dst, "dst")?;
+        let e = &mut self.inner;
+        py.detach(|| e.fork(src, &dst)).map_err(to_py)
+    }
+
+    /// Drop the last `n[i]` tokens of row `rows[i]` (exact, up to `max_rollback(row)` tokens).
+    fn rollback(&mut self, py: Python<'_>, rows: Vec<i64>, n: Vec<i64>) -> PyResult<()> {
+        let rows = indices(&rows, "rows")?;
+        let n = indices(&n, "n")?;
+        let e = &mut self.inner;
+        py.detach(|| e.rollback(&rows, &n)).map_err(to_py)
+    }
+
+    /// Empty `rows` (all rows when `None`).
+    #[pyo3(signature = (rows=None))]
+    fn reset(&mut self, py: Python<'_>, rows: Option<Vec<i64>>) -> PyResult<()> {
+        let rows = match rows {
+            Some(r) => indices(&r, "rows")?,
+            None => (0..self.inner.cache().rows()).collect(),
+        };
+        let e = &mut self.inner;
+        py.detach(|| e.reset(&rows)).map_err(to_py)
+    }
+
+    /// Tokens held by each row.
+    #[getter]
+    fn lens(&self) -> Vec<usize> {
+        self.inner.cache().lens().to_vec()
+    }
+
+    /// The token ids row `row` holds, in order.
+    fn history(&self, row: usize) -> PyResult<Vec<u32>> {
+        if row >= self.inner.cache().rows() {
+            return Err(invalid(format!(
+                "history: row {row} is outside the cache ({} rows)",
+                self.inner.cache().rows()
+            )));
+        }
+        Ok(self.inner.cache().history(row).to_vec())
+    }
+
+    /// Tokens row `row` can roll back exactly now.
+    fn max_rollback(&self, row: usize) -> PyResult<usize> {
+        if row >= self.inner.cache().rows() {
+            return Err(invalid(format!(
+                "max_rollback: row {row} is outside the cache ({} rows)",
+                self.inner.cache().rows()
+            )));
+        }
+        Ok(self.inner.cache().max_rollback(row))
+    }
+
+    /// Bytes of the KV cache on the GPU.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.inner.cache().nbytes()
+    }
+
+    /// Bytes a cache that kept every layer's K/V for every position would take.
+    #[getter]
+    fn naive_nbytes(&self) -> u64 {
+        self.inner.cache().naive_nbytes()
+    }
+
+    /// Cache rows.
+    #[getter]
+    fn rows(&self) -> usize {
+        self.inner.cache().rows()
+    }
+
+    /// Capacity of each row, in tokens.
+    #[getter]
+    fn max_len(&self) -> usize {
+        self.inner.cache().max_len()
+    }
+
+    /// Vocabulary size (columns of the logits).
+    #[getter]
+    fn vocab(&self) -> usize {
+        self.inner.config().vocab
+    }
+
+    /// Most steps one `decode_steps` call (or one readback of `decode_turns`) can take.
+    #[getter]
+    fn max_window(&self) -> usize {
+        self.inner.max_window()
+    }
+
+    /// K/V storage type (`f32`, `f16` or `bf16`).
+    #[getter]
+    fn kv(&self) -> &'static str {
+        self.inner.cache().dtype().name()
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.inner.cache();
+        format!("Engine(rows={}, max_len={}, kv={:?}, nbytes={})", c.rows(), c.max_len(), c.dtype().name(), c.nbytes())
+    }
+}

@@ -1,0 +1,292 @@
+"""The Python package against kvdecode's CPU reference, the Rust API and itself (batched vs alone).
+
+Random tests print their seed. Run with `bash scripts/test-python.sh` (builds the wheel first)."""
+
+import gc
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvdecode
+
+TOL = 1e-4  # engine vs reference, as in the Rust tests (f32 K/V)
+ROOT = Path(__file__).resolve().parents[2]
+# tiny random GGUF models the fuzzing seeds carry (scripts/fuzz-seeds makes them)
+GGUF_Q4_1 = ROOT / "fuzz/seeds/gguf/llama-q4_1.gguf"
+GGUF_CHATML = ROOT / "fuzz/seeds/gguf/llama-f32-chatml.gguf"
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return kvdecode.Model.demo()
+
+
+def test_seed_calling_pattern_matches_reference(demo):
+    """Right-padded chunks, sub-batches and resets, as the seed's training loop calls `append`;
+    every row's logits equal the reference on that row's own token stream."""
+    seed = int(os.environ.get("KVDECODE_SEED", "12345"))
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    rows, max_len = 3, 96
+    engine = kvdecode.Engine(demo, rows=rows, max_len=max_len)
+    streams = [[] for _ in range(rows)]
+    checked = 0
+    for step in range(10):
+        if step == 6:  # reset one row mid-way: it starts over
+            engine.reset([1])
+            streams[1] = []
+        sub = sorted(rng.choice(rows, size=int(rng.integers(1, rows + 1)), replace=False).tolist())
+        n_new = [int(rng.integers(0, 9)) if max_len - len(streams[r]) > 8 else 0 for r in sub]
+        if max(n_new) == 0:
+            continue
+        width = max(n_new)
+        ids = np.zeros((len(sub), width), dtype=np.int64)  # right padding: zeros, never stored
+        for i, (r, n) in enumerate(zip(sub, n_new)):
+            toks = rng.integers(0, demo.vocab, size=n)
+            ids[i, :n] = toks
+            streams[r].extend(toks.tolist())
+        logits = engine.append(ids, n_new, rows=sub if len(sub) < rows else None)
+        assert logits.shape == (len(sub), demo.vocab) and logits.dtype == np.float32
+        for i, (r, n) in enumerate(zip(sub, n_new)):
+            if n == 0:
+                assert np.isnan(logits[i]).all(), "rows that got no token are NaN"
+                continue
+            ref = demo.reference_logits(streams[r])[-1]
+            diff = float(np.abs(ref - logits[i]).max())
+            assert diff < TOL, f"step {step} row {r}: max |diff| {diff}"
+            checked += 1
+    assert engine.lens == [len(s) for s in streams]
+    assert checked >= 5
+    assert [engine.history(r) for r in range(rows)] == streams
+
+
+def test_logits_bit_equal_to_rust_api(tmp_path):
+    """The same appends through Python and through the Rust API (`examples/logits.rs`, built by
+    scripts/test-python.sh) give the same bits, on a quantized GGUF model."""
+    binary = Path(os.environ.get("KVDECODE_LOGITS_BIN", ROOT / "target/release/examples/logits"))
+    assert binary.exists(), f"{binary} is missing: cargo build --release --example logits"
+    model_path = str(GGUF_Q4_1)
+    model = kvdecode.load(model_path)
+    tokens = np.random.default_rng(5).integers(0, model.vocab, size=14)
+    prefill = 9
+    np.save(tmp_path / "tokens.npy", tokens)
+    subprocess.run([binary, "--model", model_path, "--tokens", str(tmp_path / "tokens.npy"), "--prefill",
+                    str(prefill), "--out", str(tmp_path / "rust.npy")], check=True)
+    rust = np.load(tmp_path / "rust.npy")
+    engine = kvdecode.Engine(model, rows=1, max_len=64)
+    ours = [engine.append(tokens[:prefill])[0]]
+    for t in tokens[prefill:]:
+        ours.append(engine.append([[t]])[0])
+    ours = np.stack(ours)
+    assert rust.shape == ours.shape
+    assert np.array_equal(rust.view(np.uint32), ours.view(np.uint32)), "logits differ in some bit"
+
+
+def test_batched_equals_alone_bitwise(demo):
+    """A row's logits never depend on what else is in the batch or how it was chunked."""
+    toks = [7, 300, 12, 99, 5, 41, 17, 250, 3, 8, 60]
+    alone = kvdecode.Engine(demo, rows=1, max_len=64)
+    a = alone.append(toks)[0]
+    batched = kvdecode.Engine(demo, rows=3, max_len=64)
+    ids = np.zeros((3, 6), dtype=np.int64)
+    ids[0, :5] = toks[:5]
+    ids[1, :6] = [1, 2, 3, 4, 5, 6]
+    ids[2, :2] = [9, 9]
+    batched.append(ids, [5, 6, 2])
+    b = batched.append(np.array([toks[5:], [7] * 6, [0] * 6]), [6, 6, 0])[0]
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+class DLPackOnly:
+    """What a CPU torch tensor offers besides `__array__`: the DLPack protocol, here alone."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, **kw):
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+class ArrayLike:
+    """Anything with `__array__` (pandas, CPU torch tensors, xarray ...)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __array__(self, dtype=None, copy=None):
+        return self._a if dtype is None else self._a.astype(dtype)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda t: t.tolist(),
+        lambda t: t.astype(np.int32),
+        lambda t: t.astype(np.uint16),
+        lambda t: np.asfortranarray(t),
+        lambda t: np.repeat(t, 2, axis=-1)[..., ::2],  # strided, not contiguous
+        ArrayLike,
+        DLPackOnly,
+    ],
+    ids=["list", "int32", "uint16", "fortran", "view", "__array__", "dlpack"],
+)
+def test_array_inputs(demo, make):
+    ids = np.array([[5, 6, 7], [9, 10, 0]], dtype=np.int64)
+    want = kvdecode.Engine(demo, rows=2, max_len=16).append(ids, [3, 2])
+    got = kvdecode.Engine(demo, rows=2, max_len=16).append(make(ids), make(np.array([3, 2])))
+    assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+
+
+def test_logits_are_not_copied(demo):
+    """The returned array views the buffer the engine read back into (numpy does not own it:
+    its base keeps the Rust allocation alive)."""
+    out = kvdecode.Engine(demo, rows=1, max_len=8).append([1, 2])
+    assert not out.flags["OWNDATA"] and out.base is not None and out.flags["C_CONTIGUOUS"]
+
+
+def bad_calls(e):
+    return [
+        (kvdecode.InvalidInput, "outside the vocabulary", lambda: e.append([[600]], rows=[1])),
+        (kvdecode.InvalidInput, "ids[0] = -1 is not a token id", lambda: e.append([[-1]], rows=[0])),
+        (kvdecode.InvalidInput, "rows", lambda: e.append([[1]], rows=[5])),
+        (kvdecode.InvalidInput, "n_new", lambda: e.append([[1, 2]], [1, 1], rows=[0])),
+        (kvdecode.InvalidInput, "chunk rows", lambda: e.append([[1]])),
+        (kvdecode.InvalidInput, "integers", lambda: e.append([[1.5]], rows=[0])),
+        (kvdecode.InvalidInput, "2-D", lambda: e.append(np.zeros((1, 1, 1), dtype=np.int64))),
+        (kvdecode.InvalidInput, "ids: cannot read", lambda: e.append([[1], [2, 3]])),  # ragged
+        (kvdecode.CacheFull, "max_len 16", lambda: e.append(np.ones((1, 20), dtype=np.int64), rows=[1])),
+        (kvdecode.InvalidInput, "roll back", lambda: e.rollback([0], [9])),
+        (kvdecode.InvalidInput, "samplers for", lambda: e.append_sample([[1], [2]], sampler=[kvdecode.Sampler()])),
+        (kvdecode.InvalidInput, "steps", lambda: e.decode_steps([0], [1], 50)),
+        (kvdecode.InvalidInput, "max_new", lambda: e.decode_turns([0, 1], [1, 1], [3])),
+    ]
+
+
+def test_bad_input_raises_and_changes_nothing(demo):
+    e = kvdecode.Engine(demo, rows=2, max_len=16)
+    e.append([[1, 2, 3], [4, 5, 0]], [3, 2])
+    before = (e.lens, e.history(0), e.history(1))
+    for cls, words, call in bad_calls(e):
+        with pytest.raises(cls) as info:
+            call()
+        assert words in str(info.value), f"{cls.__name__}: {info.value!r} does not say {words!r}"
+        assert isinstance(info.value, kvdecode.Error)
+        assert (e.lens, e.history(0), e.history(1)) == before, f"state changed by: {info.value}"
+    with pytest.raises(kvdecode.InvalidInput, match="top_p"):
+        kvdecode.Sampler(top_p=2.0)
+    with pytest.raises(kvdecode.InvalidInput, match="K/V type \"f8\""):
+        kvdecode.Engine(demo, rows=1, max_len=8, kv="f8")
+    with pytest.raises(kvdecode.ModelFileError):
+        kvdecode.load(os.devnull)
+    # the engine still works after all of it
+    assert e.append([[6], [7]]).shape == (2, demo.vocab)
+
+
+def test_fork_rollback_decode(demo):
+    e = kvdecode.Engine(demo, rows=3, max_len=64, rollback=4)
+    e.append([3, 4, 5, 6], rows=[0])
+    e.fork(0, [1, 2])
+    assert e.lens == [4, 4, 4] and e.history(2) == [3, 4, 5, 6]
+    ids, lps = e.decode_steps([0, 1, 2], [7, 7, 7], 3, sampler=kvdecode.Sampler(0.9, seed=11))
+    assert ids.shape == (3, 3) and lps.shape == (3, 3) and (lps <= 0).all()
+    assert (ids[0] == ids[1]).all() and (ids[1] == ids[2]).all(), "same seed, same prefix: same draws"
+    e.rollback([1], [2])
+    assert e.lens == [7, 5, 7]
+    # the rolled-back row decodes the same tokens again
+    again, _ = e.decode_steps([1], [int(ids[1, 0])], 2, sampler=kvdecode.Sampler(0.9, seed=11))
+    assert again[0].tolist() == ids[1, 1:].tolist()
+    turns = e.decode_turns([0, 2], [int(ids[0, 2]), int(ids[2, 2])], max_new=[5, 2], stop=[[], []])
+    assert [len(t) for t in turns] == [5, 2] and not turns[0].stopped
+    e.reset()
+    assert e.lens == [0, 0, 0]
+
+
+def test_rollouts_with_forks_and_tool_results(demo):
+    """GRPO-style: one prompt forked into 3 rows with different seeds, a tool result, a second
+    turn. The same episodes come back when each row runs alone on a fresh engine."""
+    prompt = [10, 11, 12, 13, 14]
+    tool = [[40, 41], [42], [43, 44, 45]]
+    samplers = [kvdecode.Sampler(0.8, seed=s) for s in (1, 2, 3)]
+    stop = [17, 99]
+
+    e = kvdecode.Engine(demo, rows=3, max_len=64)
+    ro = kvdecode.Rollouts(e)
+    ro.start([0], [prompt], sampler=samplers[0])
+    ro.fork(0, [1, 2], sampler=samplers[1:])
+    first = ro.decode_turn([0, 1, 2], max_new=6, stop=stop)
+    ro.tool_result([0, 1, 2], tool)
+    second = ro.decode_turn([0, 1, 2], max_new=[4, 5, 6], stop=stop)
+    assert ro.episode(1) is not None and len(ro.episode(1)) == 2
+    batched = [ro.finish(r) for r in range(3)]
+    assert ro.episode(0) is None
+    assert len({tuple(t.tokens) for t in first}) > 1, "different seeds drew different turns"
+
+    for r in range(3):
+        alone = kvdecode.Engine(demo, rows=1, max_len=64)
+        ra = kvdecode.Rollouts(alone)
+        ra.start([0], [prompt], sampler=samplers[r])
+        t1 = ra.decode_turn([0], max_new=6, stop=stop)[0]
+        ra.tool_result([0], [tool[r]])
+        t2 = ra.decode_turn([0], max_new=[4, 5, 6][r], stop=stop)[0]
+        assert (t1.tokens, t2.tokens) == (batched[r][0].tokens, batched[r][1].tokens), f"row {r}"
+        assert (t1.logprobs, t2.logprobs) == (batched[r][0].logprobs, batched[r][1].logprobs), f"row {r}"
+        assert first[r].tokens == t1.tokens and second[r].tokens == t2.tokens
+
+
+def test_no_leak_over_many_engines(demo):
+    """Engines give their GPU buffers back when collected, and host memory stays flat."""
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    gc.collect()  # engines of earlier tests
+    base_gpu = kvdecode.device_memory()[0]
+    for _ in range(5):  # warm-up: allocator pools, pipeline caches
+        kvdecode.Engine(demo, rows=2, max_len=64).append([1, 2, 3], rows=[1])
+    gc.collect()
+    start = rss()
+    for i in range(40):
+        e = kvdecode.Engine(demo, rows=2, max_len=64)
+        e.append([1, 2, 3], rows=[1])
+        assert kvdecode.device_memory()[0] > base_gpu
+        del e
+        gc.collect()
+        assert kvdecode.device_memory()[0] == base_gpu, f"engine {i} left buffers behind"
+    grown = rss() - start
+    print(f"RSS grew {grown / 2**20:.1f} MiB over 40 engines")
+    assert grown < 64 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB over 40 engines"
+
+
+def test_tokenizer_and_chat_template():
+    model = kvdecode.load(GGUF_CHATML)
+    tok = model.tokenizer
+    assert tok is not None and tok.vocab_size == model.vocab
+    ids = tok.encode("hello world")
+    assert tok.decode(ids) == "hello world"
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    text = tok.apply_chat_template(msgs)
+    assert "<|im_start|>user" in text and text.endswith("<|im_start|>assistant\n")
+    assert tok.apply_chat_template(msgs, tokenize=True) == tok.encode(text)
+    assert tok.token_id("<|im_end|>") in tok.end_of_turn
+    with pytest.raises(kvdecode.InvalidInput, match="messages"):
+        tok.apply_chat_template([{"role": "user", "content": object()}])
+    with pytest.raises(kvdecode.InvalidInput, match="role"):
+        tok.apply_chat_template([{"content": "no role"}])
+
+
+def test_model_and_module_surface(demo):
+    cfg = demo.config
+    assert cfg["vocab"] == 512 and len(cfg["layers"]) == 6
+    assert demo.tokenizer is None
+    assert "Vulkan" in kvdecode.device() or "Gl" in kvdecode.device() or "GL" in kvdecode.device()
+    e = kvdecode.Engine(demo, rows=2, max_len=256, kv="f16")
+    assert e.kv == "f16" and e.rows == 2 and e.max_len == 256 and e.nbytes < e.naive_nbytes
+    small = kvdecode.Model.random(vocab=64, layers=2, seed=3)
+    assert small.vocab == 64 and small.reference_logits([1, 2]).shape == (2, 64)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The Python package as a user gets it: `pip install ./python` (maturin builds the abi3 wheel in
+# release) into a venv, then pytest against the crate's reference, the Rust API (the `logits`
+# example and `kvdecode generate`) and SmolLM2. Run by .ci/run after scripts/test-openai.sh, whose
+# release build of the command this reuses.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${KVDECODE_PYTHON_VENV:-$HOME/.cache/kvdecode/python-venv}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+# ray: the rollout-workers example runs on a local Ray cluster in the tests
+"$venv/bin/python" -c 'import numpy, pytest, ray' 2>/dev/null ||
+  "$venv/bin/pip" install --quiet numpy==2.4.6 pytest==9.2.0 ray==2.60.0
+bash scripts/fetch-smollm2.sh >/dev/null
+cargo build --release -p kvdecode-cli
+cargo build --release --example logits
+# --no-deps --force-reinstall: rebuild from this tree every time, leave numpy as it is
+"$venv/bin/pip" install --quiet --no-deps --force-reinstall ./python
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+# a local Ray cluster for the example, without the usage-stats prompt and token-auth notice
+export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
+echo "== pytest ($("$venv/bin/python" -c 'import kvdecode; print(kvdecode.device())'))"
+"$venv/bin/python" -m pytest -q python/tests "$@"
