@@ -15,7 +15,8 @@ pub struct GpuOptions {
     /// Lower `max_storage_buffer_binding_size` to this many bytes (tests use it to force every
     /// split: weight row parts, cache shards, narrower chunks).
     pub max_storage_binding: Option<u64>,
-    /// Use only the portable path: request no optional feature, so the subgroup fast path is off.
+    /// Use only the portable kernels: request no optional kernel feature, so the subgroup fast
+    /// path is off (timestamp queries, which change no kernel, are still requested when present).
     /// Defaults to the `KVDECODE_PORTABLE` environment variable being `1` (CI runs the suite both
     /// ways).
     pub portable: bool,
@@ -150,10 +151,12 @@ impl Gpu {
         } else {
             wgpu::Features::empty()
         };
+        // timestamp queries change no kernel; they let the bench time each kernel class
+        let timing = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kvdecode"),
-                required_features: fast_features,
+                required_features: fast_features | timing,
                 required_limits: limits.clone(),
                 ..Default::default()
             })

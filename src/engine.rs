@@ -123,6 +123,7 @@ enum Grid {
 }
 
 struct Dispatch {
+    kernel: Kernel,
     pipeline: Arc<wgpu::ComputePipeline>,
     bind: wgpu::BindGroup,
     grid: Grid,
@@ -211,6 +212,10 @@ pub struct Engine {
     /// Per-row logit bias and token mask.
     sampling: RowSampling,
     stats: Stats,
+    /// Timestamp queries for [`Engine::profile_step`], made on its first call.
+    profiler: Option<crate::profile::Profiler>,
+    /// Whether the next submit is profiled (one pass per dispatch, timestamps around each).
+    profiling: bool,
     /// Bytes of buffers this engine counts against the device's memory budget.
     gpu_bytes: u64,
 }
@@ -248,6 +253,7 @@ impl Builder<'_> {
             _ => kernel.workgroup_size(),
         };
         Dispatch {
+            kernel,
             pipeline: self.pipelines.get(kernel, &constants),
             bind: self.pipelines.bind(kernel, buffers),
             grid,
@@ -737,6 +743,8 @@ impl Engine {
             bias_dispatch,
             sampling,
             stats: Stats::default(),
+            profiler: None,
+            profiling: false,
             gpu_bytes: 0,
         })
     }
@@ -889,6 +897,93 @@ impl Engine {
     /// nobody needs): the call returns as soon as the work is submitted.
     pub fn feed(&mut self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<()> {
         self.run(ids, width, n_new, rows, None, Output::None).map(|_| ())
+    }
+
+    /// One append (at most [`Engine::chunk_width`] tokens per row, so one submit), with every
+    /// dispatch timed by timestamp queries: GPU time per kernel class. The append itself is real
+    /// (the rows advance); with `samplers` the step also samples, as a decode step does. For
+    /// benchmarks: the dispatches run in separate passes and the call waits for the timestamps.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn profile_step(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: Option<&[Sampler]>,
+    ) -> Result<crate::profile::Profile> {
+        if width > self.chunk {
+            return Err(Error::Input(format!(
+                "profile_step: width {width} is more than one chunk ({} tokens per row)",
+                self.chunk
+            )));
+        }
+        if let Some(sm) = samplers {
+            if sm.len() != n_new.len() {
+                return Err(Error::Input(format!("profile_step: {} samplers for {} rows", sm.len(), n_new.len())));
+            }
+        }
+        if self.profiler.is_none() {
+            let most = self.chunk_dispatches.len() + self.all_head_dispatches.len().max(self.head_dispatches.len()) + 2;
+            self.profiler = Some(crate::profile::Profiler::new(&self.gpu.device, most)?);
+        }
+        self.profiling = true;
+        let ran = self.run(ids, width, n_new, rows, samplers, Output::None);
+        self.profiling = false;
+        if !ran? {
+            return Ok(Default::default());
+        }
+        let p = self.profiler.as_ref().expect("made above");
+        let got = p.read(&self.gpu);
+        self.gpu.check()?;
+        got
+    }
+
+    /// The device's copy bandwidth in bytes per second (read plus write), from a plain copy
+    /// kernel over `bytes` bytes timed with timestamp queries (best of 3): the limit the bench's
+    /// effective weight bandwidth is a fraction of.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn copy_bandwidth(&self, bytes: u64) -> Result<f64> {
+        let bytes = bytes.min(self.gpu.max_binding()) / 16 * 16;
+        if bytes == 0 {
+            return Err(Error::Input("copy_bandwidth: no bytes to copy".into()));
+        }
+        let mut p = crate::profile::Profiler::new(&self.gpu.device, 1)?;
+        let usage = wgpu::BufferUsages::STORAGE;
+        let buf = |label| {
+            self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        let (src, dst) = (buf("copy src"), buf("copy dst"));
+        let n4 = (bytes / 16) as usize;
+        let wg = Kernel::Copy.workgroup_size() as usize;
+        let pipeline = self.pipelines.get(Kernel::Copy, &vec![("N4", n4 as f64)]);
+        let bind = self.pipelines.bind(Kernel::Copy, &[&src, &dst]);
+        let groups = n4.div_ceil(wg);
+        let (x, y) = (groups.min(65535), groups.div_ceil(65535));
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("copy bandwidth"),
+                    timestamp_writes: p.writes(0),
+                });
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bind, &[]);
+                pass.dispatch_workgroups(x as u32, y as u32, 1);
+            }
+            p.recorded = vec![Kernel::Copy];
+            p.resolve(&mut enc);
+            self.gpu.queue.submit([enc.finish()]);
+            best = best.min(p.read(&self.gpu)?.total());
+        }
+        self.gpu.check()?;
+        Ok(2.0 * bytes as f64 / best)
     }
 
     /// Like [`Engine::append`], but samples on the GPU and reads back only the ids: `samplers[r]`
@@ -1094,26 +1189,41 @@ impl Engine {
             enc.copy_buffer_to_buffer(&self.s.sampled, 0, &self.s.ids, 0, (r_n * 4) as u64);
         }
         {
-            let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("chunk"), timestamp_writes: None });
             let head = match out {
                 Output::AllLogits => &self.all_head_dispatches,
                 _ => &self.head_dispatches,
             };
-            let mut n_disp = 0;
-            for d in self.chunk_dispatches.iter().chain(head) {
-                d.record(&mut pass, r_n, c);
-                n_disp += 1;
-            }
+            let mut all: Vec<&Dispatch> = self.chunk_dispatches.iter().chain(head).collect();
             if samplers.is_some() {
                 if self.sampling.any_bias(cache_rows) {
-                    self.bias_dispatch.record(&mut pass, r_n, c);
-                    n_disp += 1;
+                    all.push(&self.bias_dispatch);
                 }
-                self.sample_dispatch.record(&mut pass, r_n, c);
-                n_disp += 1;
+                all.push(&self.sample_dispatch);
             }
-            self.stats.dispatches += n_disp;
+            match self.profiler.as_mut().filter(|_| self.profiling) {
+                // profiled: one pass per dispatch, timestamps around each
+                Some(p) => {
+                    for (i, d) in all.iter().enumerate() {
+                        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                            label: Some("profiled"),
+                            timestamp_writes: p.writes(i),
+                        });
+                        d.record(&mut pass, r_n, c);
+                    }
+                    p.recorded = all.iter().map(|d| d.kernel).collect();
+                    p.resolve(&mut enc);
+                }
+                None => {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("chunk"),
+                        timestamp_writes: None,
+                    });
+                    for d in &all {
+                        d.record(&mut pass, r_n, c);
+                    }
+                }
+            }
+            self.stats.dispatches += all.len() as u64;
         }
         match out {
             Output::None => {}

@@ -34,6 +34,7 @@ mod gpu_weights;
 pub mod hf;
 pub mod model_file;
 pub mod npy;
+pub mod profile;
 pub mod quant;
 pub mod reference;
 #[cfg(not(target_arch = "wasm32"))]
@@ -55,6 +56,7 @@ pub use device::{Gpu, GpuOptions};
 pub use engine::{Engine, EngineOptions, Logits, Stats, Turn, TurnLimit, CHUNK};
 pub use error::{Error, Result};
 pub use gpu_weights::WeightDtype;
+pub use profile::Profile;
 #[cfg(not(target_arch = "wasm32"))]
 pub use rollout::{Episode, Rollouts};
 pub use sampling::{argmax, sample_cpu, sample_cpu_full, Sampled, Sampler, TOP_LOGPROBS_MAX};

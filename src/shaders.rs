@@ -45,11 +45,13 @@ pub enum Kernel {
     /// Fast path of [`Kernel::Matmul`] with subgroups (`matmul.wgsl` + `matmul_subgroup.wgsl`);
     /// built only on devices with the `subgroups` feature.
     MatmulSubgroup,
+    /// A plain copy (`copy.wgsl`): the device's copy bandwidth, the bench's yardstick.
+    Copy,
 }
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 13] = [
+    pub const ALL: [Kernel; 14] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -63,6 +65,7 @@ impl Kernel {
         Kernel::EngramGather,
         Kernel::EngramMix,
         Kernel::MatmulSubgroup,
+        Kernel::Copy,
     ];
 
     /// The WGSL file name under `shaders/`.
@@ -81,6 +84,7 @@ impl Kernel {
             Kernel::EngramGather => "engram_gather.wgsl",
             Kernel::EngramMix => "engram_mix.wgsl",
             Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
+            Kernel::Copy => "copy.wgsl",
         }
     }
 
@@ -112,6 +116,7 @@ impl Kernel {
             Kernel::LogitBias => include_str!("../shaders/logit_bias.wgsl"),
             Kernel::EngramGather => include_str!("../shaders/engram_gather.wgsl"),
             Kernel::EngramMix => include_str!("../shaders/engram_mix.wgsl"),
+            Kernel::Copy => include_str!("../shaders/copy.wgsl"),
             // the portable kernel's bindings and helpers, plus the subgroup entry point
             Kernel::MatmulSubgroup => {
                 return format!(
@@ -142,6 +147,7 @@ impl Kernel {
             Kernel::EngramGather => &[Uniform, Read, Read, Read, Read, Read, Read, ReadWrite],
             Kernel::EngramMix => &[Uniform, Read, Read, ReadWrite],
             Kernel::MatmulSubgroup => &[Uniform, Read, Read, ReadWrite],
+            Kernel::Copy => &[Read, ReadWrite],
         }
     }
 

@@ -24,6 +24,7 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
         }
         Kernel::EngramMix => &[("D", 64.0), ("EPS", 1e-6)],
         Kernel::MatmulSubgroup => &[("K", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0), ("SG", 8.0)],
+        Kernel::Copy => &[("N4", 1024.0)],
     }
 }
 

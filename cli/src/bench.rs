@@ -1,9 +1,10 @@
-//! `kvdecode bench`: prefill and decode throughput per K/V type, rows and context, and multi-step
-//! decode (several steps per readback), printed as markdown tables.
+//! `kvdecode bench`: prefill and decode throughput per K/V type, rows and context, GPU time per
+//! kernel class (timestamp queries) against the device's copy bandwidth, and multi-step decode
+//! (several steps per readback), printed as markdown tables.
 
 use std::time::Instant;
 
-use kvdecode::{Engine, EngineOptions, Gpu, KvDtype, Sampler, SplitMix64, WeightDtype};
+use kvdecode::{Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Profile, Sampler, SplitMix64, WeightDtype};
 
 use crate::common::{load_model, Result};
 
@@ -95,6 +96,7 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
+    profile_table(&gpu, &model, &a.weights, &rows_list, &ctx_list, steps)?;
     // multi-step decode: the host enqueues `window` steps, then reads all their ids at once
     let windows = a.windows;
     let total = 32;
@@ -130,6 +132,76 @@ pub fn run(a: Args) -> Result<()> {
                 (rows * steps) as f64 / secs,
                 1000.0 * secs / steps as f64,
                 total / w
+            );
+        }
+    }
+    Ok(())
+}
+
+/// GPU time of a decode step per kernel class, from timestamp queries around every dispatch (f32
+/// K/V), with the weights' effective bandwidth as a fraction of the device's copy bandwidth.
+fn profile_table(
+    gpu: &Gpu,
+    model: &ModelWeights,
+    weights: &WeightDtype,
+    rows_list: &[usize],
+    ctx_list: &[usize],
+    steps: usize,
+) -> Result<()> {
+    let layers = model.cfg.n_layers();
+    let mut rng = SplitMix64(5);
+    let mut copy_bw = None;
+    let mut printed_head = false;
+    for &rows in rows_list {
+        for &ctx in ctx_list {
+            let opts = EngineOptions {
+                weights: *weights,
+                beyond_trained_context: true,
+                ..EngineOptions::new(rows, ctx + steps + 1)
+            };
+            let mut e = Engine::new(gpu, model, opts)?;
+            let bw = match copy_bw {
+                Some(bw) => bw,
+                None => match e.copy_bandwidth(64 << 20) {
+                    Ok(bw) => *copy_bw.insert(bw),
+                    Err(err) => {
+                        println!("\nno GPU time per kernel class: {err}");
+                        return Ok(());
+                    }
+                },
+            };
+            if !printed_head {
+                println!(
+                    "\nGPU time per decode step by kernel class (timestamp queries around each dispatch; f32 K/V; \
+                     device copy bandwidth {:.1} GB/s, read + write):\n",
+                    bw / 1e9
+                );
+                println!("| rows | context | matmul ms | attention ms | other ms | GPU ms / step | dispatches / layer | weights GB/s | of copy bandwidth |");
+                println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+                printed_head = true;
+            }
+            let ids: Vec<u32> = (0..rows * ctx).map(|_| rng.below(model.cfg.vocab) as u32).collect();
+            let greedy = vec![Sampler::GREEDY; rows];
+            let mut next = e.append_sample(&ids, ctx, &vec![ctx; rows], None, &greedy)?;
+            let mut total = Profile::default();
+            for _ in 0..steps {
+                let step_ids: Vec<u32> = next.iter().map(|x| x.unwrap_or(0)).collect();
+                total.add(&e.profile_step(&step_ids, 1, &vec![1; rows], None, Some(&greedy))?);
+                // the profiled step samples on the GPU without reading back; feed fresh ids
+                next = (0..rows).map(|_| Some(rng.below(model.cfg.vocab) as u32)).collect();
+            }
+            let n = steps as f64;
+            // every matrix is read once per decode step
+            let weights_bw = e.weight_bytes() as f64 / (total.matmul / n);
+            println!(
+                "| {rows} | {ctx} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.0}% |",
+                1e3 * total.matmul / n,
+                1e3 * total.attention / n,
+                1e3 * total.other / n,
+                1e3 * total.total() / n,
+                total.dispatches as f64 / n / layers as f64,
+                weights_bw / 1e9,
+                100.0 * weights_bw / bw
             );
         }
     }

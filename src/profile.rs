@@ -1,0 +1,146 @@
+//! Where a step's GPU time goes: timestamp queries around every dispatch, summed per kernel class
+//! (matmul, attention, other), and the device's own copy bandwidth as the yardstick. For
+//! benchmarks only: a profiled step records one compute pass per dispatch and waits for its
+//! timestamps, so its wall time is not the engine's. Native only (the browser cannot wait); the
+//! wasm build keeps the types so the engine's recording code is the same.
+#![cfg_attr(target_arch = "wasm32", allow(dead_code))]
+
+use crate::error::{Error, Result};
+use crate::shaders::Kernel;
+
+/// GPU time of one profiled step, per kernel class, in seconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Profile {
+    /// Matrix products (projections, MLP, LM head).
+    pub matmul: f64,
+    /// Attention against the cache.
+    pub attention: f64,
+    /// Everything else: embedding, norms, RoPE, K/V writes, activations, sampling, bookkeeping.
+    pub other: f64,
+    /// Dispatches timed.
+    pub dispatches: usize,
+}
+
+impl Profile {
+    /// Sum of the classes.
+    pub fn total(&self) -> f64 {
+        self.matmul + self.attention + self.other
+    }
+
+    /// Add another step's times.
+    pub fn add(&mut self, o: &Profile) {
+        self.matmul += o.matmul;
+        self.attention += o.attention;
+        self.other += o.other;
+        self.dispatches += o.dispatches;
+    }
+
+    fn charge(&mut self, kernel: Kernel, seconds: f64) {
+        match kernel {
+            Kernel::Matmul | Kernel::MatmulSubgroup => self.matmul += seconds,
+            Kernel::Attention => self.attention += seconds,
+            _ => self.other += seconds,
+        }
+        self.dispatches += 1;
+    }
+}
+
+/// Timestamp queries for up to `capacity` dispatches of one submit, created once.
+pub(crate) struct Profiler {
+    queries: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+    capacity: usize,
+    /// The kernel of each dispatch timed by the last recorded submit, in order.
+    pub(crate) recorded: Vec<Kernel>,
+}
+
+/// Most queries one query set may hold (wgpu's `QUERY_SET_MAX_QUERIES`).
+const MAX_QUERIES: usize = 4096;
+
+impl Profiler {
+    /// Queries for `capacity` dispatches; an error when the device has no timestamp queries.
+    pub(crate) fn new(device: &wgpu::Device, capacity: usize) -> Result<Self> {
+        if !device.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return Err(Error::Device("this adapter has no timestamp queries (TIMESTAMP_QUERY)".into()));
+        }
+        if 2 * capacity > MAX_QUERIES {
+            return Err(Error::Limit(format!(
+                "profiling {capacity} dispatches needs {} timestamp queries, at most {MAX_QUERIES} fit a query set",
+                2 * capacity
+            )));
+        }
+        let n = 2 * capacity as u32;
+        let bytes = u64::from(n) * 8;
+        Ok(Profiler {
+            queries: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: n,
+            }),
+            resolve: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("profile resolve"),
+                size: bytes,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            read: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("profile read"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            capacity,
+            recorded: Vec::new(),
+        })
+    }
+
+    /// Timestamp writes around dispatch `i` of the submit being recorded (`None` past capacity).
+    pub(crate) fn writes(&self, i: usize) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+        (i < self.capacity).then(|| wgpu::ComputePassTimestampWrites {
+            query_set: &self.queries,
+            beginning_of_pass_write_index: Some(2 * i as u32),
+            end_of_pass_write_index: Some(2 * i as u32 + 1),
+        })
+    }
+
+    /// Resolve the recorded dispatches' timestamps into the readback buffer.
+    pub(crate) fn resolve(&self, enc: &mut wgpu::CommandEncoder) {
+        let n = self.recorded.len().min(self.capacity) as u32;
+        if n > 0 {
+            enc.resolve_query_set(&self.queries, 0..2 * n, &self.resolve, 0);
+            enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, u64::from(2 * n) * 8);
+        }
+    }
+
+    /// The profile of the last submit (blocks until it finished).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) fn read(&self, gpu: &crate::device::Gpu) -> Result<Profile> {
+        let n = self.recorded.len().min(self.capacity);
+        let mut p = Profile::default();
+        if n == 0 {
+            return Ok(p);
+        }
+        let slice = self.read.slice(..(2 * n * 8) as u64);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))?;
+        rx.recv()
+            .map_err(|_| Error::Device("profile readback never ran".into()))?
+            .map_err(|e| Error::Device(format!("profile readback: {e}")))?;
+        let ticks: Vec<u64> = {
+            let view = slice.get_mapped_range().map_err(|e| Error::Device(format!("profile map: {e}")))?;
+            bytemuck::cast_slice(&view).to_vec()
+        };
+        self.read.unmap();
+        let period = f64::from(gpu.queue.get_timestamp_period()) * 1e-9;
+        for (i, &k) in self.recorded.iter().take(n).enumerate() {
+            p.charge(k, ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period);
+        }
+        Ok(p)
+    }
+}
