@@ -68,15 +68,24 @@ pub(crate) fn token_ids(v: &[i64], what: &str) -> PyResult<Vec<u32>> {
 static DEVICE: Mutex<Option<kvdecode::Gpu>> = Mutex::new(None);
 
 pub(crate) fn default_gpu(py: Python<'_>) -> PyResult<kvdecode::Gpu> {
+    let live = || -> PyResult<Option<kvdecode::Gpu>> {
+        let slot = DEVICE.lock().map_err(|_| DeviceError::new_err("the device lock is poisoned"))?;
+        Ok(slot.as_ref().filter(|g| !g.is_lost()).cloned())
+    };
+    if let Some(g) = live()? {
+        return Ok(g);
+    }
+    // made without the lock: holding it while the GIL is released would deadlock against a
+    // thread that holds the GIL and waits for the lock
+    let gpu = py.detach(kvdecode::Gpu::new).map_err(to_py)?;
     let mut slot = DEVICE.lock().map_err(|_| DeviceError::new_err("the device lock is poisoned"))?;
-    if let Some(g) = slot.as_ref() {
-        if !g.is_lost() {
-            return Ok(g.clone());
+    match slot.as_ref().filter(|g| !g.is_lost()) {
+        Some(other) => Ok(other.clone()), // another thread made one meanwhile: share it
+        None => {
+            *slot = Some(gpu.clone());
+            Ok(gpu)
         }
     }
-    let gpu = py.detach(kvdecode::Gpu::new).map_err(to_py)?;
-    *slot = Some(gpu.clone());
-    Ok(gpu)
 }
 
 /// The adapter the engines run on, in one line (for logs).

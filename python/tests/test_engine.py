@@ -5,6 +5,7 @@ Random tests print their seed. Run with `bash scripts/test-python.sh` (builds th
 import gc
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -290,3 +291,23 @@ def test_model_and_module_surface(demo):
     assert e.kv == "f16" and e.rows == 2 and e.max_len == 256 and e.nbytes < e.naive_nbytes
     small = kvdecode.Model.random(vocab=64, layers=2, seed=3)
     assert small.vocab == 64 and small.reference_logits([1, 2]).shape == (2, 64)
+
+
+def test_threads_create_engines_at_once():
+    """In a fresh process (no device yet), threads making engines at once share one device and
+    finish (the device is made with the GIL released and no lock held across it)."""
+    code = """
+import threading, kvdecode
+model = kvdecode.Model.demo()
+out = []
+def work(i):
+    e = kvdecode.Engine(model, rows=1, max_len=16)
+    out.append(e.append([[1 + i, 2, 3]]).shape)
+threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(len(out), kvdecode.device_memory()[0] >= 0)
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["4", "True"]
