@@ -9,6 +9,9 @@ use pyo3::prelude::*;
 
 use crate::{invalid, to_py, token_ids, Weights};
 
+/// Most parameters `Model.random` makes (1 GiB of f32 per 2^28): random models are for tests.
+const RANDOM_MAX_PARAMS: usize = 1 << 28;
+
 /// A model's weights (and its tokenizer, when the files carry one), on the CPU.
 #[pyclass(module = "kvdecode._kvdecode", frozen)]
 pub struct Model {
@@ -54,6 +57,17 @@ impl Model {
         window: usize,
         seed: u64,
     ) -> PyResult<Model> {
+        // checked before anything is allocated: a failed allocation would abort the interpreter
+        let dims = [("d_model", d_model), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim)];
+        let dims = [dims.as_slice(), &[("ffn", ffn), ("window", window)]].concat();
+        kvdecode::config::check_file_dims(layers, vocab, &dims).map_err(to_py)?;
+        let per_layer = d_model.saturating_mul((heads + 4 * kv_heads).saturating_mul(head_dim) + 2 * ffn);
+        let params = per_layer.saturating_mul(layers).saturating_add(vocab.saturating_mul(d_model).saturating_mul(2));
+        if params > RANDOM_MAX_PARAMS {
+            return Err(invalid(format!(
+                "a random model of about {params} parameters is more than the {RANDOM_MAX_PARAMS} allowed"
+            )));
+        }
         let cfg =
             kvdecode::ModelConfig::tiny_agent(vocab, d_model, heads, kv_heads, head_dim, ffn, layers, group, window);
         let weights = kvdecode::ModelWeights::random(&cfg, seed).map_err(to_py)?;

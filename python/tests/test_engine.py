@@ -282,6 +282,17 @@ def test_tokenizer_and_chat_template():
         tok.apply_chat_template([{"content": "no role"}])
 
 
+def test_random_model_sizes_are_checked_before_allocating():
+    with pytest.raises(kvdecode.InvalidInput, match="random model of about"):
+        kvdecode.Model.random(vocab=10**6, d_model=4096)
+    with pytest.raises(kvdecode.ModelFileError, match="larger than"):
+        kvdecode.Model.random(d_model=2**40)
+    with pytest.raises(kvdecode.ModelFileError, match="layers"):
+        kvdecode.Model.random(layers=10**6)
+    with pytest.raises(OverflowError):
+        kvdecode.Model.random(vocab=-5)
+
+
 def test_model_and_module_surface(demo):
     cfg = demo.config
     assert cfg["vocab"] == 512 and len(cfg["layers"]) == 6
