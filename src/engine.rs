@@ -918,11 +918,6 @@ impl Engine {
                 self.chunk
             )));
         }
-        if let Some(sm) = samplers {
-            if sm.len() != n_new.len() {
-                return Err(Error::Input(format!("profile_step: {} samplers for {} rows", sm.len(), n_new.len())));
-            }
-        }
         if self.profiler.is_none() {
             let most = self.chunk_dispatches.len() + self.all_head_dispatches.len().max(self.head_dispatches.len()) + 2;
             self.profiler = Some(crate::profile::Profiler::new(&self.gpu.device, most)?);
@@ -1053,12 +1048,6 @@ impl Engine {
         rows: Option<&[usize]>,
         samplers: &[Sampler],
     ) -> Result<Vec<Option<Sampled>>> {
-        if samplers.len() != n_new.len() {
-            return Err(Error::Input(format!("{} samplers for {} chunk rows", samplers.len(), n_new.len())));
-        }
-        for (r, s) in samplers.iter().enumerate() {
-            s.check(r)?;
-        }
         let top = samplers.iter().any(|s| s.top_logprobs > 0);
         let mark = self.cache.mark();
         let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Sampled { slot: 0, top })?;
@@ -1269,6 +1258,14 @@ impl Engine {
         out: Output,
     ) -> Result<bool> {
         let cache_rows = self.check(ids, width, n_new, rows)?;
+        if let Some(samplers) = samplers {
+            if samplers.len() != n_new.len() {
+                return Err(Error::Input(format!("{} samplers for {} chunk rows", samplers.len(), n_new.len())));
+            }
+            for (r, s) in samplers.iter().enumerate() {
+                s.check(r)?;
+            }
+        }
         let longest = n_new.iter().copied().max().unwrap_or(0);
         if longest == 0 {
             return Ok(false);

@@ -43,6 +43,8 @@ fn profiled_steps_time_every_dispatch_and_change_no_result() {
     let wide = vec![1u32; 2 * (profiled.chunk_width() + 1)];
     let err = profiled.profile_step(&wide, profiled.chunk_width() + 1, &[1, 1], None, None).unwrap_err();
     assert!(err.to_string().contains("more than one chunk"), "{err}");
+    let err = profiled.profile_step(&step, 1, &[1, 1], None, Some(&greedy[..1])).unwrap_err();
+    assert!(err.to_string().contains("1 samplers for 2 chunk rows"), "{err}");
     assert_eq!(plain.cache().lens(), profiled.cache().lens());
     let bw = profiled.copy_bandwidth(8 << 20).unwrap();
     println!("copy bandwidth {:.2} GB/s", bw / 1e9);

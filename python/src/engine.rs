@@ -176,6 +176,17 @@ fn weight_dtype(name: &str) -> PyResult<kvdecode::WeightDtype> {
     }
 }
 
+impl Engine {
+    /// `row` when it is a row of the cache, else an error naming the call and the row count.
+    fn row(&self, row: usize, call: &str) -> PyResult<usize> {
+        let rows = self.inner.cache().rows();
+        if row >= rows {
+            return Err(invalid(format!("{call}: row {row} is outside the cache ({rows} rows)")));
+        }
+        Ok(row)
+    }
+}
+
 #[pymethods]
 impl Engine {
     #[new]
@@ -328,24 +339,12 @@ impl Engine {
 
     /// The token ids row `row` holds, in order.
     fn history(&self, row: usize) -> PyResult<Vec<u32>> {
-        if row >= self.inner.cache().rows() {
-            return Err(invalid(format!(
-                "history: row {row} is outside the cache ({} rows)",
-                self.inner.cache().rows()
-            )));
-        }
-        Ok(self.inner.cache().history(row).to_vec())
+        Ok(self.inner.cache().history(self.row(row, "history")?).to_vec())
     }
 
     /// Tokens row `row` can roll back exactly now.
     fn max_rollback(&self, row: usize) -> PyResult<usize> {
-        if row >= self.inner.cache().rows() {
-            return Err(invalid(format!(
-                "max_rollback: row {row} is outside the cache ({} rows)",
-                self.inner.cache().rows()
-            )));
-        }
-        Ok(self.inner.cache().max_rollback(row))
+        Ok(self.inner.cache().max_rollback(self.row(row, "max_rollback")?))
     }
 
     /// Bytes of the KV cache on the GPU.

@@ -165,6 +165,8 @@ def bad_calls(e):
         (kvdecode.InvalidInput, "roll back", lambda: e.rollback([0], [9])),
         (kvdecode.InvalidInput, "samplers for", lambda: e.append_sample([[1], [2]], sampler=[kvdecode.Sampler()])),
         (kvdecode.InvalidInput, "steps", lambda: e.decode_steps([0], [1], 50)),
+        (kvdecode.InvalidInput, "history: row 2 is outside the cache (2 rows)", lambda: e.history(2)),
+        (kvdecode.InvalidInput, "max_rollback: row 9", lambda: e.max_rollback(9)),
         (kvdecode.InvalidInput, "max_new", lambda: e.decode_turns([0, 1], [1, 1], [3])),
     ]
 
