@@ -9,6 +9,9 @@
 //     only after this dispatch. Visiting in position order makes the result independent of how
 //     the tokens were chunked: one append of k tokens and k appends of one give the same bits.
 // Padding queries produce zeros. A query that sees no key produces zeros too, never NaN.
+// SPLIT: the global keys were already folded per partition by attention_split.wgsl; this kernel
+// merges those partial states in partition (= position) order instead of walking the keys, then
+// goes on with the local keys as above. Binding 4 then holds the partials, binding 5 nothing.
 
 override H: u32;                // query heads
 override HK: u32;               // kv heads
@@ -22,6 +25,10 @@ override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl
 override SCALE: f32;
 override ROW0: u32 = 0u;        // first cache row held by the bound cache shard
 override SHARD_ROWS: u32 = 0xffffffffu;  // cache rows in the shard (caches over one binding are split by rows)
+override SPLIT: bool = false;
+override SPAN: u32 = 1u;        // SPLIT: positions per partition
+override PARTS: u32 = 1u;       // SPLIT: partitions per query
+override GROUP_TOKENS: u32 = 0xffffffffu;  // tokens per dispatch (its token group)
 override WG: u32 = 64u;
 
 const MAX_D4: u32 = 64u;  // head_dim <= 256: private arrays need a constant size
@@ -30,11 +37,12 @@ const MAX_D4: u32 = 64u;  // head_dim <= 256: private arrays need a constant siz
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;          // [R]
 @group(0) @binding(2) var<storage, read_write> qy: array<vec4<f32>>;    // [R * C, H, D]: q in, y out (in place)
 @group(0) @binding(3) var<storage, read> lpos: array<i32>;              // [rows, RING + 1]
-@group(0) @binding(4) var<storage, read> gk: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
-@group(0) @binding(5) var<storage, read> gv: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
+@group(0) @binding(4) var<storage, read> gk: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]; SPLIT: partials [group tokens, H, PARTS, 4 + D] f32 bits
+@group(0) @binding(5) var<storage, read> gv: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]; SPLIT: unused
 @group(0) @binding(6) var<storage, read> lk: array<u32>;                // [SHARD_ROWS, HK, RING + 1, D]
 @group(0) @binding(7) var<storage, read> lv: array<u32>;                // [SHARD_ROWS, HK, RING + 1, D]
 @group(0) @binding(8) var<storage, read> fresh: array<vec4<f32>>;       // [R * C, 2, HK, D] local k then v
+@group(0) @binding(9) var<uniform> group: TokenGroup;                   // this dispatch's first token
 
 fn load4(is_global: bool, is_v: bool, e: u32) -> vec4<f32> {
     // e: element index (multiple of 4) into the cache tensor
@@ -103,9 +111,9 @@ fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let idx = gid.x + gid.y * nwg.x * WG;  // 2D grids for more than 65535 workgroups
-    let n = idx / H;
+    let n = group.token0 + idx / H;
     let h = idx % H;
-    if n >= step.tokens { return; }
+    if idx / H >= GROUP_TOKENS || n >= step.tokens { return; }  // the next group's, or past the chunk
     let r = n / step.width;
     let j = n % step.width;
     let info = rows[r];
@@ -125,7 +133,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     m = -3.0e38;
     l = 0.0;
-    if HAS_GLOBAL {
+    if HAS_GLOBAL && SPLIT {
+        // merge the partitions' (max, sum, values) in position order
+        let stride = 4u * (1u + d4n);  // words per partial
+        let first = ((n - group.token0) * H + h) * PARTS * stride;
+        for (var s = 0u; s * SPAN <= p; s++) {
+            let at = first + s * stride;
+            let ms = bitcast<f32>(gk[at]);
+            let mn = max(m, ms);
+            let ca = exp(m - mn);
+            let cb = exp(ms - mn);
+            l = l * ca + bitcast<f32>(gk[at + 1u]) * cb;
+            for (var i = 0u; i < d4n; i++) {
+                let e = at + 4u * (1u + i);
+                acc[i] = acc[i] * ca + bitcast<vec4<f32>>(vec4<u32>(gk[e], gk[e + 1u], gk[e + 2u], gk[e + 3u])) * cb;
+            }
+            m = mn;
+        }
+    }
+    if HAS_GLOBAL && !SPLIT {
         let base = (local_row * HK + kh) * GLOBAL_SLOTS * D;
         for (var t = 0u; t <= p; t++) {
             visit(true, false, base + t * D, base + t * D);

@@ -9,6 +9,15 @@ struct Step {
     _pad: u32,
 }
 
+// Kernels dispatched once per group of tokens (the split attention, whose scratch holds one
+// group): the first token of this dispatch's group.
+struct TokenGroup {
+    token0: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
 // One per chunk row; written by the host from its CPU mirror of the lengths.
 struct RowInfo {
     cache_row: u32,  // the cache row this chunk row reads and writes

@@ -42,6 +42,127 @@ pub struct EngineOptions {
     /// Logit bias entries each row can hold ([`Engine::set_logit_bias`]; penalties add one per
     /// distinct generated token).
     pub logit_bias_slots: usize,
+    /// Which attention kernel to build. Defaults to the `KVDECODE_ATTENTION` environment variable
+    /// (`serial`, `split-group` or `split-head`), else [`AttentionKernel::Serial`] when `KVDECODE_PORTABLE=1`, else
+    /// [`AttentionKernel::Auto`].
+    pub attention: AttentionKernel,
+}
+
+/// The attention kernel family's variants. Each is exact on its own terms (a row's result never
+/// depends on the batch or the chunking), but they sum in different orders, so their logits
+/// differ in the last bits: compare runs made with the same variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// Picked per adapter: [`AttentionKernel::SplitHead`] on adapters that are really the CPU
+    /// (lavapipe, llvmpipe, SwiftShader), [`AttentionKernel::SplitGroup`] on GPUs where the model
+    /// allows it, else serial.
+    Auto,
+    /// One thread per (token, query head) walks every key in order: the portable variant.
+    Serial,
+    /// Split along the keys (flash-decoding) into partitions of fixed positions merged in
+    /// position order; one workgroup per (partition, kv head) scores a tile of keys for all the
+    /// query heads of the kv head at once (K/V read once per group, V coalesced). Needs at most
+    /// 16 query heads per kv head and `heads per kv head x head_dim` at most 1024.
+    SplitGroup,
+    /// The same partitions, one thread per (partition, query head) walking its keys alone: no
+    /// workgroup memory or barriers, the shape that suits CPU adapters' SIMD lanes.
+    SplitHead,
+}
+
+impl AttentionKernel {
+    /// Every variant but `Auto`.
+    pub const ALL: [AttentionKernel; 3] =
+        [AttentionKernel::Serial, AttentionKernel::SplitGroup, AttentionKernel::SplitHead];
+
+    /// Whether it is one of the split variants.
+    pub fn is_split(self) -> bool {
+        matches!(self, AttentionKernel::SplitGroup | AttentionKernel::SplitHead)
+    }
+
+    /// The variant the environment asks for (see [`EngineOptions::attention`]).
+    pub fn from_env() -> Self {
+        match std::env::var("KVDECODE_ATTENTION").as_deref() {
+            Ok("serial") => AttentionKernel::Serial,
+            Ok("split-group") => AttentionKernel::SplitGroup,
+            Ok("split-head") => AttentionKernel::SplitHead,
+            _ if std::env::var("KVDECODE_PORTABLE").is_ok_and(|v| v == "1") => AttentionKernel::Serial,
+            _ => AttentionKernel::Auto,
+        }
+    }
+
+    /// Its name, as `KVDECODE_ATTENTION` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKernel::Auto => "auto",
+            AttentionKernel::Serial => "serial",
+            AttentionKernel::SplitGroup => "split-group",
+            AttentionKernel::SplitHead => "split-head",
+        }
+    }
+}
+
+/// How attention runs in one engine: the variant, and for the split one its partition size and
+/// how many tokens one dispatch handles (the partials scratch holds one group of tokens).
+#[derive(Clone, Copy, Debug)]
+struct AttentionPlan {
+    kernel: AttentionKernel,
+    /// Keys per tile inside a partition (scores of one tile sit in workgroup memory).
+    tile: usize,
+    /// Positions per partition (a multiple of `tile`).
+    span: usize,
+    /// Partitions per query: `ceil(max_len / span)`.
+    parts: usize,
+    /// Tokens per dispatch.
+    group_tokens: usize,
+    /// Token groups per chunk.
+    groups: usize,
+}
+
+/// Most bytes of split-attention partials: one group of tokens at a time.
+const PARTIALS_BYTES: usize = 16 << 20;
+
+impl AttentionPlan {
+    fn new(cfg: &ModelConfig, opts: &EngineOptions, gpu: &Gpu, tokens: usize) -> Result<Self> {
+        let g = cfg.n_heads / cfg.n_kv_heads;
+        let fits = g <= 16 && g * cfg.head_dim <= 1024;
+        let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
+        let kernel = match opts.attention {
+            AttentionKernel::Auto if cpu => AttentionKernel::SplitHead,
+            AttentionKernel::Auto if fits => AttentionKernel::SplitGroup,
+            AttentionKernel::Auto => AttentionKernel::Serial,
+            AttentionKernel::SplitGroup if !fits => {
+                return Err(Error::Config(format!(
+                    "attention: split-group takes at most 16 query heads per kv head and 1024 for heads per kv head x \
+                     head_dim; this model has {g} x {}",
+                    cfg.head_dim
+                )))
+            }
+            k => k,
+        };
+        if !kernel.is_split() || !cfg.layers.iter().any(|l| l.global_group.is_some()) {
+            return Ok(AttentionPlan {
+                kernel: AttentionKernel::Serial,
+                tile: 1,
+                span: 1,
+                parts: 1,
+                group_tokens: tokens,
+                groups: 1,
+            });
+        }
+        // split-group: a tile's scores for every head of a kv head fit 1024 floats of workgroup
+        // memory, one tile per partition (a row at 4096 positions spreads over 16 x kv heads
+        // workgroups); split-head: partitions of 64 keys, so even short contexts spread over the
+        // cores. Both: at most 64 partitions (longer ones beyond), so the partials stay small.
+        let tile = (1024 / g).min(256) / 64 * 64;
+        let mut span = if kernel == AttentionKernel::SplitGroup { tile } else { 64 };
+        while opts.max_len.div_ceil(span) > 64 {
+            span *= 2;
+        }
+        let parts = opts.max_len.div_ceil(span);
+        let per_token = cfg.n_heads * parts * (4 + cfg.head_dim) * 4;
+        let group_tokens = (PARTIALS_BYTES.min(gpu.max_binding() as usize) / per_token).clamp(1, tokens);
+        Ok(AttentionPlan { kernel, tile, span, parts, group_tokens, groups: tokens.div_ceil(group_tokens) })
+    }
 }
 
 impl EngineOptions {
@@ -56,6 +177,7 @@ impl EngineOptions {
             all_logits_tokens: 64,
             beyond_trained_context: false,
             logit_bias_slots: 1024,
+            attention: AttentionKernel::from_env(),
         }
     }
 }
@@ -120,6 +242,10 @@ enum Grid {
     MatmulSubgroup { out_rows: usize, per_row: bool },
     /// One workgroup per chunk row.
     WorkgroupPerRow,
+    /// `per_token` threads per token of token group `group` (`size` tokens per group), linear.
+    TokenGroup { group: usize, size: usize, per_token: usize },
+    /// Split attention's partials: one workgroup per (partition, kv head, token of the group).
+    SplitPartials { group: usize, size: usize, parts: usize, kv_heads: usize },
 }
 
 struct Dispatch {
@@ -150,6 +276,28 @@ impl Dispatch {
                 (x as u32, out_rows.div_ceil(x) as u32, n.div_ceil(4).max(1) as u32)
             }
             Grid::WorkgroupPerRow => (rows as u32, 1, 1),
+            Grid::TokenGroup { group, size, per_token } => {
+                linear(Self::group_count(rows * width, group, size) * per_token)
+            }
+            Grid::SplitPartials { group, size, parts, kv_heads } => {
+                (parts as u32, kv_heads as u32, Self::group_count(rows * width, group, size) as u32)
+            }
+        }
+    }
+
+    /// Tokens of `tokens` that fall in token group `group` of `size`.
+    fn group_count(tokens: usize, group: usize, size: usize) -> usize {
+        tokens.saturating_sub(group * size).min(size)
+    }
+
+    /// Whether the dispatch has work in a chunk of `rows x width` tokens (a token group past the
+    /// chunk's tokens is not recorded).
+    fn live(&self, rows: usize, width: usize) -> bool {
+        match self.grid {
+            Grid::TokenGroup { group, size, .. } | Grid::SplitPartials { group, size, .. } => {
+                Self::group_count(rows * width, group, size) > 0
+            }
+            _ => true,
         }
     }
 
@@ -163,25 +311,27 @@ impl Dispatch {
 
 /// Activation buffers, sized once for `rows * chunk` tokens.
 pub(crate) struct Scratch {
-    step: wgpu::Buffer,       // uniform Step
-    row_info: wgpu::Buffer,   // [rows] RowInfo
-    ids: wgpu::Buffer,        // [rows * chunk] u32
-    x: wgpu::Buffer,          // [T, d] residual stream
-    h: wgpu::Buffer,          // [T, d] normed input of a block
-    q: wgpu::Buffer,          // [T, H * D] queries, then attention output (in place)
-    kv_global: wgpu::Buffer,  // [T, 2 * Hk * D] fresh global K then V
-    kv_local: wgpu::Buffer,   // [T, 2 * Hk * D] fresh local K then V
-    tmp: wgpu::Buffer,        // [T, d] projection output before a post-norm
-    up: wgpu::Buffer,         // [T, in_factor * F]
-    act: wgpu::Buffer,        // [T, F]
-    engram_e: wgpu::Buffer,   // [T, orders * heads * dim] Engram lookups
-    engram_kv: wgpu::Buffer,  // [T, 2, d] Engram k then v
-    last_h: wgpu::Buffer,     // [rows, d] final-normed hidden state of each row's last real token
-    logits: wgpu::Buffer,     // [rows, vocab]
-    samplers: wgpu::Buffer,   // [rows] Sampler
-    sampled: wgpu::Buffer,    // [2, rows]: sampled ids, then their logprobs (f32 bits)
-    all_logits: wgpu::Buffer, // [all_logits_tokens, vocab]
-    dummy: wgpu::Buffer,      // bound where a kernel's optional input is absent
+    step: wgpu::Buffer,              // uniform Step
+    row_info: wgpu::Buffer,          // [rows] RowInfo
+    ids: wgpu::Buffer,               // [rows * chunk] u32
+    x: wgpu::Buffer,                 // [T, d] residual stream
+    h: wgpu::Buffer,                 // [T, d] normed input of a block
+    q: wgpu::Buffer,                 // [T, H * D] queries, then attention output (in place)
+    kv_global: wgpu::Buffer,         // [T, 2 * Hk * D] fresh global K then V
+    kv_local: wgpu::Buffer,          // [T, 2 * Hk * D] fresh local K then V
+    tmp: wgpu::Buffer,               // [T, d] projection output before a post-norm
+    up: wgpu::Buffer,                // [T, in_factor * F]
+    act: wgpu::Buffer,               // [T, F]
+    engram_e: wgpu::Buffer,          // [T, orders * heads * dim] Engram lookups
+    engram_kv: wgpu::Buffer,         // [T, 2, d] Engram k then v
+    last_h: wgpu::Buffer,            // [rows, d] final-normed hidden state of each row's last real token
+    logits: wgpu::Buffer,            // [rows, vocab]
+    samplers: wgpu::Buffer,          // [rows] Sampler
+    sampled: wgpu::Buffer,           // [2, rows]: sampled ids, then their logprobs (f32 bits)
+    all_logits: wgpu::Buffer,        // [all_logits_tokens, vocab]
+    dummy: wgpu::Buffer,             // bound where a kernel's optional input is absent
+    partials: wgpu::Buffer,          // split attention: [group tokens, H, parts, 4 + D] partial softmax states
+    token_groups: Vec<wgpu::Buffer>, // uniform TokenGroup of each token group
     logits_read: wgpu::Buffer,
     pub(crate) sampled_read: wgpu::Buffer, // [max_window, 2, rows]: one slot per multi-step step
     all_logits_read: wgpu::Buffer,
@@ -218,6 +368,7 @@ pub struct Engine {
     profiling: bool,
     /// Bytes of buffers this engine counts against the device's memory budget.
     gpu_bytes: u64,
+    attention: AttentionPlan,
 }
 
 impl Drop for Engine {
@@ -236,6 +387,7 @@ struct Builder<'a> {
     gw: &'a GpuWeights,
     /// Subgroup size of the matmul fast path (`None`: the portable kernel).
     subgroup: Option<u32>,
+    attention: AttentionPlan,
 }
 
 fn b(v: bool) -> f64 {
@@ -383,6 +535,74 @@ impl Builder<'_> {
     }
 
     /// The dispatch order of one layer, top to bottom.
+    /// Attention of one layer against its global group and/or ring.
+    fn attention(
+        &self,
+        group: Option<&Vec<(wgpu::Buffer, wgpu::Buffer)>>,
+        ring: Option<&Vec<(wgpu::Buffer, wgpu::Buffer)>>,
+    ) -> Vec<Dispatch> {
+        let (c, s, cache, plan) = (self.cfg, self.s, self.cache, self.attention);
+        let split = plan.kernel.is_split() && group.is_some();
+        let size = plan.group_tokens;
+        let mut out = Vec::new();
+        for shard in 0..cache.rows().div_ceil(cache.shard_rows()) {
+            let (gk, gv) = group.map_or((&s.dummy, &s.dummy), |g| (&g[shard].0, &g[shard].1));
+            let (lk, lv) = ring.map_or((&s.dummy, &s.dummy), |r| (&r[shard].0, &r[shard].1));
+            let mut shared = vec![
+                ("H", c.n_heads as f64),
+                ("HK", c.n_kv_heads as f64),
+                ("D", c.head_dim as f64),
+                ("GLOBAL_SLOTS", (cache.max_len() + 1) as f64),
+                ("KV_FORMAT", cache.dtype().format() as f64),
+                ("SCALE", c.attn_scale as f64),
+                ("GROUP_TOKENS", size as f64),
+                ("SPAN", plan.span as f64),
+                ("PARTS", plan.parts as f64),
+            ];
+            shared.extend(self.shard(shard));
+            let mut consts = shared.clone();
+            consts.extend([
+                ("W", cache.window().max(1) as f64),
+                ("RING", cache.ring_slots().max(1) as f64),
+                ("HAS_GLOBAL", b(group.is_some())),
+                ("HAS_LOCAL", b(ring.is_some())),
+                ("SPLIT", b(split)),
+            ]);
+            for (g, token_group) in s.token_groups.iter().enumerate() {
+                if split {
+                    let (kernel, grid, extra) = match plan.kernel {
+                        AttentionKernel::SplitGroup => (
+                            Kernel::AttentionSplit,
+                            Grid::SplitPartials { group: g, size, parts: plan.parts, kv_heads: c.n_kv_heads },
+                            vec![("TILE", plan.tile as f64)],
+                        ),
+                        _ => (
+                            Kernel::AttentionSplitHead,
+                            Grid::TokenGroup { group: g, size, per_token: c.n_heads * plan.parts },
+                            vec![],
+                        ),
+                    };
+                    let consts = [shared.clone(), extra].concat();
+                    out.push(self.dispatch(
+                        kernel,
+                        consts,
+                        &[&s.step, token_group, &s.row_info, &s.q, gk, gv, &s.partials],
+                        grid,
+                    ));
+                }
+                // split: binding 4 holds the partials instead of the keys
+                let (k4, v5) = if split { (&s.partials, &s.dummy) } else { (gk, gv) };
+                out.push(self.dispatch(
+                    Kernel::Attention,
+                    consts.clone(),
+                    &[&s.step, &s.row_info, &s.q, &cache.lpos, k4, v5, lk, lv, &s.kv_local, token_group],
+                    Grid::TokenGroup { group: g, size, per_token: c.n_heads },
+                ));
+            }
+        }
+        out
+    }
+
     fn layer(&self, i: usize, lw: &GpuLayer) -> Vec<Dispatch> {
         let (c, s, cache) = (self.cfg, self.s, self.cache);
         let spec = c.layers[i];
@@ -441,30 +661,9 @@ impl Builder<'_> {
             out.push(self.rope(&s.kv_local, c.n_kv_heads, kvd, lw.k_norm.as_ref(), theta));
         }
         // 5. attention over global keys + ring + the chunk's fresh local keys; output replaces q
-        //    (one dispatch per cache shard; each handles the rows its shard holds)
-        for shard in 0..cache.rows().div_ceil(cache.shard_rows()) {
-            let (gk, gv) = group.map_or((&s.dummy, &s.dummy), |g| (&g[shard].0, &g[shard].1));
-            let (lk, lv) = ring.map_or((&s.dummy, &s.dummy), |r| (&r[shard].0, &r[shard].1));
-            let mut consts = vec![
-                ("H", c.n_heads as f64),
-                ("HK", c.n_kv_heads as f64),
-                ("D", c.head_dim as f64),
-                ("GLOBAL_SLOTS", (cache.max_len() + 1) as f64),
-                ("W", cache.window().max(1) as f64),
-                ("RING", cache.ring_slots().max(1) as f64),
-                ("HAS_GLOBAL", b(group.is_some())),
-                ("HAS_LOCAL", b(ring.is_some())),
-                ("KV_FORMAT", cache.dtype().format() as f64),
-                ("SCALE", c.attn_scale as f64),
-            ];
-            consts.extend(self.shard(shard));
-            out.push(self.dispatch(
-                Kernel::Attention,
-                consts,
-                &[&s.step, &s.row_info, &s.q, &cache.lpos, gk, gv, lk, lv, &s.kv_local],
-                Grid::Tokens(c.n_heads),
-            ));
-        }
+        //    (per cache shard, each handling the rows its shard holds, and per token group).
+        //    Split variants: the partitions of the global keys, then their merge in order.
+        out.extend(self.attention(group, ring));
         // 6. ring write: the last W real tokens of each row survive, the rest go to the scratch slot
         if let Some(r) = ring {
             out.extend(self.kv_write(&s.kv_local, r, cache.ring_slots() + 1, true));
@@ -601,6 +800,7 @@ impl Engine {
             )));
         }
         let t = rows * chunk;
+        let attention = AttentionPlan::new(&cfg, &opts, gpu, t)?;
         // all-position logits: as many tokens as asked, that one chunk and one binding can hold
         let all_tokens = opts.all_logits_tokens.min(t).min(gpu.max_binding() as usize / (cfg.vocab * 4)).max(1);
         let max_window = opts.rollback + 1;
@@ -628,6 +828,25 @@ impl Engine {
             sampled: gpu.storage("sampled ids", f4(2 * rows))?,
             all_logits: gpu.storage("all-position logits", f4(all_tokens * cfg.vocab))?,
             dummy: gpu.storage("dummy", 16)?,
+            partials: match attention.kernel.is_split() {
+                true => gpu.storage(
+                    "split attention partials",
+                    f4(attention.group_tokens * cfg.n_heads * attention.parts * (4 + cfg.head_dim)),
+                )?,
+                false => gpu.storage("no partials", 16)?,
+            },
+            token_groups: (0..attention.groups)
+                .map(|g| {
+                    let buf =
+                        gpu.buffer("token group", 16, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST)?;
+                    gpu.queue.write_buffer(
+                        &buf,
+                        0,
+                        bytemuck::cast_slice(&[(g * attention.group_tokens) as u32, 0, 0, 0]),
+                    );
+                    Ok(buf)
+                })
+                .collect::<Result<_>>()?,
             logits_read: map_read("logits readback", f4(rows * cfg.vocab))?,
             sampled_read: map_read("sampled readback", f4(2 * rows * max_window))?,
             all_logits_read: map_read("all-position logits readback", f4(all_tokens * cfg.vocab))?,
@@ -643,6 +862,7 @@ impl Engine {
         let pipelines = Pipelines::new(&gpu.device);
         let bld = Builder {
             subgroup: gpu.subgroup_size(),
+            attention,
             cfg: &cfg,
             pipelines: &pipelines,
             cache: &cache,
@@ -746,6 +966,7 @@ impl Engine {
             profiler: None,
             profiling: false,
             gpu_bytes: 0,
+            attention,
         })
     }
 
@@ -769,9 +990,22 @@ impl Engine {
         self.chunk
     }
 
-    /// Dispatches recorded per chunk when logits are returned (sampling adds one).
+    /// Dispatches recorded per decode step of one token when logits are returned (sampling adds
+    /// one).
     pub fn dispatches_per_chunk(&self) -> usize {
-        self.chunk_dispatches.len() + self.head_dispatches.len()
+        self.chunk_dispatches.iter().chain(&self.head_dispatches).filter(|d| d.live(1, 1)).count()
+    }
+
+    /// The attention kernel this engine built ([`EngineOptions::attention`] resolved).
+    pub fn attention_kernel(&self) -> AttentionKernel {
+        self.attention.kernel
+    }
+
+    /// Token groups per full chunk in attention: the split kernel's scratch holds one group of
+    /// tokens, so a chunk with more tokens records one (partials, merge) pair per group (1 for
+    /// the serial kernel, and for every chunk that fits one group, as decode steps do).
+    pub fn attention_token_groups(&self) -> usize {
+        self.attention.groups
     }
 
     /// Tokens (rows x width) [`Engine::append_all_logits`] can return at once.
@@ -1182,7 +1416,7 @@ impl Engine {
                 Output::AllLogits => &self.all_head_dispatches,
                 _ => &self.head_dispatches,
             };
-            let mut all: Vec<&Dispatch> = self.chunk_dispatches.iter().chain(head).collect();
+            let mut all: Vec<&Dispatch> = self.chunk_dispatches.iter().chain(head).filter(|d| d.live(r_n, c)).collect();
             if samplers.is_some() {
                 if self.sampling.any_bias(cache_rows) {
                     all.push(&self.bias_dispatch);

@@ -53,7 +53,7 @@ pub use cache::{KvCache, KvDtype};
 pub use compat::{PaddedBatch, SequenceCache};
 pub use config::{EngramConfig, LayerSpec, MlpKind, ModelConfig, NormKind};
 pub use device::{Gpu, GpuOptions};
-pub use engine::{Engine, EngineOptions, Logits, Stats, Turn, TurnLimit, CHUNK};
+pub use engine::{AttentionKernel, Engine, EngineOptions, Logits, Stats, Turn, TurnLimit, CHUNK};
 pub use error::{Error, Result};
 pub use gpu_weights::WeightDtype;
 pub use profile::Profile;

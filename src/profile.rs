@@ -38,7 +38,7 @@ impl Profile {
     fn charge(&mut self, kernel: Kernel, seconds: f64) {
         match kernel {
             Kernel::Matmul | Kernel::MatmulSubgroup => self.matmul += seconds,
-            Kernel::Attention => self.attention += seconds,
+            Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead => self.attention += seconds,
             _ => self.other += seconds,
         }
         self.dispatches += 1;

@@ -28,8 +28,15 @@ pub enum Kernel {
     QkRope,
     /// Scatter K/V into a global cache or a ring (`kv_write.wgsl`).
     KvWrite,
-    /// Attention against the cache (`attention.wgsl`).
+    /// Attention against the cache (`attention.wgsl`): serial over the keys (the portable
+    /// variant), or with `SPLIT` the merge of [`Kernel::AttentionSplit`]'s partitions.
     Attention,
+    /// Attention split along the keys, part 1: one workgroup per partition of a query's global
+    /// keys, all query heads of a kv head together (`attention_split.wgsl`).
+    AttentionSplit,
+    /// Attention split along the keys, part 1, one thread per (partition, query head): the
+    /// `per_head` entry point of `attention_split.wgsl`.
+    AttentionSplitHead,
     /// MLP activation (`mlp_act.wgsl`).
     MlpAct,
     /// End-of-chunk bookkeeping: lens, lpos, token history (`commit.wgsl`).
@@ -51,13 +58,15 @@ pub enum Kernel {
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 14] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
         Kernel::QkRope,
         Kernel::KvWrite,
         Kernel::Attention,
+        Kernel::AttentionSplit,
+        Kernel::AttentionSplitHead,
         Kernel::MlpAct,
         Kernel::Commit,
         Kernel::Sample,
@@ -77,6 +86,7 @@ impl Kernel {
             Kernel::QkRope => "qk_rope.wgsl",
             Kernel::KvWrite => "kv_write.wgsl",
             Kernel::Attention => "attention.wgsl",
+            Kernel::AttentionSplit | Kernel::AttentionSplitHead => "attention_split.wgsl",
             Kernel::MlpAct => "mlp_act.wgsl",
             Kernel::Commit => "commit.wgsl",
             Kernel::Sample => "sample.wgsl",
@@ -92,6 +102,7 @@ impl Kernel {
     pub fn entry_point(self) -> &'static str {
         match self {
             Kernel::MatmulSubgroup => "main_subgroup",
+            Kernel::AttentionSplitHead => "per_head",
             _ => "main",
         }
     }
@@ -110,6 +121,7 @@ impl Kernel {
             Kernel::QkRope => include_str!("../shaders/qk_rope.wgsl"),
             Kernel::KvWrite => include_str!("../shaders/kv_write.wgsl"),
             Kernel::Attention => include_str!("../shaders/attention.wgsl"),
+            Kernel::AttentionSplit | Kernel::AttentionSplitHead => include_str!("../shaders/attention_split.wgsl"),
             Kernel::MlpAct => include_str!("../shaders/mlp_act.wgsl"),
             Kernel::Commit => include_str!("../shaders/commit.wgsl"),
             Kernel::Sample => include_str!("../shaders/sample.wgsl"),
@@ -139,7 +151,10 @@ impl Kernel {
             Kernel::Matmul => &[Uniform, Read, Read, ReadWrite],
             Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read],
             Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, ReadWrite],
-            Kernel::Attention => &[Uniform, Read, ReadWrite, Read, Read, Read, Read, Read, Read],
+            Kernel::Attention => &[Uniform, Read, ReadWrite, Read, Read, Read, Read, Read, Read, Uniform],
+            Kernel::AttentionSplit | Kernel::AttentionSplitHead => {
+                &[Uniform, Uniform, Read, Read, Read, Read, ReadWrite]
+            }
             Kernel::MlpAct => &[Uniform, Read, ReadWrite],
             Kernel::Commit => &[Uniform, Read, Read, ReadWrite, ReadWrite, ReadWrite],
             Kernel::Sample => &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite],
@@ -156,6 +171,7 @@ impl Kernel {
     pub(crate) fn workgroup_size(self) -> u32 {
         match self {
             Kernel::Sample => 256,
+            Kernel::AttentionSplitHead => 8,
             _ => 64,
         }
     }
@@ -180,10 +196,11 @@ impl Pipelines {
         let mut layouts = HashMap::new();
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         for k in Kernel::ALL.into_iter().filter(|k| subgroups || !k.needs_subgroups()) {
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(k.file()),
                 source: wgpu::ShaderSource::Wgsl(k.source().into()),
-            });
+            };
+            let module = device.create_shader_module(desc);
             modules.insert(k, module);
             let entries: Vec<_> = k
                 .bindings()

@@ -15,6 +15,15 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
         Kernel::QkRope => &[("HEADS", 4.0), ("D", 16.0), ("STRIDE", 64.0)],
         Kernel::KvWrite => &[("HK", 2.0), ("D", 16.0), ("SLOTS", 33.0)],
         Kernel::Attention => &[("H", 4.0), ("HK", 2.0), ("D", 16.0), ("SCALE", 0.25)],
+        Kernel::AttentionSplit | Kernel::AttentionSplitHead => &[
+            ("H", 4.0),
+            ("HK", 2.0),
+            ("D", 16.0),
+            ("SCALE", 0.25),
+            ("GLOBAL_SLOTS", 257.0),
+            ("SPAN", 64.0),
+            ("PARTS", 4.0),
+        ],
         Kernel::MlpAct => &[("F", 64.0), ("ACT", 1.0)],
         Kernel::Commit => &[("MAX_LEN", 32.0)],
         Kernel::Sample => &[("V", 100.0), ("MASK_WORDS", 4.0)],
@@ -32,7 +41,9 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
 fn variants(kernel: Kernel) -> &'static [(&'static str, f64)] {
     match kernel {
         // K/V storage: f16 pairs, bf16 pairs (f32 is the default)
-        Kernel::KvWrite | Kernel::Attention => &[("KV_FORMAT", 1.0), ("KV_FORMAT", 5.0)],
+        Kernel::KvWrite | Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead => {
+            &[("KV_FORMAT", 1.0), ("KV_FORMAT", 5.0)]
+        }
         _ => &[],
     }
 }

@@ -4,7 +4,9 @@
 
 use std::time::Instant;
 
-use kvdecode::{Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Profile, Sampler, SplitMix64, WeightDtype};
+use kvdecode::{
+    AttentionKernel, Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Profile, Sampler, SplitMix64, WeightDtype,
+};
 
 use crate::common::{load_model, Result};
 
@@ -31,6 +33,12 @@ pub struct Args {
     /// Weights on the GPU: f32 or f16 (quantized blocks stay quantized).
     #[arg(long, default_value = "f32", value_parser = |s: &str| match s { "f32" => Ok(WeightDtype::F32), "f16" => Ok(WeightDtype::F16), _ => Err(format!("unknown weight type {s:?}")) })]
     weights: WeightDtype,
+    /// Contexts of the attention-variant table (serial vs split, same run).
+    #[arg(long, value_delimiter = ',', default_value = "512,4096")]
+    attention_ctx: Vec<usize>,
+    /// Rows of the attention-variant table.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    attention_rows: Vec<usize>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -97,6 +105,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     profile_table(&gpu, &model, &a.weights, &rows_list, &ctx_list, steps)?;
+    attention_table(&gpu, &model, &a.weights, &a.attention_rows, &a.attention_ctx, steps)?;
     // multi-step decode: the host enqueues `window` steps, then reads all their ids at once
     let windows = a.windows;
     let total = 32;
@@ -203,6 +212,73 @@ fn profile_table(
                 weights_bw / 1e9,
                 100.0 * weights_bw / bw
             );
+        }
+    }
+    Ok(())
+}
+
+/// The attention kernel's variants side by side in one run: GPU time of attention and of the rest
+/// of a decode step (timestamp queries), and the wall time of whole steps, each variant against
+/// the serial (portable) kernel.
+fn attention_table(
+    gpu: &Gpu,
+    model: &ModelWeights,
+    weights: &WeightDtype,
+    rows_list: &[usize],
+    ctx_list: &[usize],
+    steps: usize,
+) -> Result<()> {
+    println!("\nattention variants per decode step (f32 K/V; GPU ms from timestamp queries, step ms wall clock):\n");
+    println!("| attention | rows | context | attention ms | rest ms | step ms | attention speedup | step speedup |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut rng = SplitMix64(7);
+    for &rows in rows_list {
+        for &ctx in ctx_list {
+            let ids: Vec<u32> = (0..rows * ctx).map(|_| rng.below(model.cfg.vocab) as u32).collect();
+            let greedy = vec![Sampler::GREEDY; rows];
+            let mut serial: Option<(f64, f64)> = None;
+            for kernel in AttentionKernel::ALL {
+                let opts = EngineOptions {
+                    weights: *weights,
+                    attention: kernel,
+                    beyond_trained_context: true,
+                    ..EngineOptions::new(rows, ctx + 2 * steps + 1)
+                };
+                let mut e = Engine::new(gpu, model, opts)?;
+                if e.attention_kernel() != kernel {
+                    continue;
+                }
+                let mut next = e.append_sample(&ids, ctx, &vec![ctx; rows], None, &greedy)?;
+                let t = std::time::Instant::now();
+                for _ in 0..steps {
+                    let step_ids: Vec<u32> = next.iter().map(|x| x.unwrap_or(0)).collect();
+                    next = e.append_sample(&step_ids, 1, &vec![1; rows], None, &greedy)?;
+                }
+                let step = t.elapsed().as_secs_f64() / steps as f64;
+                let mut total = Profile::default();
+                for _ in 0..steps {
+                    let step_ids: Vec<u32> = (0..rows).map(|_| rng.below(model.cfg.vocab) as u32).collect();
+                    match e.profile_step(&step_ids, 1, &vec![1; rows], None, Some(&greedy)) {
+                        Ok(p) => total.add(&p),
+                        Err(err) => {
+                            println!("no GPU times: {err}");
+                            return Ok(());
+                        }
+                    }
+                }
+                let n = steps as f64;
+                let attn = total.attention / n;
+                let (base_attn, base_step) = *serial.get_or_insert((attn, step));
+                println!(
+                    "| {} | {rows} | {ctx} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.2}x |",
+                    kernel.name(),
+                    1e3 * attn,
+                    1e3 * (total.total() / n - attn),
+                    1e3 * step,
+                    base_attn / attn,
+                    base_step / step
+                );
+            }
         }
     }
     Ok(())

@@ -1,0 +1,238 @@
+// Attention split along the keys (flash-decoding), part 1 of 2: the global keys a query sees are
+// cut into partitions of SPAN positions whose boundaries are absolute positions (partition s holds
+// positions s * SPAN .. s * SPAN + SPAN - 1). One workgroup folds one partition for one token and
+// one kv head, for all G = H / HK query heads of the group at once, so each K/V element is read
+// once per group; it writes the partition's unnormalized softmax state (max, sum, weighted values)
+// to `partials`. attention.wgsl (SPLIT) then merges the partitions in position order and goes on
+// with the local keys.
+// A partition is walked in tiles of TILE keys: all of a tile's scores first (lanes over keys),
+// then its max and sum (each lane over its own keys, then one lane per head over the lanes), then
+// the weighted values (lanes over (head, element), keys in position order). Four barriers a tile.
+// Exactness: every reduction has one fixed order set by TILE and WG, and the partitions' bounds
+// depend only on the query's position, so a query's result depends on its position and the keys
+// alone: never on the other rows or tokens of the step, nor on how the tokens were chunked.
+
+override H: u32;                // query heads
+override HK: u32;               // kv heads
+override D: u32;                // head_dim (multiple of 4; G * D <= 4 * WG)
+override GLOBAL_SLOTS: u32;     // max_len + 1
+override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
+override SCALE: f32;
+override TILE: u32 = 256u;      // keys per tile: a multiple of WG, G * TILE <= 1024
+override SPAN: u32;             // positions per partition: a multiple of TILE
+override PARTS: u32;            // partitions per query: ceil(max_len / SPAN)
+override GROUP_TOKENS: u32 = 0xffffffffu;  // tokens per dispatch (its token group)
+override ROW0: u32 = 0u;        // first cache row held by the bound cache shard
+override SHARD_ROWS: u32 = 0xffffffffu;
+
+const WG: u32 = 64u;            // lanes per workgroup
+const MAX_G: u32 = 16u;         // query heads per kv head
+const SLOTS: u32 = 4u;          // value vec4s per lane: G * D / 4 <= SLOTS * WG
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> group: TokenGroup;                     // this dispatch's first token
+@group(0) @binding(2) var<storage, read> rows: array<RowInfo>;            // [R]
+@group(0) @binding(3) var<storage, read> qy: array<vec4<f32>>;            // [R * C, H, D] roped queries
+@group(0) @binding(4) var<storage, read> gk: array<u32>;                  // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
+@group(0) @binding(5) var<storage, read> gv: array<u32>;                  // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
+@group(0) @binding(6) var<storage, read_write> partials: array<vec4<f32>>; // [group tokens, H, PARTS, 1 + D / 4]: (max, sum, 0, 0), then values
+
+var<workgroup> qs: array<vec4<f32>, 256>;       // [G, D / 4] the group's queries
+var<workgroup> score: array<f32, 1024>;         // [G, TILE] a tile's scores, then their weights
+var<workgroup> per_lane: array<f32, 1024>;      // [G, WG] each lane's max, then sum, over its keys
+var<workgroup> quarter: array<vec4<f32>, WG>;   // [parts, G * D / 4] a tile's values per key range
+var<workgroup> run_m: array<f32, MAX_G>;        // running max per head
+var<workgroup> run_l: array<f32, MAX_G>;        // running sum per head
+var<workgroup> corr: array<f32, MAX_G>;         // this tile's rescale of the earlier state
+var<workgroup> job: vec4<u32>;                  // (valid, last position, cache row in the shard, row)
+
+// Four K (or V) elements at element index e (a multiple of 4) of the global cache.
+fn global4(is_v: bool, e: u32) -> vec4<f32> {
+    if KV_FORMAT != 0u {
+        let w = e / 2u;
+        if is_v { return half4(KV_FORMAT, gv[w], gv[w + 1u]); }
+        return half4(KV_FORMAT, gk[w], gk[w + 1u]);
+    }
+    if is_v { return bitcast<vec4<f32>>(vec4<u32>(gv[e], gv[e + 1u], gv[e + 2u], gv[e + 3u])); }
+    return bitcast<vec4<f32>>(vec4<u32>(gk[e], gk[e + 1u], gk[e + 2u], gk[e + 3u]));
+}
+
+// Workgroup (s, kh, t): partition s of kv head kh for token group.token0 + t.
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let s = wid.x;
+    let kh = wid.y;
+    let n = group.token0 + wid.z;
+    if n >= step.tokens { return; }
+    let g_n = H / HK;
+    let d4n = D / 4u;
+    if lane == 0u {
+        let r = n / step.width;
+        let j = n % step.width;
+        let info = rows[r];
+        let mine = info.cache_row >= ROW0 && info.cache_row - ROW0 < SHARD_ROWS;
+        let p = info.pos0 + j;
+        job = vec4<u32>(select(0u, 1u, mine && j < info.n_new && s * SPAN <= p), p, info.cache_row - ROW0, r);
+    }
+    // one value for the whole workgroup: padding, another shard's row or a partition past the query
+    let w = workgroupUniformLoad(&job);
+    if w.x == 0u { return; }
+    let last = min(w.y, s * SPAN + SPAN - 1u);
+    let base = (w.z * HK + kh) * GLOBAL_SLOTS * D;
+    for (var i = lane; i < g_n * d4n; i += WG) {
+        qs[i] = qy[(n * H + kh * g_n) * d4n + i];
+    }
+    if lane < g_n {
+        run_m[lane] = -3.0e38;
+        run_l[lane] = 0.0;
+    }
+    var acc: array<vec4<f32>, SLOTS>;
+    for (var k = 0u; k < SLOTS; k++) { acc[k] = vec4<f32>(0.0); }
+    for (var t0 = s * SPAN; t0 <= last; t0 += TILE) {
+        let count = min(TILE, last + 1u - t0);
+        workgroupBarrier();
+        // 1. lane i scores keys t0 + i, t0 + i + WG, ... against every head (K re-read per head
+        //    from the cache; per-lane arrays indexed by head cost more on CPU adapters) and keeps
+        //    its max per head
+        for (var g = 0u; g < g_n; g++) {
+            var lane_max = -3.0e38;
+            for (var i = lane; i < count; i += WG) {
+                let at = base + (t0 + i) * D;
+                var dot_sum = 0.0;
+                for (var c = 0u; c < d4n; c++) { dot_sum += dot(qs[g * d4n + c], global4(false, at + c * 4u)); }
+                score[g * TILE + i] = dot_sum * SCALE;
+                lane_max = max(lane_max, dot_sum * SCALE);
+            }
+            per_lane[g * WG + lane] = lane_max;
+        }
+        workgroupBarrier();
+        // 2. lane g: head g's max over the lanes
+        if lane < g_n {
+            var mt = run_m[lane];
+            for (var i = 0u; i < WG; i++) { mt = max(mt, per_lane[lane * WG + i]); }
+            corr[lane] = exp(run_m[lane] - mt);
+            run_m[lane] = mt;
+        }
+        workgroupBarrier();
+        // 3. lane i: the weights of its keys and their sum per head
+        for (var g = 0u; g < g_n; g++) {
+            var sum = 0.0;
+            for (var i = lane; i < count; i += WG) {
+                let p = exp(score[g * TILE + i] - run_m[g]);
+                score[g * TILE + i] = p;
+                sum += p;
+            }
+            per_lane[g * WG + lane] = sum;
+        }
+        workgroupBarrier();
+        // 4. lane g: the running sum over the lanes; every lane: its slots of the weighted values,
+        //    keys in position order (consecutive lanes read consecutive elements of V). Fewer
+        //    slots than lanes: the tile's keys are cut into `ranges` consecutive ranges, one lane
+        //    per (range, slot), and the ranges are added in order.
+        if lane < g_n {
+            var sum = 0.0;
+            for (var i = 0u; i < WG; i++) { sum += per_lane[lane * WG + i]; }
+            run_l[lane] = run_l[lane] * corr[lane] + sum;
+        }
+        let slots = g_n * d4n;
+        let ranges = max(1u, WG / slots);
+        if ranges > 1u {
+            let slot = lane % slots;
+            let range = lane / slots;
+            let g = slot / d4n;
+            let per = (count + ranges - 1u) / ranges;
+            var part = vec4<f32>(0.0);
+            if range < ranges {
+                for (var i = range * per; i < min(count, range * per + per); i++) {
+                    part += score[g * TILE + i] * global4(true, base + (t0 + i) * D + (slot % d4n) * 4u);
+                }
+            }
+            quarter[lane] = part;
+            workgroupBarrier();
+            if lane < slots {
+                var a = acc[0] * corr[g];
+                for (var q = 0u; q < ranges; q++) { a += quarter[q * slots + lane]; }
+                acc[0] = a;
+            }
+            continue;
+        }
+        for (var k = 0u; k < SLOTS; k++) {
+            let slot = lane + k * WG;
+            if slot < g_n * d4n {
+                let g = slot / d4n;
+                let d4 = slot % d4n;
+                var a = acc[k] * corr[g];
+                for (var i = 0u; i < count; i++) {
+                    a += score[g * TILE + i] * global4(true, base + (t0 + i) * D + d4 * 4u);
+                }
+                acc[k] = a;
+            }
+        }
+    }
+    workgroupBarrier();
+    let stride = 1u + d4n;
+    let first = ((n - group.token0) * H + kh * g_n) * PARTS + s;  // head kh * g_n, partition s
+    if lane < g_n {
+        partials[(first + lane * PARTS) * stride] = vec4<f32>(run_m[lane], run_l[lane], 0.0, 0.0);
+    }
+    for (var k = 0u; k < SLOTS; k++) {
+        let slot = lane + k * WG;
+        if slot < g_n * d4n {
+            let g = slot / d4n;
+            partials[(first + g * PARTS) * stride + 1u + slot % d4n] = acc[k];
+        }
+    }
+}
+
+// The same partial states, one thread per (token, partition, query head) walking its partition's
+// keys alone in position order (online softmax, as attention.wgsl's serial walk): no workgroup
+// memory and no barriers, the shape that suits adapters that are really a CPU (lanes are SIMD
+// lanes, heads of one kv head read the same keys). Same partitions, same output layout.
+// Workgroups of HEAD_WG threads: one SIMD vector of a CPU adapter, so a row's few threads still
+// spread over every core.
+override HEAD_WG: u32 = 8u;
+
+var<private> q: array<vec4<f32>, 64>;    // head_dim <= 256
+var<private> acc_h: array<vec4<f32>, 64>;
+
+@compute @workgroup_size(HEAD_WG)
+fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = gid.x + gid.y * nwg.x * HEAD_WG;  // 2D grids for more than 65535 workgroups
+    let h = idx % H;
+    let s = (idx / H) % PARTS;
+    let local_n = idx / (H * PARTS);
+    let n = group.token0 + local_n;
+    if local_n >= GROUP_TOKENS || n >= step.tokens { return; }
+    let r = n / step.width;
+    let j = n % step.width;
+    let info = rows[r];
+    let p = info.pos0 + j;
+    if info.cache_row < ROW0 || info.cache_row - ROW0 >= SHARD_ROWS || j >= info.n_new || s * SPAN > p { return; }
+    let d4n = D / 4u;
+    let kh = h / (H / HK);
+    for (var i = 0u; i < d4n; i++) {
+        q[i] = qy[(n * H + h) * d4n + i];
+        acc_h[i] = vec4<f32>(0.0);
+    }
+    var m = -3.0e38;
+    var l = 0.0;
+    let base = ((info.cache_row - ROW0) * HK + kh) * GLOBAL_SLOTS * D;
+    for (var t = s * SPAN; t <= min(p, s * SPAN + SPAN - 1u); t++) {
+        var sc = 0.0;
+        for (var i = 0u; i < d4n; i++) { sc += dot(q[i], global4(false, base + t * D + i * 4u)); }
+        sc *= SCALE;
+        if sc > m {
+            let c = exp(m - sc);
+            l *= c;
+            for (var i = 0u; i < d4n; i++) { acc_h[i] *= c; }
+            m = sc;
+        }
+        let w = exp(sc - m);
+        l += w;
+        for (var i = 0u; i < d4n; i++) { acc_h[i] += w * global4(true, base + t * D + i * 4u); }
+    }
+    let stride = 1u + d4n;
+    let at = ((local_n * H + h) * PARTS + s) * stride;
+    partials[at] = vec4<f32>(m, l, 0.0, 0.0);
+    for (var i = 0u; i < d4n; i++) { partials[at + 1u + i] = acc_h[i]; }
+}

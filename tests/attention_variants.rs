@@ -1,0 +1,147 @@
+//! The attention kernel family's variants: serial (one thread walks every key) and split along
+//! the keys (partitions of fixed positions, merged in position order; a workgroup per kv head or
+//! a thread per query head). Each matches the CPU reference, they agree, and each split one is
+//! exact on its own terms: a row's logits never depend on the other rows, the chunking or the
+//! token groups, bit for bit, across many partitions. CI also runs the whole suite with each
+//! variant forced (`KVDECODE_ATTENTION`, `KVDECODE_PORTABLE=1` for serial).
+
+mod common;
+
+use common::*;
+use kvdecode::{AttentionKernel, Engine, EngineOptions, Gpu, GpuOptions, KvDtype, LayerSpec, ModelConfig, SplitMix64};
+
+fn engine(gpu: &Gpu, cfg: &ModelConfig, seed: u64, rows: usize, max_len: usize, kernel: AttentionKernel) -> Engine {
+    let w = model(cfg, seed);
+    Engine::new(gpu, &w, EngineOptions { attention: kernel, ..EngineOptions::new(rows, max_len) }).unwrap()
+}
+
+#[test]
+fn variants_resolve_as_asked() {
+    let gpu = gpu();
+    let auto = match gpu.info.device_type {
+        wgpu::DeviceType::Cpu => AttentionKernel::SplitHead,
+        _ => AttentionKernel::SplitGroup,
+    };
+    println!("{}: auto picks {auto:?}", gpu.describe());
+    for (asked, built) in [
+        (AttentionKernel::Serial, AttentionKernel::Serial),
+        (AttentionKernel::SplitGroup, AttentionKernel::SplitGroup),
+        (AttentionKernel::SplitHead, AttentionKernel::SplitHead),
+        (AttentionKernel::Auto, auto),
+    ] {
+        assert_eq!(engine(&gpu, &llama_cfg(), 1, 1, 64, asked).attention_kernel(), built, "asked {asked:?}");
+    }
+    // 32 query heads on one kv head: more than split-group's 16 per kv head
+    let wide = ModelConfig::llama(96, 32, 32, 1, 8, 48, 2, 10000.0, 1e-6, false);
+    let w = model(&wide, 2);
+    if auto == AttentionKernel::SplitGroup {
+        let e = Engine::new(&gpu, &w, EngineOptions { attention: AttentionKernel::Auto, ..EngineOptions::new(1, 64) });
+        assert_eq!(e.unwrap().attention_kernel(), AttentionKernel::Serial, "auto falls back to serial");
+    }
+    let opts = EngineOptions { attention: AttentionKernel::SplitGroup, ..EngineOptions::new(1, 64) };
+    let err = Engine::new(&gpu, &w, opts).err().expect("split-group cannot take 32 heads per kv head").to_string();
+    assert!(err.contains("16 query heads per kv head") && err.contains("32 x 8"), "{err}");
+    // split-head can
+    let opts = EngineOptions { attention: AttentionKernel::SplitHead, ..EngineOptions::new(1, 64) };
+    let mut e = Engine::new(&gpu, &w, opts).unwrap();
+    let ids: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 96).collect();
+    let got = e.append(&ids, 40, &[40], None).unwrap();
+    assert!(max_abs_diff(got.row(0).unwrap(), &ref_last(&w, &ids)) <= 1e-4);
+}
+
+/// Feed `tokens` of each row in random ragged appends; return the logits after each append.
+fn ragged_prefill(e: &mut Engine, tokens: &[Vec<u32>], rng: &mut SplitMix64) -> Vec<Vec<Option<Vec<f32>>>> {
+    let rows = tokens.len();
+    let mut fed = vec![0; rows];
+    let mut out = Vec::new();
+    while fed.iter().zip(tokens).any(|(f, t)| *f < t.len()) {
+        let n_new: Vec<usize> = (0..rows).map(|r| rng.below(90).min(tokens[r].len() - fed[r])).collect();
+        let width = n_new.iter().copied().max().unwrap().max(1);
+        let mut ids = vec![0u32; rows * width];
+        for r in 0..rows {
+            ids[r * width..r * width + n_new[r]].copy_from_slice(&tokens[r][fed[r]..fed[r] + n_new[r]]);
+            fed[r] += n_new[r];
+        }
+        let l = e.append(&ids, width, &n_new, None).unwrap();
+        out.push((0..rows).map(|r| l.row(r).map(|x| x.to_vec())).collect());
+    }
+    out
+}
+
+#[test]
+fn split_and_serial_match_reference_over_many_partitions() {
+    let s = seed(31);
+    println!("seed {s}");
+    let mut rng = SplitMix64(s);
+    let cfg = llama_cfg();
+    let w = model(&cfg, s);
+    let gpu = gpu();
+    // 300 positions: partitions of 64, five per query; rows end in different partitions
+    let tokens: Vec<Vec<u32>> =
+        [260, 133, 64].iter().map(|&n| (0..n).map(|_| rng.below(96) as u32).collect()).collect();
+    let mut last = Vec::new();
+    for kernel in AttentionKernel::ALL {
+        let mut e = Engine::new(&gpu, &w, EngineOptions { attention: kernel, ..EngineOptions::new(3, 300) }).unwrap();
+        assert_eq!(e.attention_kernel(), kernel);
+        let mut rng = SplitMix64(s ^ 7);
+        ragged_prefill(&mut e, &tokens, &mut rng);
+        // one decode step each, then compare every row with the reference
+        let next: Vec<u32> = (0..3).map(|r| (r * 5 + 1) as u32).collect();
+        let l = e.append(&next, 1, &[1, 1, 1], None).unwrap();
+        let mut rows = Vec::new();
+        for (r, t) in tokens.iter().enumerate() {
+            let mut all = t.clone();
+            all.push(next[r]);
+            let want = ref_last(&w, &all);
+            let d = max_abs_diff(l.row(r).unwrap(), &want);
+            assert!(d <= 2e-4, "seed {s} {kernel:?} row {r} ({} tokens): {d}", all.len());
+            rows.push(l.row(r).unwrap().to_vec());
+        }
+        last.push(rows);
+    }
+    for (kernel, rows) in AttentionKernel::ALL.iter().zip(&last).skip(1) {
+        for (r, (serial, other)) in last[0].iter().zip(rows).enumerate() {
+            let d = max_abs_diff(serial, other);
+            assert!(d <= 2e-4, "seed {s} row {r}: serial and {kernel:?} differ by {d}");
+        }
+    }
+}
+
+#[test]
+fn split_is_exact_whatever_the_batch_chunking_and_token_groups() {
+    for kernel in [AttentionKernel::SplitGroup, AttentionKernel::SplitHead] {
+        split_exact(kernel);
+    }
+}
+
+fn split_exact(kernel: AttentionKernel) {
+    let s = seed(32);
+    println!("seed {s}");
+    let mut rng = SplitMix64(s);
+    // layers 0 and 2 global, layer 1 a sliding window of 16 only (its attention runs serial
+    // over the ring, per token group, in the same engine)
+    let mut cfg = llama_cfg();
+    cfg.window = 16;
+    cfg.layers[1] = LayerSpec { global_group: None, writes_global: false, local: true };
+    cfg.layers[2].global_group = Some(1);
+    let target: Vec<u32> = (0..700).map(|_| rng.below(96) as u32).collect();
+    // alone, one append (chunks of CHUNK tokens), on a default device; 1100 positions: five
+    // partitions of 256, f16 K/V
+    let w = model(&cfg, s);
+    let opts = |rows| EngineOptions { kv: KvDtype::F16, attention: kernel, ..EngineOptions::new(rows, 1100) };
+    let mut alone = Engine::new(&gpu(), &w, opts(1)).unwrap();
+    let want = alone.append(&target, target.len(), &[target.len()], None).unwrap().row(0).unwrap().to_vec();
+    // with two other rows, ragged appends, on a device whose 64 KiB bindings force narrow chunks,
+    // cache shards and several token groups per chunk (each its own partials scratch round)
+    let small = Gpu::with_options(&GpuOptions { max_storage_binding: Some(64 << 10), ..Default::default() }).unwrap();
+    let mut crowd = Engine::new(&small, &w, opts(3)).unwrap();
+    assert!(crowd.attention_token_groups() > 1, "one token group: {}", crowd.attention_token_groups());
+    assert!(crowd.cache().shard_rows() < 3, "cache not sharded");
+    let others: Vec<Vec<u32>> = (0..2).map(|_| (0..780).map(|_| rng.below(96) as u32).collect()).collect();
+    let tokens = vec![others[0].clone(), target.clone(), others[1].clone()];
+    let outs = ragged_prefill(&mut crowd, &tokens, &mut rng);
+    // the target row's logits from the append that fed its last token
+    let got = outs.iter().rev().find_map(|o| o[1].clone()).unwrap();
+    assert_eq!(crowd.cache().history(1), &target[..]);
+    assert!(got == want, "seed {s} {kernel:?}: logits differ from the row alone: {}", max_abs_diff(&got, &want));
+}
