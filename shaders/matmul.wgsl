@@ -1,6 +1,9 @@
 // y[n, OUT_OFFSET + o] = sum_k x[n, k] * w[o, k] for one row-part of a weight matrix (PyTorch layout
 // [out, in]). One thread per output column and 4 tokens: each weight vec4 is read once per 4 tokens
-// (register blocking; workgroup memory was slower on lavapipe).
+// (register blocking; workgroup memory was slower on lavapipe). Steps of fewer than 4 tokens (a
+// decode step of 1-3 rows) take one token per thread instead (mat-vec: no lane computes dot
+// products it throws away); a token's sum runs over k in the same order either way, so both give
+// the same bits.
 
 override K: u32;                   // input features (multiple of 4)
 override O_ROWS: u32;              // output rows of this part
@@ -38,9 +41,20 @@ fn row_bases(n0: u32, n_total: u32) -> vec4<u32> {
     return vec4<u32>(n0, min(n0 + 1u, last), min(n0 + 2u, last), min(n0 + 3u, last)) * (K / 4u);
 }
 
-// The 4 tokens' dot products with weights w4(o, k4) for k4 = start, start + stride, ...
-fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32) -> vec4<f32> {
+// Tokens per thread: 4, or 1 for steps of fewer than 4 tokens (the host sizes the grid the same way).
+fn tokens_per_thread(n_total: u32) -> u32 {
+    return select(4u, 1u, n_total < 4u);
+}
+
+// The tokens' dot products with weights w4(o, k4) for k4 = start, start + stride, ...
+fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
+    if tokens == 1u {
+        for (var k4 = start; k4 < K / 4u; k4 += stride) {
+            acc.x += dot(x[b.x + k4], w4(o, k4));
+        }
+        return acc;
+    }
     for (var k4 = start; k4 < K / 4u; k4 += stride) {
         let wv = w4(o, k4);
         acc += vec4<f32>(dot(x[b.x + k4], wv), dot(x[b.y + k4], wv), dot(x[b.z + k4], wv), dot(x[b.w + k4], wv));
@@ -48,9 +62,10 @@ fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32) -> vec4<f32> {
     return acc;
 }
 
-// Write output column o of tokens n0 .. n0 + 3 (those that exist), with softcap and residual.
-fn store4(o: u32, n0: u32, n_total: u32, acc: vec4<f32>) {
-    for (var t = 0u; t < 4u; t++) {
+// Write output column o of tokens n0 .. n0 + tokens - 1 (those that exist), with softcap and
+// residual.
+fn store4(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, tokens: u32) {
+    for (var t = 0u; t < tokens; t++) {
         let n = n0 + t;
         if n >= n_total { break; }
         let i = n * OUT_STRIDE + OUT_OFFSET + o;
@@ -65,7 +80,8 @@ fn store4(o: u32, n0: u32, n_total: u32, acc: vec4<f32>) {
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let o = gid.x;
     let n_total = select(step.tokens, step.rows, PER_ROW);
-    let n0 = gid.y * 4u;
+    let tokens = tokens_per_thread(n_total);
+    let n0 = gid.y * tokens;
     if o >= O_ROWS || n0 >= n_total { return; }
-    store4(o, n0, n_total, dots(o, row_bases(n0, n_total), 0u, 1u));
+    store4(o, n0, n_total, dots(o, row_bases(n0, n_total), 0u, 1u, tokens), tokens);
 }

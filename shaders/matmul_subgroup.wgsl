@@ -1,5 +1,5 @@
 // Fast path of matmul.wgsl (appended to it) for adapters with subgroups: one subgroup per output
-// column and 4 tokens; the lanes split the input features, so neighbouring lanes read neighbouring
+// column and 4 tokens (1 in steps of fewer than 4); the lanes split the input features, so neighbouring lanes read neighbouring
 // weights, and `subgroupAdd` sums their partial dot products.
 // Used only when the device has the `subgroups` feature and a fixed subgroup size SG; the portable
 // `main` above is the reference (KVDECODE_PORTABLE=1 forces it).
@@ -14,10 +14,11 @@ fn main_subgroup(
 ) {
     let o = wid.x + wid.y * nwg.x;
     let n_total = select(step.tokens, step.rows, PER_ROW);
-    let n0 = wid.z * 4u;
+    let tokens = tokens_per_thread(n_total);
+    let n0 = wid.z * tokens;
     if o >= O_ROWS || n0 >= n_total { return; }  // uniform across the workgroup
-    let acc = subgroupAdd(dots(o, row_bases(n0, n_total), lane, SG));
+    let acc = subgroupAdd(dots(o, row_bases(n0, n_total), lane, SG, tokens));
     if lane == 0u {
-        store4(o, n0, n_total, acc);
+        store4(o, n0, n_total, acc, tokens);
     }
 }

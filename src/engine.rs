@@ -256,6 +256,12 @@ struct Dispatch {
     wg: u32,
 }
 
+/// Blocks of tokens a matmul dispatch covers: one per 4 tokens, or one per token in steps of
+/// fewer than 4 (`tokens_per_thread` in matmul.wgsl).
+fn matmul_token_blocks(n: usize) -> u32 {
+    (if n < 4 { n } else { n.div_ceil(4) }).max(1) as u32
+}
+
 impl Dispatch {
     fn workgroups(&self, rows: usize, width: usize) -> (u32, u32, u32) {
         let linear = |threads: usize| {
@@ -268,12 +274,12 @@ impl Dispatch {
             Grid::Rows(k) => linear(rows * k),
             Grid::Matmul { out_rows, per_row } => {
                 let n = if per_row { rows } else { rows * width };
-                (out_rows.div_ceil(self.wg as usize) as u32, n.div_ceil(4).max(1) as u32, 1)
+                (out_rows.div_ceil(self.wg as usize) as u32, matmul_token_blocks(n), 1)
             }
             Grid::MatmulSubgroup { out_rows, per_row } => {
                 let n = if per_row { rows } else { rows * width };
                 let x = out_rows.clamp(1, 65535);
-                (x as u32, out_rows.div_ceil(x) as u32, n.div_ceil(4).max(1) as u32)
+                (x as u32, out_rows.div_ceil(x) as u32, matmul_token_blocks(n))
             }
             Grid::WorkgroupPerRow => (rows as u32, 1, 1),
             Grid::TokenGroup { group, size, per_token } => {

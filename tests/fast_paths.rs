@@ -34,3 +34,28 @@ fn fast_and_portable_paths_agree() {
         }
     }
 }
+
+#[test]
+fn mat_vec_steps_equal_blocked_steps_bit_for_bit() {
+    // steps of fewer than 4 tokens run one token per thread (mat-vec), larger ones 4 per thread:
+    // a token's logits must not change between the two, on both kernel paths
+    for gpu in [common::gpu(), Gpu::with_options(&GpuOptions { portable: true, ..Default::default() }).unwrap()] {
+        let w = model(&llama_cfg(), 172).quantized(kvdecode::quant::QuantKind::Q4_1).unwrap();
+        let prompt: Vec<u32> = (0..5 * 6).map(|i| (i * 11 + 5) % 96).collect();
+        let mut runs = Vec::new();
+        for rows_in_step in [1usize, 2, 5] {
+            let mut e = Engine::new(&gpu, &w, EngineOptions::new(5, 40)).unwrap();
+            e.append(&prompt, 6, &[6; 5], None).unwrap();
+            // row 0 decodes next to `rows_in_step - 1` others (1 and 2 tokens: mat-vec; 5: blocked)
+            let rows: Vec<usize> = (0..rows_in_step).collect();
+            let ids: Vec<u32> = (0..rows_in_step as u32).map(|r| 7 + r).collect();
+            let out = e.append(&ids, 1, &vec![1; rows_in_step], Some(&rows)).unwrap();
+            runs.push(out.row(0).unwrap().to_vec());
+        }
+        assert!(
+            runs[0] == runs[1] && runs[1] == runs[2],
+            "{}: a row's logits depend on the step's size",
+            gpu.describe()
+        );
+    }
+}
