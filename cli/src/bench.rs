@@ -12,7 +12,8 @@ use crate::common::{load_model, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A model file (GGUF, Hugging Face directory, kvdecode safetensors) or `demo`.
+    /// A model file (GGUF, Hugging Face directory, kvdecode safetensors), `demo`, or a synthetic
+    /// model of a real shape in Q4_1 blocks: `synthetic:smollm2` or `synthetic:1b`.
     #[arg(long, default_value = "demo")]
     model: String,
     /// Rows to measure.
@@ -39,10 +40,23 @@ pub struct Args {
     /// Rows of the attention-variant table.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     attention_rows: Vec<usize>,
+    /// Tables to print: throughput, profile, attention, multistep.
+    #[arg(long, value_delimiter = ',', default_value = "throughput,profile,attention,multistep")]
+    tables: Vec<String>,
+    /// End with one JSON object of the figures (one line), for scripts.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let (rows_list, ctx_list, steps) = (a.rows, a.ctx, a.steps);
+    let (rows_list, ctx_list, steps) = (a.rows.clone(), a.ctx.clone(), a.steps);
+    for t in &a.tables {
+        if !["throughput", "profile", "attention", "multistep"].contains(&t.as_str()) {
+            return Err(format!("--tables: unknown table {t:?} (throughput, profile, attention, multistep)").into());
+        }
+    }
+    let table = |name: &str| a.tables.iter().any(|t| t == name);
+    let mut json = serde_json::Map::new();
     let kvs = a.kv.iter().map(|s| KvDtype::parse(s)).collect::<kvdecode::Result<Vec<_>>>()?;
     let gpu = Gpu::new()?;
     let (model, _) = load_model(&a.model)?;
@@ -57,10 +71,13 @@ pub fn run(a: Args) -> Result<()> {
         model.cfg.window,
         model.cfg.vocab
     );
-    println!("| kv | rows | context | prefill tok/s | decode tok/s | ms / decode step | dispatches / step | submits / step | KV MiB | naive MiB |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut rng = SplitMix64(3);
-    for &kv in &kvs {
+    let mut throughput = Vec::new();
+    if table("throughput") {
+        println!("| kv | rows | context | prefill tok/s | decode tok/s | ms / decode step | dispatches / step | submits / step | KV MiB | naive MiB |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    }
+    for &kv in kvs.iter().filter(|_| table("throughput")) {
         for &rows in &rows_list {
             for &ctx in &ctx_list {
                 let max_len = ctx + steps;
@@ -91,6 +108,15 @@ pub fn run(a: Args) -> Result<()> {
                 let decode = t.elapsed().as_secs_f64();
                 let after = e.stats();
                 let c = e.cache();
+                throughput.push(serde_json::json!({
+                    "kv": format!("{kv:?}"),
+                    "rows": rows,
+                    "context": ctx,
+                    "prefill_tok_s": (rows * ctx) as f64 / prefill,
+                    "decode_tok_s": (rows * steps) as f64 / decode,
+                    "dispatches_per_step": (after.dispatches - before.dispatches) / steps as u64,
+                    "attention": e.attention_kernel().name(),
+                }));
                 println!(
                     "| {kv:?} | {rows} | {ctx} | {:.0} | {:.1} | {:.1} | {} | {} | {:.2} | {:.2} |",
                     (rows * ctx) as f64 / prefill,
@@ -104,23 +130,48 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
-    profile_table(&gpu, &model, &a.weights, &rows_list, &ctx_list, steps)?;
-    attention_table(&gpu, &model, &a.weights, &a.attention_rows, &a.attention_ctx, steps)?;
-    // multi-step decode: the host enqueues `window` steps, then reads all their ids at once
-    let windows = a.windows;
+    json.insert("adapter".into(), gpu.describe().into());
+    json.insert("model".into(), a.model.clone().into());
+    json.insert("throughput".into(), throughput.into());
+    if table("profile") {
+        profile_table(&gpu, &model, &a.weights, &rows_list, &ctx_list, steps)?;
+    }
+    if table("attention") {
+        let rows = attention_table(&gpu, &model, &a.weights, &a.attention_rows, &a.attention_ctx, steps)?;
+        json.insert("attention".into(), rows.into());
+    }
+    if table("multistep") {
+        multistep_table(&gpu, &model, &a.weights, &rows_list, &a.windows)?;
+    }
+    if a.json {
+        println!("{}", serde_json::Value::Object(json));
+    }
+    Ok(())
+}
+
+/// Multi-step decode: the host enqueues `window` steps, then reads all their ids at once.
+fn multistep_table(
+    gpu: &Gpu,
+    model: &ModelWeights,
+    weights: &WeightDtype,
+    rows_list: &[usize],
+    windows: &[usize],
+) -> Result<()> {
+    let mut rng = SplitMix64(9);
+    let windows = windows.to_vec();
     let total = 32;
     println!("\nmulti-step decode (f32 K/V, context 128, {total} steps per row):\n");
     println!("| rows | steps per readback | decode tok/s | ms / step | readbacks |");
     println!("|---:|---:|---:|---:|---:|");
-    for &rows in &rows_list {
+    for &rows in rows_list {
         for &w in &windows {
             let opts = EngineOptions {
                 rollback: w.max(1) - 1,
-                weights: a.weights,
+                weights: *weights,
                 beyond_trained_context: true,
                 ..EngineOptions::new(rows, 128 + total + w)
             };
-            let mut e = Engine::new(&gpu, &model, opts)?;
+            let mut e = Engine::new(gpu, model, opts)?;
             let ids: Vec<u32> = (0..rows * 128).map(|_| rng.below(model.cfg.vocab) as u32).collect();
             let greedy = vec![Sampler::GREEDY; rows];
             let all: Vec<usize> = (0..rows).collect();
@@ -227,7 +278,8 @@ fn attention_table(
     rows_list: &[usize],
     ctx_list: &[usize],
     steps: usize,
-) -> Result<()> {
+) -> Result<Vec<serde_json::Value>> {
+    let mut out = Vec::new();
     println!("\nattention variants per decode step (f32 K/V; GPU ms from timestamp queries, step ms wall clock):\n");
     println!("| attention | rows | context | attention ms | rest ms | step ms | attention speedup | step speedup |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
@@ -262,13 +314,21 @@ fn attention_table(
                         Ok(p) => total.add(&p),
                         Err(err) => {
                             println!("no GPU times: {err}");
-                            return Ok(());
+                            return Ok(out);
                         }
                     }
                 }
                 let n = steps as f64;
                 let attn = total.attention / n;
                 let (base_attn, base_step) = *serial.get_or_insert((attn, step));
+                out.push(serde_json::json!({
+                    "attention": kernel.name(),
+                    "rows": rows,
+                    "context": ctx,
+                    "attention_ms": 1e3 * attn,
+                    "step_ms": 1e3 * step,
+                    "attention_speedup": base_attn / attn,
+                }));
                 println!(
                     "| {} | {rows} | {ctx} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.2}x |",
                     kernel.name(),
@@ -281,5 +341,5 @@ fn attention_table(
             }
         }
     }
-    Ok(())
+    Ok(out)
 }

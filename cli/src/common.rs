@@ -2,7 +2,19 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kvdecode::tokenizer::Tokenizer;
-use kvdecode::{EngineOptions, KvDtype, ModelWeights, WeightDtype};
+use kvdecode::{EngineOptions, KvDtype, ModelConfig, ModelWeights, WeightDtype};
+
+/// A model of a real shape with seeded random weights in Q4_1 blocks (`synthetic:smollm2`:
+/// SmolLM2-135M's dimensions; `synthetic:1b`: a Llama-3.2-1B-like shape). It runs at the speed of
+/// the real weights, so benchmarks can run where the real files cannot travel.
+fn synthetic(name: &str) -> Result<ModelWeights> {
+    let cfg = match name {
+        "smollm2" => ModelConfig::llama(49152, 576, 9, 3, 64, 1536, 30, 100_000.0, 1e-5, true),
+        "1b" => ModelConfig::llama(128_256, 2048, 32, 8, 64, 8192, 16, 500_000.0, 1e-5, true),
+        _ => return Err(format!("unknown synthetic model {name:?} (smollm2, 1b)").into()),
+    };
+    Ok(ModelWeights::random(&cfg, 0x5eed)?.quantized(kvdecode::quant::QuantKind::Q4_1)?)
+}
 
 /// Errors of a subcommand, printed as `error: ...`.
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -58,6 +70,9 @@ impl EngineArgs {
 pub fn load_model(path: &str) -> Result<(ModelWeights, Option<Tokenizer>)> {
     if path == "demo" {
         return Ok((ModelWeights::demo(), None));
+    }
+    if let Some(name) = path.strip_prefix("synthetic:") {
+        return Ok((synthetic(name)?, None));
     }
     let bar = ProgressBar::new(1);
     bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")?);
