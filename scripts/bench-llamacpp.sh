@@ -79,6 +79,9 @@ cargo build --quiet --release -p kvdecode-cli
 kv=$root/target/release/kvdecode
 
 export GGML_VK_VISIBLE_DEVICES=0
+# Mesa's Vulkan WSI complains without a runtime dir; give it a private one
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+chmod 700 "$XDG_RUNTIME_DIR"
 echo "llama.cpp Vulkan: llama-bench ..."
 "$cache/build-vulkan/bin/llama-bench" -m "$model" -ngl 99 -p 128 -n 32 -r 3 -o json >"$out/llamacpp-vulkan.json"
 echo "llama.cpp Vulkan: llama-batched-bench ..."
