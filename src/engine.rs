@@ -83,6 +83,7 @@ impl AttentionKernel {
     pub fn from_env() -> Self {
         match std::env::var("KVDECODE_ATTENTION").as_deref() {
             Ok("serial") => AttentionKernel::Serial,
+            Ok("auto") => AttentionKernel::Auto,
             Ok("split-group") => AttentionKernel::SplitGroup,
             Ok("split-head") => AttentionKernel::SplitHead,
             _ if std::env::var("KVDECODE_PORTABLE").is_ok_and(|v| v == "1") => AttentionKernel::Serial,
@@ -123,6 +124,14 @@ const PARTIALS_BYTES: usize = 16 << 20;
 
 impl AttentionPlan {
     fn new(cfg: &ModelConfig, opts: &EngineOptions, gpu: &Gpu, tokens: usize) -> Result<Self> {
+        // a misspelt variant must not quietly become the default
+        if let Ok(v) = std::env::var("KVDECODE_ATTENTION") {
+            if !["auto", "serial", "split-group", "split-head"].contains(&v.as_str()) {
+                return Err(Error::Config(format!(
+                    "KVDECODE_ATTENTION={v:?}: expected auto, serial, split-group or split-head"
+                )));
+            }
+        }
         let g = cfg.n_heads / cfg.n_kv_heads;
         let fits = g <= 16 && g * cfg.head_dim <= 1024;
         let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
