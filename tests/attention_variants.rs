@@ -145,3 +145,23 @@ fn split_exact(kernel: AttentionKernel) {
     assert_eq!(crowd.cache().history(1), &target[..]);
     assert!(got == want, "seed {s} {kernel:?}: logits differ from the row alone: {}", max_abs_diff(&got, &want));
 }
+
+#[test]
+fn long_contexts_walk_several_tiles_per_partition() {
+    // max_len 20000: more than 64 partitions of 256 would be needed, so partitions grow to 512
+    // positions (split-group walks two tiles of 256 in each, split-head 512 keys per thread)
+    let s = seed(33);
+    println!("seed {s}");
+    let mut rng = SplitMix64(s);
+    let w = model(&llama_cfg(), s);
+    let tokens: Vec<u32> = (0..700).map(|_| rng.below(96) as u32).collect();
+    let want = ref_last(&w, &tokens);
+    let gpu = gpu();
+    for kernel in AttentionKernel::ALL {
+        let opts = EngineOptions { attention: kernel, beyond_trained_context: true, ..EngineOptions::new(1, 20_000) };
+        let mut e = Engine::new(&gpu, &w, opts).unwrap();
+        let got = e.append(&tokens, tokens.len(), &[tokens.len()], None).unwrap();
+        let d = max_abs_diff(got.row(0).unwrap(), &want);
+        assert!(d <= 2e-4, "seed {s} {kernel:?}: {d}");
+    }
+}
