@@ -1,6 +1,7 @@
 //! `kvdecode bench`: prefill and decode throughput per K/V type, rows and context, GPU time per
-//! kernel class (timestamp queries) against the device's copy bandwidth, and multi-step decode
-//! (several steps per readback), printed as markdown tables.
+//! kernel class (timestamp queries) against the device's copy bandwidth, the attention variants
+//! side by side, and multi-step decode (several steps per readback), printed as markdown tables;
+//! `--json` ends with one JSON object of the figures for scripts.
 
 use std::time::Instant;
 
@@ -158,13 +159,12 @@ fn multistep_table(
     windows: &[usize],
 ) -> Result<()> {
     let mut rng = SplitMix64(9);
-    let windows = windows.to_vec();
     let total = 32;
     println!("\nmulti-step decode (f32 K/V, context 128, {total} steps per row):\n");
     println!("| rows | steps per readback | decode tok/s | ms / step | readbacks |");
     println!("|---:|---:|---:|---:|---:|");
     for &rows in rows_list {
-        for &w in &windows {
+        for &w in windows {
             let opts = EngineOptions {
                 rollback: w.max(1) - 1,
                 weights: *weights,
