@@ -87,14 +87,13 @@ fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
         }
         s += dot(q[i], k);
     }
-    s *= SCALE;
-    if s > m {
-        let corr = exp(m - s);
-        l *= corr;
-        for (var i = 0u; i < d4n; i++) { acc[i] *= corr; }
-        m = s;
+    let f = softmax_fold(s * SCALE, m);
+    if f.y != 1.0 {
+        l *= f.y;
+        for (var i = 0u; i < d4n; i++) { acc[i] *= f.y; }
     }
-    let p = exp(s - m);
+    m = f.x;
+    let p = f.z;
     l += p;
     for (var i = 0u; i < d4n; i++) {
         var v: vec4<f32>;

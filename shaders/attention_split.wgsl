@@ -220,14 +220,13 @@ fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     for (var t = s * SPAN; t <= min(p, s * SPAN + SPAN - 1u); t++) {
         var sc = 0.0;
         for (var i = 0u; i < d4n; i++) { sc += dot(q[i], global4(false, base + t * D + i * 4u)); }
-        sc *= SCALE;
-        if sc > m {
-            let c = exp(m - sc);
-            l *= c;
-            for (var i = 0u; i < d4n; i++) { acc_h[i] *= c; }
-            m = sc;
+        let f = softmax_fold(sc * SCALE, m);
+        if f.y != 1.0 {
+            l *= f.y;
+            for (var i = 0u; i < d4n; i++) { acc_h[i] *= f.y; }
         }
-        let w = exp(sc - m);
+        m = f.x;
+        let w = f.z;
         l += w;
         for (var i = 0u; i < d4n; i++) { acc_h[i] += w * global4(true, base + t * D + i * 4u); }
     }

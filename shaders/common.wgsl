@@ -52,6 +52,14 @@ fn round_to(fmt: u32, v: vec4<f32>) -> vec4<f32> {
     return half4(fmt, pack2(fmt, v.xy), pack2(fmt, v.zw));
 }
 
+// One step of an online softmax over scores in position order: folding score s into the running
+// max m gives (the new max, the factor that rescales what was summed under the old max: exactly 1
+// when the max stays, s's weight). The serial and split-head attention walks share it.
+fn softmax_fold(s: f32, m: f32) -> vec3<f32> {
+    let nm = max(s, m);
+    return vec3<f32>(nm, select(1.0, exp(m - s), s > m), exp(s - nm));
+}
+
 // tanh that stays finite for large arguments on every backend.
 fn safe_tanh(x: f32) -> f32 {
     return tanh(clamp(x, -15.0, 15.0));
