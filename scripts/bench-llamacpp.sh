@@ -13,6 +13,10 @@
 #
 # Not in CI: the Vulkan backend alone takes a long while to build on 2 cores. Needs root for the
 # Debian packages (cmake build-essential libvulkan-dev glslc spirv-headers) when they are missing.
+#
+# For a machine that can build nothing (a GPU box without network or toolchains), three variables
+# take what was built elsewhere: LLAMACPP_BIN=folder with vulkan/ and cpu/ (each a build's bin/
+# folder), KVDECODE_BIN=the kvdecode binary, MODEL=the GGUF file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -24,28 +28,29 @@ out=${1:-$cache/results}
 jobs=${JOBS:-$(nproc)}
 mkdir -p "$cache" "$out"
 
-need=()
-command -v cmake >/dev/null || need+=(cmake)
-command -v g++ >/dev/null || need+=(build-essential)
-command -v glslc >/dev/null || need+=(glslc)
-[ -e /usr/include/vulkan/vulkan.h ] || need+=(libvulkan-dev)
-[ -d /usr/include/spirv ] || need+=(spirv-headers)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "installing ${need[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
-fi
+if [ -z "${LLAMACPP_BIN:-}" ]; then
+  need=()
+  command -v cmake >/dev/null || need+=(cmake)
+  command -v g++ >/dev/null || need+=(build-essential)
+  command -v glslc >/dev/null || need+=(glslc)
+  [ -e /usr/include/vulkan/vulkan.h ] || need+=(libvulkan-dev)
+  [ -d /usr/include/spirv ] || need+=(spirv-headers)
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "installing ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  fi
 
-# the source: vendor/llama.cpp of the pinned llama-cpp-python sdist
-src=$cache/llama_cpp_python-$version/vendor/llama.cpp
-if [ ! -d "$src" ]; then
-  tarball=$cache/llama_cpp_python-$version.tar.gz
-  [ -s "$tarball" ] || curl -sSfL -o "$tarball" "$url"
-  echo "$sha  $tarball" | sha256sum -c --quiet
-  tar xzf "$tarball" -C "$cache"
-fi
-# Debian 12's Vulkan headers (1.3.239) lack VK_EXT_layer_settings: compile its block only where
-# the headers have it (it only configures the validation layer)
-python3 - "$src/ggml/src/ggml-vulkan/ggml-vulkan.cpp" <<'PY'
+  # the source: vendor/llama.cpp of the pinned llama-cpp-python sdist
+  src=$cache/llama_cpp_python-$version/vendor/llama.cpp
+  if [ ! -d "$src" ]; then
+    tarball=$cache/llama_cpp_python-$version.tar.gz
+    [ -s "$tarball" ] || curl -sSfL -o "$tarball" "$url"
+    echo "$sha  $tarball" | sha256sum -c --quiet
+    tar xzf "$tarball" -C "$cache"
+  fi
+  # Debian 12's Vulkan headers (1.3.239) lack VK_EXT_layer_settings: compile its block only where
+  # the headers have it (it only configures the validation layer)
+  python3 - "$src/ggml/src/ggml-vulkan/ggml-vulkan.cpp" <<'PY'
 import sys
 p = sys.argv[1]
 s = open(p).read()
@@ -58,42 +63,56 @@ if "#ifdef VK_EXT_layer_settings" not in s:
     open(p, "w").write(s)
 PY
 
-build() {  # build dir, extra cmake flags...
-  local dir=$1
-  shift
-  if [ ! -x "$dir/bin/llama-bench" ] || [ ! -x "$dir/bin/llama-batched-bench" ]; then
-    cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-      -DGGML_AVX512=ON "$@" >"$dir.cmake.log" 2>&1
-    cmake --build "$dir" -j "$jobs" --target llama-bench llama-batched-bench >"$dir.build.log" 2>&1
-  fi
-}
-echo "building llama.cpp (CPU) ..."
-build "$cache/build-cpu"
-echo "building llama.cpp (Vulkan) ..."
-build "$cache/build-vulkan" -DGGML_VULKAN=ON
+  build() {  # build dir, extra cmake flags...
+    local dir=$1
+    shift
+    if [ ! -x "$dir/bin/llama-bench" ] || [ ! -x "$dir/bin/llama-batched-bench" ]; then
+      cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+        -DGGML_AVX512=ON "$@" >"$dir.cmake.log" 2>&1
+      cmake --build "$dir" -j "$jobs" --target llama-bench llama-batched-bench >"$dir.build.log" 2>&1
+    fi
+  }
+  echo "building llama.cpp (CPU) ..."
+  build "$cache/build-cpu"
+  echo "building llama.cpp (Vulkan) ..."
+  build "$cache/build-vulkan" -DGGML_VULKAN=ON
 
-bash scripts/fetch-smollm2.sh >/dev/null
-model=$root/models/SmolLM2-135M-Instruct.Q4_1.gguf
-cargo build --quiet --release -p kvdecode-cli
-kv=$root/target/release/kvdecode
+  vulkan_bin=$cache/build-vulkan/bin
+  cpu_bin=$cache/build-cpu/bin
+else
+  vulkan_bin=$LLAMACPP_BIN/vulkan
+  cpu_bin=$LLAMACPP_BIN/cpu
+fi
+if [ -z "${MODEL:-}" ]; then
+  bash scripts/fetch-smollm2.sh >/dev/null
+  model=$root/models/SmolLM2-135M-Instruct.Q4_1.gguf
+else
+  model=$MODEL
+fi
+if [ -z "${KVDECODE_BIN:-}" ]; then
+  cargo build --quiet --release -p kvdecode-cli
+  kv=$root/target/release/kvdecode
+else
+  kv=$KVDECODE_BIN
+fi
 
 export GGML_VK_VISIBLE_DEVICES=0
 # Mesa's Vulkan WSI complains without a runtime dir; give it a private one
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 chmod 700 "$XDG_RUNTIME_DIR"
 echo "llama.cpp Vulkan: llama-bench ..."
-"$cache/build-vulkan/bin/llama-bench" -m "$model" -ngl 99 -p 128 -n 32 -r 3 -o json >"$out/llamacpp-vulkan.json"
+LD_LIBRARY_PATH="$vulkan_bin" "$vulkan_bin/llama-bench" -m "$model" -ngl 99 -p 128 -n 32 -r 3 -o json >"$out/llamacpp-vulkan.json"
 echo "llama.cpp Vulkan: llama-batched-bench ..."
-"$cache/build-vulkan/bin/llama-batched-bench" -m "$model" -ngl 99 -c 2048 -b 2048 -ub 512 -npp 32 -ntg 16 -npl 16 \
+LD_LIBRARY_PATH="$vulkan_bin" "$vulkan_bin/llama-batched-bench" -m "$model" -ngl 99 -c 2048 -b 2048 -ub 512 -npp 32 -ntg 16 -npl 16 \
   >"$out/llamacpp-vulkan-batched.txt" 2>&1
 echo "llama.cpp CPU: llama-bench ..."
-"$cache/build-cpu/bin/llama-bench" -m "$model" -p 128 -n 32 -r 3 -o json >"$out/llamacpp-cpu.json"
+LD_LIBRARY_PATH="$cpu_bin" "$cpu_bin/llama-bench" -m "$model" -p 128 -n 32 -r 3 -o json >"$out/llamacpp-cpu.json"
 echo "kvdecode ..."
 "$kv" bench --model "$model" --rows 1 --ctx 128 --steps 32 --kv f32 --tables throughput --json >"$out/kvdecode-1.txt"
 "$kv" bench --model "$model" --rows 16 --ctx 32 --steps 16 --kv f32 --tables throughput --json >"$out/kvdecode-16.txt"
 
-python3 - "$out" <<'PY'
+python3 - "$out" "$(basename "$model")" <<'PY'
 import json, re, sys
 out = sys.argv[1]
 
@@ -120,7 +139,7 @@ vk_batched = batched(f"{out}/llamacpp-vulkan-batched.txt")
 cpu_pp, cpu_tg, _ = llama_bench(f"{out}/llamacpp-cpu.json")
 one, adapter = kvdecode(f"{out}/kvdecode-1.txt")
 sixteen, _ = kvdecode(f"{out}/kvdecode-16.txt")
-print(f"\nSmolLM2-135M-Instruct Q4_1 on {adapter} (kvdecode: f32 K/V, {one['attention']} attention)\n")
+print(f"\n{sys.argv[2]} on {adapter} (kvdecode: f32 K/V, {one['attention']} attention)\n")
 print("| measure | llama.cpp Vulkan | kvdecode | kvdecode / llama.cpp Vulkan | llama.cpp CPU (same cores) |")
 print("|---|---:|---:|---:|---:|")
 print(f"| decode, 1 row (tok/s) | {vk_tg:.2f} | {one['decode_tok_s']:.2f} | {one['decode_tok_s'] / vk_tg:.2f}x | {cpu_tg:.1f} |")

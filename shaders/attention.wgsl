@@ -76,7 +76,7 @@ var<private> l: f32;   // running sum of exp(score - m)
 // is_fresh and index `fresh` (vec4 units) instead of the cache.
 fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
     let d4n = D / 4u;
-    var s = 0.0;
+    var s = 0.0;  // the score (q was scaled)
     for (var i = 0u; i < d4n; i++) {
         var k: vec4<f32>;
         if is_fresh {
@@ -85,16 +85,15 @@ fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
         } else {
             k = load4(is_global, false, k_at + i * 4u);
         }
-        s += dot(q[i], k);
+        s = dot_fma(q[i], k, s);
     }
-    let f = softmax_fold(s * SCALE, m);
+    let f = softmax_fold(s, m);
     if f.y != 1.0 {
-        l *= f.y;
         for (var i = 0u; i < d4n; i++) { acc[i] *= f.y; }
     }
     m = f.x;
     let p = f.z;
-    l += p;
+    l = fma(l, f.y, p);  // f.y == 1: exactly l + p
     for (var i = 0u; i < d4n; i++) {
         var v: vec4<f32>;
         if is_fresh {
@@ -103,7 +102,7 @@ fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
         } else {
             v = load4(is_global, true, v_at + i * 4u);
         }
-        acc[i] += p * v;
+        acc[i] = fma(vec4<f32>(p), v, acc[i]);
     }
 }
 
@@ -127,7 +126,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let p = info.pos0 + j;
     let kh = h / (H / HK);
     for (var i = 0u; i < d4n; i++) {
-        q[i] = qy[qbase + i];
+        q[i] = qy[qbase + i] * SCALE;
         acc[i] = vec4<f32>(0.0);
     }
     m = -3.0e38;
@@ -142,10 +141,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             let mn = max(m, ms);
             let ca = exp(m - mn);
             let cb = exp(ms - mn);
-            l = l * ca + bitcast<f32>(gk[at + 1u]) * cb;
+            l = fma(l, ca, bitcast<f32>(gk[at + 1u]) * cb);
             for (var i = 0u; i < d4n; i++) {
                 let e = at + 4u * (1u + i);
-                acc[i] = acc[i] * ca + bitcast<vec4<f32>>(vec4<u32>(gk[e], gk[e + 1u], gk[e + 2u], gk[e + 3u])) * cb;
+                acc[i] = fma(acc[i], vec4<f32>(ca), bitcast<vec4<f32>>(vec4<u32>(gk[e], gk[e + 1u], gk[e + 2u], gk[e + 3u])) * cb);
             }
             m = mn;
         }

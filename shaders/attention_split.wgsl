@@ -80,7 +80,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let last = min(w.y, s * SPAN + SPAN - 1u);
     let base = (w.z * HK + kh) * GLOBAL_SLOTS * D;
     for (var i = lane; i < g_n * d4n; i += WG) {
-        qs[i] = qy[(n * H + kh * g_n) * d4n + i];
+        qs[i] = qy[(n * H + kh * g_n) * d4n + i] * SCALE;
     }
     if lane < g_n {
         run_m[lane] = -3.0e38;
@@ -99,9 +99,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var i = lane; i < count; i += WG) {
                 let at = base + (t0 + i) * D;
                 var dot_sum = 0.0;
-                for (var c = 0u; c < d4n; c++) { dot_sum += dot(qs[g * d4n + c], global4(false, at + c * 4u)); }
-                score[g * TILE + i] = dot_sum * SCALE;
-                lane_max = max(lane_max, dot_sum * SCALE);
+                for (var c = 0u; c < d4n; c++) { dot_sum = dot_fma(qs[g * d4n + c], global4(false, at + c * 4u), dot_sum); }
+                score[g * TILE + i] = dot_sum;
+                lane_max = max(lane_max, dot_sum);
             }
             per_lane[g * WG + lane] = lane_max;
         }
@@ -132,7 +132,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if lane < g_n {
             var sum = 0.0;
             for (var i = 0u; i < WG; i++) { sum += per_lane[lane * WG + i]; }
-            run_l[lane] = run_l[lane] * corr[lane] + sum;
+            run_l[lane] = fma(run_l[lane], corr[lane], sum);
         }
         let slots = g_n * d4n;
         let ranges = max(1u, WG / slots);
@@ -144,14 +144,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var part = vec4<f32>(0.0);
             if range < ranges {
                 for (var i = range * per; i < min(count, range * per + per); i++) {
-                    part += score[g * TILE + i] * global4(true, base + (t0 + i) * D + (slot % d4n) * 4u);
+                    part = fma(vec4<f32>(score[g * TILE + i]), global4(true, base + (t0 + i) * D + (slot % d4n) * 4u), part);
                 }
             }
             quarter[lane] = part;
             workgroupBarrier();
             if lane < slots {
-                var a = acc[0] * corr[g];
-                for (var q = 0u; q < ranges; q++) { a += quarter[q * slots + lane]; }
+                var a = fma(acc[0], vec4<f32>(corr[g]), quarter[lane]);
+                for (var q = 1u; q < ranges; q++) { a += quarter[q * slots + lane]; }
                 acc[0] = a;
             }
             continue;
@@ -163,7 +163,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let d4 = slot % d4n;
                 var a = acc[k] * corr[g];
                 for (var i = 0u; i < count; i++) {
-                    a += score[g * TILE + i] * global4(true, base + (t0 + i) * D + d4 * 4u);
+                    a = fma(vec4<f32>(score[g * TILE + i]), global4(true, base + (t0 + i) * D + d4 * 4u), a);
                 }
                 acc[k] = a;
             }
@@ -211,7 +211,7 @@ fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let d4n = D / 4u;
     let kh = h / (H / HK);
     for (var i = 0u; i < d4n; i++) {
-        q[i] = qy[(n * H + h) * d4n + i];
+        q[i] = qy[(n * H + h) * d4n + i] * SCALE;
         acc_h[i] = vec4<f32>(0.0);
     }
     var m = -3.0e38;
@@ -219,16 +219,15 @@ fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let base = ((info.cache_row - ROW0) * HK + kh) * GLOBAL_SLOTS * D;
     for (var t = s * SPAN; t <= min(p, s * SPAN + SPAN - 1u); t++) {
         var sc = 0.0;
-        for (var i = 0u; i < d4n; i++) { sc += dot(q[i], global4(false, base + t * D + i * 4u)); }
-        let f = softmax_fold(sc * SCALE, m);
+        for (var i = 0u; i < d4n; i++) { sc = dot_fma(q[i], global4(false, base + t * D + i * 4u), sc); }
+        let f = softmax_fold(sc, m);
         if f.y != 1.0 {
-            l *= f.y;
             for (var i = 0u; i < d4n; i++) { acc_h[i] *= f.y; }
         }
         m = f.x;
         let w = f.z;
-        l += w;
-        for (var i = 0u; i < d4n; i++) { acc_h[i] += w * global4(true, base + t * D + i * 4u); }
+        l = fma(l, f.y, w);
+        for (var i = 0u; i < d4n; i++) { acc_h[i] = fma(vec4<f32>(w), global4(true, base + t * D + i * 4u), acc_h[i]); }
     }
     let stride = 1u + d4n;
     let at = ((local_n * H + h) * PARTS + s) * stride;

@@ -52,6 +52,19 @@ fn round_to(fmt: u32, v: vec4<f32>) -> vec4<f32> {
     return half4(fmt, pack2(fmt, v.xy), pack2(fmt, v.zw));
 }
 
+// Exactness on compilers that fuse: a multiply feeding an add may become one fused multiply-add
+// or stay two rounded operations, and a GPU's compiler chooses per code instance (each inlined copy,
+// each pipeline's constants). One value computed in two places (a key read from the ring or fresh
+// from the chunk, a token alone in a mat-vec or in a block of 4, a cache shard's pipeline) could then
+// differ in its last bit. So every multiply-add in a reduction is an explicit `fma`, which leaves
+// the compiler no choice, and scores are scaled by scaling the query once (no multiply feeding the
+// softmax's subtractions).
+
+// acc + a . b, one fused step per component in x, y, z, w order.
+fn dot_fma(a: vec4<f32>, b: vec4<f32>, acc: f32) -> f32 {
+    return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
+}
+
 // One step of an online softmax over scores in position order: folding score s into the running
 // max m gives (the new max, the factor that rescales what was summed under the old max: exactly 1
 // when the max stays, s's weight). The serial and split-head attention walks share it.
@@ -93,7 +106,7 @@ fn dequant4(fmt: u32, head: u32, word: u32, g: u32) -> vec4<f32> {
     if fmt == 3u {
         return dm.x * (q - 8.0);
     }
-    return dm.x * q + dm.y;
+    return fma(vec4<f32>(dm.x), q, vec4<f32>(dm.y));
 }
 
 // Index of the word holding weights 4g .. 4g + 3 within a block.

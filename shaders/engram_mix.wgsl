@@ -21,13 +21,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     for (var d = 0u; d < D; d++) {
         let a = x[n * D + d];
         let b = kv[n * 2u * D + d];
-        sx += a * a;
-        sk += b * b;
-        dxk += a * b;
+        sx = fma(a, a, sx);  // explicit fma: see dot_fma in common.wgsl
+        sk = fma(b, b, sk);
+        dxk = fma(a, b, dxk);
     }
     let z = dxk * inverseSqrt(sx / f32(D) + EPS) * inverseSqrt(sk / f32(D) + EPS) / sqrt(f32(D));
     let alpha = 1.0 / (1.0 + exp(-z));
     for (var d = 0u; d < D; d++) {
-        x[n * D + d] += alpha * kv[n * 2u * D + D + d];
+        x[n * D + d] = fma(alpha, kv[n * 2u * D + D + d], x[n * D + d]);
     }
 }

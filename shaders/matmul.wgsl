@@ -2,8 +2,8 @@
 // [out, in]). One thread per output column and 4 tokens: each weight vec4 is read once per 4 tokens
 // (register blocking; workgroup memory was slower on lavapipe). Steps of fewer than 4 tokens (a
 // decode step of 1-3 rows) take one token per thread instead (mat-vec: no lane computes dot
-// products it throws away); a token's sum runs over k in the same order either way, so both give
-// the same bits.
+// products it throws away); a token's sum runs over k in the same order of fused steps either way
+// (dot_fma), so both give the same bits.
 
 override K: u32;                   // input features (multiple of 4)
 override O_ROWS: u32;              // output rows of this part
@@ -51,13 +51,14 @@ fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32) -> vec4<f32>
     var acc = vec4<f32>(0.0);
     if tokens == 1u {
         for (var k4 = start; k4 < K / 4u; k4 += stride) {
-            acc.x += dot(x[b.x + k4], w4(o, k4));
+            acc.x = dot_fma(x[b.x + k4], w4(o, k4), acc.x);
         }
         return acc;
     }
     for (var k4 = start; k4 < K / 4u; k4 += stride) {
         let wv = w4(o, k4);
-        acc += vec4<f32>(dot(x[b.x + k4], wv), dot(x[b.y + k4], wv), dot(x[b.z + k4], wv), dot(x[b.w + k4], wv));
+        acc = vec4<f32>(dot_fma(x[b.x + k4], wv, acc.x), dot_fma(x[b.y + k4], wv, acc.y), dot_fma(x[b.z + k4], wv, acc.z),
+            dot_fma(x[b.w + k4], wv, acc.w));
     }
     return acc;
 }

@@ -28,7 +28,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if ACT == 1u {
         a = g / (1.0 + exp(-g));
     } else {
-        a = 0.5 * g * (1.0 + safe_tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+        a = 0.5 * g * (1.0 + safe_tanh(0.7978845608028654 * fma(0.044715 * g * g, g, g)));  // fma: see dot_fma
     }
     act[n * F + f] = a * u;
 }

@@ -34,7 +34,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     var inv = 1.0;
     if NORM {
         var ss = 0.0;
-        for (var d = 0u; d < D; d++) { let v = t[base + d]; ss += v * v; }
+        for (var d = 0u; d < D; d++) { let v = t[base + d]; ss = fma(v, v, ss); }
         inv = inverseSqrt(ss / f32(D) + EPS);
     }
     let half = D / 2u;
@@ -46,7 +46,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             b *= weight[i + half];
         }
         let cs = rope[pos * half + i];
-        t[base + i] = a * cs.x - b * cs.y;
-        t[base + i + half] = b * cs.x + a * cs.y;
+        // explicit fma: see dot_fma in common.wgsl
+        t[base + i] = fma(a, cs.x, -(b * cs.y));
+        t[base + i + half] = fma(b, cs.x, a * cs.y);
     }
 }

@@ -32,13 +32,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     var ss = 0.0;
     for (var d = 0u; d < D; d++) {
         let v = x[src * D + d];
-        ss += v * v;
+        ss = fma(v, v, ss);  // explicit fma: see dot_fma in common.wgsl
     }
     let inv = inverseSqrt(ss / f32(D) + EPS);
     for (var d = 0u; d < D; d++) {
         var v = x[src * D + d] * inv;
-        if HAS_WEIGHT { v *= weight[d]; }
-        if ACCUMULATE { v += out[o * D + d]; }
+        var scale = 1.0;
+        if HAS_WEIGHT { scale = weight[d]; }
+        if ACCUMULATE {
+            v = fma(v, scale, out[o * D + d]);
+        } else {
+            v *= scale;
+        }
         out[o * D + d] = v;
     }
 }
