@@ -18,7 +18,7 @@ override D: u32;                // head_dim (multiple of 4; G * D <= 4 * WG)
 override GLOBAL_SLOTS: u32;     // max_len + 1
 override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
 override SCALE: f32;
-override TILE: u32 = 256u;      // keys per tile: a multiple of WG, G * TILE <= 1024
+override TILE: u32 = 64u;       // keys per tile: a multiple of WG, G * TILE <= 1024
 override SPAN: u32;             // positions per partition: a multiple of TILE
 override PARTS: u32;            // partitions per query: ceil(max_len / SPAN)
 override GROUP_TOKENS: u32 = 0xffffffffu;  // tokens per dispatch (its token group)

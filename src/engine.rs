@@ -158,12 +158,13 @@ impl AttentionPlan {
                 groups: 1,
             });
         }
-        // split-group: a tile's scores for every head of a kv head fit 1024 floats of workgroup
-        // memory, one tile per partition (a row at 4096 positions spreads over 16 x kv heads
-        // workgroups); split-head: partitions of 64 keys, so even short contexts spread over the
-        // cores. Both: at most 64 partitions (longer ones beyond), so the partials stay small.
-        let tile = (1024 / g).min(256) / 64 * 64;
-        let mut span = if kernel == AttentionKernel::SplitGroup { tile } else { 64 };
+        // Partitions of 64 positions, so even short contexts spread over many workgroups (split-group)
+        // or threads (split-head); split-group folds a partition in tiles of 64 keys, one key per
+        // lane (tiles of 256 left each lane walking 256 values alone: ~120 us a layer on an H200,
+        // whatever the context). At most 64 partitions (longer ones beyond), so the partials stay
+        // small and the merge short.
+        let tile = 64;
+        let mut span = tile;
         while opts.max_len.div_ceil(span) > 64 {
             span *= 2;
         }
@@ -440,7 +441,7 @@ impl Builder<'_> {
                 ("ACCUMULATE", b(accumulate)),
             ],
             &[&self.s.step, &self.s.row_info, x, w.unwrap_or(&self.s.dummy), out],
-            Grid::Tokens(1),
+            Grid::Tokens(Kernel::RmsNorm.workgroup_size() as usize),
         )
     }
 
@@ -924,7 +925,7 @@ impl Engine {
                 ("GATHER_LAST", 1.0),
             ],
             &[&s.step, &s.row_info, &s.x, gw.final_norm.as_ref().unwrap_or(&s.dummy), &s.last_h],
-            Grid::Rows(1),
+            Grid::Rows(Kernel::RmsNorm.workgroup_size() as usize),
         )];
         let head = gw.head.as_ref().unwrap_or(&gw.embed);
         head_dispatches.extend(bld.matmul_ext(

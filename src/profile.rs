@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::shaders::Kernel;
 
 /// GPU time of one profiled step, per kernel class, in seconds.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Profile {
     /// Matrix products (projections, MLP, LM head).
     pub matmul: f64,
@@ -19,6 +19,9 @@ pub struct Profile {
     pub other: f64,
     /// Dispatches timed.
     pub dispatches: usize,
+    /// Per kernel (its WGSL file, `entry` for a second entry point): seconds and dispatches, in
+    /// the order the kernels first ran.
+    pub kernels: Vec<(&'static str, f64, usize)>,
 }
 
 impl Profile {
@@ -33,6 +36,19 @@ impl Profile {
         self.attention += o.attention;
         self.other += o.other;
         self.dispatches += o.dispatches;
+        for &(name, seconds, n) in &o.kernels {
+            self.charge_kernel(name, seconds, n);
+        }
+    }
+
+    fn charge_kernel(&mut self, name: &'static str, seconds: f64, n: usize) {
+        match self.kernels.iter_mut().find(|k| k.0 == name) {
+            Some(k) => {
+                k.1 += seconds;
+                k.2 += n;
+            }
+            None => self.kernels.push((name, seconds, n)),
+        }
     }
 
     fn charge(&mut self, kernel: Kernel, seconds: f64) {
@@ -42,6 +58,7 @@ impl Profile {
             _ => self.other += seconds,
         }
         self.dispatches += 1;
+        self.charge_kernel(kernel.label(), seconds, 1);
     }
 }
 

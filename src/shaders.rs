@@ -77,6 +77,15 @@ impl Kernel {
         Kernel::Copy,
     ];
 
+    /// A short name for reports: the WGSL file, and the entry point where two kernels share one.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Kernel::AttentionSplitHead => "attention_split.wgsl per_head",
+            Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
+            k => k.file(),
+        }
+    }
+
     /// The WGSL file name under `shaders/`.
     pub fn file(self) -> &'static str {
         match self {

@@ -125,8 +125,8 @@ fn split_exact(kernel: AttentionKernel) {
     cfg.layers[1] = LayerSpec { global_group: None, writes_global: false, local: true };
     cfg.layers[2].global_group = Some(1);
     let target: Vec<u32> = (0..700).map(|_| rng.below(96) as u32).collect();
-    // alone, one append (chunks of CHUNK tokens), on a default device; 1100 positions: five
-    // partitions of 256, f16 K/V
+    // alone, one append (chunks of CHUNK tokens), on a default device; 1100 positions: 18
+    // partitions of 64, f16 K/V
     let w = model(&cfg, s);
     let opts = |rows| EngineOptions { kv: KvDtype::F16, attention: kernel, ..EngineOptions::new(rows, 1100) };
     let mut alone = Engine::new(&gpu(), &w, opts(1)).unwrap();
@@ -148,8 +148,8 @@ fn split_exact(kernel: AttentionKernel) {
 
 #[test]
 fn long_contexts_walk_several_tiles_per_partition() {
-    // max_len 20000: more than 64 partitions of 256 would be needed, so partitions grow to 512
-    // positions (split-group walks two tiles of 256 in each, split-head 512 keys per thread)
+    // max_len 20000: more than 64 partitions of 64 would be needed, so partitions grow to 512
+    // positions (split-group walks eight tiles of 64 in each, split-head 512 keys per thread)
     let s = seed(33);
     println!("seed {s}");
     let mut rng = SplitMix64(s);

@@ -212,6 +212,7 @@ fn profile_table(
     let mut rng = SplitMix64(5);
     let mut copy_bw = None;
     let mut printed_head = false;
+    let mut per_kernel = Vec::new();
     for &rows in rows_list {
         for &ctx in ctx_list {
             let opts = EngineOptions {
@@ -251,6 +252,13 @@ fn profile_table(
                 next = (0..rows).map(|_| Some(rng.below(model.cfg.vocab) as u32)).collect();
             }
             let n = steps as f64;
+            let mut kernels = total.kernels.clone();
+            kernels.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let kernels: Vec<String> = kernels
+                .iter()
+                .map(|(name, seconds, count)| format!("{name} {:.3} ms ({:.0}x)", 1e3 * seconds / n, *count as f64 / n))
+                .collect();
+            per_kernel.push(format!("- {rows} rows, context {ctx}: {}", kernels.join(", ")));
             // every matrix is read once per decode step
             let weights_bw = e.weight_bytes() as f64 / (total.matmul / n);
             println!(
@@ -263,6 +271,12 @@ fn profile_table(
                 weights_bw / 1e9,
                 100.0 * weights_bw / bw
             );
+        }
+    }
+    if !per_kernel.is_empty() {
+        println!("\nGPU time per decode step by kernel (ms, dispatches per step), slowest first:\n");
+        for line in per_kernel {
+            println!("{line}");
         }
     }
     Ok(())
