@@ -149,3 +149,48 @@ fn every_binding_has_a_shape_comment() {
         }
     }
 }
+
+/// Bitwise exactness on GPU compilers: a float multiply feeding an add (or a subtract) may be
+/// compiled to one fused multiply-add or to two rounded operations, and the compiler chooses per
+/// code instance and per pipeline, so one value computed in two places could differ in its last
+/// bit (seen on an NVIDIA H200: a row alone and the same row in a crowd differed). The kernels
+/// write every such multiply-add as an explicit `fma`, and use no `dot` (a sum of products in an
+/// order of the compiler's choosing). This finds a multiply or dot that feeds an add directly or
+/// through a `let`; one stored in a `var` first is beyond its sight.
+#[test]
+fn no_float_multiply_feeds_an_add() {
+    use naga::{BinaryOperator as Op, Expression as E, MathFunction, ScalarKind, TypeInner};
+    let mut found = Vec::new();
+    for kernel in Kernel::ALL {
+        let src = kernel.source();
+        let module = naga::front::wgsl::parse_str(&src).unwrap();
+        let caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32 | Capabilities::SUBGROUP;
+        let info = Validator::new(ValidationFlags::all(), caps)
+            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+            .validate(&module)
+            .unwrap();
+        let functions = module.functions.iter().map(|(h, f)| (f, &info[h]));
+        let entries = module.entry_points.iter().enumerate().map(|(i, ep)| (&ep.function, info.get_entry_point(i)));
+        for (f, fi) in functions.chain(entries) {
+            let is_float = |h: naga::Handle<naga::Expression>| match fi[h].ty.inner_with(&module.types) {
+                TypeInner::Scalar(s) | TypeInner::Vector { scalar: s, .. } => s.kind == ScalarKind::Float,
+                _ => false,
+            };
+            let is_product = |h: naga::Handle<naga::Expression>| match f.expressions[h] {
+                E::Binary { op: Op::Multiply, .. } => true,
+                E::Math { fun: MathFunction::Dot, .. } => true,
+                _ => false,
+            };
+            for (h, e) in f.expressions.iter() {
+                if let E::Binary { op: Op::Add | Op::Subtract, left, right } = *e {
+                    if is_float(h) && (is_product(left) || is_product(right)) {
+                        found.push(format!("{} fn {}", kernel.file(), f.name.as_deref().unwrap_or("?")));
+                    }
+                }
+            }
+        }
+    }
+    found.dedup();
+    assert!(found.is_empty(), "a float multiply feeds an add (write it as fma): {found:#?}");
+}
