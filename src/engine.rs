@@ -239,6 +239,14 @@ struct RowInfoGpu {
     rope_pos0: u32,
 }
 
+/// Heads to rotate (and qk-norm): `heads` heads at the start of each token's row of `stride` floats.
+struct RopeTarget<'a> {
+    buf: &'a wgpu::Buffer,
+    heads: usize,
+    stride: usize,
+    norm: Option<&'a wgpu::Buffer>,
+}
+
 /// How many workgroups a dispatch needs, given the chunk shape (R rows, C width).
 #[derive(Clone, Copy, Debug)]
 enum Grid {
@@ -346,6 +354,7 @@ pub(crate) struct Scratch {
     sampled: wgpu::Buffer,           // [2, rows]: sampled ids, then their logprobs (f32 bits)
     all_logits: wgpu::Buffer,        // [all_logits_tokens, vocab]
     dummy: wgpu::Buffer,             // bound where a kernel's optional input is absent
+    dummy_rw: wgpu::Buffer,          // the same for an optional output (one buffer may not be bound both ways)
     partials: wgpu::Buffer,          // split attention: [group tokens, H, parts, 4 + D] partial softmax states
     token_groups: Vec<wgpu::Buffer>, // uniform TokenGroup of each token group
     logits_read: wgpu::Buffer,
@@ -496,20 +505,33 @@ impl Builder<'_> {
     }
 
     /// qk-norm (optional) and RoPE at each token's position, in place on `heads` heads per token.
-    fn rope(&self, t: &wgpu::Buffer, heads: usize, stride: usize, w: Option<&wgpu::Buffer>, theta: f32) -> Dispatch {
+    fn rope(&self, t: RopeTarget, keys: Option<RopeTarget>, theta: f32) -> Dispatch {
         let c = self.cfg;
+        let k = keys.as_ref();
         self.dispatch(
             Kernel::QkRope,
             vec![
-                ("HEADS", heads as f64),
+                ("HEADS", t.heads as f64),
                 ("D", c.head_dim as f64),
-                ("STRIDE", stride as f64),
+                ("STRIDE", t.stride as f64),
                 ("NORM", b(c.qk_norm)),
-                ("HAS_WEIGHT", b(w.is_some())),
+                ("HAS_WEIGHT", b(t.norm.is_some())),
                 ("EPS", c.norm_eps as f64),
+                ("K_HEADS", k.map_or(0, |k| k.heads) as f64),
+                ("K_STRIDE", k.map_or(1, |k| k.stride) as f64),
+                ("HAS_K_WEIGHT", b(k.is_some_and(|k| k.norm.is_some()))),
             ],
-            &[&self.s.step, &self.s.row_info, t, w.unwrap_or(&self.s.dummy), &self.rope[&theta.to_bits()]],
-            Grid::Tokens(heads),
+            &[
+                &self.s.step,
+                &self.s.row_info,
+                t.buf,
+                t.norm.unwrap_or(&self.s.dummy),
+                &self.rope[&theta.to_bits()],
+                k.map_or(&self.s.dummy_rw, |k| k.buf),
+                k.and_then(|k| k.norm).unwrap_or(&self.s.dummy),
+            ],
+            // a thread per head with qk-norm (it sums the head's squares), else per rotated pair
+            Grid::Tokens((t.heads + k.map_or(0, |k| k.heads)) * if c.qk_norm { 1 } else { c.head_dim / 2 }),
         )
     }
 
@@ -659,22 +681,38 @@ impl Builder<'_> {
         }
         // 1. h = norm(x)
         out.push(self.norm(&s.x, lw.attn_norm.as_ref(), &s.h, false));
-        // 2. q = h Wq^T, qk-norm, RoPE at each token's own position
+        // 2. q = h Wq^T; writer layers: fresh global K/V; local layers: fresh local K/V
         out.extend(self.matmul(&s.h, &lw.wq, &s.q, hd, false));
-        out.push(self.rope(&s.q, c.n_heads, hd, lw.q_norm.as_ref(), theta));
-        // 3. writer layers: fresh global K/V, rotate K, scatter into the group's cache now, so this
-        //    layer and the group's later layers see the chunk's keys (padding -> scratch slot)
         let group = spec.global_group.map(|g| &cache.global[g]);
-        if let (true, Some(kvg), Some(g)) = (spec.writes_global, lw.kv_global.as_ref(), group) {
-            out.extend(self.matmul(&s.h, kvg, &s.kv_global, kvd, false));
-            out.push(self.rope(&s.kv_global, c.n_kv_heads, kvd, lw.k_norm.as_ref(), theta));
-            out.extend(self.kv_write(&s.kv_global, g, cache.max_len() + 1, false));
-        }
-        // 4. local layers: fresh local K/V and rotate K; the ring is written after attention
+        let writes = match (spec.writes_global, lw.kv_global.as_ref(), group) {
+            (true, Some(kvg), Some(g)) => {
+                out.extend(self.matmul(&s.h, kvg, &s.kv_global, kvd, false));
+                Some(g)
+            }
+            _ => None,
+        };
         let ring = cache.ring[i].as_ref();
-        if let (Some(kvl), Some(_)) = (lw.kv_local.as_ref(), ring) {
-            out.extend(self.matmul(&s.h, kvl, &s.kv_local, kvd, false));
-            out.push(self.rope(&s.kv_local, c.n_kv_heads, kvd, lw.k_norm.as_ref(), theta));
+        let local = match (lw.kv_local.as_ref(), ring) {
+            (Some(kvl), Some(_)) => {
+                out.extend(self.matmul(&s.h, kvl, &s.kv_local, kvd, false));
+                true
+            }
+            _ => false,
+        };
+        // 3. qk-norm and RoPE at each token's own position: the queries and the first fresh keys
+        //    in one dispatch (keys are rotated once, before they are stored)
+        let q = RopeTarget { buf: &s.q, heads: c.n_heads, stride: hd, norm: lw.q_norm.as_ref() };
+        let key = |buf| RopeTarget { buf, heads: c.n_kv_heads, stride: kvd, norm: lw.k_norm.as_ref() };
+        let mut keys = [writes.map(|_| &s.kv_global), local.then_some(&s.kv_local)].into_iter().flatten();
+        out.push(self.rope(q, keys.next().map(key), theta));
+        if let Some(k) = keys.next() {
+            out.push(self.rope(key(k), None, theta));
+        }
+        // 4. writer layers: scatter K/V into the group's cache now, so this layer and the group's
+        //    later layers see the chunk's keys (padding -> scratch slot); the ring is written
+        //    after attention
+        if let Some(g) = writes {
+            out.extend(self.kv_write(&s.kv_global, g, cache.max_len() + 1, false));
         }
         // 5. attention over global keys + ring + the chunk's fresh local keys; output replaces q
         //    (per cache shard, each handling the rows its shard holds, and per token group).
@@ -844,6 +882,7 @@ impl Engine {
             sampled: gpu.storage("sampled ids", f4(2 * rows))?,
             all_logits: gpu.storage("all-position logits", f4(all_tokens * cfg.vocab))?,
             dummy: gpu.storage("dummy", 16)?,
+            dummy_rw: gpu.storage("dummy output", 16)?,
             partials: match attention.kernel.is_split() {
                 true => gpu.storage(
                     "split attention partials",

@@ -158,7 +158,7 @@ impl Kernel {
             Kernel::Embed => &[Uniform, Read, Read, ReadWrite],
             Kernel::RmsNorm => &[Uniform, Read, Read, Read, ReadWrite],
             Kernel::Matmul => &[Uniform, Read, Read, ReadWrite],
-            Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read],
+            Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read, ReadWrite, Read],
             Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, ReadWrite],
             Kernel::Attention => &[Uniform, Read, ReadWrite, Read, Read, Read, Read, Read, Read, Uniform],
             Kernel::AttentionSplit | Kernel::AttentionSplitHead => {

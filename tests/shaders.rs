@@ -177,10 +177,8 @@ fn no_float_multiply_feeds_an_add() {
                 TypeInner::Scalar(s) | TypeInner::Vector { scalar: s, .. } => s.kind == ScalarKind::Float,
                 _ => false,
             };
-            let is_product = |h: naga::Handle<naga::Expression>| match f.expressions[h] {
-                E::Binary { op: Op::Multiply, .. } => true,
-                E::Math { fun: MathFunction::Dot, .. } => true,
-                _ => false,
+            let is_product = |h: naga::Handle<naga::Expression>| {
+                matches!(f.expressions[h], E::Binary { op: Op::Multiply, .. } | E::Math { fun: MathFunction::Dot, .. })
             };
             for (h, e) in f.expressions.iter() {
                 if let E::Binary { op: Op::Add | Op::Subtract, left, right } = *e {
