@@ -86,15 +86,91 @@ fn half4(fmt: u32, a: u32, b: u32) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(a), unpack2x16float(b));
 }
 
-// Weight formats (`W_FORMAT`): 0 f32 bits, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1. Quantized rows are
-// blocks of 32 weights padded to whole words (see src/quant.rs): word 0 holds the f16 scale (Q4_1:
-// scale | min << 16), then Q8_0 has 8 words of i8 and Q4_0/Q4_1 4 words of nibbles (weights 0..15
-// in the low nibbles of bytes 0..15, weights 16..31 in the high nibbles).
+// Weight formats (`W_FORMAT`): 0 f32 bits, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1,
+// 6 Q4_K, 7 Q6_K. Quantized rows are blocks padded to whole words (see src/quant.rs). Blocks of 32
+// weights: word 0 holds the f16 scale (Q4_1: scale | min << 16), then Q8_0 has 8 words of i8 and
+// Q4_0/Q4_1 4 words of nibbles (weights 0..15 in the low nibbles of bytes 0..15, weights 16..31 in
+// the high nibbles). Blocks of 256 (K-quants) are llama.cpp's, word-aligned.
 fn block_words(fmt: u32) -> u32 {
-    return select(5u, 9u, fmt == 2u);
+    switch fmt {
+        case 2u: { return 9u; }
+        case 6u: { return 36u; }
+        case 7u: { return 53u; }
+        default: { return 5u; }
+    }
 }
 
-// Weights 4g .. 4g + 3 of a block from its head word and the word holding them.
+// Weights per block.
+fn block_len(fmt: u32) -> u32 {
+    return select(32u, 256u, fmt >= 6u);
+}
+
+// Word (block base, vec4 index within the block) of weights 4 k4 .. 4 k4 + 3 of row `row` of a
+// quantized matrix with `cols` columns.
+fn quant_at(fmt: u32, row: u32, k4: u32, cols: u32) -> vec2<u32> {
+    let per = block_len(fmt) / 4u;
+    return vec2<u32>((row * (cols / block_len(fmt)) + k4 / per) * block_words(fmt), k4 % per);
+}
+
+// Words of a K-quant block that weights 4g .. 4g + 3 need, in the order dequant_k4 takes them
+// (Q4_K: the scales, the three scale words, the nibbles; Q6_K: the scale, low bits, high bits, the
+// sub-block scales).
+fn kquant_word(fmt: u32, g: u32, i: u32) -> u32 {
+    if fmt == 6u {
+        return select(i, 4u + (g / 16u) * 8u + g % 8u, i == 4u);
+    }
+    let half = g / 32u;
+    let grp = (g % 32u) / 8u;
+    let l = (g % 8u) * 4u;
+    switch i {
+        case 0u: { return 52u; }
+        case 1u: { return (half * 64u + (grp & 1u) * 32u + l) / 4u; }
+        case 2u: { return 32u + half * 8u + l / 4u; }
+        default: { return 48u + (half * 8u + l / 16u + 2u * grp) / 4u; }
+    }
+}
+
+// Words kquant_word names for format fmt.
+fn kquant_words(fmt: u32) -> u32 {
+    return select(4u, 5u, fmt == 6u);
+}
+
+// Weights 4g .. 4g + 3 of a Q4_K (6) or Q6_K (7) block from the words kquant_word names.
+fn dequant_k4(fmt: u32, w: array<u32, 5>, g: u32) -> vec4<f32> {
+    if fmt == 6u {
+        let dm = unpack2x16float(w[0]);
+        let chunk = g / 16u;
+        let hi = (g % 16u) >= 8u;
+        let j = 2u * chunk + select(0u, 1u, hi);
+        // byte k of the 12 scale bytes (words 1..3)
+        var sc: u32;
+        var mn: u32;
+        if j < 4u {
+            sc = (w[1u + j / 4u] >> (8u * (j % 4u))) & 63u;
+            mn = (w[2u] >> (8u * j)) & 63u;
+        } else {
+            let lo = (w[3u] >> (8u * (j - 4u))) & 0xffu;        // byte j + 4
+            let top_s = (w[1u] >> (8u * (j - 4u) + 6u)) & 3u;   // byte j - 4, top bits
+            let top_m = (w[2u] >> (8u * (j - 4u) + 6u)) & 3u;   // byte j, top bits
+            sc = (lo & 15u) | (top_s << 4u);
+            mn = (lo >> 4u) | (top_m << 4u);
+        }
+        let q = vec4<f32>((vec4<u32>(w[4]) >> (vec4<u32>(0u, 8u, 16u, 24u) + select(0u, 4u, hi))) & vec4<u32>(15u));
+        return fma(vec4<f32>(dm.x * f32(sc)), q, vec4<f32>(-(dm.y * f32(mn))));
+    }
+    let d = unpack2x16float(w[0]).x;
+    let grp = (g % 32u) / 8u;
+    let l = (g % 8u) * 4u;
+    let shifts = vec4<u32>(0u, 8u, 16u, 24u);
+    let low = (vec4<u32>(w[1]) >> (shifts + (grp >> 1u) * 4u)) & vec4<u32>(15u);
+    let high = (vec4<u32>(w[2]) >> (shifts + 2u * grp)) & vec4<u32>(3u);
+    let q = vec4<i32>(low | (high << vec4<u32>(4u))) - vec4<i32>(32);
+    let byte = ((g / 32u) * 8u + l / 16u + 2u * grp) % 4u;
+    let scale = f32(bitcast<i32>(w[3] << (24u - 8u * byte)) >> 24u);
+    return vec4<f32>(d * scale) * vec4<f32>(q);
+}
+
+// Weights 4g .. 4g + 3 of a block of 32 from its head word and the word holding them.
 fn dequant4(fmt: u32, head: u32, word: u32, g: u32) -> vec4<f32> {
     let dm = unpack2x16float(head);
     if fmt == 2u {
@@ -109,7 +185,7 @@ fn dequant4(fmt: u32, head: u32, word: u32, g: u32) -> vec4<f32> {
     return fma(vec4<f32>(dm.x), q, vec4<f32>(dm.y));
 }
 
-// Index of the word holding weights 4g .. 4g + 3 within a block.
+// Index of the word holding weights 4g .. 4g + 3 within a block of 32.
 fn quant_word(fmt: u32, g: u32) -> u32 {
     return select(1u + g % 4u, 1u + g, fmt == 2u);
 }

@@ -4,7 +4,7 @@
 override D: u32;                 // d_model (multiple of 4)
 override PART_START: u32 = 0u;   // first vocabulary row of this part
 override PART_ROWS: u32;         // vocabulary rows in this part
-override W_FORMAT: u32 = 0u;     // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1 (see common.wgsl)
+override W_FORMAT: u32 = 0u;     // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K (common.wgsl)
 override EMBED_SCALE: f32 = 1.0;
 override WG: u32 = 64u;
 
@@ -14,10 +14,15 @@ override WG: u32 = 64u;
 @group(0) @binding(3) var<storage, read_write> x: array<vec4<f32>>;  // [R * C, D]
 
 fn table4(row: u32, d4: u32) -> vec4<f32> {
+    if W_FORMAT >= 6u {
+        let at = quant_at(W_FORMAT, row, d4, D);
+        var words: array<u32, 5>;
+        for (var i = 0u; i < kquant_words(W_FORMAT); i++) { words[i] = table[at.x + kquant_word(W_FORMAT, at.y, i)]; }
+        return dequant_k4(W_FORMAT, words, at.y);
+    }
     if W_FORMAT >= 2u && W_FORMAT <= 4u {
-        let base = (row * (D / 32u) + d4 / 8u) * block_words(W_FORMAT);
-        let g = d4 % 8u;
-        return dequant4(W_FORMAT, table[base], table[base + quant_word(W_FORMAT, g)], g);
+        let at = quant_at(W_FORMAT, row, d4, D);
+        return dequant4(W_FORMAT, table[at.x], table[at.x + quant_word(W_FORMAT, at.y)], at.y);
     }
     if W_FORMAT == 1u || W_FORMAT == 5u {
         let w = (row * D) / 2u + d4 * 2u;

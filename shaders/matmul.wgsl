@@ -9,7 +9,7 @@ override K: u32;                   // input features (multiple of 4)
 override O_ROWS: u32;              // output rows of this part
 override OUT_STRIDE: u32;          // row stride of y
 override OUT_OFFSET: u32 = 0u;     // first column of y written by this part
-override W_FORMAT: u32 = 0u;       // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1 (see common.wgsl)
+override W_FORMAT: u32 = 0u;       // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K (common.wgsl)
 override ACCUMULATE: bool = false; // y += x W^T (the residual add, fused)
 override SOFTCAP: f32 = 0.0;       // > 0: y = SOFTCAP * tanh(y / SOFTCAP) (final logits)
 override PER_ROW: bool = false;    // inputs are the R chunk rows (LM head), not the R * C tokens
@@ -21,10 +21,15 @@ override WG: u32 = 64u;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;   // [N, OUT_STRIDE]
 
 fn w4(o: u32, k4: u32) -> vec4<f32> {
+    if W_FORMAT >= 6u {
+        let at = quant_at(W_FORMAT, o, k4, K);
+        var words: array<u32, 5>;
+        for (var i = 0u; i < kquant_words(W_FORMAT); i++) { words[i] = w[at.x + kquant_word(W_FORMAT, at.y, i)]; }
+        return dequant_k4(W_FORMAT, words, at.y);
+    }
     if W_FORMAT >= 2u && W_FORMAT <= 4u {
-        let base = (o * (K / 32u) + k4 / 8u) * block_words(W_FORMAT);
-        let g = k4 % 8u;
-        return dequant4(W_FORMAT, w[base], w[base + quant_word(W_FORMAT, g)], g);
+        let at = quant_at(W_FORMAT, o, k4, K);
+        return dequant4(W_FORMAT, w[at.x], w[at.x + quant_word(W_FORMAT, at.y)], at.y);
     }
     if W_FORMAT == 1u || W_FORMAT == 5u {
         let i = (o * K) / 2u + k4 * 2u;

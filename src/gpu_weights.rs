@@ -27,7 +27,7 @@ pub(crate) struct MatrixPart {
 /// A matrix `[rows, cols]` on the GPU.
 pub(crate) struct GpuMatrix {
     pub cols: usize,
-    /// The shader's `W_FORMAT`: 0 f32, 1 f16, 5 bf16, 2 Q8_0, 3 Q4_0, 4 Q4_1.
+    /// The shader's `W_FORMAT`: 0 f32, 1 f16, 5 bf16, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K.
     pub format: u32,
     pub parts: Vec<MatrixPart>,
 }
@@ -42,7 +42,7 @@ struct Layout<'a> {
 }
 
 fn layout(m: &Matrix, dtype: WeightDtype) -> Layout<'_> {
-    let quant = m.quant.as_ref().filter(|q| q.kind.gpu_format().is_some() && m.cols.is_multiple_of(32));
+    let quant = m.quant.as_ref().filter(|q| q.kind.gpu_format().is_some() && m.cols.is_multiple_of(q.kind.block_len()));
     // 16-bit on disk stays 16-bit on the GPU (bf16 as bf16); f32 follows `dtype`
     let half = match (m.half, dtype) {
         (Some(h), _) => Some(h),
@@ -50,7 +50,9 @@ fn layout(m: &Matrix, dtype: WeightDtype) -> Layout<'_> {
         (None, WeightDtype::F32) => None,
     };
     let (format, row_bytes) = match (quant, half) {
-        (Some(q), _) => (q.kind.gpu_format().unwrap_or(0), (m.cols / 32 * q.kind.gpu_block_words() * 4) as u64),
+        (Some(q), _) => {
+            (q.kind.gpu_format().unwrap_or(0), (m.cols / q.kind.block_len() * q.kind.gpu_block_words() * 4) as u64)
+        }
         (None, None) => (0, (m.cols * 4) as u64),
         (None, Some(Half::F16)) => (1, (m.cols * 2) as u64),
         (None, Some(Half::BF16)) => (5, (m.cols * 2) as u64),
@@ -92,7 +94,7 @@ impl GpuMatrix {
             let rows = rows_per_part.min(m.rows - start);
             let bytes: Vec<u8> = match quant {
                 Some(q) => {
-                    let rb = m.cols / 32 * q.kind.block_bytes();
+                    let rb = m.cols / q.kind.block_len() * q.kind.block_bytes();
                     bytemuck::cast_slice(&repack_for_gpu(q.kind, &q.bytes[start * rb..(start + rows) * rb])).to_vec()
                 }
                 None => {

@@ -1,10 +1,10 @@
 //! Block-quantized weight formats (llama.cpp's): dequantization on the CPU (the reference and
 //! formats the GPU does not read directly) and the word-aligned repacking the GPU reads.
 //!
-//! GPU formats (`W_FORMAT` in the shaders): Q8_0, Q4_0 and Q4_1 stay quantized in GPU memory,
-//! each block of 32 weights padded to whole u32 words: Q8_0 9 words (scale, 32 x i8), Q4_0 5 words
-//! (scale, 16 bytes of nibbles), Q4_1 5 words (scale and min, 16 bytes of nibbles). Q4_K and Q6_K
-//! are dequantized at load and stored as f16 (or f32).
+//! GPU formats (`W_FORMAT` in the shaders): every kind stays quantized in GPU memory, each block
+//! padded to whole u32 words: Q8_0 9 words (scale, 32 x i8), Q4_0 5 words (scale, 16 bytes of
+//! nibbles), Q4_1 5 words (scale and min, 16 bytes of nibbles), Q4_K 36 words (its 144 bytes as
+//! they are), Q6_K 53 words (its 208 bytes of quants and scales, then the f16 scale in a word).
 
 use crate::error::{Error, Result};
 
@@ -43,13 +43,14 @@ impl QuantKind {
         }
     }
 
-    /// The shader's `W_FORMAT` for kinds the GPU reads directly.
+    /// The shader's `W_FORMAT` (every kind is read directly by the GPU).
     pub(crate) fn gpu_format(self) -> Option<u32> {
         match self {
             QuantKind::Q8_0 => Some(2),
             QuantKind::Q4_0 => Some(3),
             QuantKind::Q4_1 => Some(4),
-            _ => None,
+            QuantKind::Q4K => Some(6),
+            QuantKind::Q6K => Some(7),
         }
     }
 
@@ -57,7 +58,9 @@ impl QuantKind {
     pub(crate) fn gpu_block_words(self) -> usize {
         match self {
             QuantKind::Q8_0 => 9,
-            _ => 5,
+            QuantKind::Q4_0 | QuantKind::Q4_1 => 5,
+            QuantKind::Q4K => 36,
+            QuantKind::Q6K => 53,
         }
     }
 }
@@ -153,7 +156,7 @@ pub fn dequantize(kind: QuantKind, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// Repack Q8_0 / Q4_0 / Q4_1 blocks into whole u32 words for the GPU (see the module docs).
+/// Repack blocks into whole u32 words for the GPU (see the module docs).
 pub(crate) fn repack_for_gpu(kind: QuantKind, bytes: &[u8]) -> Vec<u32> {
     let bb = kind.block_bytes();
     let mut out = Vec::with_capacity(bytes.len() / bb * kind.gpu_block_words());
@@ -166,21 +169,36 @@ pub(crate) fn repack_for_gpu(kind: QuantKind, bytes: &[u8]) -> Vec<u32> {
                 out.push(u16::from_le_bytes([b[0], b[1]]) as u32);
                 words(&b[2..], &mut out);
             }
-            QuantKind::Q4_1 => words(b, &mut out),
-            _ => unreachable!("only GPU formats are repacked"),
+            QuantKind::Q4_1 | QuantKind::Q4K => words(b, &mut out),
+            QuantKind::Q6K => {
+                words(&b[..208], &mut out);
+                out.push(u16::from_le_bytes([b[208], b[209]]) as u32);
+            }
         }
     }
     out
 }
 
-/// Quantize f32 weights (multiple of 32) to Q8_0, Q4_0 or Q4_1 the way llama.cpp's reference
-/// quantizers do; used to make quantized test models.
+/// Quantize f32 weights (whole blocks) to `kind`: Q8_0, Q4_0 and Q4_1 the way llama.cpp's
+/// reference quantizers do, Q4_K and Q6_K with plain per-sub-block ranges (valid blocks, not
+/// llama.cpp's error-minimizing search); used to make quantized test models.
 pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
-    if kind.block_len() != 32 || !x.len().is_multiple_of(32) {
+    if !x.len().is_multiple_of(kind.block_len()) {
         return Err(Error::Weights(format!("quantize {kind:?}: {} weights", x.len())));
     }
     let mut out = Vec::new();
     let h = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    match kind {
+        QuantKind::Q4K => {
+            x.chunks_exact(256).for_each(|b| quantize_q4_k(b, &mut out));
+            return Ok(out);
+        }
+        QuantKind::Q6K => {
+            x.chunks_exact(256).for_each(|b| quantize_q6_k(b, &mut out));
+            return Ok(out);
+        }
+        _ => {}
+    }
     for blk in x.chunks_exact(32) {
         match kind {
             QuantKind::Q8_0 => {
@@ -208,8 +226,89 @@ pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
                 let q = |v: f32| (((v - mn) * id + 0.5) as i32).clamp(0, 15) as u8;
                 out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
             }
-            _ => unreachable!(),
+            QuantKind::Q4K | QuantKind::Q6K => unreachable!("256-weight blocks are handled above"),
         }
     }
     Ok(out)
+}
+
+fn f16_round(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
+}
+
+/// One Q4_K block: 8 sub-blocks of 32, each `x = d * sc * q - dmin * m` with 6-bit sc, m.
+fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>) {
+    let mut scale = [0f32; 8];
+    let mut min = [0f32; 8];
+    for (j, sb) in x.chunks_exact(32).enumerate() {
+        let lo = sb.iter().copied().fold(0f32, f32::min);
+        let hi = sb.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        scale[j] = (hi - lo) / 15.0;
+        min[j] = -lo;
+    }
+    let d = f16_round(scale.iter().copied().fold(0f32, f32::max) / 63.0);
+    let dmin = f16_round(min.iter().copied().fold(0f32, f32::max) / 63.0);
+    let six = |v: f32, unit: f32| if unit > 0.0 { (v / unit).round().clamp(0.0, 63.0) as u8 } else { 0 };
+    let sc: Vec<u8> = scale.iter().map(|&s| six(s, d)).collect();
+    let m: Vec<u8> = min.iter().map(|&v| six(v, dmin)).collect();
+    let mut scales = [0u8; 12];
+    for j in 0..8 {
+        if j < 4 {
+            scales[j] = sc[j];
+            scales[j + 4] = m[j];
+        } else {
+            scales[j + 4] = (sc[j] & 0xF) | ((m[j] & 0xF) << 4);
+            scales[j - 4] |= (sc[j] >> 4) << 6;
+            scales[j] |= (m[j] >> 4) << 6;
+        }
+    }
+    let q: Vec<u8> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let (step, offset) = (d * sc[i / 32] as f32, dmin * m[i / 32] as f32);
+            if step > 0.0 {
+                ((v + offset) / step).round().clamp(0.0, 15.0) as u8
+            } else {
+                0
+            }
+        })
+        .collect();
+    out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+    out.extend_from_slice(&half::f16::from_f32(dmin).to_le_bytes());
+    out.extend_from_slice(&scales);
+    for chunk in 0..4 {
+        out.extend((0..32).map(|l| q[chunk * 64 + l] | (q[chunk * 64 + 32 + l] << 4)));
+    }
+}
+
+/// One Q6_K block: 16 sub-blocks of 16, each `x = d * sc * (q - 32)` with i8 sc and 6-bit q.
+fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) {
+    let scale: Vec<f32> = x.chunks_exact(16).map(|sb| sb.iter().fold(0f32, |a, v| a.max(v.abs())) / 31.0).collect();
+    let d = f16_round(scale.iter().copied().fold(0f32, f32::max) / 127.0);
+    let sc: Vec<i8> =
+        scale.iter().map(|&s| if d > 0.0 { (s / d).round().clamp(-128.0, 127.0) as i8 } else { 0 }).collect();
+    let q: Vec<u8> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let step = d * sc[i / 16] as f32;
+            let k = if step != 0.0 { (v / step).round().clamp(-32.0, 31.0) } else { 0.0 };
+            (k as i32 + 32) as u8
+        })
+        .collect();
+    let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+    for half in 0..2 {
+        let q = &q[half * 128..];
+        for l in 0..32 {
+            let (q1, q2, q3, q4) = (q[l], q[l + 32], q[l + 64], q[l + 96]);
+            ql[half * 64 + l] = (q1 & 0xF) | ((q3 & 0xF) << 4);
+            ql[half * 64 + l + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4);
+            qh[half * 32 + l] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+        }
+    }
+    out.extend_from_slice(&ql);
+    out.extend_from_slice(&qh);
+    out.extend(sc.iter().map(|&s| s as u8));
+    out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
 }

@@ -284,12 +284,12 @@ impl ModelWeights {
         Self::random(&cfg, 0x6b76_6465_636f_6465).expect("the demo config is valid")
     }
 
-    /// A copy with every matrix whose rows are whole blocks quantized to `kind` (Q8_0, Q4_0 or
-    /// Q4_1); `data` becomes the dequantized values. For tests and for shrinking models.
+    /// A copy with every matrix whose rows are whole blocks quantized to `kind`; `data` becomes
+    /// the dequantized values. For tests and for shrinking models.
     pub fn quantized(&self, kind: QuantKind) -> Result<Self> {
         let mut w = self.clone();
         let q = |m: &mut Matrix| -> Result<()> {
-            if m.cols.is_multiple_of(32) {
+            if m.cols.is_multiple_of(kind.block_len()) {
                 *m = Matrix::quantized(m.rows, m.cols, kind, crate::quant::quantize(kind, &m.data)?)?;
             }
             Ok(())

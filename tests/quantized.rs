@@ -1,4 +1,4 @@
-//! Quantized weights stay quantized on the GPU (Q8_0, Q4_0, Q4_1 read in the shader); every
+//! Quantized weights stay quantized on the GPU (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K read in the shader); every
 //! kernel that reads them (embedding gather, matrix products, LM head) matches the CPU
 //! dequantize-then-multiply reference.
 
@@ -12,9 +12,15 @@ use kvdecode::{Engine, EngineOptions, ModelConfig, SplitMix64};
 fn quantize_dequantize_round_trip_is_close() {
     let mut rng = SplitMix64(5);
     let x: Vec<f32> = (0..256).map(|_| rng.normal()).collect();
-    for (kind, tol) in [(QuantKind::Q8_0, 0.02), (QuantKind::Q4_0, 0.35), (QuantKind::Q4_1, 0.25)] {
+    for (kind, tol) in [
+        (QuantKind::Q8_0, 0.02),
+        (QuantKind::Q4_0, 0.35),
+        (QuantKind::Q4_1, 0.25),
+        (QuantKind::Q4K, 0.35),
+        (QuantKind::Q6K, 0.1),
+    ] {
         let q = quantize(kind, &x).unwrap();
-        assert_eq!(q.len(), 8 * kind.block_bytes());
+        assert_eq!(q.len(), 256 / kind.block_len() * kind.block_bytes());
         let y = dequantize(kind, &q, 256).unwrap();
         let err = max_abs_diff(&x, &y);
         assert!(err < tol, "{kind:?}: {err}");
@@ -45,6 +51,31 @@ fn quantized_models_match_dequantized_reference() {
                     let d = max_abs_diff(out.row(r).unwrap(), &ref_last(&w, e.cache().history(r)));
                     assert!(d <= 1e-4, "{kind:?} {:?} row {r} pos {p}: {d}", cfg.mlp);
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn k_quant_models_match_dequantized_reference() {
+    // Q4_K and Q6_K stay in their 256-weight blocks on the GPU: every matrix here has rows of
+    // 256 or 512 weights; embedding, projections, MLP and the LM head read them in the shader
+    let cfg = ModelConfig::llama(96, 256, 4, 2, 64, 256, 2, 10000.0, 1e-5, false);
+    for kind in [QuantKind::Q4K, QuantKind::Q6K] {
+        let w = model(&cfg, 112).quantized(kind).unwrap();
+        let quantized = [&w.embed, w.head.as_ref().unwrap(), &w.layers[0].wq, &w.layers[1].mlp_out];
+        assert!(quantized.iter().all(|m| m.quant.as_ref().is_some_and(|q| q.kind == kind)));
+        let mut e = Engine::new(&gpu(), &w, EngineOptions::new(2, 48)).unwrap();
+        let seq: Vec<u32> = (0..24).map(|i| (i * 37 + 1) % 96).collect();
+        let mut ids = vec![0u32; 2 * 16];
+        ids[..16].copy_from_slice(&seq[..16]);
+        ids[16..25].copy_from_slice(&seq[..9]);
+        e.append(&ids, 16, &[16, 9], None).unwrap();
+        for p in 16..24 {
+            let out = e.append(&[seq[p], seq[p - 7]], 1, &[1, 1], None).unwrap();
+            for r in 0..2 {
+                let d = max_abs_diff(out.row(r).unwrap(), &ref_last(&w, e.cache().history(r)));
+                assert!(d <= 1e-4, "{kind:?} row {r} pos {p}: {d}");
             }
         }
     }

@@ -44,6 +44,16 @@ fn variants(kernel: Kernel) -> &'static [(&'static str, f64)] {
         Kernel::KvWrite | Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead => {
             &[("KV_FORMAT", 1.0), ("KV_FORMAT", 5.0)]
         }
+        // weights: f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (f32 is the default)
+        Kernel::Matmul | Kernel::MatmulSubgroup | Kernel::Embed => &[
+            ("W_FORMAT", 1.0),
+            ("W_FORMAT", 5.0),
+            ("W_FORMAT", 2.0),
+            ("W_FORMAT", 3.0),
+            ("W_FORMAT", 4.0),
+            ("W_FORMAT", 6.0),
+            ("W_FORMAT", 7.0),
+        ],
         _ => &[],
     }
 }
