@@ -16,6 +16,7 @@
 override H: u32;                // query heads
 override HK: u32;               // kv heads
 override D: u32;                // head_dim (multiple of 4, at most 256)
+override Q_STRIDE: u32;         // floats per token row of qy (its first H * D are the queries)
 override GLOBAL_SLOTS: u32 = 1u;  // max_len + 1
 override W: u32 = 1u;           // sliding window
 override RING: u32 = 1u;        // ring slots: W + rollback spares (plus one scratch slot)
@@ -35,7 +36,7 @@ const MAX_D4: u32 = 64u;  // head_dim <= 256: private arrays need a constant siz
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;          // [R]
-@group(0) @binding(2) var<storage, read_write> qy: array<vec4<f32>>;    // [R * C, H, D]: q in, y out (in place)
+@group(0) @binding(2) var<storage, read_write> qy: array<vec4<f32>>;    // [R * C, Q_STRIDE]: q in, y out (in place)
 @group(0) @binding(3) var<storage, read> lpos: array<i32>;              // [rows, RING + 1]
 @group(0) @binding(4) var<storage, read> gk: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]; SPLIT: partials [group tokens, H, PARTS, 4 + D] f32 bits
 @group(0) @binding(5) var<storage, read> gv: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]; SPLIT: unused
@@ -118,7 +119,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if info.cache_row < ROW0 || info.cache_row - ROW0 >= SHARD_ROWS { return; }  // another shard's row
     let local_row = info.cache_row - ROW0;
     let d4n = D / 4u;
-    let qbase = (n * H + h) * d4n;
+    let qbase = n * (Q_STRIDE / 4u) + h * d4n;
     if j >= info.n_new {
         for (var i = 0u; i < d4n; i++) { qy[qbase + i] = vec4<f32>(0.0); }
         return;

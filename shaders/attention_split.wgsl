@@ -15,6 +15,7 @@
 override H: u32;                // query heads
 override HK: u32;               // kv heads
 override D: u32;                // head_dim (multiple of 4; G * D <= 4 * WG)
+override Q_STRIDE: u32;         // floats per token row of qy (its first H * D are the queries)
 override GLOBAL_SLOTS: u32;     // max_len + 1
 override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
 override SCALE: f32;
@@ -32,7 +33,7 @@ const SLOTS: u32 = 4u;          // value vec4s per lane: G * D / 4 <= SLOTS * WG
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> group: TokenGroup;                     // this dispatch's first token
 @group(0) @binding(2) var<storage, read> rows: array<RowInfo>;            // [R]
-@group(0) @binding(3) var<storage, read> qy: array<vec4<f32>>;            // [R * C, H, D] roped queries
+@group(0) @binding(3) var<storage, read> qy: array<vec4<f32>>;            // [R * C, Q_STRIDE]: roped queries first
 @group(0) @binding(4) var<storage, read> gk: array<u32>;                  // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
 @group(0) @binding(5) var<storage, read> gv: array<u32>;                  // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
 @group(0) @binding(6) var<storage, read_write> partials: array<vec4<f32>>; // [group tokens, H, PARTS, 1 + D / 4]: (max, sum, 0, 0), then values
@@ -80,7 +81,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let last = min(w.y, s * SPAN + SPAN - 1u);
     let base = (w.z * HK + kh) * GLOBAL_SLOTS * D;
     for (var i = lane; i < g_n * d4n; i += WG) {
-        qs[i] = qy[(n * H + kh * g_n) * d4n + i] * SCALE;
+        qs[i] = qy[n * (Q_STRIDE / 4u) + kh * g_n * d4n + i] * SCALE;
     }
     if lane < g_n {
         run_m[lane] = -3.0e38;
@@ -211,7 +212,7 @@ fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let d4n = D / 4u;
     let kh = h / (H / HK);
     for (var i = 0u; i < d4n; i++) {
-        q[i] = qy[(n * H + h) * d4n + i] * SCALE;
+        q[i] = qy[n * (Q_STRIDE / 4u) + h * d4n + i] * SCALE;
         acc_h[i] = vec4<f32>(0.0);
     }
     var m = -3.0e38;

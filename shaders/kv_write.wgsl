@@ -9,6 +9,8 @@
 override HK: u32;               // n_kv_heads
 override D: u32;                // head_dim (even)
 override SLOTS: u32;            // max_len + 1 (global) or ring slots + 1
+override SRC_STRIDE: u32;       // floats per token row of fresh
+override SRC_OFFSET: u32 = 0u;  // where K then V start in the row
 override RING: bool = false;
 override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
 override ROW0: u32 = 0u;        // first cache row held by the bound cache shard
@@ -17,7 +19,7 @@ override WG: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;          // [R]
-@group(0) @binding(2) var<storage, read> fresh: array<vec2<f32>>;       // [R * C, 2, HK, D] (k then v)
+@group(0) @binding(2) var<storage, read> fresh: array<vec2<f32>>;       // [R * C, SRC_STRIDE]: [2, HK, D] (k then v) at SRC_OFFSET
 @group(0) @binding(3) var<storage, read_write> cache_k: array<u32>;     // [SHARD_ROWS, HK, SLOTS, D]
 @group(0) @binding(4) var<storage, read_write> cache_v: array<u32>;     // [SHARD_ROWS, HK, SLOTS, D]
 
@@ -56,7 +58,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             slot = pos;
         }
     }
-    let src = n * HK * pairs * 2u + kh * pairs + p2;
+    let src = (n * SRC_STRIDE + SRC_OFFSET) / 2u + kh * pairs + p2;
     let dst = (((info.cache_row - ROW0) * HK + kh) * SLOTS + slot) * D + p2 * 2u;
     store(dst, fresh[src], false);
     store(dst, fresh[src + HK * pairs], true);

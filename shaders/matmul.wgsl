@@ -6,6 +6,7 @@
 // (dot_fma), so both give the same bits.
 
 override K: u32;                   // input features (multiple of 4)
+override X_STRIDE: u32;            // floats per row of x (K, or more when x holds other columns after)
 override O_ROWS: u32;              // output rows of this part
 override OUT_STRIDE: u32;          // row stride of y
 override OUT_OFFSET: u32 = 0u;     // first column of y written by this part
@@ -16,7 +17,7 @@ override PER_ROW: bool = false;    // inputs are the R chunk rows (LM head), not
 override WG: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;   // [N, K]
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;   // [N, X_STRIDE], the first K read
 @group(0) @binding(2) var<storage, read> w: array<u32>;         // [O_ROWS, K] in W_FORMAT
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;   // [N, OUT_STRIDE]
 
@@ -43,7 +44,7 @@ fn w4(o: u32, k4: u32) -> vec4<f32> {
 // re-read the last valid token and their results are dropped by `store4`.
 fn row_bases(n0: u32, n_total: u32) -> vec4<u32> {
     let last = n_total - 1u;
-    return vec4<u32>(n0, min(n0 + 1u, last), min(n0 + 2u, last), min(n0 + 3u, last)) * (K / 4u);
+    return vec4<u32>(n0, min(n0 + 1u, last), min(n0 + 2u, last), min(n0 + 3u, last)) * (X_STRIDE / 4u);
 }
 
 // Tokens per thread: 4, or 1 for steps of fewer than 4 tokens (the host sizes the grid the same way).

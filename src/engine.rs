@@ -10,7 +10,7 @@ use crate::config::{MlpKind, ModelConfig};
 pub use crate::decode::{Turn, TurnLimit};
 use crate::device::Gpu;
 use crate::error::{Error, Result};
-use crate::gpu_weights::{GpuLayer, GpuMatrix, GpuWeights, WeightDtype};
+use crate::gpu_weights::{GpuLayer, GpuMatrix, GpuWeights, QkvWeights, WeightDtype};
 use crate::reference::rope_table;
 use crate::sampling::{RowSampling, Sampled, Sampler, SamplerGpu, TOP_LOGPROBS_MAX};
 use crate::shaders::{Constants, Kernel, Pipelines};
@@ -239,12 +239,24 @@ struct RowInfoGpu {
     rope_pos0: u32,
 }
 
-/// Heads to rotate (and qk-norm): `heads` heads at the start of each token's row of `stride` floats.
-struct RopeTarget<'a> {
-    buf: &'a wgpu::Buffer,
-    heads: usize,
-    stride: usize,
-    norm: Option<&'a wgpu::Buffer>,
+/// Where a matrix product reads and writes: `y[n, y_offset + o] (+)= x[n, ..K] . W[o]`, with rows
+/// of `x_stride` floats in x and `y_stride` in y; `per_row`: x holds one row per chunk row (the LM
+/// head); `softcap` > 0 caps the outputs.
+struct Product<'a> {
+    x: &'a wgpu::Buffer,
+    x_stride: usize,
+    y: &'a wgpu::Buffer,
+    y_stride: usize,
+    y_offset: usize,
+    accumulate: bool,
+    per_row: bool,
+    softcap: f32,
+}
+
+impl<'a> Product<'a> {
+    fn new(x: &'a wgpu::Buffer, x_stride: usize, y: &'a wgpu::Buffer, y_stride: usize) -> Self {
+        Product { x, x_stride, y, y_stride, y_offset: 0, accumulate: false, per_row: false, softcap: 0.0 }
+    }
 }
 
 /// How many workgroups a dispatch needs, given the chunk shape (R rows, C width).
@@ -335,13 +347,13 @@ impl Dispatch {
 
 /// Activation buffers, sized once for `rows * chunk` tokens.
 pub(crate) struct Scratch {
-    step: wgpu::Buffer,              // uniform Step
-    row_info: wgpu::Buffer,          // [rows] RowInfo
-    ids: wgpu::Buffer,               // [rows * chunk] u32
-    x: wgpu::Buffer,                 // [T, d] residual stream
-    h: wgpu::Buffer,                 // [T, d] normed input of a block
-    q: wgpu::Buffer,                 // [T, H * D] queries, then attention output (in place)
-    kv_global: wgpu::Buffer,         // [T, 2 * Hk * D] fresh global K then V
+    step: wgpu::Buffer,     // uniform Step
+    row_info: wgpu::Buffer, // [rows] RowInfo
+    ids: wgpu::Buffer,      // [rows * chunk] u32
+    x: wgpu::Buffer,        // [T, d] residual stream
+    h: wgpu::Buffer,        // [T, d] normed input of a block
+    qkv: wgpu::Buffer,      // [T, H * D + 2 * Hk * D] queries (attention's output replaces
+    // them in place), then a writer layer's fresh global K then V
     kv_local: wgpu::Buffer,          // [T, 2 * Hk * D] fresh local K then V
     tmp: wgpu::Buffer,               // [T, d] projection output before a post-norm
     up: wgpu::Buffer,                // [T, in_factor * F]
@@ -415,6 +427,14 @@ struct Builder<'a> {
     attention: AttentionPlan,
 }
 
+impl Builder<'_> {
+    /// Floats per token row of `qkv`: the queries, then the fresh global K and V.
+    fn qkv_stride(&self) -> usize {
+        let c = self.cfg;
+        (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+    }
+}
+
 fn b(v: bool) -> f64 {
     if v {
         1.0
@@ -454,7 +474,7 @@ impl Builder<'_> {
         )
     }
 
-    /// `y[:, offset..] (+)= x W^T`, one dispatch per weight part.
+    /// `y (+)= x W^T` over whole rows of x and y, one dispatch per weight part.
     fn matmul(
         &self,
         x: &wgpu::Buffer,
@@ -463,23 +483,15 @@ impl Builder<'_> {
         y_stride: usize,
         accumulate: bool,
     ) -> Vec<Dispatch> {
-        self.matmul_ext(x, w, y, y_stride, accumulate, false, 0.0)
+        self.product(w, Product { accumulate, ..Product::new(x, w.cols, y, y_stride) })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_ext(
-        &self,
-        x: &wgpu::Buffer,
-        w: &GpuMatrix,
-        y: &wgpu::Buffer,
-        y_stride: usize,
-        accumulate: bool,
-        per_row: bool,
-        softcap: f32,
-    ) -> Vec<Dispatch> {
+    /// `y[n, y_offset + o] (+)= x[n, ..K] . W[o]` as `io` says, one dispatch per weight part.
+    fn product(&self, w: &GpuMatrix, io: Product) -> Vec<Dispatch> {
         w.parts
             .iter()
             .map(|p| {
+                let per_row = io.per_row;
                 let (kernel, grid, extra) = match self.subgroup {
                     Some(sg) => (
                         Kernel::MatmulSubgroup,
@@ -490,48 +502,62 @@ impl Builder<'_> {
                 };
                 let mut consts = vec![
                     ("K", w.cols as f64),
+                    ("X_STRIDE", io.x_stride as f64),
                     ("O_ROWS", p.rows as f64),
-                    ("OUT_STRIDE", y_stride as f64),
-                    ("OUT_OFFSET", p.row_start as f64),
+                    ("OUT_STRIDE", io.y_stride as f64),
+                    ("OUT_OFFSET", (io.y_offset + p.row_start) as f64),
                     ("W_FORMAT", w.format as f64),
-                    ("ACCUMULATE", b(accumulate)),
-                    ("SOFTCAP", softcap as f64),
+                    ("ACCUMULATE", b(io.accumulate)),
+                    ("SOFTCAP", io.softcap as f64),
                     ("PER_ROW", b(per_row)),
                 ];
                 consts.extend(extra);
-                self.dispatch(kernel, consts, &[&self.s.step, x, &p.buffer, y], grid)
+                self.dispatch(kernel, consts, &[&self.s.step, io.x, &p.buffer, io.y], grid)
             })
             .collect()
     }
 
-    /// qk-norm (optional) and RoPE at each token's position, in place on `heads` heads per token.
-    fn rope(&self, t: RopeTarget, keys: Option<RopeTarget>, theta: f32) -> Dispatch {
+    /// qk-norm (optional) and RoPE at each token's position, in place, in one dispatch: the
+    /// queries and `t_keys` key heads after them in each row of `t` (`stride` floats), then the
+    /// keys at the start of each row of `keys` (buffer, row floats), if any.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        t: &wgpu::Buffer,
+        stride: usize,
+        t_keys: usize,
+        keys: Option<(&wgpu::Buffer, usize)>,
+        q_norm: Option<&wgpu::Buffer>,
+        k_norm: Option<&wgpu::Buffer>,
+        theta: f32,
+    ) -> Dispatch {
         let c = self.cfg;
-        let k = keys.as_ref();
+        let k_heads = if keys.is_some() { c.n_kv_heads } else { 0 };
         self.dispatch(
             Kernel::QkRope,
             vec![
-                ("HEADS", t.heads as f64),
+                ("HEADS", c.n_heads as f64),
                 ("D", c.head_dim as f64),
-                ("STRIDE", t.stride as f64),
+                ("STRIDE", stride as f64),
                 ("NORM", b(c.qk_norm)),
-                ("HAS_WEIGHT", b(t.norm.is_some())),
+                ("HAS_WEIGHT", b(q_norm.is_some())),
                 ("EPS", c.norm_eps as f64),
-                ("K_HEADS", k.map_or(0, |k| k.heads) as f64),
-                ("K_STRIDE", k.map_or(1, |k| k.stride) as f64),
-                ("HAS_K_WEIGHT", b(k.is_some_and(|k| k.norm.is_some()))),
+                ("T_K_HEADS", t_keys as f64),
+                ("K_HEADS", k_heads as f64),
+                ("K_STRIDE", keys.map_or(1, |k| k.1) as f64),
+                ("HAS_K_WEIGHT", b(k_norm.is_some())),
             ],
             &[
                 &self.s.step,
                 &self.s.row_info,
-                t.buf,
-                t.norm.unwrap_or(&self.s.dummy),
+                t,
+                q_norm.unwrap_or(&self.s.dummy),
                 &self.rope[&theta.to_bits()],
-                k.map_or(&self.s.dummy_rw, |k| k.buf),
-                k.and_then(|k| k.norm).unwrap_or(&self.s.dummy),
+                keys.map_or(&self.s.dummy_rw, |k| k.0),
+                k_norm.unwrap_or(&self.s.dummy),
             ],
             // a thread per head with qk-norm (it sums the head's squares), else per rotated pair
-            Grid::Tokens((t.heads + k.map_or(0, |k| k.heads)) * if c.qk_norm { 1 } else { c.head_dim / 2 }),
+            Grid::Tokens((c.n_heads + t_keys + k_heads) * if c.qk_norm { 1 } else { c.head_dim / 2 }),
         )
     }
 
@@ -545,7 +571,7 @@ impl Builder<'_> {
     /// dispatch per cache shard.
     fn kv_write(
         &self,
-        fresh: &wgpu::Buffer,
+        (fresh, fresh_stride, fresh_offset): (&wgpu::Buffer, usize, usize),
         kv: &[(wgpu::Buffer, wgpu::Buffer)],
         slots: usize,
         ring: bool,
@@ -558,6 +584,8 @@ impl Builder<'_> {
                     ("HK", c.n_kv_heads as f64),
                     ("D", c.head_dim as f64),
                     ("SLOTS", slots as f64),
+                    ("SRC_STRIDE", fresh_stride as f64),
+                    ("SRC_OFFSET", fresh_offset as f64),
                     ("RING", b(ring)),
                     ("KV_FORMAT", self.cache.dtype().format() as f64),
                 ];
@@ -590,6 +618,7 @@ impl Builder<'_> {
                 ("H", c.n_heads as f64),
                 ("HK", c.n_kv_heads as f64),
                 ("D", c.head_dim as f64),
+                ("Q_STRIDE", self.qkv_stride() as f64),
                 ("GLOBAL_SLOTS", (cache.max_len() + 1) as f64),
                 ("KV_FORMAT", cache.dtype().format() as f64),
                 ("SCALE", c.attn_scale as f64),
@@ -624,7 +653,7 @@ impl Builder<'_> {
                     out.push(self.dispatch(
                         kernel,
                         consts,
-                        &[&s.step, token_group, &s.row_info, &s.q, gk, gv, &s.partials],
+                        &[&s.step, token_group, &s.row_info, &s.qkv, gk, gv, &s.partials],
                         grid,
                     ));
                 }
@@ -633,7 +662,7 @@ impl Builder<'_> {
                 out.push(self.dispatch(
                     Kernel::Attention,
                     consts.clone(),
-                    &[&s.step, &s.row_info, &s.q, &cache.lpos, k4, v5, lk, lv, &s.kv_local, token_group],
+                    &[&s.step, &s.row_info, &s.qkv, &cache.lpos, k4, v5, lk, lv, &s.kv_local, token_group],
                     Grid::TokenGroup { group: g, size, per_token: c.n_heads },
                 ));
             }
@@ -681,16 +710,22 @@ impl Builder<'_> {
         }
         // 1. h = norm(x)
         out.push(self.norm(&s.x, lw.attn_norm.as_ref(), &s.h, false));
-        // 2. q = h Wq^T; writer layers: fresh global K/V; local layers: fresh local K/V
-        out.extend(self.matmul(&s.h, &lw.wq, &s.q, hd, false));
+        // 2. q = h Wq^T and, on writer layers, the fresh global K/V beside it in each row of qkv
+        //    (one product when both matrices are stored alike); local layers: fresh local K/V
+        let qkv = self.qkv_stride();
         let group = spec.global_group.map(|g| &cache.global[g]);
-        let writes = match (spec.writes_global, lw.kv_global.as_ref(), group) {
-            (true, Some(kvg), Some(g)) => {
-                out.extend(self.matmul(&s.h, kvg, &s.kv_global, kvd, false));
-                Some(g)
+        let writes = group.filter(|_| spec.writes_global);
+        match &lw.qkv {
+            QkvWeights::Fused(w) => out.extend(self.matmul(&s.h, w, &s.qkv, qkv, false)),
+            QkvWeights::Apart { wq, kv_global } => {
+                out.extend(self.matmul(&s.h, wq, &s.qkv, qkv, false));
+                if let (Some(kvg), Some(_)) = (kv_global, writes) {
+                    out.extend(
+                        self.product(kvg, Product { y_offset: hd, ..Product::new(&s.h, c.d_model, &s.qkv, qkv) }),
+                    );
+                }
             }
-            _ => None,
-        };
+        }
         let ring = cache.ring[i].as_ref();
         let local = match (lw.kv_local.as_ref(), ring) {
             (Some(kvl), Some(_)) => {
@@ -699,20 +734,16 @@ impl Builder<'_> {
             }
             _ => false,
         };
-        // 3. qk-norm and RoPE at each token's own position: the queries and the first fresh keys
-        //    in one dispatch (keys are rotated once, before they are stored)
-        let q = RopeTarget { buf: &s.q, heads: c.n_heads, stride: hd, norm: lw.q_norm.as_ref() };
-        let key = |buf| RopeTarget { buf, heads: c.n_kv_heads, stride: kvd, norm: lw.k_norm.as_ref() };
-        let mut keys = [writes.map(|_| &s.kv_global), local.then_some(&s.kv_local)].into_iter().flatten();
-        out.push(self.rope(q, keys.next().map(key), theta));
-        if let Some(k) = keys.next() {
-            out.push(self.rope(key(k), None, theta));
-        }
+        // 3. qk-norm and RoPE at each token's own position, the queries and all fresh keys in one
+        //    dispatch (keys are rotated once, before they are stored)
+        let t_keys = if writes.is_some() { c.n_kv_heads } else { 0 };
+        let keys = local.then_some((&s.kv_local, kvd));
+        out.push(self.rope(&s.qkv, qkv, t_keys, keys, lw.q_norm.as_ref(), lw.k_norm.as_ref(), theta));
         // 4. writer layers: scatter K/V into the group's cache now, so this layer and the group's
         //    later layers see the chunk's keys (padding -> scratch slot); the ring is written
         //    after attention
         if let Some(g) = writes {
-            out.extend(self.kv_write(&s.kv_global, g, cache.max_len() + 1, false));
+            out.extend(self.kv_write((&s.qkv, qkv, hd), g, cache.max_len() + 1, false));
         }
         // 5. attention over global keys + ring + the chunk's fresh local keys; output replaces q
         //    (per cache shard, each handling the rows its shard holds, and per token group).
@@ -720,14 +751,16 @@ impl Builder<'_> {
         out.extend(self.attention(group, ring));
         // 6. ring write: the last W real tokens of each row survive, the rest go to the scratch slot
         if let Some(r) = ring {
-            out.extend(self.kv_write(&s.kv_local, r, cache.ring_slots() + 1, true));
+            out.extend(self.kv_write((&s.kv_local, kvd, 0), r, cache.ring_slots() + 1, true));
         }
         // 7. output projection and residual (Gemma: norm the projection before adding it)
         if c.post_norms {
-            out.extend(self.matmul(&s.q, &lw.wo, &s.tmp, c.d_model, false));
+            out.extend(self.product(&lw.wo, Product::new(&s.qkv, qkv, &s.tmp, c.d_model)));
             out.push(self.norm(&s.tmp, lw.post_attn_norm.as_ref(), &s.x, true));
         } else {
-            out.extend(self.matmul(&s.q, &lw.wo, &s.x, c.d_model, true));
+            out.extend(
+                self.product(&lw.wo, Product { accumulate: true, ..Product::new(&s.qkv, qkv, &s.x, c.d_model) }),
+            );
         }
         // 8. MLP and residual
         let f = c.ffn;
@@ -868,8 +901,7 @@ impl Engine {
             ids: gpu.storage("ids", f4(t))?,
             x: gpu.storage("x", f4(t * d))?,
             h: gpu.storage("h", f4(t * d))?,
-            q: gpu.storage("q", f4(t * hd))?,
-            kv_global: gpu.storage("fresh global kv", f4(t * kvd))?,
+            qkv: gpu.storage("q and fresh global kv", f4(t * (hd + kvd)))?,
             kv_local: gpu.storage("fresh local kv", f4(t * kvd))?,
             tmp: gpu.storage("tmp", f4(t * d))?,
             up: gpu.storage("mlp up", f4(t * cfg.mlp.in_factor() * cfg.ffn))?,
@@ -967,26 +999,14 @@ impl Engine {
             Grid::Rows(Kernel::RmsNorm.workgroup_size() as usize),
         )];
         let head = gw.head.as_ref().unwrap_or(&gw.embed);
-        head_dispatches.extend(bld.matmul_ext(
-            &s.last_h,
-            head,
-            &s.logits,
-            cfg.vocab,
-            false,
-            true,
-            cfg.logit_softcap.unwrap_or(0.0),
-        ));
+        let softcap = cfg.logit_softcap.unwrap_or(0.0);
+        head_dispatches.extend(
+            bld.product(head, Product { per_row: true, softcap, ..Product::new(&s.last_h, d, &s.logits, cfg.vocab) }),
+        );
         // all-position logits (speculative verify): final norm of every token into h, LM head
         let mut all_head_dispatches = vec![bld.norm(&s.x, gw.final_norm.as_ref(), &s.h, false)];
-        all_head_dispatches.extend(bld.matmul_ext(
-            &s.h,
-            head,
-            &s.all_logits,
-            cfg.vocab,
-            false,
-            false,
-            cfg.logit_softcap.unwrap_or(0.0),
-        ));
+        all_head_dispatches
+            .extend(bld.product(head, Product { softcap, ..Product::new(&s.h, d, &s.all_logits, cfg.vocab) }));
         let sampling = RowSampling::new(gpu, rows, cfg.vocab, opts.logit_bias_slots)?;
         let sample_dispatch = bld.dispatch(
             Kernel::Sample,

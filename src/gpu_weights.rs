@@ -114,13 +114,28 @@ impl GpuMatrix {
     }
 }
 
+/// A layer's query projection and, on writer layers, its global K/V projection: one matrix
+/// `[wq; kv_global]` (one product a step) when both are stored alike, else apart.
+pub(crate) enum QkvWeights {
+    Fused(GpuMatrix),
+    Apart { wq: GpuMatrix, kv_global: Option<GpuMatrix> },
+}
+
+impl QkvWeights {
+    fn matrices(&self) -> Vec<&GpuMatrix> {
+        match self {
+            QkvWeights::Fused(m) => vec![m],
+            QkvWeights::Apart { wq, kv_global } => std::iter::once(wq).chain(kv_global).collect(),
+        }
+    }
+}
+
 /// Per-layer GPU weights.
 pub(crate) struct GpuLayer {
     pub attn_norm: Option<wgpu::Buffer>,
-    pub wq: GpuMatrix,
+    pub qkv: QkvWeights,
     pub q_norm: Option<wgpu::Buffer>,
     pub k_norm: Option<wgpu::Buffer>,
-    pub kv_global: Option<GpuMatrix>,
     pub kv_local: Option<GpuMatrix>,
     pub wo: GpuMatrix,
     pub post_attn_norm: Option<wgpu::Buffer>,
@@ -157,8 +172,8 @@ impl GpuWeights {
         let m = |g: &GpuMatrix| g.parts.iter().map(|p| p.buffer.size()).sum::<u64>();
         let mut total = m(&self.embed) + self.head.as_ref().map_or(0, m);
         for l in &self.layers {
-            total += m(&l.wq) + m(&l.wo) + m(&l.mlp_in) + m(&l.mlp_out);
-            total += l.kv_global.as_ref().map_or(0, m) + l.kv_local.as_ref().map_or(0, m);
+            total += l.qkv.matrices().into_iter().map(m).sum::<u64>();
+            total += m(&l.wo) + m(&l.mlp_in) + m(&l.mlp_out) + l.kv_local.as_ref().map_or(0, m);
             total += l.engram.as_ref().map_or(0, |e| m(&e.w_kv));
         }
         total
@@ -176,12 +191,20 @@ impl GpuWeights {
         let mut layers = Vec::new();
         for (i, l) in w.layers.iter().enumerate() {
             let p = |s: &str| format!("layer {i} {s}");
+            let qkv = match &l.kv_global {
+                Some(kv) if layout(&l.wq, dtype).format == layout(kv, dtype).format => {
+                    QkvWeights::Fused(mat(p("wq + kv_global"), &Matrix::vstack(&[l.wq.clone(), kv.clone()])?)?)
+                }
+                kv => QkvWeights::Apart {
+                    wq: mat(p("wq"), &l.wq)?,
+                    kv_global: kv.as_ref().map(|m| mat(p("kv_global"), m)).transpose()?,
+                },
+            };
             layers.push(GpuLayer {
                 attn_norm: norm(p("attn_norm"), &l.attn_norm)?,
-                wq: mat(p("wq"), &l.wq)?,
+                qkv,
                 q_norm: norm(p("q_norm"), &l.q_norm)?,
                 k_norm: norm(p("k_norm"), &l.k_norm)?,
-                kv_global: l.kv_global.as_ref().map(|m| mat(p("kv_global"), m)).transpose()?,
                 kv_local: l.kv_local.as_ref().map(|m| mat(p("kv_local"), m)).transpose()?,
                 wo: mat(p("wo"), &l.wo)?,
                 post_attn_norm: norm(p("post_attn_norm"), &l.post_attn_norm)?,

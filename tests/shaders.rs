@@ -11,14 +11,15 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
     match kernel {
         Kernel::Embed => &[("D", 64.0), ("PART_ROWS", 100.0)],
         Kernel::RmsNorm => &[("D", 64.0), ("EPS", 1e-6)],
-        Kernel::Matmul => &[("K", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0)],
+        Kernel::Matmul => &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0)],
         Kernel::QkRope => &[("HEADS", 4.0), ("D", 16.0), ("STRIDE", 64.0)],
-        Kernel::KvWrite => &[("HK", 2.0), ("D", 16.0), ("SLOTS", 33.0)],
-        Kernel::Attention => &[("H", 4.0), ("HK", 2.0), ("D", 16.0), ("SCALE", 0.25)],
+        Kernel::KvWrite => &[("HK", 2.0), ("D", 16.0), ("SLOTS", 33.0), ("SRC_STRIDE", 128.0)],
+        Kernel::Attention => &[("H", 4.0), ("HK", 2.0), ("D", 16.0), ("Q_STRIDE", 128.0), ("SCALE", 0.25)],
         Kernel::AttentionSplit | Kernel::AttentionSplitHead => &[
             ("H", 4.0),
             ("HK", 2.0),
             ("D", 16.0),
+            ("Q_STRIDE", 128.0),
             ("SCALE", 0.25),
             ("GLOBAL_SLOTS", 257.0),
             ("SPAN", 64.0),
@@ -32,7 +33,9 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
             &[("HEADS", 2.0), ("N_ORDERS", 2.0), ("TABLE_ROWS", 64.0), ("DIM", 8.0), ("MAX_LEN", 32.0)]
         }
         Kernel::EngramMix => &[("D", 64.0), ("EPS", 1e-6)],
-        Kernel::MatmulSubgroup => &[("K", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0), ("SG", 8.0)],
+        Kernel::MatmulSubgroup => {
+            &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0), ("SG", 8.0)]
+        }
         Kernel::Copy => &[("N4", 1024.0)],
     }
 }
