@@ -347,13 +347,12 @@ impl Dispatch {
 
 /// Activation buffers, sized once for `rows * chunk` tokens.
 pub(crate) struct Scratch {
-    step: wgpu::Buffer,     // uniform Step
-    row_info: wgpu::Buffer, // [rows] RowInfo
-    ids: wgpu::Buffer,      // [rows * chunk] u32
-    x: wgpu::Buffer,        // [T, d] residual stream
-    h: wgpu::Buffer,        // [T, d] normed input of a block
-    qkv: wgpu::Buffer,      // [T, H * D + 2 * Hk * D] queries (attention's output replaces
-    // them in place), then a writer layer's fresh global K then V
+    step: wgpu::Buffer,              // uniform Step
+    row_info: wgpu::Buffer,          // [rows] RowInfo
+    ids: wgpu::Buffer,               // [rows * chunk] u32
+    x: wgpu::Buffer,                 // [T, d] residual stream
+    h: wgpu::Buffer,                 // [T, d] normed input of a block
+    qkv: wgpu::Buffer,               // [T, (H + 2 Hk) D] queries (then attention out), fresh global K, V
     kv_local: wgpu::Buffer,          // [T, 2 * Hk * D] fresh local K then V
     tmp: wgpu::Buffer,               // [T, d] projection output before a post-norm
     up: wgpu::Buffer,                // [T, in_factor * F]
