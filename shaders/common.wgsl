@@ -113,8 +113,8 @@ fn quant_at(fmt: u32, row: u32, k4: u32, cols: u32) -> vec2<u32> {
 }
 
 // Words of a K-quant block that weights 4g .. 4g + 3 need, in the order dequant_k4 takes them
-// (Q4_K: the scales, the three scale words, the nibbles; Q6_K: the scale, low bits, high bits, the
-// sub-block scales).
+// (Q4_K: d and dmin, the three words of 6-bit scales and mins, the nibbles; Q6_K: d, the low
+// bits, the high bits, the sub-block scales).
 fn kquant_word(fmt: u32, g: u32, i: u32) -> u32 {
     if fmt == 6u {
         return select(i, 4u + (g / 16u) * 8u + g % 8u, i == 4u);
@@ -142,12 +142,12 @@ fn dequant_k4(fmt: u32, w: array<u32, 5>, g: u32) -> vec4<f32> {
         let chunk = g / 16u;
         let hi = (g % 16u) >= 8u;
         let j = 2u * chunk + select(0u, 1u, hi);
-        // byte k of the 12 scale bytes (words 1..3)
+        // sub-block j's 6-bit scale and min from the 12 scale bytes (words 1..3), as llama.cpp packs them
         var sc: u32;
         var mn: u32;
         if j < 4u {
-            sc = (w[1u + j / 4u] >> (8u * (j % 4u))) & 63u;
-            mn = (w[2u] >> (8u * j)) & 63u;
+            sc = (w[1u] >> (8u * j)) & 63u;  // byte j
+            mn = (w[2u] >> (8u * j)) & 63u;  // byte j + 4
         } else {
             let lo = (w[3u] >> (8u * (j - 4u))) & 0xffu;        // byte j + 4
             let top_s = (w[1u] >> (8u * (j - 4u) + 6u)) & 3u;   // byte j - 4, top bits
