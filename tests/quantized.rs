@@ -28,6 +28,26 @@ fn quantize_dequantize_round_trip_is_close() {
     assert!(dequantize(QuantKind::Q4_0, &[0; 17], 32).is_err());
 }
 
+/// Two rows of one sequence, `lag` tokens apart: a ragged prefill (`width` and `width - lag`
+/// tokens), then decode steps up to position `end`, every row's logits within 1e-4 of the CPU
+/// reference on the same (dequantized) weights.
+fn decode_matches_reference(w: &kvdecode::ModelWeights, width: usize, lag: usize, end: usize, what: &str) {
+    let vocab = w.cfg.vocab as u32;
+    let mut e = Engine::new(&gpu(), w, EngineOptions::new(2, 48)).unwrap();
+    let seq: Vec<u32> = (0..end as u32).map(|i| (i * 37 + 1) % vocab).collect();
+    let mut ids = vec![0u32; 2 * width];
+    ids[..width].copy_from_slice(&seq[..width]);
+    ids[width..2 * width - lag].copy_from_slice(&seq[..width - lag]);
+    e.append(&ids, width, &[width, width - lag], None).unwrap();
+    for p in width..end {
+        let out = e.append(&[seq[p], seq[p - lag]], 1, &[1, 1], None).unwrap();
+        for r in 0..2 {
+            let d = max_abs_diff(out.row(r).unwrap(), &ref_last(w, e.cache().history(r)));
+            assert!(d <= 1e-4, "{what} row {r} pos {p}: {d}");
+        }
+    }
+}
+
 #[test]
 fn quantized_models_match_dequantized_reference() {
     // dimensions in whole blocks of 32: every matrix quantizes
@@ -39,19 +59,7 @@ fn quantized_models_match_dequantized_reference() {
         for kind in [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1] {
             let w = model(&cfg, 111).quantized(kind).unwrap();
             assert!(w.embed.quant.is_some() && w.layers[0].wq.quant.is_some());
-            let mut e = Engine::new(&gpu(), &w, EngineOptions::new(2, 48)).unwrap();
-            let seq: Vec<u32> = (0..40).map(|i| (i * 37 + 1) % 96).collect();
-            let mut ids = vec![0u32; 2 * 30];
-            ids[..30].copy_from_slice(&seq[..30]);
-            ids[30..47].copy_from_slice(&seq[..17]);
-            e.append(&ids, 30, &[30, 17], None).unwrap();
-            for p in 30..40 {
-                let out = e.append(&[seq[p], seq[p - 13]], 1, &[1, 1], None).unwrap();
-                for r in 0..2 {
-                    let d = max_abs_diff(out.row(r).unwrap(), &ref_last(&w, e.cache().history(r)));
-                    assert!(d <= 1e-4, "{kind:?} {:?} row {r} pos {p}: {d}", cfg.mlp);
-                }
-            }
+            decode_matches_reference(&w, 30, 13, 40, &format!("{kind:?} {:?}", cfg.mlp));
         }
     }
 }
@@ -65,19 +73,7 @@ fn k_quant_models_match_dequantized_reference() {
         let w = model(&cfg, 112).quantized(kind).unwrap();
         let quantized = [&w.embed, w.head.as_ref().unwrap(), &w.layers[0].wq, &w.layers[1].mlp_out];
         assert!(quantized.iter().all(|m| m.quant.as_ref().is_some_and(|q| q.kind == kind)));
-        let mut e = Engine::new(&gpu(), &w, EngineOptions::new(2, 48)).unwrap();
-        let seq: Vec<u32> = (0..24).map(|i| (i * 37 + 1) % 96).collect();
-        let mut ids = vec![0u32; 2 * 16];
-        ids[..16].copy_from_slice(&seq[..16]);
-        ids[16..25].copy_from_slice(&seq[..9]);
-        e.append(&ids, 16, &[16, 9], None).unwrap();
-        for p in 16..24 {
-            let out = e.append(&[seq[p], seq[p - 7]], 1, &[1, 1], None).unwrap();
-            for r in 0..2 {
-                let d = max_abs_diff(out.row(r).unwrap(), &ref_last(&w, e.cache().history(r)));
-                assert!(d <= 1e-4, "{kind:?} row {r} pos {p}: {d}");
-            }
-        }
+        decode_matches_reference(&w, 16, 7, 24, &format!("{kind:?}"));
     }
 }
 
