@@ -32,8 +32,8 @@ pub(crate) struct GpuMatrix {
     pub parts: Vec<MatrixPart>,
 }
 
-/// How a matrix is stored on the GPU: its quantized blocks when the GPU reads that format (and
-/// the rows are whole blocks), else 16-bit when it is 16-bit on disk or `dtype` asks, else f32.
+/// How a matrix is stored on the GPU: its quantized blocks when the rows are whole blocks, else
+/// 16-bit when it is 16-bit on disk or `dtype` asks, else f32.
 struct Layout<'a> {
     quant: Option<&'a crate::quant::QuantData>,
     half: Option<Half>,
@@ -42,7 +42,7 @@ struct Layout<'a> {
 }
 
 fn layout(m: &Matrix, dtype: WeightDtype) -> Layout<'_> {
-    let quant = m.quant.as_ref().filter(|q| q.kind.gpu_format().is_some() && m.cols.is_multiple_of(q.kind.block_len()));
+    let quant = m.quant.as_ref().filter(|q| m.cols.is_multiple_of(q.kind.block_len()));
     // 16-bit on disk stays 16-bit on the GPU (bf16 as bf16); f32 follows `dtype`
     let half = match (m.half, dtype) {
         (Some(h), _) => Some(h),
@@ -50,9 +50,7 @@ fn layout(m: &Matrix, dtype: WeightDtype) -> Layout<'_> {
         (None, WeightDtype::F32) => None,
     };
     let (format, row_bytes) = match (quant, half) {
-        (Some(q), _) => {
-            (q.kind.gpu_format().unwrap_or(0), (m.cols / q.kind.block_len() * q.kind.gpu_block_words() * 4) as u64)
-        }
+        (Some(q), _) => (q.kind.gpu_format(), (m.cols / q.kind.block_len() * q.kind.gpu_block_words() * 4) as u64),
         (None, None) => (0, (m.cols * 4) as u64),
         (None, Some(Half::F16)) => (1, (m.cols * 2) as u64),
         (None, Some(Half::BF16)) => (5, (m.cols * 2) as u64),

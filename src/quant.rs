@@ -1,5 +1,5 @@
-//! Block-quantized weight formats (llama.cpp's): dequantization on the CPU (the reference and
-//! formats the GPU does not read directly) and the word-aligned repacking the GPU reads.
+//! Block-quantized weight formats (llama.cpp's): dequantization on the CPU (the reference, and
+//! rows that are not whole blocks) and the word-aligned repacking the GPU reads.
 //!
 //! GPU formats (`W_FORMAT` in the shaders): every kind stays quantized in GPU memory, each block
 //! padded to whole u32 words: Q8_0 9 words (scale, 32 x i8), Q4_0 5 words (scale, 16 bytes of
@@ -43,14 +43,14 @@ impl QuantKind {
         }
     }
 
-    /// The shader's `W_FORMAT` (every kind is read directly by the GPU).
-    pub(crate) fn gpu_format(self) -> Option<u32> {
+    /// The shader's `W_FORMAT` (the GPU reads every kind in its blocks).
+    pub(crate) fn gpu_format(self) -> u32 {
         match self {
-            QuantKind::Q8_0 => Some(2),
-            QuantKind::Q4_0 => Some(3),
-            QuantKind::Q4_1 => Some(4),
-            QuantKind::Q4K => Some(6),
-            QuantKind::Q6K => Some(7),
+            QuantKind::Q8_0 => 2,
+            QuantKind::Q4_0 => 3,
+            QuantKind::Q4_1 => 4,
+            QuantKind::Q4K => 6,
+            QuantKind::Q6K => 7,
         }
     }
 

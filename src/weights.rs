@@ -319,7 +319,7 @@ impl ModelWeights {
     pub fn rounded_to_f16(&self) -> Self {
         let mut w = self.clone();
         let r = |m: &mut Matrix| {
-            if m.half.is_some() || m.quant.as_ref().is_some_and(|q| q.kind.gpu_format().is_some()) {
+            if m.half.is_some() || m.quant.is_some() {
                 return;
             }
             for v in &mut m.data {
