@@ -20,7 +20,8 @@ var<workgroup> lane_sums: array<f32, WG>;  // each lane's sum of squares, then t
 
 // Workgroup o: token o (row o with GATHER_LAST). Lane i sums squares of elements i, i + WG, ...,
 // then a fixed tree adds the lanes: one order whatever else is in the step. (One thread walking a
-// row alone was latency-bound on a GPU: ~50 us a norm on an H200.)
+// row alone is latency-bound on a GPU: on an H200 the kernels other than products and attention,
+// the norms the most numerous, took 8.7 ms of a 15.4 ms SmolLM2 step.)
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,

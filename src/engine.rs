@@ -160,9 +160,9 @@ impl AttentionPlan {
         }
         // Partitions of 64 positions, so even short contexts spread over many workgroups (split-group)
         // or threads (split-head); split-group folds a partition in tiles of 64 keys, one key per
-        // lane (tiles of 256 left each lane walking 256 values alone: ~120 us a layer on an H200,
-        // whatever the context). At most 64 partitions (longer ones beyond), so the partials stay
-        // small and the merge short.
+        // lane (with tiles of 256 each lane walked 256 values alone: on an H200 the 6-layer demo
+        // model spent 0.71 ms a step in attention at 512 positions, SmolLM2 5.27 ms). At most 64
+        // partitions (longer ones beyond), so the partials stay small and the merge short.
         let tile = 64;
         let mut span = tile;
         while opts.max_len.div_ceil(span) > 64 {
