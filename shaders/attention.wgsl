@@ -1,7 +1,8 @@
 // Masked softmax attention straight against the cache, grouped-query (query head h reads kv head
 // h / (H / HK); K/V are never repeated). One thread per (token, query head), online softmax.
 // Query at position p of cache row b sees, in one softmax:
-//   global keys (HAS_GLOBAL): positions 0..=p of row b in its group's global cache (this chunk's
+//   global keys (HAS_GLOBAL): positions 0..=p of row b in its group's pool, found through the row's
+//     block table (this chunk's
 //     keys were scattered there by the group's writer layer before this dispatch);
 //   local keys (HAS_LOCAL): positions q with p - W < q <= p, visited in position order: q < pos0
 //     from the ring as it was before the chunk (slot q % RING, checked against lpos), q >= pos0
@@ -11,13 +12,14 @@
 // Padding queries produce zeros. A query that sees no key produces zeros too, never NaN.
 // SPLIT: the global keys were already folded per partition by attention_split.wgsl; this kernel
 // merges those partial states in partition (= position) order instead of walking the keys, then
-// goes on with the local keys as above. Binding 4 then holds the partials, binding 5 nothing.
+// goes on with the local keys as above. Binding 4 then holds the partials.
 
 override H: u32;                // query heads
 override HK: u32;               // kv heads
 override D: u32;                // head_dim (multiple of 4, at most 256)
 override Q_STRIDE: u32;         // floats per token row of qy (its first H * D are the queries)
-override GLOBAL_SLOTS: u32 = 1u;  // max_len + 1
+override BLOCK: u32 = 16u;      // positions per block of the global pool
+override MAX_BLOCKS: u32 = 1u;  // block table entries per row
 override W: u32 = 1u;           // sliding window
 override RING: u32 = 1u;        // ring slots: W + rollback spares (plus one scratch slot)
 override HAS_GLOBAL: bool = true;
@@ -38,34 +40,21 @@ const MAX_D4: u32 = 64u;  // head_dim <= 256: private arrays need a constant siz
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;          // [R]
 @group(0) @binding(2) var<storage, read_write> qy: array<vec4<f32>>;    // [R * C, Q_STRIDE]: q in, y out (in place)
 @group(0) @binding(3) var<storage, read> lpos: array<i32>;              // [rows, RING + 1]
-@group(0) @binding(4) var<storage, read> gk: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]; SPLIT: partials [group tokens, H, PARTS, 4 + D] f32 bits
-@group(0) @binding(5) var<storage, read> gv: array<u32>;                // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]; SPLIT: unused
-@group(0) @binding(6) var<storage, read> lk: array<u32>;                // [SHARD_ROWS, HK, RING + 1, D]
-@group(0) @binding(7) var<storage, read> lv: array<u32>;                // [SHARD_ROWS, HK, RING + 1, D]
-@group(0) @binding(8) var<storage, read> fresh: array<vec4<f32>>;       // [R * C, 2, HK, D] local k then v
-@group(0) @binding(9) var<uniform> group: TokenGroup;                   // this dispatch's first token
+@group(0) @binding(4) var<storage, read> gkv: array<u32>;               // [shard blocks, 2, HK, BLOCK, D]; SPLIT: partials [group tokens, H, PARTS, 4 + D] f32 bits
+@group(0) @binding(5) var<storage, read> lkv: array<u32>;               // [SHARD_ROWS, 2, HK, RING + 1, D]
+@group(0) @binding(6) var<storage, read> fresh: array<vec4<f32>>;       // [R * C, 2, HK, D] local k then v
+@group(0) @binding(7) var<uniform> group: TokenGroup;                   // this dispatch's first token
+@group(0) @binding(8) var<storage, read> block_table: array<u32>;       // [rows, MAX_BLOCKS]
 
-fn load4(is_global: bool, is_v: bool, e: u32) -> vec4<f32> {
-    // e: element index (multiple of 4) into the cache tensor
+fn load4(is_global: bool, e: u32) -> vec4<f32> {
+    // e: element index (multiple of 4) into the global pool or the ring
     if KV_FORMAT != 0u {
         let w = e / 2u;
-        var a: u32; var b: u32;
-        if is_global {
-            if is_v { a = gv[w]; b = gv[w + 1u]; } else { a = gk[w]; b = gk[w + 1u]; }
-        } else {
-            if is_v { a = lv[w]; b = lv[w + 1u]; } else { a = lk[w]; b = lk[w + 1u]; }
-        }
-        return half4(KV_FORMAT, a, b);
+        if is_global { return half4(KV_FORMAT, gkv[w], gkv[w + 1u]); }
+        return half4(KV_FORMAT, lkv[w], lkv[w + 1u]);
     }
-    var u: vec4<u32>;
-    if is_global {
-        if is_v { u = vec4<u32>(gv[e], gv[e + 1u], gv[e + 2u], gv[e + 3u]); }
-        else { u = vec4<u32>(gk[e], gk[e + 1u], gk[e + 2u], gk[e + 3u]); }
-    } else {
-        if is_v { u = vec4<u32>(lv[e], lv[e + 1u], lv[e + 2u], lv[e + 3u]); }
-        else { u = vec4<u32>(lk[e], lk[e + 1u], lk[e + 2u], lk[e + 3u]); }
-    }
-    return bitcast<vec4<f32>>(u);
+    if is_global { return bitcast<vec4<f32>>(vec4<u32>(gkv[e], gkv[e + 1u], gkv[e + 2u], gkv[e + 3u])); }
+    return bitcast<vec4<f32>>(vec4<u32>(lkv[e], lkv[e + 1u], lkv[e + 2u], lkv[e + 3u]));
 }
 
 var<private> q: array<vec4<f32>, MAX_D4>;
@@ -84,7 +73,7 @@ fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
             k = fresh[k_at + i];
             k = round_to(KV_FORMAT, k);
         } else {
-            k = load4(is_global, false, k_at + i * 4u);
+            k = load4(is_global, k_at + i * 4u);
         }
         s = dot_fma(q[i], k, s);
     }
@@ -101,7 +90,7 @@ fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
             v = fresh[v_at + i];
             v = round_to(KV_FORMAT, v);
         } else {
-            v = load4(is_global, true, v_at + i * 4u);
+            v = load4(is_global, v_at + i * 4u);
         }
         acc[i] = fma(vec4<f32>(p), v, acc[i]);
     }
@@ -138,26 +127,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let first = ((n - group.token0) * H + h) * PARTS * stride;
         for (var s = 0u; s * SPAN <= p; s++) {
             let at = first + s * stride;
-            let ms = bitcast<f32>(gk[at]);
+            let ms = bitcast<f32>(gkv[at]);
             let mn = max(m, ms);
             let ca = exp(m - mn);
             let cb = exp(ms - mn);
-            l = fma(l, ca, bitcast<f32>(gk[at + 1u]) * cb);
+            l = fma(l, ca, bitcast<f32>(gkv[at + 1u]) * cb);
             for (var i = 0u; i < d4n; i++) {
                 let e = at + 4u * (1u + i);
-                acc[i] = fma(acc[i], vec4<f32>(ca), bitcast<vec4<f32>>(vec4<u32>(gk[e], gk[e + 1u], gk[e + 2u], gk[e + 3u])) * cb);
+                acc[i] = fma(acc[i], vec4<f32>(ca), bitcast<vec4<f32>>(vec4<u32>(gkv[e], gkv[e + 1u], gkv[e + 2u], gkv[e + 3u])) * cb);
             }
             m = mn;
         }
     }
     if HAS_GLOBAL && !SPLIT {
-        let base = (local_row * HK + kh) * GLOBAL_SLOTS * D;
+        let table = info.cache_row * MAX_BLOCKS;
         for (var t = 0u; t <= p; t++) {
-            visit(true, false, base + t * D, base + t * D);
+            let at = block_elem(block_table[table + t / BLOCK], HK, BLOCK, D, kh, t);
+            visit(true, false, at, at + HK * BLOCK * D);
         }
     }
     if HAS_LOCAL {
-        let base = (local_row * HK + kh) * (RING + 1u) * D;
+        let base = (local_row * 2u * HK + kh) * (RING + 1u) * D;
+        let v_offset = HK * (RING + 1u) * D;
         let first = select(0u, p + 1u - W, p + 1u > W);
         for (var qp = first; qp <= p; qp++) {
             if qp >= info.pos0 {
@@ -167,7 +158,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                 let slot = qp % RING;
                 // a slot overwritten since (or rolled back) no longer holds qp: skip it
                 if lpos[info.cache_row * (RING + 1u) + slot] == i32(qp) {
-                    visit(false, false, base + slot * D, base + slot * D);
+                    visit(false, false, base + slot * D, base + slot * D + v_offset);
                 }
             }
         }

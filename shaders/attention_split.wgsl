@@ -16,7 +16,8 @@ override H: u32;                // query heads
 override HK: u32;               // kv heads
 override D: u32;                // head_dim (multiple of 4; G * D <= 4 * WG)
 override Q_STRIDE: u32;         // floats per token row of qy (its first H * D are the queries)
-override GLOBAL_SLOTS: u32;     // max_len + 1
+override BLOCK: u32 = 16u;      // positions per block of the global pool
+override MAX_BLOCKS: u32 = 1u;  // block table entries per row
 override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
 override SCALE: f32;
 override TILE: u32 = 64u;       // keys per tile: a multiple of WG, G * TILE <= 1024
@@ -34,9 +35,9 @@ const SLOTS: u32 = 4u;          // value vec4s per lane: G * D / 4 <= SLOTS * WG
 @group(0) @binding(1) var<uniform> group: TokenGroup;                     // this dispatch's first token
 @group(0) @binding(2) var<storage, read> rows: array<RowInfo>;            // [R]
 @group(0) @binding(3) var<storage, read> qy: array<vec4<f32>>;            // [R * C, Q_STRIDE]: roped queries first
-@group(0) @binding(4) var<storage, read> gk: array<u32>;                  // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
-@group(0) @binding(5) var<storage, read> gv: array<u32>;                  // [SHARD_ROWS, HK, GLOBAL_SLOTS, D]
-@group(0) @binding(6) var<storage, read_write> partials: array<vec4<f32>>; // [group tokens, H, PARTS, 1 + D / 4]: (max, sum, 0, 0), then values
+@group(0) @binding(4) var<storage, read> gkv: array<u32>;                 // [shard blocks, 2, HK, BLOCK, D]
+@group(0) @binding(5) var<storage, read_write> partials: array<vec4<f32>>; // [group tokens, H, PARTS, 1 + D / 4]: (max, sum, 0, 0), then values
+@group(0) @binding(6) var<storage, read> block_table: array<u32>;         // [rows, MAX_BLOCKS]
 
 var<workgroup> qs: array<vec4<f32>, 256>;       // [G, D / 4] the group's queries
 var<workgroup> score: array<f32, 1024>;         // [G, TILE] a tile's scores, then their weights
@@ -47,15 +48,19 @@ var<workgroup> run_l: array<f32, MAX_G>;        // running sum per head
 var<workgroup> corr: array<f32, MAX_G>;         // this tile's rescale of the earlier state
 var<workgroup> job: vec4<u32>;                  // (valid, last position, cache row in the shard, row)
 
-// Four K (or V) elements at element index e (a multiple of 4) of the global cache.
-fn global4(is_v: bool, e: u32) -> vec4<f32> {
+// Element index of position pos of kv head kh of cache row `row` (through its block table).
+fn key_at(row: u32, kh: u32, pos: u32) -> u32 {
+    return block_elem(block_table[row * MAX_BLOCKS + pos / BLOCK], HK, BLOCK, D, kh, pos);
+}
+
+// Four K (or V) elements at the key element index e (a multiple of 4) of the global pool.
+fn global4(is_v: bool, key_e: u32) -> vec4<f32> {
+    let e = select(key_e, key_e + HK * BLOCK * D, is_v);  // a block's values follow its keys
     if KV_FORMAT != 0u {
         let w = e / 2u;
-        if is_v { return half4(KV_FORMAT, gv[w], gv[w + 1u]); }
-        return half4(KV_FORMAT, gk[w], gk[w + 1u]);
+        return half4(KV_FORMAT, gkv[w], gkv[w + 1u]);
     }
-    if is_v { return bitcast<vec4<f32>>(vec4<u32>(gv[e], gv[e + 1u], gv[e + 2u], gv[e + 3u])); }
-    return bitcast<vec4<f32>>(vec4<u32>(gk[e], gk[e + 1u], gk[e + 2u], gk[e + 3u]));
+    return bitcast<vec4<f32>>(vec4<u32>(gkv[e], gkv[e + 1u], gkv[e + 2u], gkv[e + 3u]));
 }
 
 // Workgroup (s, kh, t): partition s of kv head kh for token group.token0 + t.
@@ -79,7 +84,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let w = workgroupUniformLoad(&job);
     if w.x == 0u { return; }
     let last = min(w.y, s * SPAN + SPAN - 1u);
-    let base = (w.z * HK + kh) * GLOBAL_SLOTS * D;
+    let row = w.z + ROW0;
     for (var i = lane; i < g_n * d4n; i += WG) {
         qs[i] = qy[n * (Q_STRIDE / 4u) + kh * g_n * d4n + i] * SCALE;
     }
@@ -98,7 +103,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var g = 0u; g < g_n; g++) {
             var lane_max = -3.0e38;
             for (var i = lane; i < count; i += WG) {
-                let at = base + (t0 + i) * D;
+                let at = key_at(row, kh, t0 + i);
                 var dot_sum = 0.0;
                 for (var c = 0u; c < d4n; c++) { dot_sum = dot_fma(qs[g * d4n + c], global4(false, at + c * 4u), dot_sum); }
                 score[g * TILE + i] = dot_sum;
@@ -145,7 +150,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var part = vec4<f32>(0.0);
             if range < ranges {
                 for (var i = range * per; i < min(count, range * per + per); i++) {
-                    part = fma(vec4<f32>(score[g * TILE + i]), global4(true, base + (t0 + i) * D + (slot % d4n) * 4u), part);
+                    part = fma(vec4<f32>(score[g * TILE + i]), global4(true, key_at(row, kh, t0 + i) + (slot % d4n) * 4u), part);
                 }
             }
             quarter[lane] = part;
@@ -164,7 +169,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let d4 = slot % d4n;
                 var a = acc[k] * corr[g];
                 for (var i = 0u; i < count; i++) {
-                    a = fma(vec4<f32>(score[g * TILE + i]), global4(true, base + (t0 + i) * D + d4 * 4u), a);
+                    a = fma(vec4<f32>(score[g * TILE + i]), global4(true, key_at(row, kh, t0 + i) + d4 * 4u), a);
                 }
                 acc[k] = a;
             }
@@ -217,10 +222,10 @@ fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     }
     var m = -3.0e38;
     var l = 0.0;
-    let base = ((info.cache_row - ROW0) * HK + kh) * GLOBAL_SLOTS * D;
     for (var t = s * SPAN; t <= min(p, s * SPAN + SPAN - 1u); t++) {
+        let at = key_at(info.cache_row, kh, t);
         var sc = 0.0;
-        for (var i = 0u; i < d4n; i++) { sc = dot_fma(q[i], global4(false, base + t * D + i * 4u), sc); }
+        for (var i = 0u; i < d4n; i++) { sc = dot_fma(q[i], global4(false, at + i * 4u), sc); }
         let f = softmax_fold(sc, m);
         if f.y != 1.0 {
             for (var i = 0u; i < d4n; i++) { acc_h[i] *= f.y; }
@@ -228,7 +233,7 @@ fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         m = f.x;
         let w = f.z;
         l = fma(l, f.y, w);
-        for (var i = 0u; i < d4n; i++) { acc_h[i] = fma(vec4<f32>(w), global4(true, base + t * D + i * 4u), acc_h[i]); }
+        for (var i = 0u; i < d4n; i++) { acc_h[i] = fma(vec4<f32>(w), global4(true, at + i * 4u), acc_h[i]); }
     }
     let stride = 1u + d4n;
     let at = ((local_n * H + h) * PARTS + s) * stride;

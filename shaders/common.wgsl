@@ -26,6 +26,14 @@ struct RowInfo {
     rope_pos0: u32,  // RoPE rotates token j by position rope_pos0 + j (pos0 plus skipped padding)
 }
 
+// Global K/V lives in pools of blocks, `[blocks, 2, kv_heads, block_len, head_dim]` per shard (a
+// block's keys, then its values); a row's block table (`[rows, max_blocks]`, block indices within
+// the shard) says which block holds its positions `b * block_len ..`. The element index of the key
+// of (kv head kh, position pos) in `block` (its value: `kv_heads * block_len * head_dim` further):
+fn block_elem(block: u32, kv_heads: u32, block_len: u32, head_dim: u32, kh: u32, pos: u32) -> u32 {
+    return ((block * 2u * kv_heads + kh) * block_len + pos % block_len) * head_dim;
+}
+
 // 16-bit values are stored two per u32 word, the first in the low half (portable: no `shader-f16`
 // needed). K/V storage formats (`KV_FORMAT`) use the weight codes below: 0 f32 bits, 1 f16 pairs,
 // 5 bf16 pairs.

@@ -1,14 +1,17 @@
-// Scatter the chunk's fresh K/V (post-RoPE) into a cache with SLOTS positions per (row, kv head).
-// Nothing is filtered on the host: tokens that must not land write the scratch slot SLOTS - 1.
-//   RING = false (global K/V): real token j goes to slot pos0 + j; padding to the scratch slot max_len.
-//   RING = true (local ring of N = SLOTS - 1 slots, the window W plus rollback spares): only the last
-//     N real tokens of the row survive, token at position p goes to slot p % N; everything else to
-//     the scratch slot N. Runs after the layer's attention, which read the ring as it was plus the
-//     fresh keys.
+// Scatter the chunk's fresh K/V (post-RoPE) into a global pool or a local ring.
+// Nothing is filtered on the host: tokens that must not land write a scratch slot.
+//   RING = false (global K/V, paged): real token j at position pos0 + j goes to its row's block
+//     table entry (pos0 + j) / BLOCK; padding to the shard's scratch block 0.
+//   RING = true (local ring of N = RING_SLOTS - 1 slots, the window W plus rollback spares): only the
+//     last N real tokens of the row survive, token at position p goes to slot p % N; everything else
+//     to the scratch slot N. Runs after the layer's attention, which read the ring as it was plus
+//     the fresh keys.
 
 override HK: u32;               // n_kv_heads
 override D: u32;                // head_dim (even)
-override SLOTS: u32;            // max_len + 1 (global) or ring slots + 1
+override RING_SLOTS: u32 = 1u;  // RING: ring slots + 1
+override BLOCK: u32 = 16u;      // positions per block of the global pool
+override MAX_BLOCKS: u32 = 1u;  // block table entries per row
 override SRC_STRIDE: u32;       // floats per token row of fresh
 override SRC_OFFSET: u32 = 0u;  // where K then V start in the row
 override RING: bool = false;
@@ -20,17 +23,17 @@ override WG: u32 = 64u;
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;          // [R]
 @group(0) @binding(2) var<storage, read> fresh: array<vec2<f32>>;       // [R * C, SRC_STRIDE]: [2, HK, D] (k then v) at SRC_OFFSET
-@group(0) @binding(3) var<storage, read_write> cache_k: array<u32>;     // [SHARD_ROWS, HK, SLOTS, D]
-@group(0) @binding(4) var<storage, read_write> cache_v: array<u32>;     // [SHARD_ROWS, HK, SLOTS, D]
+@group(0) @binding(3) var<storage, read_write> cache: array<u32>;       // [shard blocks, 2, HK, BLOCK, D] global or [SHARD_ROWS, 2, HK, RING_SLOTS, D] ring: K then V
+@group(0) @binding(4) var<storage, read> block_table: array<u32>;       // [rows, MAX_BLOCKS] (global only)
 
-fn store(i: u32, v: vec2<f32>, is_v: bool) {
+fn store(i: u32, v: vec2<f32>) {
     // i: element index of the first of two adjacent values (even)
     if KV_FORMAT != 0u {
-        let w = pack2(KV_FORMAT, v);
-        if is_v { cache_v[i / 2u] = w; } else { cache_k[i / 2u] = w; }
+        cache[i / 2u] = pack2(KV_FORMAT, v);
     } else {
         let w = bitcast<vec2<u32>>(v);
-        if is_v { cache_v[i] = w.x; cache_v[i + 1u] = w.y; } else { cache_k[i] = w.x; cache_k[i + 1u] = w.y; }
+        cache[i] = w.x;
+        cache[i + 1u] = w.y;
     }
 }
 
@@ -47,19 +50,23 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let j = n % step.width;
     let info = rows[r];
     if info.cache_row < ROW0 || info.cache_row - ROW0 >= SHARD_ROWS { return; }  // another shard's row
-    let scratch = SLOTS - 1u;
-    var slot = scratch;
-    if j < info.n_new {
+    var dst: u32;
+    if RING {
+        let scratch = max(RING_SLOTS - 1u, 1u);  // (global pipelines: no division by zero to fold)
+        var slot = scratch;
         let pos = info.pos0 + j;
-        if RING {
-            let new_len = info.pos0 + info.n_new;
-            if pos + scratch >= new_len { slot = pos % scratch; }
-        } else {
-            slot = pos;
-        }
+        if j < info.n_new && pos + scratch >= info.pos0 + info.n_new { slot = pos % scratch; }
+        dst = (((info.cache_row - ROW0) * 2u * HK + kh) * RING_SLOTS + slot) * D;
+    } else if j < info.n_new {
+        let pos = info.pos0 + j;
+        dst = block_elem(block_table[info.cache_row * MAX_BLOCKS + pos / BLOCK], HK, BLOCK, D, kh, pos);
+    } else {
+        dst = block_elem(0u, HK, BLOCK, D, kh, 0u);  // the scratch block (its first position)
     }
+    dst += p2 * 2u;
     let src = (n * SRC_STRIDE + SRC_OFFSET) / 2u + kh * pairs + p2;
-    let dst = (((info.cache_row - ROW0) * HK + kh) * SLOTS + slot) * D + p2 * 2u;
-    store(dst, fresh[src], false);
-    store(dst, fresh[src + HK * pairs], true);
+    // a row's (ring) or a block's (global) values follow its keys
+    let v_offset = HK * select(BLOCK, RING_SLOTS, RING) * D;
+    store(dst, fresh[src]);
+    store(dst + v_offset, fresh[src + HK * pairs]);
 }

@@ -88,6 +88,7 @@ impl Engine {
         let n_new = vec![steps; r_n];
         let pad: Vec<u32> = (0..r_n * steps).map(|i| if i % steps == 0 { first[i / steps] } else { 0 }).collect();
         let cache_rows = self.check(&pad, steps, &n_new, Some(rows))?;
+        self.reserve_blocks(&cache_rows, &n_new)?;
         let ones = vec![1usize; r_n];
         let mark = self.cache.mark();
         for step in 0..steps {

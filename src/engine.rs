@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::cache::{KvCache, KvDtype};
+use crate::cache::{CacheOptions, KvCache, KvDtype};
 use crate::config::{MlpKind, ModelConfig};
 pub use crate::decode::{Turn, TurnLimit};
 use crate::device::Gpu;
@@ -46,6 +46,14 @@ pub struct EngineOptions {
     /// (`serial`, `split-group` or `split-head`), else [`AttentionKernel::Serial`] when `KVDECODE_PORTABLE=1`, else
     /// [`AttentionKernel::Auto`].
     pub attention: AttentionKernel,
+    /// Positions per block of the global K/V pool (a power of two; 16 by default). Smaller
+    /// blocks waste less of a row's last block and share forks' prefixes more finely.
+    pub block_len: usize,
+    /// Blocks in the global K/V pool, shared by all rows; `None` (the default): enough for every
+    /// row to reach `max_len` at once. A smaller pool holds more rows than it could fill at
+    /// once: an append that finds too few free blocks is an [`Error::OutOfBlocks`] (the
+    /// scheduler preempts rows instead).
+    pub pool_blocks: Option<usize>,
 }
 
 /// The attention kernel family's variants. Each is exact on its own terms (a row's result never
@@ -188,6 +196,20 @@ impl EngineOptions {
             beyond_trained_context: false,
             logit_bias_slots: 1024,
             attention: AttentionKernel::from_env(),
+            block_len: 16,
+            pool_blocks: None,
+        }
+    }
+
+    /// The shape of the cache these options build.
+    pub fn cache(&self) -> CacheOptions {
+        CacheOptions {
+            rows: self.rows,
+            max_len: self.max_len,
+            dtype: self.kv,
+            spare: self.rollback,
+            block_len: self.block_len,
+            pool_blocks: self.pool_blocks,
         }
     }
 }
@@ -566,33 +588,39 @@ impl Builder<'_> {
         [("ROW0", (shard * n) as f64), ("SHARD_ROWS", n as f64)]
     }
 
-    /// Scatter fresh K/V into a cache of `slots` positions per row (global) or a ring, one
-    /// dispatch per cache shard.
+    /// Override constants of the global K/V pool's addressing: positions per block, and block
+    /// table entries per row.
+    fn paging(&self) -> [(&'static str, f64); 2] {
+        [("BLOCK", self.cache.block_len() as f64), ("MAX_BLOCKS", self.cache.blocks.max_blocks() as f64)]
+    }
+
+    /// Scatter fresh K/V into a global group's pool (through the block tables) or a local ring,
+    /// one dispatch per cache shard.
     fn kv_write(
         &self,
         (fresh, fresh_stride, fresh_offset): (&wgpu::Buffer, usize, usize),
-        kv: &[(wgpu::Buffer, wgpu::Buffer)],
-        slots: usize,
+        kv: &[wgpu::Buffer],
         ring: bool,
     ) -> Vec<Dispatch> {
-        let c = self.cfg;
+        let (c, cache) = (self.cfg, self.cache);
         kv.iter()
             .enumerate()
-            .map(|(shard, (k, v))| {
+            .map(|(shard, kv)| {
                 let mut consts = vec![
                     ("HK", c.n_kv_heads as f64),
                     ("D", c.head_dim as f64),
-                    ("SLOTS", slots as f64),
+                    ("RING_SLOTS", (cache.ring_slots() + 1) as f64),
                     ("SRC_STRIDE", fresh_stride as f64),
                     ("SRC_OFFSET", fresh_offset as f64),
                     ("RING", b(ring)),
-                    ("KV_FORMAT", self.cache.dtype().format() as f64),
+                    ("KV_FORMAT", cache.dtype().format() as f64),
                 ];
                 consts.extend(self.shard(shard));
+                consts.extend(self.paging());
                 self.dispatch(
                     Kernel::KvWrite,
                     consts,
-                    &[&self.s.step, &self.s.row_info, fresh, k, v],
+                    &[&self.s.step, &self.s.row_info, fresh, kv, &cache.block_tables],
                     Grid::Tokens(c.n_kv_heads * c.head_dim / 2),
                 )
             })
@@ -601,24 +629,19 @@ impl Builder<'_> {
 
     /// The dispatch order of one layer, top to bottom.
     /// Attention of one layer against its global group and/or ring.
-    fn attention(
-        &self,
-        group: Option<&Vec<(wgpu::Buffer, wgpu::Buffer)>>,
-        ring: Option<&Vec<(wgpu::Buffer, wgpu::Buffer)>>,
-    ) -> Vec<Dispatch> {
+    fn attention(&self, group: Option<&Vec<wgpu::Buffer>>, ring: Option<&Vec<wgpu::Buffer>>) -> Vec<Dispatch> {
         let (c, s, cache, plan) = (self.cfg, self.s, self.cache, self.attention);
         let split = plan.kernel.is_split() && group.is_some();
         let size = plan.group_tokens;
         let mut out = Vec::new();
         for shard in 0..cache.rows().div_ceil(cache.shard_rows()) {
-            let (gk, gv) = group.map_or((&s.dummy, &s.dummy), |g| (&g[shard].0, &g[shard].1));
-            let (lk, lv) = ring.map_or((&s.dummy, &s.dummy), |r| (&r[shard].0, &r[shard].1));
+            let gkv = group.map_or(&s.dummy, |g| &g[shard]);
+            let lkv = ring.map_or(&s.dummy, |r| &r[shard]);
             let mut shared = vec![
                 ("H", c.n_heads as f64),
                 ("HK", c.n_kv_heads as f64),
                 ("D", c.head_dim as f64),
                 ("Q_STRIDE", self.qkv_stride() as f64),
-                ("GLOBAL_SLOTS", (cache.max_len() + 1) as f64),
                 ("KV_FORMAT", cache.dtype().format() as f64),
                 ("SCALE", c.attn_scale as f64),
                 ("GROUP_TOKENS", size as f64),
@@ -626,6 +649,7 @@ impl Builder<'_> {
                 ("PARTS", plan.parts as f64),
             ];
             shared.extend(self.shard(shard));
+            shared.extend(self.paging());
             let mut consts = shared.clone();
             consts.extend([
                 ("W", cache.window().max(1) as f64),
@@ -652,16 +676,26 @@ impl Builder<'_> {
                     out.push(self.dispatch(
                         kernel,
                         consts,
-                        &[&s.step, token_group, &s.row_info, &s.qkv, gk, gv, &s.partials],
+                        &[&s.step, token_group, &s.row_info, &s.qkv, gkv, &s.partials, &cache.block_tables],
                         grid,
                     ));
                 }
                 // split: binding 4 holds the partials instead of the keys
-                let (k4, v5) = if split { (&s.partials, &s.dummy) } else { (gk, gv) };
+                let global = if split { &s.partials } else { gkv };
                 out.push(self.dispatch(
                     Kernel::Attention,
                     consts.clone(),
-                    &[&s.step, &s.row_info, &s.qkv, &cache.lpos, k4, v5, lk, lv, &s.kv_local, token_group],
+                    &[
+                        &s.step,
+                        &s.row_info,
+                        &s.qkv,
+                        &cache.lpos,
+                        global,
+                        lkv,
+                        &s.kv_local,
+                        token_group,
+                        &cache.block_tables,
+                    ],
                     Grid::TokenGroup { group: g, size, per_token: c.n_heads },
                 ));
             }
@@ -742,7 +776,7 @@ impl Builder<'_> {
         //    later layers see the chunk's keys (padding -> scratch slot); the ring is written
         //    after attention
         if let Some(g) = writes {
-            out.extend(self.kv_write((&s.qkv, qkv, hd), g, cache.max_len() + 1, false));
+            out.extend(self.kv_write((&s.qkv, qkv, hd), g, false));
         }
         // 5. attention over global keys + ring + the chunk's fresh local keys; output replaces q
         //    (per cache shard, each handling the rows its shard holds, and per token group).
@@ -750,7 +784,7 @@ impl Builder<'_> {
         out.extend(self.attention(group, ring));
         // 6. ring write: the last W real tokens of each row survive, the rest go to the scratch slot
         if let Some(r) = ring {
-            out.extend(self.kv_write((&s.kv_local, kvd, 0), r, cache.ring_slots() + 1, true));
+            out.extend(self.kv_write((&s.kv_local, kvd, 0), r, true));
         }
         // 7. output projection and residual (Gemma: norm the projection before adding it)
         if c.post_norms {
@@ -858,7 +892,7 @@ impl Engine {
         }
         // what the engine will hold, before anything is allocated (activations are small beside it)
         let weight_bytes = crate::gpu_weights::bytes_needed(weights, opts.weights);
-        let kv_bytes = KvCache::bytes_needed(&cfg, opts.rows, opts.max_len, opts.kv, opts.rollback);
+        let kv_bytes = KvCache::bytes_needed(&cfg, &opts.cache());
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         gpu.check_budget(
             weight_bytes.saturating_add(kv_bytes),
@@ -871,7 +905,7 @@ impl Engine {
                 opts.kv.name()
             ),
         )?;
-        let cache = KvCache::new(gpu, &cfg, opts.rows, opts.max_len, opts.kv, opts.rollback)?;
+        let cache = KvCache::new(gpu, &cfg, opts.cache())?;
         let gw = GpuWeights::upload(gpu, weights, opts.weights)?;
         let rows = opts.rows;
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
@@ -1430,6 +1464,12 @@ impl Engine {
         Ok(cache_rows)
     }
 
+    /// Reserve the global K/V blocks of `n_new[i]` tokens of `cache_rows[i]` (see
+    /// [`KvCache::reserve`]): after every check of a call, before its first submit.
+    pub(crate) fn reserve_blocks(&mut self, cache_rows: &[usize], n_new: &[usize]) -> Result<()> {
+        self.cache.reserve(&self.gpu, cache_rows, n_new)
+    }
+
     /// Write one chunk's shape, rows and ids, record every dispatch of `out` into one encoder and
     /// submit it. `n_sub[r]` tokens of chunk row `r` start at `ids[r * stride + start]`; with
     /// `ids_from_sampled`, the ids are instead last step's sampled ids (one per row, on the GPU).
@@ -1482,6 +1522,7 @@ impl Engine {
             q.write_buffer(&self.s.samplers, 0, bytemuck::cast_slice(&g));
         }
         let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chunk") });
+        self.cache.record_pending_copies(&mut enc);
         if ids_from_sampled {
             enc.copy_buffer_to_buffer(&self.s.sampled, 0, &self.s.ids, 0, (r_n * 4) as u64);
         }
@@ -1578,6 +1619,7 @@ impl Engine {
         if longest == 0 {
             return Ok(false);
         }
+        self.reserve_blocks(&cache_rows, n_new)?;
         let n_chunks = longest.div_ceil(self.chunk);
         for ci in 0..n_chunks {
             let start = ci * self.chunk;
@@ -1643,18 +1685,40 @@ impl Engine {
             .collect())
     }
 
-    /// Test hook: the raw bytes of group `g`'s global K and V, all shards in row order
-    /// (allocates; not for decoding).
+    /// Test hook: group `g`'s global K and V as bytes of `[rows, n_kv_heads, max_len + 1,
+    /// head_dim]` as the rows see them through their block tables: positions without a block
+    /// read as zeros, and position `max_len` shows the row's shard's scratch block (where
+    /// padding goes; its first position). Allocates; not for decoding.
     #[doc(hidden)]
     #[cfg(not(target_arch = "wasm32"))]
     pub fn debug_read_global(&self, g: usize) -> Result<(Vec<u8>, Vec<u8>)> {
-        let shards = self.cache.global.get(g).ok_or_else(|| Error::Input(format!("no group {g}")))?;
-        let (mut k, mut v) = (Vec::new(), Vec::new());
-        for (sk, sv) in shards {
-            k.extend(self.debug_read(sk)?);
-            v.extend(self.debug_read(sv)?);
+        let cache = &self.cache;
+        let shards = cache.global.get(g).ok_or_else(|| Error::Input(format!("no group {g}")))?;
+        let (hk, d, bl) = (self.cfg.n_kv_heads, self.cfg.head_dim, cache.block_len());
+        let es = cache.dtype().bytes();
+        let slots = cache.max_len() + 1;
+        let mut out = (vec![0u8; cache.rows() * hk * slots * d * es], vec![0u8; cache.rows() * hk * slots * d * es]);
+        for (si, shard) in shards.iter().enumerate() {
+            let pool = self.debug_read(shard)?;
+            for (v, view) in [(0, &mut out.0), (1, &mut out.1)] {
+                for row in (0..cache.rows()).filter(|&r| cache.blocks.shard_of(r) == si) {
+                    let table = cache.blocks.table(row);
+                    for h in 0..hk {
+                        for p in 0..slots {
+                            let (blk, off) = match table.get(p / bl) {
+                                Some(&blk) if p < cache.max_len() => (blk as usize, p % bl),
+                                _ if p == cache.max_len() => (0, 0),
+                                _ => continue,
+                            };
+                            let from = (((blk * 2 + v) * hk + h) * bl + off) * d * es;
+                            let to = ((row * hk + h) * slots + p) * d * es;
+                            view[to..to + d * es].copy_from_slice(&pool[from..from + d * es]);
+                        }
+                    }
+                }
+            }
         }
-        Ok((k, v))
+        Ok(out)
     }
 
     #[cfg(not(target_arch = "wasm32"))]

@@ -42,6 +42,27 @@ pub enum Error {
         /// The cache capacity per row.
         max_len: usize,
     },
+    /// The global K/V block pool has too few free blocks for what a call needs (an append, a
+    /// fork across shards). The scheduler preempts rows instead; direct callers free rows (reset,
+    /// rollback) or build the engine with a larger pool ([`crate::EngineOptions::pool_blocks`]).
+    #[error(
+        "K/V block pool full: row {row} needs {needed} more blocks of {block_len} positions in shard {shard}, \
+         {free} of its {blocks} blocks are free (EngineOptions::pool_blocks sets the pool's size)"
+    )]
+    OutOfBlocks {
+        /// A row of the call that needs blocks from that shard.
+        row: usize,
+        /// The pool shard (one storage binding) the blocks would come from.
+        shard: usize,
+        /// Blocks the call needs from it.
+        needed: usize,
+        /// Its free blocks.
+        free: usize,
+        /// Its size in blocks.
+        blocks: usize,
+        /// Positions per block.
+        block_len: usize,
+    },
     /// A buffer would exceed a device limit (and cannot be split further).
     #[error("limit: {0}")]
     Limit(String),

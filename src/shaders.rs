@@ -159,10 +159,10 @@ impl Kernel {
             Kernel::RmsNorm => &[Uniform, Read, Read, Read, ReadWrite],
             Kernel::Matmul => &[Uniform, Read, Read, ReadWrite],
             Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read, ReadWrite, Read],
-            Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, ReadWrite],
-            Kernel::Attention => &[Uniform, Read, ReadWrite, Read, Read, Read, Read, Read, Read, Uniform],
+            Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, Read],
+            Kernel::Attention => &[Uniform, Read, ReadWrite, Read, Read, Read, Read, Uniform, Read],
             Kernel::AttentionSplit | Kernel::AttentionSplitHead => {
-                &[Uniform, Uniform, Read, Read, Read, Read, ReadWrite]
+                &[Uniform, Uniform, Read, Read, Read, ReadWrite, Read]
             }
             Kernel::MlpAct => &[Uniform, Read, ReadWrite],
             Kernel::Commit => &[Uniform, Read, Read, ReadWrite, ReadWrite, ReadWrite],

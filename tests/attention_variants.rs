@@ -131,9 +131,10 @@ fn split_exact(kernel: AttentionKernel) {
     let opts = |rows| EngineOptions { kv: KvDtype::F16, attention: kernel, ..EngineOptions::new(rows, 1100) };
     let mut alone = Engine::new(&gpu(), &w, opts(1)).unwrap();
     let want = alone.append(&target, target.len(), &[target.len()], None).unwrap().row(0).unwrap().to_vec();
-    // with two other rows, ragged appends, on a device whose 64 KiB bindings force narrow chunks,
-    // cache shards and several token groups per chunk (each its own partials scratch round)
-    let small = Gpu::with_options(&GpuOptions { max_storage_binding: Some(64 << 10), ..Default::default() }).unwrap();
+    // with two other rows, ragged appends, on a device whose 128 KiB bindings force narrow chunks,
+    // cache shards (a row's 1100 positions of K/V take 70 KiB) and several token groups per chunk
+    // (each its own partials scratch round)
+    let small = Gpu::with_options(&GpuOptions { max_storage_binding: Some(128 << 10), ..Default::default() }).unwrap();
     let mut crowd = Engine::new(&small, &w, opts(3)).unwrap();
     assert!(crowd.attention_token_groups() > 1, "one token group: {}", crowd.attention_token_groups());
     assert!(crowd.cache().shard_rows() < 3, "cache not sharded");

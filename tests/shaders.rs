@@ -13,7 +13,7 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
         Kernel::RmsNorm => &[("D", 64.0), ("EPS", 1e-6)],
         Kernel::Matmul => &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0)],
         Kernel::QkRope => &[("HEADS", 4.0), ("D", 16.0), ("STRIDE", 64.0)],
-        Kernel::KvWrite => &[("HK", 2.0), ("D", 16.0), ("SLOTS", 33.0), ("SRC_STRIDE", 128.0)],
+        Kernel::KvWrite => &[("HK", 2.0), ("D", 16.0), ("RING_SLOTS", 33.0), ("SRC_STRIDE", 128.0)],
         Kernel::Attention => &[("H", 4.0), ("HK", 2.0), ("D", 16.0), ("Q_STRIDE", 128.0), ("SCALE", 0.25)],
         Kernel::AttentionSplit | Kernel::AttentionSplitHead => &[
             ("H", 4.0),
@@ -21,7 +21,8 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
             ("D", 16.0),
             ("Q_STRIDE", 128.0),
             ("SCALE", 0.25),
-            ("GLOBAL_SLOTS", 257.0),
+            ("BLOCK", 16.0),
+            ("MAX_BLOCKS", 16.0),
             ("SPAN", 64.0),
             ("PARTS", 4.0),
         ],

@@ -21,6 +21,12 @@ create_exception!(_kvdecode, InvalidInput, Error, "The arguments of a call are i
 create_exception!(_kvdecode, CacheFull, Error, "A row would grow beyond the engine's max_len.");
 create_exception!(
     _kvdecode,
+    OutOfBlocks,
+    CacheFull,
+    "The K/V block pool has too few free blocks for the call (free rows, or a larger pool_blocks)."
+);
+create_exception!(
+    _kvdecode,
     ModelFileError,
     Error,
     "A model file or configuration could not be read or is inconsistent."
@@ -35,6 +41,7 @@ pub(crate) fn to_py(e: kvdecode::Error) -> PyErr {
     match e {
         E::Input(_) => InvalidInput::new_err(msg),
         E::CacheFull { .. } => CacheFull::new_err(msg),
+        E::OutOfBlocks { .. } => OutOfBlocks::new_err(msg),
         E::Config(_) | E::Weights(_) | E::File { .. } => ModelFileError::new_err(msg),
         E::DeviceLost(_) => DeviceLost::new_err(msg),
         E::Device(_) | E::Limit(_) => DeviceError::new_err(msg),
@@ -111,6 +118,7 @@ fn _kvdecode(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", py.get_type::<Error>())?;
     m.add("InvalidInput", py.get_type::<InvalidInput>())?;
     m.add("CacheFull", py.get_type::<CacheFull>())?;
+    m.add("OutOfBlocks", py.get_type::<OutOfBlocks>())?;
     m.add("ModelFileError", py.get_type::<ModelFileError>())?;
     m.add("DeviceError", py.get_type::<DeviceError>())?;
     m.add("DeviceLost", py.get_type::<DeviceLost>())?;

@@ -19,6 +19,9 @@ class InvalidInput(Error):
 class CacheFull(Error):
     """A row would grow beyond the engine's max_len."""
 
+class OutOfBlocks(CacheFull):
+    """The K/V block pool has too few free blocks for the call (free rows, or a larger pool_blocks)."""
+
 class ModelFileError(Error):
     """A model file or configuration could not be read or is inconsistent."""
 

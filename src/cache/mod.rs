@@ -1,18 +1,30 @@
-//! The small KV cache: one global K/V per layer group, one constant-size ring per local layer,
-//! per-row lengths on the GPU mirrored on the CPU, and each row's token history.
+//! The small KV cache: global K/V per layer group in a pool of fixed-size blocks addressed through
+//! per-row block tables, one constant-size ring per local layer, per-row lengths on the GPU
+//! mirrored on the CPU, and each row's token history.
 //!
-//! Layouts (all `[rows, ...]` so a row's entries never alias another row's):
-//! - global K and V of group g: `[rows, n_kv_heads, max_len + 1, head_dim]`; position `max_len`
-//!   is the scratch slot that padding tokens write.
-//! - ring K and V of local layer l: `[rows, n_kv_heads, N + 1, head_dim]` with `N = W + spare`
+//! Layouts:
+//! - global K/V of group g: a pool `[blocks, 2, n_kv_heads, block_len, head_dim]` per shard (a
+//!   block's keys, then its values); position `p` of row `r` lives in block
+//!   `table[r][p / block_len]` at `p % block_len`. Block 0
+//!   of each shard is the scratch block that padding tokens write. [`blocks`] owns which block is
+//!   whose (free list, reference counts, copy-on-write forks); the tables are mirrored to the GPU
+//!   as `block_tables: [rows, max_blocks]` u32 whenever a row's table changes.
+//! - ring K/V of local layer l: `[rows, 2, n_kv_heads, N + 1, head_dim]` with `N = W + spare`
 //!   slots: the window plus `spare` slots that make a rollback of up to `spare` tokens exact.
 //!   Position `p` lives in slot `p % N`, slot `N` is the scratch slot.
 //! - `lpos`: `[rows, N + 1]` i32, the absolute position held by each ring slot (-1: empty); shared
 //!   by every ring since all rings hold the same positions.
 //! - caches larger than one storage binding (128 MiB under the WebGPU defaults) are split by rows
-//!   into shards of `shard_rows` rows, one buffer each; kernels bind one shard per dispatch.
+//!   into shards of `shard_rows` rows, one buffer each (rings), one pool each (global K/V: a row
+//!   takes blocks from its own shard's pool); kernels bind one shard per dispatch. K and V share
+//!   one buffer so that attention stays within the WebGPU default of 8 storage buffers.
 //! - `lens`: `[rows]` u32 and `history`: `[rows, max_len + 1]` u32 (token ids, for modules that look
 //!   back over previous tokens).
+
+mod blocks;
+
+pub use blocks::BlockUsage;
+use blocks::{BlockCopy, BlockPool};
 
 use crate::config::ModelConfig;
 use crate::device::Gpu;
@@ -69,6 +81,35 @@ impl KvDtype {
     }
 }
 
+/// The shape of a cache: what [`KvCache::new`] allocates.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheOptions {
+    /// Rows (sequences side by side).
+    pub rows: usize,
+    /// Most positions one row can reach.
+    pub max_len: usize,
+    /// K/V storage type.
+    pub dtype: KvDtype,
+    /// Spare ring slots: tokens a row can roll back exactly.
+    pub spare: usize,
+    /// Positions per block of the global K/V pool (a power of two).
+    pub block_len: usize,
+    /// Blocks in the pool; `None`: enough for every row to reach `max_len` at once (`rows x
+    /// ceil(max_len / block_len)`), the memory a cache without paging reserves.
+    pub pool_blocks: Option<usize>,
+}
+
+impl CacheOptions {
+    /// Blocks the pool holds (scratch blocks not counted).
+    pub fn pool_blocks(&self) -> usize {
+        self.pool_blocks.unwrap_or(self.rows * self.max_len.div_ceil(self.block_len.max(1)))
+    }
+}
+
+/// Copies of a few blocks go through one staging buffer (a buffer cannot be copied into itself):
+/// at most this many blocks at a time.
+const STAGE_BLOCKS: usize = 32;
+
 /// The per-row KV cache (GPU buffers plus the CPU mirror of what is in them).
 pub struct KvCache {
     rows: usize,
@@ -80,12 +121,19 @@ pub struct KvCache {
     n_layers: usize,
     n_kv_heads: usize,
     head_dim: usize,
-    /// Rows per shard: every K/V buffer holds rows `s * shard_rows ..` of shard `s`.
+    /// Rows per shard: ring buffers and global pools of shard `s` serve rows `s * shard_rows ..`.
     pub(crate) shard_rows: usize,
-    /// Per group, per shard: (K, V).
-    pub(crate) global: Vec<Vec<(wgpu::Buffer, wgpu::Buffer)>>,
-    /// Per layer, per shard: its ring (K, V) if the layer is local.
-    pub(crate) ring: Vec<Option<Vec<(wgpu::Buffer, wgpu::Buffer)>>>,
+    /// Per group, per shard: the pool of K/V blocks.
+    pub(crate) global: Vec<Vec<wgpu::Buffer>>,
+    /// Which block holds which row's positions (the CPU copy, authoritative).
+    pub(crate) blocks: BlockPool,
+    /// The GPU copy of the block tables: `[rows, max_blocks]` u32, block indices within the
+    /// row's shard.
+    pub(crate) block_tables: wgpu::Buffer,
+    /// Block copies (copy-on-write) the next step makes before its first dispatch.
+    pending_copies: Vec<BlockCopy>,
+    /// Per layer, per shard: its ring K/V if the layer is local.
+    pub(crate) ring: Vec<Option<Vec<wgpu::Buffer>>>,
     pub(crate) lpos: wgpu::Buffer,
     pub(crate) lens: wgpu::Buffer,
     pub(crate) history: wgpu::Buffer,
@@ -100,66 +148,88 @@ pub struct KvCache {
     /// time, count): the next token is rotated by RoPE as position `lens + skipped`, skipped
     /// positions count against `max_len`, and a rollback drops the runs it goes back past.
     pub(crate) skips: Vec<Vec<(usize, usize)>>,
-    /// One row's largest region; `fork` copies through it (a buffer cannot be copied into itself).
+    /// One row's largest per-row region; `fork` copies rings, positions and history through it.
     row_stage: wgpu::Buffer,
+    /// `STAGE_BLOCKS` blocks: copy-on-write copies within one pool go through it.
+    block_stage: wgpu::Buffer,
+}
+
+/// How a cache is cut into shards that each fit one storage binding: (rows per shard, blocks per
+/// shard besides its scratch block).
+fn shard_plan(cfg: &ModelConfig, o: &CacheOptions, max_binding: u64) -> Result<(usize, usize)> {
+    let per_position = 2 * (cfg.n_kv_heads * cfg.head_dim * o.dtype.bytes()) as u64;
+    let block_bytes = per_position * o.block_len as u64;
+    let ring_row = if cfg.has_local() { per_position * (cfg.window + o.spare + 1) as u64 } else { 0 };
+    let pool = o.pool_blocks();
+    for n_shards in 1..=o.rows {
+        let shard_rows = o.rows.div_ceil(n_shards);
+        let blocks = if cfg.n_groups() > 0 { (pool * shard_rows).div_ceil(o.rows) } else { 0 };
+        if (blocks as u64 + 1) * block_bytes <= max_binding && shard_rows as u64 * ring_row <= max_binding {
+            return Ok((shard_rows, blocks));
+        }
+    }
+    Err(Error::Limit(format!(
+        "the K/V cache does not fit storage bindings of {max_binding} bytes even with one row per shard \
+         ({} blocks of {block_bytes} bytes, ring rows of {ring_row} bytes); lower max_len, the pool size, or use f16 K/V",
+        pool.div_ceil(o.rows) + 1
+    )))
 }
 
 impl KvCache {
-    /// Allocate an empty cache of `rows` rows of capacity `max_len` for `cfg`; local rings get
-    /// `spare` extra slots so that rolling back up to `spare` tokens is exact.
-    pub fn new(
-        gpu: &Gpu,
-        cfg: &ModelConfig,
-        rows: usize,
-        max_len: usize,
-        dtype: KvDtype,
-        spare: usize,
-    ) -> Result<Self> {
+    /// Allocate an empty cache for `cfg` of the shape `o`.
+    pub fn new(gpu: &Gpu, cfg: &ModelConfig, o: CacheOptions) -> Result<Self> {
         cfg.validate()?;
+        let CacheOptions { rows, max_len, dtype, spare, block_len, .. } = o;
         if rows == 0 || max_len == 0 {
             return Err(Error::Input(format!("cache needs rows >= 1 and max_len >= 1, got {rows} and {max_len}")));
         }
         if max_len >= i32::MAX as usize / 2 || rows > u32::MAX as usize / 2 {
             return Err(Error::Input(format!("max_len {max_len} or rows {rows} is too large")));
         }
+        if !block_len.is_power_of_two() || block_len > 1024 {
+            return Err(Error::Input(format!("block_len {block_len}: expected a power of two up to 1024")));
+        }
+        if o.pool_blocks() >= u32::MAX as usize / 2 {
+            return Err(Error::Input(format!("pool of {} blocks is too large", o.pool_blocks())));
+        }
         let (hk, d) = (cfg.n_kv_heads, cfg.head_dim);
         let w = if cfg.has_local() { cfg.window + spare } else { 0 };
-        let row_bytes = |slots: usize| (hk * slots * d * dtype.bytes()) as u64;
-        // the widest per-row buffer decides how many rows one binding holds
-        let widest = if cfg.n_groups() > 0 { row_bytes(max_len + 1) } else { row_bytes(w + 1) };
-        let shard_rows = ((gpu.max_binding() / widest) as usize).min(rows);
-        if shard_rows == 0 {
-            return Err(Error::Limit(format!(
-                "one row of K/V ({widest} bytes for max_len {max_len}) exceeds a storage binding ({} bytes); lower max_len or use f16 K/V",
-                gpu.max_binding()
-            )));
-        }
+        let per_position = 2 * (hk * d * dtype.bytes()) as u64; // K and V
+        let (shard_rows, shard_blocks) = shard_plan(cfg, &o, gpu.max_binding())?;
         let shards: Vec<(usize, usize)> =
             (0..rows).step_by(shard_rows).map(|r0| (r0, shard_rows.min(rows - r0))).collect();
-        let pair = |what: &str, slots: usize| -> Result<Vec<(wgpu::Buffer, wgpu::Buffer)>> {
-            shards
-                .iter()
-                .map(|&(r0, n)| {
-                    let tag = format!("{what} rows {r0}..{}", r0 + n);
-                    Ok((
-                        gpu.storage(&format!("K {tag}"), n as u64 * row_bytes(slots))?,
-                        gpu.storage(&format!("V {tag}"), n as u64 * row_bytes(slots))?,
-                    ))
-                })
-                .collect()
-        };
+        let pair = |tag: &str, bytes: u64| gpu.storage(&format!("K/V {tag}"), bytes);
         let global = (0..cfg.n_groups())
-            .map(|g| pair(&format!("global of group {g}"), max_len + 1))
+            .map(|g| {
+                (0..shards.len())
+                    .map(|s| {
+                        let bytes = (shard_blocks as u64 + 1) * o.block_len as u64 * per_position;
+                        pair(&format!("pool of group {g} shard {s}"), bytes)
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
             .collect::<Result<Vec<_>>>()?;
         let ring = cfg
             .layers
             .iter()
             .enumerate()
-            .map(|(i, l)| if l.local { pair(&format!("ring of layer {i}"), w + 1).map(Some) } else { Ok(None) })
+            .map(|(i, l)| {
+                if !l.local {
+                    return Ok(None);
+                }
+                let per_shard = shards.iter().map(|&(r0, n)| {
+                    pair(&format!("ring of layer {i} rows {r0}..{}", r0 + n), n as u64 * per_position * (w as u64 + 1))
+                });
+                per_shard.collect::<Result<Vec<_>>>().map(Some)
+            })
             .collect::<Result<Vec<_>>>()?;
+        let blocks = BlockPool::new(rows, max_len, shard_rows, shard_blocks, block_len);
         let lpos = gpu.storage_init("lpos", bytemuck::cast_slice(&vec![-1i32; rows * (w + 1)]))?;
         let lens = gpu.storage("lens", (rows * 4) as u64)?;
         let history = gpu.storage("token history", (rows * (max_len + 1) * 4) as u64)?;
+        let block_tables = gpu.storage("block tables", (rows * blocks.max_blocks() * 4) as u64)?;
+        let copy = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let widest = (per_position * (w as u64 + 1)).max((max_len as u64 + 1) * 4);
         Ok(KvCache {
             rows,
             max_len,
@@ -171,6 +241,9 @@ impl KvCache {
             head_dim: d,
             shard_rows,
             global,
+            blocks,
+            block_tables,
+            pending_copies: Vec::new(),
             ring,
             lpos,
             lens,
@@ -179,11 +252,8 @@ impl KvCache {
             history_cpu: vec![Vec::new(); rows],
             written: vec![0; rows],
             skips: vec![Vec::new(); rows],
-            row_stage: gpu.buffer(
-                "fork row stage",
-                widest.max((max_len as u64 + 1) * 4).max((w as u64 + 1) * 4).next_multiple_of(4),
-                wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            )?,
+            row_stage: gpu.buffer("fork row stage", widest.next_multiple_of(4), copy)?,
+            block_stage: gpu.buffer("block copy stage", STAGE_BLOCKS as u64 * per_position * block_len as u64, copy)?,
         })
     }
 
@@ -200,7 +270,8 @@ impl KvCache {
         fallback: usize,
     ) -> usize {
         let per_position = (cfg.n_kv_heads * cfg.head_dim * dtype.bytes()) as u64;
-        let by_binding = gpu.max_binding() / per_position.max(1) - 1;
+        // one row's keys and values share a pool shard (one binding)
+        let by_binding = gpu.max_binding() / (2 * per_position).max(1) - 1;
         let by_budget = kv_budget / (per_position * 2 * cfg.n_groups().max(1) as u64 * rows.max(1) as u64);
         (cfg.context_len.unwrap_or(fallback) as u64).min(by_binding).min(by_budget).max(1) as usize
     }
@@ -283,20 +354,145 @@ impl KvCache {
 
     /// Bytes of K/V storage (global caches and rings, scratch slots included).
     pub fn nbytes(&self) -> u64 {
-        let per = (self.rows * self.n_kv_heads * self.head_dim * self.dtype.bytes()) as u64;
-        let g = self.global.len() as u64 * 2 * (self.max_len as u64 + 1) * per;
-        let r = self.ring.iter().flatten().count() as u64 * 2 * (self.ring_slots as u64 + 1) * per;
-        g + r
+        let shards = self.rows.div_ceil(self.shard_rows) as u64;
+        let pool = shards * (self.blocks.blocks_per_shard() as u64 + 1) * self.block_bytes();
+        self.global.len() as u64 * pool + self.ring_nbytes()
     }
 
-    /// Bytes a cache of these dimensions allocates on the GPU (K/V, ring positions, lengths, token
-    /// history), computed before allocating anything.
-    pub fn bytes_needed(cfg: &ModelConfig, rows: usize, max_len: usize, dtype: KvDtype, spare: usize) -> u64 {
-        let ring_slots = if cfg.has_local() { cfg.window + spare } else { 0 } as u64;
-        let per = (rows * cfg.n_kv_heads * cfg.head_dim * dtype.bytes()) as u64;
+    /// Bytes of K/V the rows use now: the global K/V blocks referenced by at least one row (a
+    /// block shared by forks counts once) plus the rings.
+    pub fn used_nbytes(&self) -> u64 {
+        self.global.len() as u64 * self.blocks.usage().used as u64 * self.block_bytes() + self.ring_nbytes()
+    }
+
+    fn ring_nbytes(&self) -> u64 {
+        let per = (self.rows * self.n_kv_heads * self.head_dim * self.dtype.bytes()) as u64; // K or V
+        self.ring.iter().flatten().count() as u64 * 2 * (self.ring_slots as u64 + 1) * per
+    }
+
+    /// Bytes of one block of one group's pool (its keys and values).
+    fn block_bytes(&self) -> u64 {
+        (2 * self.n_kv_heads * self.head_dim * self.dtype.bytes() * self.blocks.block_len()) as u64
+    }
+
+    /// Bytes of global K/V per position: one position of every global group's K and V.
+    pub fn global_bytes_per_position(&self) -> u64 {
+        (self.global.len() * 2 * self.n_kv_heads * self.head_dim * self.dtype.bytes()) as u64
+    }
+
+    /// Positions per block of the global K/V pool.
+    pub fn block_len(&self) -> usize {
+        self.blocks.block_len()
+    }
+
+    /// Blocks of the global K/V pool in use and free (block granularity: a row of `len` tokens
+    /// holds `ceil(len / block_len)` blocks; forks share blocks).
+    pub fn block_usage(&self) -> BlockUsage {
+        self.blocks.usage()
+    }
+
+    /// Blocks `row` holds (shared ones included).
+    pub fn row_blocks(&self, row: usize) -> usize {
+        self.blocks.table(row).len()
+    }
+
+    /// Check the block pool's bookkeeping: each block's reference count equals the rows holding
+    /// it, every block is held or free, and each row holds exactly the blocks of its tokens.
+    /// The error describes the first inconsistency (a leak, a double free).
+    pub fn check_blocks(&self) -> Result<()> {
+        self.blocks.audit().map_err(Error::Input)?;
+        for r in 0..self.rows {
+            let want = self.lens_cpu[r].div_ceil(self.blocks.block_len());
+            if self.blocks.table(r).len() != want {
+                return Err(Error::Input(format!(
+                    "row {r} holds {} blocks for {} tokens (expected {want})",
+                    self.blocks.table(r).len(),
+                    self.lens_cpu[r]
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes a cache of this shape allocates on the GPU (K/V pools and rings, ring positions,
+    /// lengths, token history, block tables), computed before allocating anything.
+    pub fn bytes_needed(cfg: &ModelConfig, o: &CacheOptions) -> u64 {
+        let ring_slots = if cfg.has_local() { cfg.window + o.spare } else { 0 } as u64;
+        let per_position = (cfg.n_kv_heads * cfg.head_dim * o.dtype.bytes()) as u64;
         let locals = cfg.layers.iter().filter(|l| l.local).count() as u64;
-        let kv = cfg.n_groups() as u64 * 2 * (max_len as u64 + 1) * per + locals * 2 * (ring_slots + 1) * per;
-        kv + rows as u64 * ((ring_slots + 1) + 1 + (max_len as u64 + 1)) * 4
+        // the shards' scratch blocks are a few blocks more: count one per row, an upper bound
+        let blocks = (o.pool_blocks() + o.rows) as u64;
+        let kv = cfg.n_groups() as u64 * 2 * blocks * o.block_len as u64 * per_position
+            + locals * 2 * (ring_slots + 1) * per_position * o.rows as u64;
+        let max_blocks = o.max_len.div_ceil(o.block_len.max(1)) as u64;
+        kv + o.rows as u64 * ((ring_slots + 1) + 1 + (o.max_len as u64 + 1) + max_blocks) * 4
+    }
+
+    /// Reserve the global K/V blocks of `n[i]` new tokens of `rows[i]` for the next step: new
+    /// blocks from the row's shard, and a private copy of a partly filled block the row shares
+    /// (copy-on-write; the copy runs at the start of the next step). Updated tables are written
+    /// to the GPU now (they travel with the step's submit). All or nothing: when the pool lacks
+    /// blocks, [`Error::OutOfBlocks`] names the row and shard, and nothing changes.
+    pub(crate) fn reserve(&mut self, gpu: &Gpu, rows: &[usize], n: &[usize]) -> Result<()> {
+        let lens: Vec<usize> = rows.iter().map(|&r| self.lens_cpu[r]).collect();
+        let new_lens: Vec<usize> = lens.iter().zip(n).map(|(l, k)| l + k).collect();
+        let (copies, changed) = self.blocks.reserve(rows, &lens, &new_lens)?;
+        self.pending_copies.extend(copies);
+        for r in changed {
+            self.upload_table(gpu, r);
+        }
+        Ok(())
+    }
+
+    /// Record the block copies pending for this step (copy-on-write) at the start of `enc`.
+    pub(crate) fn record_pending_copies(&mut self, enc: &mut wgpu::CommandEncoder) {
+        let copies = std::mem::take(&mut self.pending_copies);
+        self.record_copies(enc, &copies);
+    }
+
+    /// Copy whole blocks (every group's K and V), through the stage where source and destination
+    /// share a buffer.
+    fn record_copies(&self, enc: &mut wgpu::CommandEncoder, copies: &[BlockCopy]) {
+        let bb = self.block_bytes();
+        for batch in copies.chunks(STAGE_BLOCKS) {
+            for pools in &self.global {
+                for (i, c) in batch.iter().enumerate() {
+                    enc.copy_buffer_to_buffer(
+                        &pools[c.from_shard],
+                        c.from as u64 * bb,
+                        &self.block_stage,
+                        i as u64 * bb,
+                        bb,
+                    );
+                }
+                for (i, c) in batch.iter().enumerate() {
+                    enc.copy_buffer_to_buffer(
+                        &self.block_stage,
+                        i as u64 * bb,
+                        &pools[c.to_shard],
+                        c.to as u64 * bb,
+                        bb,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Write `row`'s block table to the GPU copy (entries past its blocks are left as they were:
+    /// no query reaches them).
+    fn upload_table(&self, gpu: &Gpu, row: usize) {
+        let t = self.blocks.table(row);
+        if !t.is_empty() {
+            let at = (row * self.blocks.max_blocks() * 4) as u64;
+            gpu.queue.write_buffer(&self.block_tables, at, bytemuck::cast_slice(t));
+        }
+    }
+
+    /// Keep only the blocks of `row`'s stored tokens, freeing the rest.
+    fn release_beyond_len(&mut self, gpu: &Gpu, row: usize) {
+        if self.blocks.truncate(row, self.lens_cpu[row]) {
+            self.upload_table(gpu, row);
+        }
     }
 
     /// Bytes a naive cache would take: every layer its own full-length K and V.
@@ -322,6 +518,9 @@ impl KvCache {
             self.written[r] = written;
             self.skips[r].truncate(skips);
             self.history_cpu[r].truncate(history);
+            // the GPU is gone: only the CPU's tables matter, and its entries past a row's
+            // blocks are never read
+            self.blocks.truncate(r, len);
         }
     }
 
@@ -348,6 +547,7 @@ impl KvCache {
             self.written[r] = 0;
             self.skips[r].clear();
             self.history_cpu[r].clear();
+            self.blocks.truncate(r, 0);
             gpu.queue.write_buffer(&self.lens, (r * 4) as u64, &0u32.to_le_bytes());
             gpu.queue.write_buffer(
                 &self.lpos,
@@ -382,40 +582,32 @@ impl KvCache {
             self.history_cpu[r].truncate(self.lens_cpu[r]);
             let len = self.lens_cpu[r];
             self.skips[r].retain(|&(at, _)| at <= len);
+            self.release_beyond_len(gpu, r);
             gpu.queue.write_buffer(&self.lens, (r * 4) as u64, &(self.lens_cpu[r] as u32).to_le_bytes());
         }
         Ok(())
     }
 
-    /// Copy row `src` (K/V, ring, positions, history, length) into each row of `dst` on the GPU,
-    /// so they continue from the same prefix without recomputing it.
+    /// Make each row of `dst` continue from row `src`'s prefix without recomputing it: the
+    /// destinations share `src`'s global K/V blocks by reference count (copied only across pool
+    /// shards; a shared partly filled block is copied when a row first writes it), and get copies
+    /// of its ring, ring positions, history and length. What the destinations held is released.
+    /// Errors (naming the row) when a copy across shards finds no free blocks; then nothing changes.
     pub fn fork(&mut self, gpu: &Gpu, src: usize, dst: &[usize]) -> Result<()> {
         self.check_rows(dst)?;
         self.check_rows(&[src])?;
         if dst.contains(&src) {
             return Err(Error::Input(format!("fork: row {src} is both the source and a destination")));
         }
+        let block_copies = self.blocks.share(src, dst)?;
         let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("fork") });
-        let per_slot = (self.n_kv_heads * self.head_dim * self.dtype.bytes()) as u64;
+        self.record_copies(&mut enc, &block_copies);
+        let ring_row = (2 * self.n_kv_heads * self.head_dim * self.dtype.bytes() * (self.ring_slots + 1)) as u64;
         let sr = self.shard_rows;
-        let sharded = |bufs: &[(wgpu::Buffer, wgpu::Buffer)], slots: usize, v: bool| {
-            let row_bytes = per_slot * slots as u64;
-            let owned: Vec<(wgpu::Buffer, u64)> = (0..self.rows)
-                .map(|r| {
-                    let pair = &bufs[r / sr];
-                    ((if v { &pair.1 } else { &pair.0 }).clone(), (r % sr) as u64 * row_bytes)
-                })
-                .collect();
-            (owned, row_bytes)
-        };
         let mut regions: Vec<(Vec<(wgpu::Buffer, u64)>, u64)> = Vec::new();
-        for g in &self.global {
-            regions.push(sharded(g, self.max_len + 1, false));
-            regions.push(sharded(g, self.max_len + 1, true));
-        }
-        for r in self.ring.iter().flatten() {
-            regions.push(sharded(r, self.ring_slots + 1, false));
-            regions.push(sharded(r, self.ring_slots + 1, true));
+        for shards in self.ring.iter().flatten() {
+            let per_row = (0..self.rows).map(|r| (shards[r / sr].clone(), (r % sr) as u64 * ring_row)).collect();
+            regions.push((per_row, ring_row));
         }
         for (buf, row_bytes) in [
             (&self.lpos, (self.ring_slots as u64 + 1) * 4),
@@ -430,6 +622,9 @@ impl KvCache {
             for &d in dst {
                 enc.copy_buffer_to_buffer(&self.row_stage, 0, &per_row[d].0, per_row[d].1, *bytes);
             }
+        }
+        for &d in dst {
+            self.upload_table(gpu, d);
         }
         gpu.queue.submit([enc.finish()]);
         for &d in dst {

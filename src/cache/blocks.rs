@@ -1,0 +1,374 @@
+//! The block pool of global K/V: which fixed-size blocks each row's positions live in, which
+//! blocks are free, and how many rows share each one. CPU only; the cache mirrors each row's
+//! block table to the GPU when it changes.
+//!
+//! A block holds `block_len` consecutive positions of one row for every kv head of every global
+//! group (one block index addresses the same positions in each group's pool). Block 0 of every
+//! shard is the scratch block that padding tokens write; it is never handed out. A row holds
+//! exactly `ceil(stored tokens / block_len)` blocks outside an append (the append reserves the
+//! blocks of its new positions before it is submitted).
+//!
+//! Sharing: [`BlockPool::share`] gives a row another row's blocks by reference count (a fork);
+//! a block is written only at positions beyond every sharer's length, so only a row's partly
+//! filled last block can ever be written while shared, and [`BlockPool::reserve`] copies it
+//! first (copy-on-write).
+
+use crate::error::{Error, Result};
+
+/// One block copy the GPU must make before the step that needs it: within `shard`, block
+/// `from` to block `to` (every group, K and V).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BlockCopy {
+    pub(crate) from_shard: usize,
+    pub(crate) from: u32,
+    pub(crate) to_shard: usize,
+    pub(crate) to: u32,
+}
+
+/// Free list and reference counts of one shard (one storage binding) of the pool.
+#[derive(Clone, Debug)]
+struct Shard {
+    /// Free blocks, handed out from the end (lowest index first).
+    free: Vec<u32>,
+    /// Rows referencing each block (block 0, the scratch block, is never counted).
+    refs: Vec<u32>,
+}
+
+/// Blocks in use, at block granularity (see [`BlockPool::usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockUsage {
+    /// Positions per block.
+    pub block_len: usize,
+    /// Blocks rows can hold (the scratch blocks not counted).
+    pub total: usize,
+    /// Blocks no row references.
+    pub free: usize,
+    /// Blocks referenced by at least one row.
+    pub used: usize,
+    /// Of `used`, blocks referenced by more than one row (forks sharing a prefix).
+    pub shared: usize,
+    /// Block references summed over rows: what per-row copies would hold.
+    pub referenced: usize,
+}
+
+/// Free lists, reference counts and the per-row block tables of the global K/V pool.
+#[derive(Clone, Debug)]
+pub(crate) struct BlockPool {
+    block_len: usize,
+    /// Table entries per row: `ceil(max_len / block_len)`.
+    max_blocks: usize,
+    shard_rows: usize,
+    shards: Vec<Shard>,
+    /// Per row, its blocks in position order (indices within the row's shard).
+    tables: Vec<Vec<u32>>,
+}
+
+impl BlockPool {
+    /// `rows` rows of at most `max_len` positions, `shard_rows` rows per shard, each shard
+    /// `blocks_per_shard` blocks besides its scratch block.
+    pub(crate) fn new(
+        rows: usize,
+        max_len: usize,
+        shard_rows: usize,
+        blocks_per_shard: usize,
+        block_len: usize,
+    ) -> Self {
+        let n_shards = rows.div_ceil(shard_rows);
+        let shard = Shard { free: (1..=blocks_per_shard as u32).rev().collect(), refs: vec![0; blocks_per_shard + 1] };
+        BlockPool {
+            block_len,
+            max_blocks: max_len.div_ceil(block_len),
+            shard_rows,
+            shards: vec![shard; n_shards],
+            tables: vec![Vec::new(); rows],
+        }
+    }
+
+    pub(crate) fn block_len(&self) -> usize {
+        self.block_len
+    }
+
+    pub(crate) fn max_blocks(&self) -> usize {
+        self.max_blocks
+    }
+
+    pub(crate) fn shard_of(&self, row: usize) -> usize {
+        row / self.shard_rows
+    }
+
+    /// `row`'s blocks in position order.
+    pub(crate) fn table(&self, row: usize) -> &[u32] {
+        &self.tables[row]
+    }
+
+    /// Blocks of one shard (its scratch block not counted).
+    pub(crate) fn blocks_per_shard(&self) -> usize {
+        self.shards[0].refs.len() - 1
+    }
+
+    /// Give each `rows[i]` the blocks of positions `..new_lens[i]`, where it now holds the blocks
+    /// of `..lens[i]`, and make the block its next position falls in its own (copy-on-write).
+    /// All or nothing: if a shard lacks free blocks, an error names it and nothing changes.
+    /// Returns the copies to make before the step, and the rows whose table changed.
+    pub(crate) fn reserve(
+        &mut self,
+        rows: &[usize],
+        lens: &[usize],
+        new_lens: &[usize],
+    ) -> Result<(Vec<BlockCopy>, Vec<usize>)> {
+        let b = self.block_len;
+        let mut needed = vec![0usize; self.shards.len()];
+        // writers per shared partly filled block: all but the last sharer to write it copy it
+        let mut writers: std::collections::HashMap<(usize, u32), usize> = std::collections::HashMap::new();
+        for ((&row, &len), &new_len) in rows.iter().zip(lens).zip(new_lens) {
+            if new_len <= len {
+                continue;
+            }
+            let s = self.shard_of(row);
+            needed[s] += new_len.div_ceil(b) - self.tables[row].len();
+            if self.shared_tail(row, len) {
+                *writers.entry((s, self.tables[row][len / b])).or_default() += 1;
+            }
+        }
+        for (&(s, blk), &k) in &writers {
+            needed[s] += if k as u32 == self.shards[s].refs[blk as usize] { k - 1 } else { k };
+        }
+        for (s, &n) in needed.iter().enumerate() {
+            let free = self.shards[s].free.len();
+            if n > free {
+                let row = rows.iter().find(|&&r| self.shard_of(r) == s).copied().unwrap_or(0);
+                return Err(Error::OutOfBlocks {
+                    row,
+                    shard: s,
+                    needed: n,
+                    free,
+                    blocks: self.blocks_per_shard(),
+                    block_len: b,
+                });
+            }
+        }
+        let (mut copies, mut changed) = (Vec::new(), Vec::new());
+        for ((&row, &len), &new_len) in rows.iter().zip(lens).zip(new_lens) {
+            if new_len <= len {
+                continue;
+            }
+            let s = self.shard_of(row);
+            let mut row_changed = false;
+            if self.shared_tail(row, len) {
+                row_changed = true;
+                let at = len / b;
+                let from = self.tables[row][at];
+                let to = self.take(s);
+                self.release(s, from);
+                self.tables[row][at] = to;
+                copies.push(BlockCopy { from_shard: s, from, to_shard: s, to });
+            }
+            while self.tables[row].len() < new_len.div_ceil(b) {
+                row_changed = true;
+                let blk = self.take(s);
+                self.tables[row].push(blk);
+            }
+            if row_changed {
+                changed.push(row);
+            }
+        }
+        Ok((copies, changed))
+    }
+
+    /// Whether `row`'s next position (`len`) falls in a partly filled block another row shares.
+    fn shared_tail(&self, row: usize, len: usize) -> bool {
+        !len.is_multiple_of(self.block_len)
+            && self.tables[row]
+                .get(len / self.block_len)
+                .is_some_and(|&blk| self.shards[self.shard_of(row)].refs[blk as usize] > 1)
+    }
+
+    /// Keep only the blocks of `row`'s first `len` positions; returns whether its table changed.
+    pub(crate) fn truncate(&mut self, row: usize, len: usize) -> bool {
+        let keep = len.div_ceil(self.block_len);
+        if self.tables[row].len() <= keep {
+            return false;
+        }
+        let s = self.shard_of(row);
+        for blk in self.tables[row].split_off(keep) {
+            self.release(s, blk);
+        }
+        true
+    }
+
+    /// Free blocks `dst` would need to share `src`'s blocks (when they live in different shards,
+    /// `dst` gets copies).
+    fn share_cost(&self, src: usize, dst: usize) -> usize {
+        if self.shard_of(src) == self.shard_of(dst) {
+            0
+        } else {
+            self.tables[src].len()
+        }
+    }
+
+    /// Make each row of `dst` hold `src`'s blocks, dropping its own: by reference within a shard,
+    /// by copy across shards. All or nothing. Returns the copies to make.
+    pub(crate) fn share(&mut self, src: usize, dst: &[usize]) -> Result<Vec<BlockCopy>> {
+        let mut needed = vec![0usize; self.shards.len()];
+        for &d in dst {
+            needed[self.shard_of(d)] += self.share_cost(src, d);
+        }
+        for (s, &n) in needed.iter().enumerate() {
+            // a destination's own blocks come back before it takes new ones
+            let returned: usize = dst.iter().filter(|&&d| self.shard_of(d) == s).map(|&d| self.tables[d].len()).sum();
+            let free = self.shards[s].free.len();
+            if n > free + returned {
+                let row = dst.iter().copied().find(|&d| self.shard_of(d) == s).unwrap_or(0);
+                return Err(Error::OutOfBlocks {
+                    row,
+                    shard: s,
+                    needed: n,
+                    free,
+                    blocks: self.blocks_per_shard(),
+                    block_len: self.block_len,
+                });
+            }
+        }
+        for &d in dst {
+            self.truncate(d, 0);
+        }
+        let mut copies = Vec::new();
+        let from_shard = self.shard_of(src);
+        for &d in dst {
+            let to_shard = self.shard_of(d);
+            let table = self.tables[src].clone();
+            if to_shard == from_shard {
+                for &blk in &table {
+                    self.shards[from_shard].refs[blk as usize] += 1;
+                }
+                self.tables[d] = table;
+            } else {
+                self.tables[d] = table
+                    .iter()
+                    .map(|&from| {
+                        let to = self.take(to_shard);
+                        copies.push(BlockCopy { from_shard, from, to_shard, to });
+                        to
+                    })
+                    .collect();
+            }
+        }
+        Ok(copies)
+    }
+
+    fn take(&mut self, s: usize) -> u32 {
+        let blk = self.shards[s].free.pop().expect("free blocks were counted before taking");
+        self.shards[s].refs[blk as usize] = 1;
+        blk
+    }
+
+    fn release(&mut self, s: usize, blk: u32) {
+        let refs = &mut self.shards[s].refs[blk as usize];
+        *refs -= 1;
+        if *refs == 0 {
+            self.shards[s].free.push(blk);
+        }
+    }
+
+    /// Blocks in use and free, over all shards.
+    pub(crate) fn usage(&self) -> BlockUsage {
+        let mut u = BlockUsage { block_len: self.block_len, ..BlockUsage::default() };
+        for s in &self.shards {
+            u.total += s.refs.len() - 1;
+            u.free += s.free.len();
+            for &r in &s.refs[1..] {
+                u.used += (r > 0) as usize;
+                u.shared += (r > 1) as usize;
+                u.referenced += r as usize;
+            }
+        }
+        u
+    }
+
+    /// Check the bookkeeping: every block's count equals the tables referencing it, and every
+    /// block is either referenced or free, once. Describes the first inconsistency.
+    pub(crate) fn audit(&self) -> std::result::Result<(), String> {
+        for (si, s) in self.shards.iter().enumerate() {
+            let mut refs = vec![0u32; s.refs.len()];
+            for (row, t) in self.tables.iter().enumerate().filter(|(r, _)| self.shard_of(*r) == si) {
+                for &blk in t {
+                    if blk == 0 || blk as usize >= refs.len() {
+                        return Err(format!("row {row} holds block {blk}, outside shard {si}'s pool"));
+                    }
+                    refs[blk as usize] += 1;
+                }
+            }
+            let mut free = vec![false; s.refs.len()];
+            for &blk in &s.free {
+                if std::mem::replace(&mut free[blk as usize], true) {
+                    return Err(format!("shard {si}: block {blk} is free twice"));
+                }
+            }
+            for blk in 1..refs.len() {
+                if refs[blk] != s.refs[blk] {
+                    return Err(format!(
+                        "shard {si}: block {blk} counts {} references, tables hold {}",
+                        s.refs[blk], refs[blk]
+                    ));
+                }
+                if (refs[blk] == 0) != free[blk] {
+                    return Err(format!(
+                        "shard {si}: block {blk} has {} references and free = {}",
+                        refs[blk], free[blk]
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_share_and_copy_on_write() {
+        // 3 rows in one shard of 6 blocks of 4 positions
+        let mut p = BlockPool::new(3, 16, 3, 6, 4);
+        let (copies, changed) = p.reserve(&[0], &[0], &[6]).unwrap();
+        assert!(copies.is_empty());
+        assert_eq!(changed, vec![0]);
+        assert_eq!(p.table(0), &[1, 2]);
+        // forks share both blocks
+        assert!(p.share(0, &[1, 2]).unwrap().is_empty());
+        assert_eq!(p.usage().used, 2);
+        assert_eq!(p.usage().shared, 2);
+        assert_eq!(p.usage().referenced, 6);
+        // row 1 writes position 6: its partly filled block 2 is copied first
+        let (copies, _) = p.reserve(&[1], &[6], &[7]).unwrap();
+        assert_eq!(copies, vec![BlockCopy { from_shard: 0, from: 2, to_shard: 0, to: 3 }]);
+        assert_eq!(p.table(1), &[1, 3]);
+        // row 0 grows into a new block: its block 2 (still shared with row 2) is copied first
+        let (copies, _) = p.reserve(&[0], &[6], &[9]).unwrap();
+        assert_eq!(copies.len(), 1);
+        assert_eq!(p.table(0).len(), 3);
+        p.audit().unwrap();
+        // 5 blocks used: row 2 needs 2 more, 1 is free: a clear error, nothing changes
+        let before = p.usage();
+        let err = p.reserve(&[2], &[6], &[16]).unwrap_err();
+        assert!(format!("{err}").contains("shard 0"), "{err}");
+        assert_eq!(p.usage(), before);
+        // release everything
+        for r in 0..3 {
+            p.truncate(r, 0);
+        }
+        p.audit().unwrap();
+        assert_eq!(p.usage().free, 6);
+    }
+
+    #[test]
+    fn forks_across_shards_copy() {
+        let mut p = BlockPool::new(4, 8, 2, 4, 4);
+        p.reserve(&[0], &[0], &[5]).unwrap();
+        let copies = p.share(0, &[1, 2]).unwrap();
+        assert_eq!(copies.len(), 2, "row 2 lives in shard 1: both blocks copied");
+        assert_eq!(p.shard_of(2), 1);
+        p.audit().unwrap();
+    }
+}
