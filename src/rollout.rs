@@ -145,9 +145,15 @@ impl Rollouts {
         Ok(turns)
     }
 
-    /// End the episode in `row` and return it; the row is free for a new one.
-    pub fn finish(&mut self, row: usize) -> Option<Episode> {
-        self.rows.get_mut(row).and_then(Option::take)
+    /// End the episode in `row` and return it (`None` when the row had none); the row is reset,
+    /// so its K/V blocks go back to the pool (a fork's shared prefix stays while other rows hold
+    /// it) and the row is free for a new episode.
+    pub fn finish(&mut self, engine: &mut Engine, row: usize) -> Result<Option<Episode>> {
+        let Some(ep) = self.rows.get_mut(row).and_then(Option::take) else {
+            return Ok(None);
+        };
+        engine.reset(&[row])?;
+        Ok(Some(ep))
     }
 }
 

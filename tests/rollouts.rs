@@ -57,7 +57,12 @@ fn episodes_with_forks_tool_results_and_turns() {
         assert_eq!(argmax(&l) as u32, tok);
         seq.push(tok);
     }
-    let ep = ra.finish(0).unwrap();
+    let held = ea.cache().block_usage().used;
+    let ep = ra.finish(&mut ea, 0).unwrap().unwrap();
     assert_eq!(ep.turns.len(), 2);
     assert!(ra.episode(0).is_none());
+    // the finished row gave its blocks back
+    assert_eq!(ea.cache().lens()[0], 0);
+    assert!(ea.cache().block_usage().used < held);
+    assert!(ra.finish(&mut ea, 0).unwrap().is_none());
 }

@@ -4,6 +4,10 @@
 //! its own stop token and length limit) and tool results appended mid-episode; episodes end after
 //! different numbers of turns, and a group's rows take the next prompt once all of them are done.
 //! The model is the embedded demo model (no download).
+//!
+//! The forks share the prompt's global K/V blocks (copy-on-write): the run reports the peak of
+//! blocks in use against what per-row copies would hold, and `--json` ends the output with one
+//! JSON object of those figures for scripts.
 
 use std::time::Instant;
 
@@ -35,6 +39,28 @@ pub struct Args {
     /// K/V storage: f32, f16 or bf16.
     #[arg(long, default_value = "f32", value_parser = |s: &str| KvDtype::parse(s).map_err(|e| e.to_string()))]
     kv: KvDtype,
+    /// Prompt length in tokens (default: random, 16 to 64 per prompt).
+    #[arg(long)]
+    prompt_len: Option<usize>,
+    /// Positions per block of the global K/V pool.
+    #[arg(long, default_value_t = 16)]
+    block_len: usize,
+    /// End with one JSON object of the figures (memory at the peak, throughput).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Global K/V in use at its peak (sampled after every engine call), against per-row copies.
+#[derive(Default)]
+struct Peak {
+    /// Blocks held at the peak (a block forks share counts once).
+    blocks: usize,
+    /// Tokens beyond each row's prompt, summed over the rows, at that moment.
+    tokens_beyond_prompt: usize,
+    /// Prompt tokens of the groups alive at that moment (one prompt per group).
+    prompt_tokens: usize,
+    /// The most blocks per-row copies would have held (every reference its own block).
+    unshared_blocks: usize,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -46,8 +72,14 @@ pub fn run(a: Args) -> Result<()> {
     let model = ModelWeights::demo();
     let vocab = model.cfg.vocab;
     let max_turns = 4;
-    let max_len = 64 + max_turns * (MAX_TURN + MAX_TOOL);
-    let opts = EngineOptions { kv, rollback: window.max(1) - 1, ..EngineOptions::new(rows, max_len) };
+    let max_len = a.prompt_len.unwrap_or(64) + max_turns * (MAX_TURN + MAX_TOOL);
+    let opts = EngineOptions {
+        kv,
+        rollback: window.max(1) - 1,
+        block_len: a.block_len,
+        beyond_trained_context: true,
+        ..EngineOptions::new(rows, max_len)
+    };
     let mut engine = Engine::new(&gpu, &model, opts)?;
     let mut eps = Rollouts::new(&engine);
     println!("adapter: {}", gpu.describe());
@@ -64,6 +96,20 @@ pub fn run(a: Args) -> Result<()> {
     };
     // per row: turns this episode will take (0 = no episode)
     let mut target = vec![0usize; rows];
+    // per row: the length of its episode's prompt
+    let mut prompt_of = vec![0usize; rows];
+    let mut peak = Peak::default();
+    let sample_peak = |engine: &Engine, prompt_of: &[usize], target: &[usize], peak: &mut Peak| {
+        let u = engine.cache().block_usage();
+        if u.used > peak.blocks {
+            let live = |r: &usize| target[*r] > 0;
+            let lens = engine.cache().lens();
+            peak.blocks = u.used;
+            peak.tokens_beyond_prompt = (0..rows).filter(live).map(|r| lens[r] - prompt_of[r]).sum();
+            peak.prompt_tokens = (0..rows).step_by(group).filter(live).map(|r| prompt_of[r]).sum();
+        }
+        peak.unshared_blocks = peak.unshared_blocks.max(u.referenced);
+    };
     let mut busy_blocks = vec![false; rows / group];
     let (mut started, mut finished, mut round) = (0usize, 0usize, 0usize);
     let (mut decoded, mut appended) = (0usize, 0usize);
@@ -77,7 +123,10 @@ pub fn run(a: Args) -> Result<()> {
             if !*busy && started < episodes {
                 *busy = true;
                 leaders.push(b * group);
-                prompts.push(tokens(&mut rng, 16, 64));
+                prompts.push(match a.prompt_len {
+                    Some(n) => tokens(&mut rng, n, n),
+                    None => tokens(&mut rng, 16, 64),
+                });
                 started += group.min(episodes - started);
             }
         }
@@ -98,7 +147,9 @@ pub fn run(a: Args) -> Result<()> {
                 for t in &mut target[l..l + group] {
                     *t = 2 + rng.below(max_turns - 1);
                 }
+                prompt_of[l..l + group].fill(engine.cache().lens()[l]);
             }
+            sample_peak(&engine, &prompt_of, &target, &mut peak);
         }
         // 2. every live episode decodes its next turn, all rows in one batch
         let live: Vec<usize> = (0..rows).filter(|&r| target[r] > 0 && eps.episode(r).is_some()).collect();
@@ -107,6 +158,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         let limits = vec![TurnLimit { max_new: MAX_TURN, stop: vec![END_OF_TURN] }; live.len()];
         let turns = eps.decode_turn(&mut engine, &live, &limits, window)?;
+        sample_peak(&engine, &prompt_of, &target, &mut peak);
         let round_tokens: usize = turns.iter().map(|t| t.tokens.len()).sum();
         decoded += round_tokens;
         // 3. finished episodes leave; the others get a tool result
@@ -115,15 +167,19 @@ pub fn run(a: Args) -> Result<()> {
         for &r in &live {
             let ep = eps.episode(r).expect("live");
             if ep.turns.len() >= target[r] {
-                let ep = eps.finish(r).expect("live");
+                let cached = engine.cache().lens()[r];
+                let ep = eps.finish(&mut engine, r)?.expect("live");
                 target[r] = 0;
                 ended += 1;
                 let lp: f32 = ep.turns.iter().flat_map(|t| &t.logprobs).sum();
                 let n: usize = ep.turns.iter().map(|t| t.tokens.len()).sum();
-                println!(
-                    "  row {r:2}: episode done, {} turns, {n} tokens, sum logprob {lp:.1}, {} cached",
-                    ep.turns.len(),
-                    engine.cache().lens()[r]
+                say(
+                    a.json,
+                    &format!(
+                        "  row {r:2}: episode done, {} turns, {n} tokens, sum logprob {lp:.1}, {} cached",
+                        ep.turns.len(),
+                        cached
+                    ),
                 );
             } else {
                 tool_rows.push(r);
@@ -133,6 +189,7 @@ pub fn run(a: Args) -> Result<()> {
         if !tool_rows.is_empty() {
             appended += tool_chunks.iter().map(Vec::len).sum::<usize>();
             eps.tool_result(&mut engine, &tool_rows, &tool_chunks)?;
+            sample_peak(&engine, &prompt_of, &target, &mut peak);
         }
         finished += ended;
         for (b, busy) in busy_blocks.iter_mut().enumerate() {
@@ -140,11 +197,14 @@ pub fn run(a: Args) -> Result<()> {
                 *busy = false;
             }
         }
-        println!(
+        say(
+            a.json,
+            &format!(
             "round {round:3}: {} turns decoded ({round_tokens} tokens), {} tool results, {ended} episodes done; {finished}/{episodes} done, {:.1} tokens/s so far",
             live.len(),
             tool_rows.len(),
             (decoded + appended) as f64 / t0.elapsed().as_secs_f64()
+            ),
         );
     }
     let secs = t0.elapsed().as_secs_f64();
@@ -165,5 +225,52 @@ pub fn run(a: Args) -> Result<()> {
         c.naive_nbytes() as f64 / 1048576.0,
         c.naive_nbytes() as f64 / c.nbytes() as f64
     );
+    let per_position = c.global_bytes_per_position();
+    let block_bytes = per_position * c.block_len() as u64;
+    let bound = peak.prompt_tokens + peak.tokens_beyond_prompt + rows * c.block_len();
+    println!(
+        "global K/V at its peak: {} blocks of {} positions ({:.2} MiB); per-row copies would hold {} ({:.2} MiB): {:.1}x",
+        peak.blocks,
+        c.block_len(),
+        (peak.blocks as u64 * block_bytes) as f64 / 1048576.0,
+        peak.unshared_blocks,
+        (peak.unshared_blocks as u64 * block_bytes) as f64 / 1048576.0,
+        peak.unshared_blocks as f64 / peak.blocks.max(1) as f64
+    );
+    println!(
+        "  at the peak: {} prompt tokens (one prompt per group) + {} tokens beyond the prompts + {rows} rows x {} = {bound} positions at most; {} held",
+        peak.prompt_tokens,
+        peak.tokens_beyond_prompt,
+        c.block_len(),
+        peak.blocks * c.block_len()
+    );
+    if a.json {
+        let v = serde_json::json!({
+            "rows": rows,
+            "group": group,
+            "episodes": episodes,
+            "prompt_len": a.prompt_len,
+            "block_size": c.block_len(),
+            "global_kv_bytes_per_position": per_position,
+            "peak_blocks": peak.blocks,
+            "peak_global_kv_bytes": peak.blocks as u64 * block_bytes,
+            "peak_tokens_beyond_prompt": peak.tokens_beyond_prompt,
+            "peak_prompt_tokens": peak.prompt_tokens,
+            "unshared_peak_global_kv_bytes": peak.unshared_blocks as u64 * block_bytes,
+            "kv_cache_bytes": c.nbytes(),
+            "decoded_tokens": decoded,
+            "appended_tokens": appended,
+            "seconds": secs,
+            "decoded_tok_s": decoded as f64 / secs,
+        });
+        println!("{v}");
+    }
     Ok(())
+}
+
+/// Progress lines, left out of `--json` runs (whose output ends with the figures).
+fn say(json: bool, line: &str) {
+    if !json {
+        println!("{line}");
+    }
 }

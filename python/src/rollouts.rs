@@ -103,8 +103,10 @@ impl Rollouts {
         self.inner.episode(row).map(|ep| turns(&ep.turns))
     }
 
-    /// End the episode in `row` and return its turns (`None` when it had none); the row is free.
-    fn finish(&mut self, row: usize) -> Option<Vec<Turn>> {
-        self.inner.finish(row).map(|ep| turns(&ep.turns))
+    /// End the episode in `row` and return its turns (`None` when it had none); the row is reset
+    /// (its K/V blocks go back to the pool) and free for a new episode.
+    fn finish(&mut self, py: Python<'_>, row: usize) -> PyResult<Option<Vec<Turn>>> {
+        let ep = self.with_engine(py, |ro, e| ro.finish(e, row))?;
+        Ok(ep.map(|ep| turns(&ep.turns)))
     }
 }

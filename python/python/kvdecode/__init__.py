@@ -396,7 +396,8 @@ class Rollouts:
         return self._r.episode(int(row))
 
     def finish(self, row: int) -> Optional[List[Turn]]:
-        """End the episode in ``row`` and return its turns; the row is free again."""
+        """End the episode in ``row`` and return its turns; the row is reset (its K/V blocks
+        go back to the pool) and free again."""
         return self._r.finish(int(row))
 
 
