@@ -54,6 +54,9 @@ pub struct EngineOptions {
     /// once: an append that finds too few free blocks is an [`Error::OutOfBlocks`] (the
     /// scheduler preempts rows instead).
     pub pool_blocks: Option<usize>,
+    /// Keep full blocks of global K/V for later sequences that begin with the same tokens (on
+    /// by default; models with local layers go without, see [`KvCache::reuse_prefix`]).
+    pub prompt_cache: bool,
 }
 
 /// The attention kernel family's variants. Each is exact on its own terms (a row's result never
@@ -198,6 +201,7 @@ impl EngineOptions {
             attention: AttentionKernel::from_env(),
             block_len: 16,
             pool_blocks: None,
+            prompt_cache: true,
         }
     }
 
@@ -210,6 +214,7 @@ impl EngineOptions {
             spare: self.rollback,
             block_len: self.block_len,
             pool_blocks: self.pool_blocks,
+            prompt_cache: self.prompt_cache,
         }
     }
 }
@@ -1195,6 +1200,13 @@ impl Engine {
         self.cache.skip(rows, n)
     }
 
+    /// Start the empty `row` on the longest prefix of `prompt` the prompt cache holds; returns
+    /// the tokens it now holds, `n`: append `prompt[n..]` next (see [`KvCache::reuse_prefix`]).
+    pub fn reuse_prefix(&mut self, row: usize, prompt: &[u32]) -> Result<usize> {
+        self.gpu.check()?;
+        self.cache.reuse_prefix(&self.gpu, row, prompt)
+    }
+
     /// Copy row `src` into rows `dst` on the GPU: they continue from the same prefix without
     /// recomputing it (GRPO-style k samples per prompt).
     ///
@@ -1592,6 +1604,7 @@ impl Engine {
             if !ids_from_sampled {
                 self.cache.history_cpu[row].extend_from_slice(&ids[r * stride + start..r * stride + start + n]);
             }
+            self.cache.register_blocks(row);
         }
     }
 

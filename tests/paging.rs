@@ -1,8 +1,8 @@
 //! Paged global K/V: random schedules on a small block pool (ragged appends, sub-batches, resets,
 //! forks sharing blocks, rollbacks into shared blocks, multi-step windows, speculative drafts,
-//! the pool running out) give logits bit-identical to an engine whose rows each own one block
-//! as large as `max_len` (the layout without paging), equal to the CPU reference, and leave the
-//! pool's bookkeeping exact after every step.
+//! the pool running out, prompt-cache hits) give logits bit-identical to an engine whose rows each
+//! own one block as large as `max_len` (the layout without paging) and compute every prompt,
+//! equal to the CPU reference, and leave the pool's bookkeeping exact after every step.
 
 mod common;
 
@@ -16,7 +16,7 @@ fn engines(w: &kvdecode::ModelWeights, pool_blocks: usize) -> (Engine, Engine) {
     let gpu = gpu();
     let base = EngineOptions { rollback: 6, ..EngineOptions::new(ROWS, MAX_LEN) };
     let paged = Engine::new(&gpu, w, EngineOptions { block_len: 4, pool_blocks: Some(pool_blocks), ..base }).unwrap();
-    let flat = Engine::new(&gpu, w, EngineOptions { block_len: 128, ..base }).unwrap();
+    let flat = Engine::new(&gpu, w, EngineOptions { block_len: 128, prompt_cache: false, ..base }).unwrap();
     (paged, flat)
 }
 
@@ -29,6 +29,7 @@ struct Seen {
     rollbacks: usize,
     windows: usize,
     drafts: usize,
+    reused_tokens: usize,
 }
 
 fn run_schedule(cfg: &ModelConfig, s: u64, steps: usize) -> Seen {
@@ -41,7 +42,7 @@ fn run_schedule(cfg: &ModelConfig, s: u64, steps: usize) -> Seen {
     for step in 0..steps {
         let ctx = format!("seed {s} step {step}");
         let lens: Vec<usize> = paged.cache().lens().to_vec();
-        match rng.below(10) {
+        match rng.below(12) {
             // ragged append on a random sub-batch
             0..=3 => {
                 let rows: Vec<usize> = (0..ROWS).filter(|_| rng.below(3) > 0).collect();
@@ -114,6 +115,36 @@ fn run_schedule(cfg: &ModelConfig, s: u64, steps: usize) -> Seen {
                     Err(e) => panic!("{ctx}: {e}"),
                 }
             }
+            // a new sequence in a row whose prompt starts with another row's tokens (or a finished
+            // one's): the paged engine reuses cached blocks, the flat one computes everything
+            10 | 11 => {
+                let r = rng.below(ROWS);
+                let from = paged.cache().history(rng.below(ROWS)).to_vec();
+                let keep = rng.below(from.len() + 1);
+                let mut prompt = from[..keep].to_vec();
+                prompt.extend((0..1 + rng.below(6)).map(|_| rng.below(v) as u32));
+                prompt.truncate(MAX_LEN);
+                paged.reset(&[r]).unwrap();
+                flat.reset(&[r]).unwrap();
+                let n = paged.reuse_prefix(r, &prompt).unwrap();
+                assert!(n < prompt.len(), "{ctx}: reused all {n} tokens");
+                let rest = &prompt[n..];
+                match paged.append(rest, rest.len(), &[rest.len()], Some(&[r])) {
+                    Ok(a) => {
+                        let b = flat.append(&prompt, prompt.len(), &[prompt.len()], Some(&[r])).unwrap();
+                        assert_eq!(a.row(0), b.row(0), "{ctx}: prompt of {} tokens, {n} reused", prompt.len());
+                        seen.reused_tokens += n;
+                    }
+                    Err(Error::OutOfBlocks { .. }) => {
+                        seen.out_of_blocks += 1;
+                        // the reused prefix stays; the flat engine holds it too
+                        if n > 0 {
+                            flat.append(&prompt[..n], n, &[n], Some(&[r])).unwrap();
+                        }
+                    }
+                    Err(e) => panic!("{ctx}: {e}"),
+                }
+            }
             // a speculative draft: all-position logits for 3 tokens, then 2 of them rolled back
             _ => {
                 let r = rng.below(ROWS);
@@ -155,10 +186,11 @@ fn run_schedule(cfg: &ModelConfig, s: u64, steps: usize) -> Seen {
         let d = max_abs_diff(a.row(0).unwrap(), &ref_last(&w, &history));
         assert!(d <= 1e-4, "seed {s} row {r}: {d} from the reference");
     }
-    // releasing every row returns every block
+    // releasing every row returns every block (cached ones stay, evictable)
     paged.reset(&(0..ROWS).collect::<Vec<_>>()).unwrap();
     let u = paged.cache().block_usage();
-    assert_eq!((u.used, u.free), (0, u.total), "seed {s}: blocks leaked: {u:?}");
+    assert_eq!((u.used, u.free, u.evictable), (0, u.total, u.cached), "seed {s}: blocks leaked: {u:?}");
+    paged.cache().check_blocks().unwrap();
     seen
 }
 
@@ -176,12 +208,14 @@ fn random_schedules_match_the_unpaged_layout_bit_for_bit() {
             total.rollbacks += seen.rollbacks;
             total.windows += seen.windows;
             total.drafts += seen.drafts;
+            total.reused_tokens += seen.reused_tokens;
         }
     }
     // the schedules exercised what they claim to
     assert!(total.out_of_blocks > 0, "the pool never ran out: {total:?}");
     assert!(total.peak_shared > 0 && total.forks > 0, "no blocks were shared: {total:?}");
     assert!(total.rollbacks > 0 && total.windows > 0 && total.drafts > 0, "{total:?}");
+    assert!(total.reused_tokens > 0, "the prompt cache never hit: {total:?}");
 }
 
 #[test]
@@ -264,4 +298,54 @@ fn forks_across_pool_shards_copy_the_blocks() {
         let d = max_abs_diff(out.row(i).unwrap(), &ref_last(&w, &seq));
         assert!(d <= 1e-4, "row {i}: {d}");
     }
+}
+
+#[test]
+fn the_prompt_cache_reuses_blocks_bit_for_bit_and_evicts_the_oldest() {
+    let s = seed(95);
+    let w = model(&llama_cfg(), s);
+    let gpu = gpu();
+    let mut rng = SplitMix64(s);
+    let system: Vec<u32> = (0..40).map(|_| rng.below(96) as u32).collect();
+    // 2 rows, 7 blocks of 16 positions: a 96-token sequence (6 blocks) needs the cached ones
+    let opts = EngineOptions { block_len: 16, pool_blocks: Some(7), ..EngineOptions::new(2, 96) };
+    let mut e = Engine::new(&gpu, &w, opts).unwrap();
+    let mut alone = Engine::new(&gpu, &w, EngineOptions { prompt_cache: false, ..opts }).unwrap();
+    assert!(e.cache().prompt_cache() && !alone.cache().prompt_cache());
+    // a first request computes everything and leaves its 2 full blocks in the cache
+    assert_eq!(e.reuse_prefix(0, &system).unwrap(), 0);
+    e.append(&system, 40, &[40], Some(&[0])).unwrap();
+    e.reset(&[0]).unwrap();
+    let u = e.cache().block_usage();
+    assert_eq!((u.used, u.cached, u.evictable), (0, 2, 2), "{u:?}");
+    // the next request with the same system prompt and its own question reuses 32 tokens
+    let mut prompt = system.clone();
+    prompt.extend([5, 6, 7]);
+    let n = e.reuse_prefix(1, &prompt).unwrap();
+    assert_eq!(n, 32);
+    let a = e.append(&prompt[n..], prompt.len() - n, &[prompt.len() - n], Some(&[1])).unwrap();
+    let b = alone.append(&prompt, prompt.len(), &[prompt.len()], Some(&[1])).unwrap();
+    assert_eq!(a.row(0), b.row(0), "a prompt-cache hit changed the logits");
+    let d = max_abs_diff(a.row(0).unwrap(), &ref_last(&w, &prompt));
+    assert!(d <= 1e-4, "{d}");
+    // decoding on from the reused prefix stays identical too
+    let a = e.append(&[9], 1, &[1], Some(&[1])).unwrap();
+    let b = alone.append(&[9], 1, &[1], Some(&[1])).unwrap();
+    assert_eq!(a.row(0), b.row(0));
+    let st = e.cache().prompt_cache_stats();
+    assert_eq!((st.lookups, st.hit_tokens, st.prompt_tokens), (2, 32, 83), "{st:?}");
+    // a long unrelated sequence needs the cached blocks: the least recently used are evicted
+    e.reset(&[1]).unwrap();
+    let other: Vec<u32> = (0..96).map(|i| (i * 11 + 3) % 96).collect();
+    e.append(&other, 96, &[96], Some(&[0])).unwrap();
+    assert!(e.cache().prompt_cache_stats().evicted > 0);
+    e.cache().check_blocks().unwrap();
+    e.reset(&[0]).unwrap();
+    // models with local layers keep no prompt cache (their rings are not in the pool)
+    let ta = model(&tiny_agent_cfg(), s);
+    let mut t = Engine::new(&gpu, &ta, EngineOptions::new(1, 64)).unwrap();
+    assert!(!t.cache().prompt_cache());
+    t.append(&system, 40, &[40], None).unwrap();
+    t.reset(&[0]).unwrap();
+    assert_eq!(t.reuse_prefix(0, &prompt).unwrap(), 0);
 }

@@ -12,6 +12,16 @@
 //! a block is written only at positions beyond every sharer's length, so only a row's partly
 //! filled last block can ever be written while shared, and [`BlockPool::reserve`] copies it
 //! first (copy-on-write).
+//!
+//! The prompt cache: full blocks are registered under a hash chained over their tokens and the
+//! previous block's hash, and the cache holds a reference of its own, so they outlive their rows.
+//! A row starting a sequence adopts the cached blocks its tokens begin with
+//! ([`BlockPool::adopt`]). Blocks only the cache holds are evicted least recently used first when
+//! free blocks run out. Their K/V is what any row would compute for those tokens at those
+//! positions, bit for bit: a row's results never depend on its batch or its chunking.
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
 
 use crate::error::{Error, Result};
 
@@ -25,13 +35,58 @@ pub(crate) struct BlockCopy {
     pub(crate) to: u32,
 }
 
+/// A full block in the prompt cache.
+#[derive(Clone, Debug)]
+struct Cached {
+    /// Chained hash of its tokens (the index key).
+    hash: u64,
+    /// The previous block's hash (0 for a sequence's first block) and the block's tokens: a
+    /// lookup compares both, so a hash collision can never hand out the wrong K/V.
+    parent: u64,
+    tokens: Box<[u32]>,
+    /// When it was last adopted or registered (LRU order among the evictable).
+    tick: u64,
+}
+
 /// Free list and reference counts of one shard (one storage binding) of the pool.
 #[derive(Clone, Debug)]
 struct Shard {
     /// Free blocks, handed out from the end (lowest index first).
     free: Vec<u32>,
-    /// Rows referencing each block (block 0, the scratch block, is never counted).
+    /// References to each block: rows holding it, plus one when the prompt cache holds it
+    /// (block 0, the scratch block, is never counted).
     refs: Vec<u32>,
+    /// Per block, its prompt cache entry.
+    cached: Vec<Option<Cached>>,
+    /// Cached blocks no row holds, by (tick, block): evicted oldest first when `free` is empty.
+    evictable: BTreeSet<(u64, u32)>,
+}
+
+impl Shard {
+    /// Blocks a call can take: free ones and cached ones no row holds.
+    fn available(&self) -> usize {
+        self.free.len() + self.evictable.len()
+    }
+}
+
+/// What the prompt cache did (see [`crate::Engine::reuse_prefix`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PromptCacheStats {
+    /// Sequences that looked up their prompt.
+    pub lookups: usize,
+    /// Prompt tokens looked up.
+    pub prompt_tokens: usize,
+    /// Of those, tokens found in the cache (not computed again).
+    pub hit_tokens: usize,
+    /// Cached blocks evicted to make room.
+    pub evicted: usize,
+}
+
+impl PromptCacheStats {
+    /// Share of looked-up prompt tokens found in the cache.
+    pub fn hit_rate(&self) -> f64 {
+        self.hit_tokens as f64 / self.prompt_tokens.max(1) as f64
+    }
 }
 
 /// Blocks in use, at block granularity (see [`BlockPool::usage`]).
@@ -49,6 +104,10 @@ pub struct BlockUsage {
     pub shared: usize,
     /// Block references summed over rows: what per-row copies would hold.
     pub referenced: usize,
+    /// Blocks the prompt cache holds (some also held by rows).
+    pub cached: usize,
+    /// Of `cached`, blocks no row holds: evicted when free blocks run out (counted in `free`).
+    pub evictable: usize,
 }
 
 /// Free lists, reference counts and the per-row block tables of the global K/V pool.
@@ -61,6 +120,14 @@ pub(crate) struct BlockPool {
     shards: Vec<Shard>,
     /// Per row, its blocks in position order (indices within the row's shard).
     tables: Vec<Vec<u32>>,
+    /// Whether full blocks are registered in the prompt cache.
+    prompt_cache: bool,
+    /// Per row, the chained hashes of its first full blocks (those registered or found).
+    hashes: Vec<Vec<u64>>,
+    /// The prompt cache's index: (shard, chained hash) to block.
+    index: HashMap<(usize, u64), u32>,
+    tick: u64,
+    stats: PromptCacheStats,
 }
 
 impl BlockPool {
@@ -74,14 +141,109 @@ impl BlockPool {
         block_len: usize,
     ) -> Self {
         let n_shards = rows.div_ceil(shard_rows);
-        let shard = Shard { free: (1..=blocks_per_shard as u32).rev().collect(), refs: vec![0; blocks_per_shard + 1] };
+        let shard = Shard {
+            free: (1..=blocks_per_shard as u32).rev().collect(),
+            refs: vec![0; blocks_per_shard + 1],
+            cached: vec![None; blocks_per_shard + 1],
+            evictable: BTreeSet::new(),
+        };
         BlockPool {
             block_len,
             max_blocks: max_len.div_ceil(block_len),
             shard_rows,
             shards: vec![shard; n_shards],
             tables: vec![Vec::new(); rows],
+            prompt_cache: false,
+            hashes: vec![Vec::new(); rows],
+            index: HashMap::new(),
+            tick: 0,
+            stats: PromptCacheStats::default(),
         }
+    }
+
+    /// Keep full blocks for later sequences (off until turned on).
+    pub(crate) fn set_prompt_cache(&mut self, on: bool) {
+        self.prompt_cache = on;
+    }
+
+    pub(crate) fn prompt_cache(&self) -> bool {
+        self.prompt_cache
+    }
+
+    pub(crate) fn prompt_cache_stats(&self) -> PromptCacheStats {
+        self.stats
+    }
+
+    /// The chained hash of a block of `tokens` following a block whose hash is `parent`.
+    fn chain(parent: u64, tokens: &[u32]) -> u64 {
+        // SipHash with fixed keys: the same on every run and platform
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        parent.hash(&mut h);
+        tokens.hash(&mut h);
+        h.finish().max(1)
+    }
+
+    /// Register `row`'s full blocks beyond those already registered: `tokens` are the row's
+    /// tokens (at least its full blocks' worth). A block whose tokens are cached already stays
+    /// the row's own (its bits are the same; the cache keeps the first).
+    pub(crate) fn register(&mut self, row: usize, tokens: &[u32]) {
+        if !self.prompt_cache {
+            return;
+        }
+        let b = self.block_len;
+        let s = self.shard_of(row);
+        let full = (tokens.len() / b).min(self.tables[row].len());
+        while self.hashes[row].len() < full {
+            let k = self.hashes[row].len();
+            let parent = self.hashes[row].last().copied().unwrap_or(0);
+            let hash = Self::chain(parent, &tokens[k * b..(k + 1) * b]);
+            self.hashes[row].push(hash);
+            let blk = self.tables[row][k];
+            if self.index.contains_key(&(s, hash)) || self.shards[s].cached[blk as usize].is_some() {
+                continue;
+            }
+            self.tick += 1;
+            let tokens = tokens[k * b..(k + 1) * b].into();
+            self.shards[s].cached[blk as usize] = Some(Cached { hash, parent, tokens, tick: self.tick });
+            self.shards[s].refs[blk as usize] += 1;
+            self.index.insert((s, hash), blk);
+        }
+    }
+
+    /// Give the empty `row` the cached blocks `prompt` begins with, leaving at least one token of
+    /// `prompt` to compute (its logits are wanted). Returns the tokens the row now holds.
+    pub(crate) fn adopt(&mut self, row: usize, prompt: &[u32]) -> usize {
+        if !self.prompt_cache || !self.tables[row].is_empty() {
+            return 0;
+        }
+        let b = self.block_len;
+        let s = self.shard_of(row);
+        self.stats.lookups += 1;
+        self.stats.prompt_tokens += prompt.len();
+        let mut parent = 0;
+        for k in 0..prompt.len().saturating_sub(1) / b {
+            let tokens = &prompt[k * b..(k + 1) * b];
+            let hash = Self::chain(parent, tokens);
+            let Some(&blk) = self.index.get(&(s, hash)) else { break };
+            let hit = self.shards[s].cached[blk as usize]
+                .as_ref()
+                .is_some_and(|c| c.parent == parent && &c.tokens[..] == tokens);
+            if !hit {
+                break;
+            }
+            self.tick += 1;
+            let shard = &mut self.shards[s];
+            let entry = shard.cached[blk as usize].as_mut().expect("indexed blocks are cached");
+            shard.evictable.remove(&(entry.tick, blk));
+            entry.tick = self.tick;
+            shard.refs[blk as usize] += 1;
+            self.tables[row].push(blk);
+            self.hashes[row].push(hash);
+            parent = hash;
+        }
+        let n = self.tables[row].len() * b;
+        self.stats.hit_tokens += n;
+        n
     }
 
     pub(crate) fn block_len(&self) -> usize {
@@ -134,7 +296,7 @@ impl BlockPool {
             needed[s] += if k as u32 == self.shards[s].refs[blk as usize] { k - 1 } else { k };
         }
         for (s, &n) in needed.iter().enumerate() {
-            let free = self.shards[s].free.len();
+            let free = self.shards[s].available();
             if n > free {
                 let row = rows.iter().find(|&&r| self.shard_of(r) == s).copied().unwrap_or(0);
                 return Err(Error::OutOfBlocks {
@@ -193,6 +355,7 @@ impl BlockPool {
         for blk in self.tables[row].split_off(keep) {
             self.release(s, blk);
         }
+        self.hashes[row].truncate(len / self.block_len);
         true
     }
 
@@ -216,7 +379,7 @@ impl BlockPool {
         for (s, &n) in needed.iter().enumerate() {
             // a destination's own blocks come back before it takes new ones
             let returned: usize = dst.iter().filter(|&&d| self.shard_of(d) == s).map(|&d| self.tables[d].len()).sum();
-            let free = self.shards[s].free.len();
+            let free = self.shards[s].available();
             if n > free + returned {
                 let row = dst.iter().copied().find(|&d| self.shard_of(d) == s).unwrap_or(0);
                 return Err(Error::OutOfBlocks {
@@ -231,6 +394,7 @@ impl BlockPool {
         }
         for &d in dst {
             self.truncate(d, 0);
+            self.hashes[d].clear();
         }
         let mut copies = Vec::new();
         let from_shard = self.shard_of(src);
@@ -242,6 +406,7 @@ impl BlockPool {
                     self.shards[from_shard].refs[blk as usize] += 1;
                 }
                 self.tables[d] = table;
+                self.hashes[d] = self.hashes[src].clone();
             } else {
                 self.tables[d] = table
                     .iter()
@@ -256,17 +421,33 @@ impl BlockPool {
         Ok(copies)
     }
 
+    /// A free block, or else the cached block no row holds that was used least recently.
     fn take(&mut self, s: usize) -> u32 {
-        let blk = self.shards[s].free.pop().expect("free blocks were counted before taking");
+        let shard = &mut self.shards[s];
+        let blk = match shard.free.pop() {
+            Some(blk) => blk,
+            None => {
+                let (_, blk) = shard.evictable.pop_first().expect("available blocks were counted before taking");
+                let entry = shard.cached[blk as usize].take().expect("evictable blocks are cached");
+                self.index.remove(&(s, entry.hash));
+                self.stats.evicted += 1;
+                blk
+            }
+        };
         self.shards[s].refs[blk as usize] = 1;
         blk
     }
 
     fn release(&mut self, s: usize, blk: u32) {
-        let refs = &mut self.shards[s].refs[blk as usize];
+        let shard = &mut self.shards[s];
+        let refs = &mut shard.refs[blk as usize];
         *refs -= 1;
-        if *refs == 0 {
-            self.shards[s].free.push(blk);
+        match (&shard.cached[blk as usize], *refs) {
+            (_, 0) => shard.free.push(blk),
+            (Some(c), 1) => {
+                shard.evictable.insert((c.tick, blk));
+            }
+            _ => {}
         }
     }
 
@@ -275,11 +456,15 @@ impl BlockPool {
         let mut u = BlockUsage { block_len: self.block_len, ..BlockUsage::default() };
         for s in &self.shards {
             u.total += s.refs.len() - 1;
-            u.free += s.free.len();
-            for &r in &s.refs[1..] {
-                u.used += (r > 0) as usize;
-                u.shared += (r > 1) as usize;
-                u.referenced += r as usize;
+            u.free += s.available();
+            u.evictable += s.evictable.len();
+            for (blk, &r) in s.refs.iter().enumerate().skip(1) {
+                // the cache's own reference is not a row's
+                let rows = r as usize - s.cached[blk].is_some() as usize;
+                u.cached += s.cached[blk].is_some() as usize;
+                u.used += (rows > 0) as usize;
+                u.shared += (rows > 1) as usize;
+                u.referenced += rows;
             }
         }
         u
@@ -303,6 +488,25 @@ impl BlockPool {
                 if std::mem::replace(&mut free[blk as usize], true) {
                     return Err(format!("shard {si}: block {blk} is free twice"));
                 }
+            }
+            for (blk, c) in s.cached.iter().enumerate() {
+                if let Some(c) = c {
+                    if self.index.get(&(si, c.hash)) != Some(&(blk as u32)) {
+                        return Err(format!("shard {si}: cached block {blk} is not in the index"));
+                    }
+                    if (refs[blk] == 0) != s.evictable.contains(&(c.tick, blk as u32)) {
+                        return Err(format!(
+                            "shard {si}: cached block {blk} held by {} rows, evictable wrong",
+                            refs[blk]
+                        ));
+                    }
+                    refs[blk] += 1;
+                }
+            }
+            let evictable = s.cached.iter().flatten().count()
+                - s.cached.iter().enumerate().filter(|(b, c)| c.is_some() && refs[*b] > 1).count();
+            if evictable != s.evictable.len() {
+                return Err(format!("shard {si}: {} evictable blocks listed, {evictable} found", s.evictable.len()));
             }
             for blk in 1..refs.len() {
                 if refs[blk] != s.refs[blk] {

@@ -23,8 +23,8 @@
 
 mod blocks;
 
-pub use blocks::BlockUsage;
 use blocks::{BlockCopy, BlockPool};
+pub use blocks::{BlockUsage, PromptCacheStats};
 
 use crate::config::ModelConfig;
 use crate::device::Gpu;
@@ -97,6 +97,9 @@ pub struct CacheOptions {
     /// Blocks in the pool; `None`: enough for every row to reach `max_len` at once (`rows x
     /// ceil(max_len / block_len)`), the memory a cache without paging reserves.
     pub pool_blocks: Option<usize>,
+    /// Keep full blocks of finished sequences for later ones that start with the same tokens
+    /// (models without local layers; see [`KvCache::reuse_prefix`]).
+    pub prompt_cache: bool,
 }
 
 impl CacheOptions {
@@ -223,7 +226,11 @@ impl KvCache {
                 per_shard.collect::<Result<Vec<_>>>().map(Some)
             })
             .collect::<Result<Vec<_>>>()?;
-        let blocks = BlockPool::new(rows, max_len, shard_rows, shard_blocks, block_len);
+        let mut blocks = BlockPool::new(rows, max_len, shard_rows, shard_blocks, block_len);
+        // a local layer's ring at a reuse point would have to come from somewhere: its keys are
+        // not in the pool, and recomputing them exactly means recomputing every layer's window
+        // before them (the local layers' reach grows with depth), so such models do without
+        blocks.set_prompt_cache(o.prompt_cache && !cfg.has_local());
         let lpos = gpu.storage_init("lpos", bytemuck::cast_slice(&vec![-1i32; rows * (w + 1)]))?;
         let lens = gpu.storage("lens", (rows * 4) as u64)?;
         let history = gpu.storage("token history", (rows * (max_len + 1) * 4) as u64)?;
@@ -426,6 +433,49 @@ impl KvCache {
             + locals * 2 * (ring_slots + 1) * per_position * o.rows as u64;
         let max_blocks = o.max_len.div_ceil(o.block_len.max(1)) as u64;
         kv + o.rows as u64 * ((ring_slots + 1) + 1 + (o.max_len as u64 + 1) + max_blocks) * 4
+    }
+
+    /// Whether the prompt cache is on (asked for, and the model has no local layers).
+    pub fn prompt_cache(&self) -> bool {
+        self.blocks.prompt_cache()
+    }
+
+    /// What the prompt cache did so far: lookups, prompt tokens looked up and found, evictions.
+    pub fn prompt_cache_stats(&self) -> PromptCacheStats {
+        self.blocks.prompt_cache_stats()
+    }
+
+    /// Start the empty `row` on the longest prefix of `prompt` whose full blocks the prompt cache
+    /// holds (from any row, finished or not), leaving at least one token to compute: the row then
+    /// holds those tokens exactly as if it had computed them, and the caller appends the rest,
+    /// `prompt[n..]`. Returns `n` (0 when nothing is cached or the cache is off). Errors when
+    /// the row is out of range or not empty.
+    pub fn reuse_prefix(&mut self, gpu: &Gpu, row: usize, prompt: &[u32]) -> Result<usize> {
+        self.check_rows(&[row])?;
+        if self.position(row) != 0 {
+            return Err(Error::Input(format!(
+                "row {row} holds {} positions; reset it before reusing a cached prefix",
+                self.position(row)
+            )));
+        }
+        let n = self.blocks.adopt(row, prompt);
+        if n > 0 {
+            self.upload_table(gpu, row);
+            self.lens_cpu[row] = n;
+            self.written[row] = n;
+            self.history_cpu[row] = prompt[..n].to_vec();
+            gpu.queue.write_buffer(&self.lens, (row * 4) as u64, &(n as u32).to_le_bytes());
+            let at = (row * (self.max_len + 1) * 4) as u64;
+            gpu.queue.write_buffer(&self.history, at, bytemuck::cast_slice(&prompt[..n]));
+        }
+        Ok(n)
+    }
+
+    /// Put `row`'s full blocks in the prompt cache (those before any skipped positions: a skip
+    /// moves the positions of what follows).
+    pub(crate) fn register_blocks(&mut self, row: usize) {
+        let stored = self.skips[row].first().map_or(self.lens_cpu[row], |s| s.0).min(self.history_cpu[row].len());
+        self.blocks.register(row, &self.history_cpu[row][..stored]);
     }
 
     /// Reserve the global K/V blocks of `n[i]` new tokens of `rows[i]` for the next step: new
