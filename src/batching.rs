@@ -4,6 +4,13 @@
 //! callback. A request's tokens do not depend on what else shares the batch: rows are
 //! independent and chunking does not change a bit, so greedy or seeded sampling gives exactly
 //! what the request gets when run alone.
+//!
+//! Memory is global K/V blocks: a request is admitted when its row's pool shard has the blocks
+//! for its prompt plus a watermark of one block per running row; it starts on whatever prefix of
+//! its prompt the prompt cache holds. When blocks run out mid-generation the newest rows are
+//! preempted: their blocks go back, and they resume later by recomputing their prompt and the
+//! tokens they generated (often from the prompt cache), with output identical to an uninterrupted
+//! run (sampling depends only on the seed, the position and the tokens).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -196,8 +203,13 @@ pub enum Event<'a> {
 struct Active {
     id: usize,
     req: Request,
-    /// Prompt tokens already appended.
+    /// What the row appends before it samples: the prompt, or after a preemption the prompt and
+    /// every token generated so far.
+    feed: Vec<u32>,
+    /// Tokens of `feed` already appended.
     fed: usize,
+    /// Admission order: preemption takes the newest first.
+    admitted: usize,
     /// The token to append next once the prompt is in (the last one generated).
     next: Option<u32>,
     tokens: Vec<u32>,
@@ -224,8 +236,10 @@ impl Active {
         Active {
             constraint,
             id,
+            feed: req.tokens.clone(),
             req,
             fed: 0,
+            admitted: 0,
             next: None,
             tokens: Vec::new(),
             logprobs: Vec::new(),
@@ -240,13 +254,19 @@ impl Active {
     }
 
     /// What this row appends in the next step: the last token generated, or the next piece of
-    /// the prompt (a group's leader stops one token short: each member appends the last one).
+    /// its feed (a group's leader stops one token short: each member appends the last one).
     fn next_chunk(&self, prefill_chunk: usize) -> Vec<u32> {
-        let until = self.req.tokens.len() - usize::from(!self.followers.is_empty());
+        let until = self.feed.len() - usize::from(!self.followers.is_empty());
         match self.next {
             Some(t) => vec![t],
-            None => self.req.tokens[self.fed..(self.fed + prefill_chunk).min(until)].to_vec(),
+            None => self.feed[self.fed..(self.fed + prefill_chunk).min(until)].to_vec(),
         }
+    }
+
+    /// Blocks its row needs to hold everything it will have appended after this step's feed,
+    /// plus one to grow into.
+    fn blocks_to_resume(&self, block_len: usize) -> usize {
+        self.feed.len().div_ceil(block_len) + 1
     }
 
     fn complete(self, finish: Finish) -> Completion {
@@ -272,6 +292,8 @@ impl Active {
 pub struct Scheduler {
     /// Groups of requests sharing a prompt (one request is a group of one), in order.
     queue: VecDeque<Vec<Queued>>,
+    /// Requests preempted to free blocks, in the order they resume (before the queue).
+    preempted: VecDeque<Active>,
     rows: Vec<Option<Active>>,
     /// Rows held for group members until their leader's prefill is forked into them.
     reserved: Vec<bool>,
@@ -281,6 +303,11 @@ pub struct Scheduler {
     vocab: usize,
     bias_slots: usize,
     steps: usize,
+    /// Positions per block, and positions one row can reach in its pool shard.
+    block_len: usize,
+    row_capacity: usize,
+    admissions: usize,
+    preemptions: usize,
 }
 
 impl Scheduler {
@@ -288,6 +315,7 @@ impl Scheduler {
     pub fn new(engine: &Engine, prefill_chunk: usize) -> Self {
         Scheduler {
             queue: VecDeque::new(),
+            preempted: VecDeque::new(),
             rows: (0..engine.cache().rows()).map(|_| None).collect(),
             reserved: vec![false; engine.cache().rows()],
             next_id: 0,
@@ -296,6 +324,10 @@ impl Scheduler {
             vocab: engine.config().vocab,
             bias_slots: engine.logit_bias_slots(),
             steps: 0,
+            block_len: engine.cache().block_len(),
+            row_capacity: engine.cache().row_capacity(),
+            admissions: 0,
+            preemptions: 0,
         }
     }
 
@@ -360,6 +392,10 @@ impl Scheduler {
                 });
             }
         }
+        if let Some(k) = self.preempted.iter().position(|a| a.id == id) {
+            let a = self.preempted.remove(k).expect("found");
+            return Some(a.complete(Finish::Cancelled));
+        }
         let r = self.rows.iter().position(|a| a.as_ref().is_some_and(|a| a.id == id))?;
         let mut a = self.rows[r].take().expect("found");
         // followers waiting on this row's prefill start over in the queue, as a group of their own
@@ -388,6 +424,15 @@ impl Scheduler {
                 req.tokens.len(),
                 req.max_new,
                 self.max_len
+            )));
+        }
+        if req.tokens.len().saturating_add(req.max_new) > self.row_capacity {
+            return Err(Error::Input(format!(
+                "request {id}: prompt {} + max_new {} exceeds the {} positions of a K/V pool shard \
+                 (EngineOptions::pool_blocks)",
+                req.tokens.len(),
+                req.max_new,
+                self.row_capacity
             )));
         }
         if let Some((i, t)) = req.tokens.iter().enumerate().find(|(_, &t)| t as usize >= self.vocab) {
@@ -426,9 +471,14 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Requests waiting for a row.
+    /// Requests waiting for a row (preempted ones included).
     pub fn queued(&self) -> usize {
-        self.queue.iter().map(Vec::len).sum()
+        self.queue.iter().map(Vec::len).sum::<usize>() + self.preempted.len()
+    }
+
+    /// Rows preempted so far to free K/V blocks.
+    pub fn preemptions(&self) -> usize {
+        self.preemptions
     }
 
     /// Requests holding a row.
@@ -441,52 +491,30 @@ impl Scheduler {
         self.rows.iter().enumerate().filter(|(_, a)| a.is_some()).map(|(r, _)| engine.cache().lens()[r]).sum()
     }
 
-    /// KV positions claimed by running requests (a whole row each).
-    pub fn allocated_tokens(&self) -> usize {
-        self.active() * self.max_len
+    /// KV positions claimed by running requests: their rows' blocks, a block shared by forks
+    /// counted for each row that holds it (what per-row copies would take).
+    pub fn allocated_tokens(&self, engine: &Engine) -> usize {
+        let c = engine.cache();
+        self.rows.iter().enumerate().filter(|(_, a)| a.is_some()).map(|(r, _)| c.row_blocks(r) * c.block_len()).sum()
     }
 
-    /// KV positions the cache holds in all.
-    pub fn reserved_tokens(&self) -> usize {
-        self.rows.len() * self.max_len
+    /// KV positions taken from the block pool: blocks held by rows, each once (at most the
+    /// tokens used plus one block per row; blocks only the prompt cache holds are free to evict
+    /// and not counted).
+    pub fn reserved_tokens(&self, engine: &Engine) -> usize {
+        let c = engine.cache();
+        c.block_usage().used * c.block_len()
     }
 
     /// One step: admit queued requests into free rows, append one chunk for every active row
     /// (a prompt piece or the last generated token), sample, stream, release finished rows.
     /// Returns the requests that finished in this step; `false` in `.1` when there is no work.
     pub fn step(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(Event)) -> Result<(Vec<Completion>, bool)> {
-        // admission, in queue order: a group takes as many free rows as it has members (its
-        // fit was checked at submit); the first row prefills, the others wait to be forked
-        let mut admitted = Vec::new();
-        loop {
-            let free: Vec<usize> =
-                (0..self.rows.len()).filter(|&r| self.rows[r].is_none() && !self.reserved[r]).collect();
-            match self.queue.front() {
-                Some(g) if g.len() <= free.len() => {}
-                _ => break,
-            }
-            let mut group = self.queue.pop_front().expect("checked").into_iter();
-            let (id, req, submitted, at_step) = group.next().expect("groups are not empty");
-            let leader = free[0];
-            let followers: Vec<(usize, Queued)> = free[1..].iter().copied().zip(group).collect();
-            for &(r, _) in &followers {
-                self.reserved[r] = true;
-            }
-            admitted.push(leader);
-            self.rows[leader] = Some(Active::new(id, req, submitted, self.steps - at_step, followers));
-        }
-        engine.reset(&admitted)?;
-        for &r in &admitted {
-            let a = self.rows[r].as_ref().expect("admitted");
-            if !a.req.logit_bias.is_empty() {
-                engine.set_logit_bias(r, &a.req.logit_bias)?;
-            }
-        }
+        self.admit(engine)?;
         // leaders whose shared part of the prompt is in: fork it into the followers' rows, then
         // every member appends the last prompt token and samples its own first token
         for r in 0..self.rows.len() {
-            let ready =
-                self.rows[r].as_ref().is_some_and(|a| !a.followers.is_empty() && a.fed + 1 == a.req.tokens.len());
+            let ready = self.rows[r].as_ref().is_some_and(|a| !a.followers.is_empty() && a.fed + 1 == a.feed.len());
             if !ready {
                 continue;
             }
@@ -501,6 +529,8 @@ impl Scheduler {
                 }
                 let mut a = Active::new(id, req, submitted, self.steps - at_step, Vec::new());
                 a.fed = fed;
+                a.admitted = self.admissions;
+                self.admissions += 1;
                 self.rows[row] = Some(a);
             }
         }
@@ -517,11 +547,12 @@ impl Scheduler {
         let words = engine.config().vocab.div_ceil(32);
         for (i, &r) in active.iter().enumerate() {
             let a = self.rows[r].as_mut().expect("active");
-            let samples = a.next.is_some() || a.fed + chunks[i].len() == a.req.tokens.len();
+            let samples = a.next.is_some() || a.fed + chunks[i].len() == a.feed.len();
             let Some(c) = a.constraint.as_mut().filter(|_| samples) else { continue };
             let mut mask = vec![0u32; words];
             if let Err(e) = c.allowed(&mut mask).and_then(|()| engine.set_token_mask(r, Some(&mask))) {
                 engine.set_token_mask(r, None)?;
+                engine.reset(&[r])?; // its blocks go back to the pool now
                 let mut done = self.rows[r].take().expect("active").complete(Finish::ConstraintError);
                 done.error = Some(e.to_string());
                 on_event(Event::Done(&done));
@@ -529,26 +560,40 @@ impl Scheduler {
                 chunks[i].clear();
             }
         }
-        let (active, chunks): (Vec<usize>, Vec<Vec<u32>>) =
+        let (mut active, mut chunks): (Vec<usize>, Vec<Vec<u32>>) =
             active.into_iter().zip(chunks).filter(|(r, _)| self.rows[*r].is_some()).unzip();
-        if active.is_empty() {
-            return Ok((finished, true));
-        }
-        let width = chunks.iter().map(Vec::len).max().unwrap_or(1).max(1);
-        let mut ids = vec![0u32; active.len() * width];
-        for (i, c) in chunks.iter().enumerate() {
-            ids[i * width..i * width + c.len()].copy_from_slice(c);
-        }
-        let n_new: Vec<usize> = chunks.iter().map(Vec::len).collect();
-        let samplers: Vec<Sampler> =
-            active.iter().map(|&r| self.rows[r].as_ref().expect("active").req.sampler).collect();
-        let sampled = engine.append_sample_full(&ids, width, &n_new, Some(&active), &samplers)?;
+        // out of blocks: preempt the newest row and try again with the others
+        let (sampled, n_new) = loop {
+            if active.is_empty() {
+                return Ok((finished, true));
+            }
+            let width = chunks.iter().map(Vec::len).max().unwrap_or(1).max(1);
+            let mut ids = vec![0u32; active.len() * width];
+            for (i, c) in chunks.iter().enumerate() {
+                ids[i * width..i * width + c.len()].copy_from_slice(c);
+            }
+            let n_new: Vec<usize> = chunks.iter().map(Vec::len).collect();
+            let samplers: Vec<Sampler> =
+                active.iter().map(|&r| self.rows[r].as_ref().expect("active").req.sampler).collect();
+            match engine.append_sample_full(&ids, width, &n_new, Some(&active), &samplers) {
+                Ok(sampled) => break (sampled, n_new),
+                Err(Error::OutOfBlocks { .. }) if active.len() > 1 => {
+                    let newest = (0..active.len())
+                        .max_by_key(|&i| self.rows[active[i]].as_ref().expect("active").admitted)
+                        .expect("not empty");
+                    self.preempt(engine, active[newest])?;
+                    active.remove(newest);
+                    chunks.remove(newest);
+                }
+                Err(e) => return Err(e),
+            }
+        };
         for (i, (&r, got)) in active.iter().zip(sampled).enumerate() {
             let a = self.rows[r].as_mut().expect("active");
             a.active_steps += 1;
             if a.next.is_none() {
                 a.fed += n_new[i];
-                if a.fed < a.req.tokens.len() {
+                if a.fed < a.feed.len() {
                     continue; // still prefilling: this step's sample is not a token yet
                 }
             }
@@ -580,6 +625,7 @@ impl Scheduler {
                 None
             };
             if let Some(finish) = finish {
+                engine.reset(&[r])?; // its blocks go back to the pool now (full ones stay cached)
                 let mut done = self.rows[r].take().expect("active").complete(finish);
                 done.error = error;
                 on_event(Event::Done(&done));
@@ -589,13 +635,89 @@ impl Scheduler {
         Ok((finished, true))
     }
 
+    /// Admission: preempted requests first, then the queue in order. A group takes as many free
+    /// rows as it has members; the first row prefills (from the prompt cache's longest prefix
+    /// on), the others wait to be forked. Each admission needs its prompt's blocks plus one per
+    /// running row free in the row's pool shard, unless nothing runs at all.
+    fn admit(&mut self, engine: &mut Engine) -> Result<()> {
+        loop {
+            let free: Vec<usize> =
+                (0..self.rows.len()).filter(|&r| self.rows[r].is_none() && !self.reserved[r]).collect();
+            let (members, needed) = match (self.preempted.front(), self.queue.front()) {
+                (Some(a), _) => (1, a.blocks_to_resume(self.block_len)),
+                (None, Some(g)) => (g.len(), g[0].1.tokens.len().div_ceil(self.block_len) + g.len()),
+                (None, None) => break,
+            };
+            if members > free.len() {
+                break;
+            }
+            let running = self.active();
+            let room = engine.cache().available_blocks(free[0]);
+            if running > 0 && room < needed + running + members {
+                break;
+            }
+            let leader = free[0];
+            let mut a = match self.preempted.pop_front() {
+                Some(a) => a,
+                None => {
+                    let mut group = self.queue.pop_front().expect("checked").into_iter();
+                    let (id, req, submitted, at_step) = group.next().expect("groups are not empty");
+                    let followers: Vec<(usize, Queued)> = free[1..].iter().copied().zip(group).collect();
+                    for &(r, _) in &followers {
+                        self.reserved[r] = true;
+                    }
+                    Active::new(id, req, submitted, self.steps - at_step, followers)
+                }
+            };
+            engine.reset(&[leader])?;
+            if !a.req.logit_bias.is_empty() {
+                engine.set_logit_bias(leader, &a.req.logit_bias)?;
+            }
+            // a resumed request's penalties, added again in the order they came (same sums)
+            if a.req.has_penalties() {
+                let mut seen = std::collections::HashSet::new();
+                for &t in &a.tokens {
+                    let first = seen.insert(t);
+                    let delta = -a.req.frequency_penalty - if first { a.req.presence_penalty } else { 0.0 };
+                    engine.add_logit_bias(leader, t, delta)?;
+                }
+            }
+            a.fed = engine.reuse_prefix(leader, &a.feed)?;
+            a.admitted = self.admissions;
+            self.admissions += 1;
+            self.rows[leader] = Some(a);
+        }
+        Ok(())
+    }
+
+    /// Free `row`'s blocks and queue its request to resume (first among the waiting) by
+    /// recomputing its prompt and what it generated; followers waiting on its prefill go back to
+    /// the queue as a group of their own.
+    fn preempt(&mut self, engine: &mut Engine, row: usize) -> Result<()> {
+        let mut a = self.rows[row].take().expect("preempting a running row");
+        if !a.followers.is_empty() {
+            let followers = std::mem::take(&mut a.followers);
+            for &(r, _) in &followers {
+                self.reserved[r] = false;
+            }
+            self.queue.push_front(followers.into_iter().map(|f| f.1).collect());
+        }
+        engine.reset(&[row])?;
+        a.feed = [&a.req.tokens[..], &a.tokens[..]].concat();
+        a.fed = 0;
+        a.next = None;
+        self.preempted.push_back(a);
+        self.preemptions += 1;
+        Ok(())
+    }
+
     /// Step until every submitted request has finished; completions in id order.
     pub fn run(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(Event)) -> Result<Vec<Completion>> {
         let mut all = Vec::new();
         loop {
             let (done, more) = self.step(engine, on_event)?;
             all.extend(done);
-            if !more && self.queue.is_empty() {
+            if !more && self.queue.is_empty() && self.preempted.is_empty() {
                 break;
             }
         }

@@ -172,13 +172,15 @@ fn admission_refuses_what_cannot_fit_and_accounts() {
             })
             .unwrap();
     }
-    assert_eq!(sched.reserved_tokens(), 64);
+    assert_eq!(sched.reserved_tokens(&engine), 0);
     let (_, more) = sched.step(&mut engine, &mut |_| {}).unwrap();
     assert!(more);
     // two rows hold requests, the third waits in the queue
     assert_eq!(sched.active(), 2);
     assert_eq!(sched.queued(), 1);
-    assert_eq!(sched.allocated_tokens(), 64);
+    // blocks of 16 positions: one per row so far
+    assert_eq!(sched.allocated_tokens(&engine), 32);
+    assert_eq!(sched.reserved_tokens(&engine), 32);
     assert_eq!(sched.used_tokens(&engine), 5 + 8);
     let done = sched.run(&mut engine, &mut |_| {}).unwrap();
     assert_eq!(done.len(), 3, "the queued request runs once a row frees up");
@@ -281,4 +283,54 @@ fn token_constraints_shape_their_rows_only() {
     let mut one = Scheduler::new(&alone, 64);
     one.submit(plain).unwrap();
     assert_eq!(one.run(&mut alone, &mut |_| {}).unwrap()[0].tokens, get(free).tokens);
+}
+
+/// A pool too small for every row at once: the scheduler admits by free blocks, preempts the
+/// newest rows when blocks run out and resumes them by recomputation (often from the prompt
+/// cache); every request still gets exactly what it gets with a pool large enough for all.
+#[test]
+fn a_small_pool_preempts_and_resumes_with_identical_output() {
+    let s = seed(84);
+    for cfg in [llama_cfg(), tiny_agent_cfg()] {
+        let w = model(&cfg, s);
+        let mut reqs = random_requests(12, s);
+        // half of them share a system prompt (prompt-cache hits where the model allows)
+        let system: Vec<u32> = (0..20).map(|i| (i * 13 + 5) % 95 + 1).collect();
+        for r in reqs.iter_mut().step_by(2) {
+            r.tokens = [&system[..], &r.tokens[..r.tokens.len().min(30)]].concat();
+        }
+        let run = |pool: Option<usize>, group: bool| {
+            let opts = EngineOptions { block_len: 4, pool_blocks: pool, ..EngineOptions::new(4, 64) };
+            let mut engine = Engine::new(&gpu(), &w, opts).unwrap();
+            let mut sched = Scheduler::new(&engine, 7);
+            for r in &reqs {
+                sched.submit(r.clone()).unwrap();
+            }
+            if group {
+                let samplers: Vec<Sampler> = (0..3).map(|i| Sampler::temperature(0.9, 40 + i)).collect();
+                sched.submit_group(reqs[1].clone(), &samplers).unwrap();
+            }
+            let done = sched.run(&mut engine, &mut |_| {}).unwrap();
+            engine.cache().check_blocks().unwrap();
+            // every row is free again, every block free or only cached
+            let u = engine.cache().block_usage();
+            assert_eq!((u.used, u.free), (0, u.total), "{u:?}");
+            (done, sched.preemptions(), engine.cache().prompt_cache_stats())
+        };
+        let (want, none, _) = run(None, true);
+        assert_eq!(none, 0, "a full-size pool never preempts");
+        // 4 rows of up to 16 blocks, 20 blocks in the pool
+        let (got, preemptions, pc) = run(Some(20), true);
+        println!("seed {s}: {preemptions} preemptions, prompt cache {pc:?}");
+        assert!(preemptions > 0, "the small pool never preempted");
+        assert_eq!(got.len(), want.len());
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!((a.id, &a.tokens, &a.logprobs, a.finish), (b.id, &b.tokens, &b.logprobs, b.finish), "seed {s}");
+        }
+        if cfg.has_local() {
+            assert_eq!(pc.hit_tokens, 0);
+        } else {
+            assert!(pc.hit_tokens > 0, "no prompt-cache hits: {pc:?}");
+        }
+    }
 }

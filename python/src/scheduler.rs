@@ -221,11 +221,12 @@ impl Scheduler {
         Ok(self.locked()?.active())
     }
 
-    /// The seed's accounting in tokens: used (stored for running requests), allocated (a whole
-    /// row per running request) and reserved (every row of the cache).
+    /// The seed's accounting in tokens, at block granularity: used (stored for running
+    /// requests), allocated (their rows' blocks, shared ones counted per row) and reserved
+    /// (blocks taken from the pool, each once).
     fn accounting(&self, py: Python<'_>) -> PyResult<(usize, usize, usize)> {
         let s = self.locked()?;
-        let used = s.used_tokens(&self.engine.borrow(py).inner);
-        Ok((used, s.allocated_tokens(), s.reserved_tokens()))
+        let e = &self.engine.borrow(py).inner;
+        Ok((s.used_tokens(e), s.allocated_tokens(e), s.reserved_tokens(e)))
     }
 }

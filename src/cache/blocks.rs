@@ -263,6 +263,11 @@ impl BlockPool {
         &self.tables[row]
     }
 
+    /// Blocks `row`'s shard can hand out: free ones and evictable cached ones.
+    pub(crate) fn available(&self, row: usize) -> usize {
+        self.shards[self.shard_of(row)].available()
+    }
+
     /// Blocks of one shard (its scratch block not counted).
     pub(crate) fn blocks_per_shard(&self) -> usize {
         self.shards[0].refs.len() - 1

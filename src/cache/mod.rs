@@ -403,6 +403,17 @@ impl KvCache {
         self.blocks.table(row).len()
     }
 
+    /// Blocks `row` could still take: free blocks of its pool shard, and cached ones no row
+    /// holds (evicted on demand).
+    pub fn available_blocks(&self, row: usize) -> usize {
+        self.blocks.available(row)
+    }
+
+    /// Positions one row can reach: `max_len`, or less when its pool shard is smaller.
+    pub fn row_capacity(&self) -> usize {
+        self.max_len.min(self.blocks.blocks_per_shard() * self.blocks.block_len())
+    }
+
     /// Check the block pool's bookkeeping: each block's reference count equals the rows holding
     /// it, every block is held or free, and each row holds exactly the blocks of its tokens.
     /// The error describes the first inconsistency (a leak, a double free).

@@ -480,8 +480,9 @@ class Scheduler:
         return self._s.active
 
     def accounting(self) -> Tuple[int, int, int]:
-        """The seed's accounting in tokens: used (stored for running requests), allocated (a whole
-        row per running request) and reserved (every row of the cache)."""
+        """The seed's accounting in tokens, at block granularity: used (stored for running
+        requests), allocated (their rows' blocks, shared ones counted per row) and reserved
+        (blocks taken from the pool, each once; at most used plus one block per row)."""
         return self._s.accounting()
 
 
