@@ -1,12 +1,14 @@
 //! `kvdecode bench`: prefill and decode throughput per K/V type, rows and context, GPU time per
 //! kernel class (timestamp queries) against the device's copy bandwidth, the attention variants
-//! side by side, and multi-step decode (several steps per readback), printed as markdown tables;
-//! `--json` ends with one JSON object of the figures for scripts.
+//! side by side, multi-step decode (several steps per readback), and requests sharing a long
+//! system prompt with the prompt cache on and off, printed as markdown tables; `--json` ends with
+//! one JSON object of the figures for scripts.
 
 use std::time::Instant;
 
 use kvdecode::{
-    AttentionKernel, Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Profile, Sampler, SplitMix64, WeightDtype,
+    AttentionKernel, Engine, EngineOptions, Gpu, KvDtype, ModelWeights, Profile, Request, Sampler, Scheduler,
+    SplitMix64, WeightDtype,
 };
 
 use crate::common::{load_model, Result};
@@ -41,9 +43,18 @@ pub struct Args {
     /// Rows of the attention-variant table.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     attention_rows: Vec<usize>,
-    /// Tables to print: throughput, profile, attention, multistep.
-    #[arg(long, value_delimiter = ',', default_value = "throughput,profile,attention,multistep")]
+    /// Tables to print: throughput, profile, attention, multistep, prefix.
+    #[arg(long, value_delimiter = ',', default_value = "throughput,profile,attention,multistep,prefix")]
     tables: Vec<String>,
+    /// Prefix table: tokens of the system prompt every request shares.
+    #[arg(long, default_value_t = 1000)]
+    prefix_len: usize,
+    /// Prefix table: requests (each the system prompt plus its own 16 to 48 tokens, 8 generated).
+    #[arg(long, default_value_t = 16)]
+    prefix_requests: usize,
+    /// Prefix table: rows serving them.
+    #[arg(long, default_value_t = 4)]
+    prefix_rows: usize,
     /// End with one JSON object of the figures (one line), for scripts.
     #[arg(long)]
     json: bool,
@@ -52,8 +63,10 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let (rows_list, ctx_list, steps) = (a.rows.clone(), a.ctx.clone(), a.steps);
     for t in &a.tables {
-        if !["throughput", "profile", "attention", "multistep"].contains(&t.as_str()) {
-            return Err(format!("--tables: unknown table {t:?} (throughput, profile, attention, multistep)").into());
+        if !["throughput", "profile", "attention", "multistep", "prefix"].contains(&t.as_str()) {
+            return Err(
+                format!("--tables: unknown table {t:?} (throughput, profile, attention, multistep, prefix)").into()
+            );
         }
     }
     let table = |name: &str| a.tables.iter().any(|t| t == name);
@@ -144,10 +157,104 @@ pub fn run(a: Args) -> Result<()> {
     if table("multistep") {
         multistep_table(&gpu, &model, &a.weights, &rows_list, &a.windows)?;
     }
+    if table("prefix") {
+        let rows = prefix_table(&gpu, &model, &a)?;
+        if let Some(on) = rows.iter().find(|r| r["prompt_cache"] == true) {
+            json.insert("prefix_hit_rate".into(), on["hit_rate"].clone());
+        }
+        json.insert("prefix".into(), rows.into());
+    }
     if a.json {
         println!("{}", serde_json::Value::Object(json));
     }
     Ok(())
+}
+
+/// Requests sharing a long system prompt through the scheduler, the prompt cache on and off:
+/// time to first token, prompt tokens computed, hit rate, and global K/V per running row
+/// against the per-row reservation of a cache without paging (`max_len` positions each).
+fn prefix_table(gpu: &Gpu, model: &ModelWeights, a: &Args) -> Result<Vec<serde_json::Value>> {
+    let (n, rows) = (a.prefix_requests, a.prefix_rows.max(1));
+    let mut rng = SplitMix64(11);
+    let vocab = model.cfg.vocab;
+    let system: Vec<u32> = (0..a.prefix_len).map(|_| rng.below(vocab) as u32).collect();
+    let reqs: Vec<Request> = (0..n)
+        .map(|_| {
+            let own = 16 + rng.below(33);
+            let tokens = system.iter().copied().chain((0..own).map(|_| rng.below(vocab) as u32)).collect();
+            Request { tokens, max_new: 8, ..Default::default() }
+        })
+        .collect();
+    let max_len = a.prefix_len + 48 + 8;
+    println!(
+        "\n{n} requests sharing a {}-token system prompt (+16 to 48 tokens each, 8 generated), {rows} rows\n",
+        a.prefix_len
+    );
+    println!("| prompt cache | mean time to first token (ms) | prompt tokens computed | hit rate | global K/V per running row (KiB) | per-row reservation (KiB) | wall s |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let mut out = Vec::new();
+    for cache_on in [false, true] {
+        let opts = EngineOptions {
+            kv: KvDtype::F16,
+            weights: a.weights,
+            prompt_cache: cache_on,
+            beyond_trained_context: true,
+            ..EngineOptions::new(rows, max_len)
+        };
+        let mut e = Engine::new(gpu, model, opts)?;
+        if cache_on && !e.cache().prompt_cache() {
+            println!("| on | (this model has local layers: no prompt cache) | | | | | |");
+            continue;
+        }
+        let mut sched = Scheduler::new(&e, 256);
+        for r in &reqs {
+            sched.submit(r.clone())?;
+        }
+        let t = Instant::now();
+        let (mut done, mut per_row, mut samples) = (Vec::new(), 0.0, 0usize);
+        loop {
+            let (d, more) = sched.step(&mut e, &mut |_| {})?;
+            done.extend(d);
+            let active = sched.active();
+            if active > 0 {
+                per_row += e.cache().block_usage().used as f64
+                    * (e.cache().block_len() as u64 * e.cache().global_bytes_per_position()) as f64
+                    / active as f64;
+                samples += 1;
+            }
+            if !more && sched.queued() == 0 {
+                break;
+            }
+        }
+        let wall = t.elapsed().as_secs_f64();
+        let ttft =
+            done.iter().map(|c| c.stats.time_to_first_token.as_secs_f64()).sum::<f64>() / done.len().max(1) as f64;
+        let pc = e.cache().prompt_cache_stats();
+        let prompt_tokens: usize = reqs.iter().map(|r| r.tokens.len()).sum();
+        let computed = prompt_tokens - pc.hit_tokens;
+        let per_row = per_row / samples.max(1) as f64 / 1024.0;
+        let reservation = (max_len as u64 * e.cache().global_bytes_per_position()) as f64 / 1024.0;
+        println!(
+            "| {} | {:.1} | {computed} of {prompt_tokens} | {:.3} | {per_row:.1} | {reservation:.1} | {wall:.2} |",
+            if cache_on { "on" } else { "off" },
+            1000.0 * ttft,
+            pc.hit_rate()
+        );
+        out.push(serde_json::json!({
+            "prompt_cache": cache_on,
+            "requests": n,
+            "rows": rows,
+            "prefix_len": a.prefix_len,
+            "mean_ttft_ms": 1000.0 * ttft,
+            "prompt_tokens": prompt_tokens,
+            "prompt_tokens_computed": computed,
+            "hit_rate": pc.hit_rate(),
+            "global_kv_kib_per_running_row": per_row,
+            "per_row_reservation_kib": reservation,
+            "seconds": wall,
+        }));
+    }
+    Ok(out)
 }
 
 /// Multi-step decode: the host enqueues `window` steps, then reads all their ids at once.

@@ -6,12 +6,14 @@ use kvdecode::{EngineOptions, KvDtype, ModelConfig, ModelWeights, WeightDtype};
 
 /// A model of a real shape with seeded random weights in Q4_1 blocks (`synthetic:smollm2`:
 /// SmolLM2-135M's dimensions; `synthetic:1b`: a Llama-3.2-1B-like shape). It runs at the speed of
-/// the real weights, so benchmarks can run where the real files cannot travel.
+/// the real weights, so benchmarks can run where the real files cannot travel. `synthetic:tiny`
+/// is the demo model's size in the Llama layout (every layer global, so the prompt cache applies).
 fn synthetic(name: &str) -> Result<ModelWeights> {
     let cfg = match name {
         "smollm2" => ModelConfig::llama(49152, 576, 9, 3, 64, 1536, 30, 100_000.0, 1e-5, true),
         "1b" => ModelConfig::llama(128_256, 2048, 32, 8, 64, 8192, 16, 500_000.0, 1e-5, true),
-        _ => return Err(format!("unknown synthetic model {name:?} (smollm2, 1b)").into()),
+        "tiny" => ModelConfig::llama(512, 128, 4, 2, 32, 384, 6, 10_000.0, 1e-5, false),
+        _ => return Err(format!("unknown synthetic model {name:?} (smollm2, 1b, tiny)").into()),
     };
     Ok(ModelWeights::random(&cfg, 0x5eed)?.quantized(kvdecode::quant::QuantKind::Q4_1)?)
 }

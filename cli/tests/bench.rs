@@ -30,3 +30,24 @@ fn bench_json_carries_throughput_and_attention_variants() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown table \"nope\""));
 }
+
+#[test]
+fn bench_prefix_table_reports_the_prompt_cache() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvdecode"))
+        .args(["bench", "--model", "synthetic:tiny", "--tables", "prefix", "--prefix-len", "64"])
+        .args(["--prefix-requests", "6", "--prefix-rows", "2", "--json"])
+        .output()
+        .expect("run kvdecode bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let last = stdout.lines().last().expect("output");
+    let v: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    let rows = v["prefix"].as_array().expect("prefix");
+    let (off, on) = (&rows[0], &rows[1]);
+    assert_eq!((off["prompt_cache"].as_bool(), on["prompt_cache"].as_bool()), (Some(false), Some(true)));
+    // 2 rows: the first two requests miss, the other four find the 64-token prefix (4 blocks)
+    let computed = |r: &serde_json::Value| r["prompt_tokens_computed"].as_u64().unwrap();
+    assert_eq!(computed(off), off["prompt_tokens"].as_u64().unwrap());
+    assert_eq!(computed(on), computed(off) - 4 * 64, "{last}");
+    assert!(v["prefix_hit_rate"].as_f64().unwrap() > 0.3, "{last}");
+}
