@@ -577,3 +577,43 @@ fn the_page_is_served_beside_the_api() {
     let (st, _, _) = http(s.port, "GET", "/v1/models", "");
     assert_eq!(st, 200);
 }
+
+/// The counter `name` in a Prometheus text exposition.
+fn metric(m: &str, name: &str) -> u64 {
+    m.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .unwrap_or_else(|| panic!("/metrics lacks {name}:\n{m}"))
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_conversation_that_continues_hits_the_prompt_cache() {
+    let s = start(&[]);
+    let first = json!([{"role": "user", "content": "Name three colours of the rainbow."}]);
+    let a = chat(s.port, json!({"messages": first, "max_tokens": 24, "temperature": 0}));
+    let (_, _, m) = http(s.port, "GET", "/metrics", "");
+    let before = metric(&m, "kvdecode_prompt_cache_hit_tokens_total");
+    // the next turn's prompt is the first prompt, the answer, and a new question
+    let next = json!([
+        {"role": "user", "content": "Name three colours of the rainbow."},
+        {"role": "assistant", "content": text(&a, 0)},
+        {"role": "user", "content": "And two more?"}
+    ]);
+    chat(s.port, json!({"messages": next, "max_tokens": 8, "temperature": 0}));
+    // the engine thread updates the counters right after its step: poll briefly
+    let mut after = before;
+    for _ in 0..50 {
+        let (_, _, m) = http(s.port, "GET", "/metrics", "");
+        after = metric(&m, "kvdecode_prompt_cache_hit_tokens_total");
+        assert!(m.contains("kvdecode_kv_blocks_cached"), "{m}");
+        if after > before {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(40));
+    }
+    assert!(after >= before + 16, "no prompt-cache hit for the continued conversation: {before} -> {after}");
+}

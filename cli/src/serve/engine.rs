@@ -49,6 +49,8 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut jobs: mpsc::Receiver<Jo
     let mut sched = Scheduler::new(&engine, prefill_chunk);
     let mut running: HashMap<usize, Running> = HashMap::new();
     let mut last_token: HashMap<usize, Instant> = HashMap::new();
+    // prompt-cache hit tokens and preemptions already added to the counters
+    let mut reported = (0, 0);
     loop {
         // take new jobs: wait when there is nothing to do, else only what is already there
         let mut new = Vec::new();
@@ -95,7 +97,7 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut jobs: mpsc::Receiver<Jo
         }
         metrics.queue_depth.set(sched.queued() as u64 + jobs.len() as u64);
         metrics.rows_in_use.set(sched.active() as u64);
-        metrics.kv_tokens_in_use.set(sched.used_tokens(&engine) as u64);
+        report_memory(&engine, &sched, &metrics, &mut reported);
         let step = sched.step(&mut engine, &mut |ev| match ev {
             Event::Token { id, token, logprob, top } => {
                 if let Some(r) = running.get(&id) {
@@ -122,6 +124,7 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut jobs: mpsc::Receiver<Jo
                 }
             }
         });
+        report_memory(&engine, &sched, &metrics, &mut reported);
         if let Err(e) = step {
             // the device failed: every job gets the error, and the server reports itself unhealthy
             let msg = format!("the engine failed: {e}");
@@ -137,4 +140,17 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut jobs: mpsc::Receiver<Jo
             return;
         }
     }
+}
+
+/// The K/V figures of `/metrics`: tokens and blocks in use, cached blocks, and what the prompt
+/// cache and preemption did since `reported`.
+fn report_memory(engine: &Engine, sched: &Scheduler, metrics: &Metrics, reported: &mut (usize, usize)) {
+    metrics.kv_tokens_in_use.set(sched.used_tokens(engine) as u64);
+    let blocks = engine.cache().block_usage();
+    metrics.kv_blocks_in_use.set(blocks.used as u64);
+    metrics.kv_blocks_cached.set(blocks.cached as u64);
+    let hits = engine.cache().prompt_cache_stats().hit_tokens;
+    metrics.prompt_cache_hit_tokens.add((hits - reported.0) as u64);
+    metrics.preemptions.add((sched.preemptions() - reported.1) as u64);
+    *reported = (hits, sched.preemptions());
 }

@@ -82,11 +82,15 @@ pub struct Metrics {
     pub cancelled: Counter,
     pub prompt_tokens: Counter,
     pub completion_tokens: Counter,
+    pub prompt_cache_hit_tokens: Counter,
+    pub preemptions: Counter,
     pub queue_depth: Gauge,
     pub rows_in_use: Gauge,
     pub rows_total: Gauge,
     pub kv_tokens_in_use: Gauge,
     pub kv_tokens_capacity: Gauge,
+    pub kv_blocks_in_use: Gauge,
+    pub kv_blocks_cached: Gauge,
     pub time_to_first_token: Histogram,
     pub time_per_output_token: Histogram,
     pub healthy: AtomicBool,
@@ -103,11 +107,15 @@ impl Metrics {
             cancelled: Counter::default(),
             prompt_tokens: Counter::default(),
             completion_tokens: Counter::default(),
+            prompt_cache_hit_tokens: Counter::default(),
+            preemptions: Counter::default(),
             queue_depth: Gauge::default(),
             rows_in_use: Gauge::default(),
             rows_total: Gauge::default(),
             kv_tokens_in_use: Gauge::default(),
             kv_tokens_capacity: Gauge::default(),
+            kv_blocks_in_use: Gauge::default(),
+            kv_blocks_cached: Gauge::default(),
             time_to_first_token: Histogram::new(LATENCY),
             time_per_output_token: Histogram::new(LATENCY),
             healthy: AtomicBool::new(true),
@@ -139,6 +147,16 @@ impl Metrics {
             ),
             ("kvdecode_prompt_tokens_total", "Prompt tokens of accepted requests.", &self.prompt_tokens),
             ("kvdecode_completion_tokens_total", "Tokens generated.", &self.completion_tokens),
+            (
+                "kvdecode_prompt_cache_hit_tokens_total",
+                "Prompt tokens found in the prompt cache (not computed again).",
+                &self.prompt_cache_hit_tokens,
+            ),
+            (
+                "kvdecode_preemptions_total",
+                "Generations preempted to free K/V blocks (resumed by recomputation).",
+                &self.preemptions,
+            ),
         ];
         for (name, help, c) in counters {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.get());
@@ -153,6 +171,8 @@ impl Metrics {
                 &self.kv_tokens_in_use,
             ),
             ("kvdecode_kv_tokens_capacity", "Tokens the K/V cache holds in all.", &self.kv_tokens_capacity),
+            ("kvdecode_kv_blocks_in_use", "Global K/V blocks held by running generations.", &self.kv_blocks_in_use),
+            ("kvdecode_kv_blocks_cached", "Global K/V blocks kept by the prompt cache.", &self.kv_blocks_cached),
         ];
         for (name, help, g) in gauges {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", g.get());
