@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::cache::RowOwner;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::sampling::Sampler;
@@ -308,6 +309,8 @@ pub struct Scheduler {
     row_capacity: usize,
     admissions: usize,
     preemptions: usize,
+    /// The rows it admits into are claimed under this owner (rows others hold are left alone).
+    owner: RowOwner,
 }
 
 impl Scheduler {
@@ -328,6 +331,7 @@ impl Scheduler {
             row_capacity: engine.cache().row_capacity(),
             admissions: 0,
             preemptions: 0,
+            owner: RowOwner::new(),
         }
     }
 
@@ -403,10 +407,12 @@ impl Scheduler {
             let followers = std::mem::take(&mut a.followers);
             for &(row, _) in &followers {
                 self.reserved[row] = false;
+                engine.release_rows(self.owner, &[row]);
             }
             self.queue.push_front(followers.into_iter().map(|f| f.1).collect());
         }
         let _ = engine.reset(&[r]);
+        engine.release_rows(self.owner, &[r]);
         Some(a.complete(Finish::Cancelled))
     }
 
@@ -553,6 +559,7 @@ impl Scheduler {
             if let Err(e) = c.allowed(&mut mask).and_then(|()| engine.set_token_mask(r, Some(&mask))) {
                 engine.set_token_mask(r, None)?;
                 engine.reset(&[r])?; // its blocks go back to the pool now
+                engine.release_rows(self.owner, &[r]);
                 let mut done = self.rows[r].take().expect("active").complete(Finish::ConstraintError);
                 done.error = Some(e.to_string());
                 on_event(Event::Done(&done));
@@ -626,6 +633,7 @@ impl Scheduler {
             };
             if let Some(finish) = finish {
                 engine.reset(&[r])?; // its blocks go back to the pool now (full ones stay cached)
+                engine.release_rows(self.owner, &[r]);
                 let mut done = self.rows[r].take().expect("active").complete(finish);
                 done.error = error;
                 on_event(Event::Done(&done));
@@ -641,8 +649,11 @@ impl Scheduler {
     /// running row free in the row's pool shard, unless nothing runs at all.
     fn admit(&mut self, engine: &mut Engine) -> Result<()> {
         loop {
-            let free: Vec<usize> =
-                (0..self.rows.len()).filter(|&r| self.rows[r].is_none() && !self.reserved[r]).collect();
+            let owner = self.owner;
+            let free: Vec<usize> = (0..self.rows.len())
+                .filter(|&r| self.rows[r].is_none() && !self.reserved[r])
+                .filter(|&r| engine.cache().row_owner(r).is_none_or(|o| o == owner))
+                .collect();
             let (members, needed) = match (self.preempted.front(), self.queue.front()) {
                 (Some(a), _) => (1, a.blocks_to_resume(self.block_len)),
                 (None, Some(g)) => (g.len(), g[0].1.tokens.len().div_ceil(self.block_len) + g.len()),
@@ -657,6 +668,7 @@ impl Scheduler {
                 break;
             }
             let leader = free[0];
+            engine.claim_rows(owner, &free[..members])?;
             let mut a = match self.preempted.pop_front() {
                 Some(a) => a,
                 None => {
@@ -695,10 +707,12 @@ impl Scheduler {
     /// the queue as a group of their own.
     fn preempt(&mut self, engine: &mut Engine, row: usize) -> Result<()> {
         let mut a = self.rows[row].take().expect("preempting a running row");
+        engine.release_rows(self.owner, &[row]);
         if !a.followers.is_empty() {
             let followers = std::mem::take(&mut a.followers);
             for &(r, _) in &followers {
                 self.reserved[r] = false;
+                engine.release_rows(self.owner, &[r]);
             }
             self.queue.push_front(followers.into_iter().map(|f| f.1).collect());
         }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::cache::{CacheOptions, KvCache, KvDtype};
+use crate::cache::{CacheOptions, KvCache, KvDtype, RowOwner};
 use crate::config::{MlpKind, ModelConfig};
 pub use crate::decode::{Turn, TurnLimit};
 use crate::device::Gpu;
@@ -1198,6 +1198,22 @@ impl Engine {
     pub fn skip(&mut self, rows: &[usize], n: &[usize]) -> Result<()> {
         self.gpu.check()?;
         self.cache.skip(rows, n)
+    }
+
+    /// Claim `rows` for `owner` ([`KvCache::claim`]): a scheduler, rollouts and direct callers
+    /// sharing this engine take rows through here, so none takes another's.
+    pub fn claim_rows(&mut self, owner: RowOwner, rows: &[usize]) -> Result<()> {
+        self.cache.claim(owner, rows)
+    }
+
+    /// Claim `n` free rows for `owner`, lowest first ([`KvCache::claim_free`]).
+    pub fn claim_free_rows(&mut self, owner: RowOwner, n: usize) -> Result<Vec<usize>> {
+        self.cache.claim_free(owner, n)
+    }
+
+    /// Give back those of `rows` that `owner` holds (their contents stay until a reset).
+    pub fn release_rows(&mut self, owner: RowOwner, rows: &[usize]) {
+        self.cache.release(owner, rows)
     }
 
     /// Start the empty `row` on the longest prefix of `prompt` the prompt cache holds; returns

@@ -48,7 +48,7 @@ pub mod weights;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use batching::{Completion, ConstraintFactory, Event, Finish, Request, Scheduler, TokenConstraint};
-pub use cache::{BlockUsage, CacheOptions, KvCache, KvDtype, PromptCacheStats};
+pub use cache::{BlockUsage, CacheOptions, KvCache, KvDtype, PromptCacheStats, RowOwner};
 #[cfg(not(target_arch = "wasm32"))]
 pub use compat::{PaddedBatch, SequenceCache};
 pub use config::{EngramConfig, LayerSpec, MlpKind, ModelConfig, NormKind};

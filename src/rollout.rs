@@ -7,6 +7,7 @@
 //! the same prompt, and a turn's final token (its stop token) lands in the cache right before the
 //! tool result that follows it.
 
+use crate::cache::RowOwner;
 use crate::engine::{Engine, Turn, TurnLimit};
 use crate::error::{Error, Result};
 use crate::sampling::Sampler;
@@ -21,15 +22,17 @@ pub struct Episode {
     feed: Option<u32>,
 }
 
-/// Episodes over an engine's rows.
+/// Episodes over an engine's rows. Rows with episodes are claimed from the engine (so a
+/// scheduler sharing it leaves them alone) and given back when their episode finishes.
 pub struct Rollouts {
     rows: Vec<Option<Episode>>,
+    owner: RowOwner,
 }
 
 impl Rollouts {
     /// No episodes yet.
     pub fn new(engine: &Engine) -> Self {
-        Rollouts { rows: vec![None; engine.cache().rows()] }
+        Rollouts { rows: vec![None; engine.cache().rows()], owner: RowOwner::new() }
     }
 
     /// The episode in `row`, if any.
@@ -70,8 +73,15 @@ impl Rollouts {
             }
             s.check(i)?;
         }
+        engine.claim_rows(self.owner, rows)?;
         engine.reset(rows)?;
-        let heads: Vec<Vec<u32>> = prompts.iter().map(|p| p[..p.len() - 1].to_vec()).collect();
+        // each row starts on what the prompt cache holds of its prompt, then prefills the rest
+        // but the last token (the feed)
+        let mut heads = Vec::with_capacity(rows.len());
+        for (&r, p) in rows.iter().zip(prompts) {
+            let n = engine.reuse_prefix(r, p)?;
+            heads.push(p[n..p.len() - 1].to_vec());
+        }
         append_batch(engine, rows, &heads)?;
         for ((&r, p), s) in rows.iter().zip(prompts).zip(samplers) {
             self.rows[r] = Some(Episode { turns: Vec::new(), sampler: Some(*s), feed: p.last().copied() });
@@ -85,6 +95,7 @@ impl Rollouts {
             return Err(Error::Input("fork: one sampler per destination row".into()));
         }
         let ep = self.episode(src).cloned().ok_or_else(|| Error::Input(format!("fork: row {src} has no episode")))?;
+        engine.claim_rows(self.owner, dst)?;
         engine.fork(src, dst)?;
         for (&d, s) in dst.iter().zip(samplers) {
             self.rows[d] = Some(Episode { sampler: Some(*s), ..ep.clone() });
@@ -153,6 +164,7 @@ impl Rollouts {
             return Ok(None);
         };
         engine.reset(&[row])?;
+        engine.release_rows(self.owner, &[row]);
         Ok(Some(ep))
     }
 }

@@ -66,3 +66,39 @@ fn episodes_with_forks_tool_results_and_turns() {
     assert!(ea.cache().block_usage().used < held);
     assert!(ra.finish(&mut ea, 0).unwrap().is_none());
 }
+
+/// A scheduler and rollouts on one engine: each takes rows through the engine, so neither
+/// touches the other's.
+#[test]
+fn a_scheduler_and_rollouts_share_an_engine_without_taking_each_others_rows() {
+    use kvdecode::{Request, RowOwner, Scheduler};
+    let w = model(&llama_cfg(), 74);
+    let mut e = Engine::new(&gpu(), &w, EngineOptions::new(4, 64)).unwrap();
+    let mut ro = Rollouts::new(&e);
+    let prompts = vec![vec![3, 4, 5, 6], vec![7, 8, 9]];
+    ro.start(&mut e, &[0, 1], &prompts, &[Sampler::GREEDY; 2]).unwrap();
+    let lens = e.cache().lens().to_vec();
+    let history: Vec<Vec<u32>> = (0..2).map(|r| e.cache().history(r).to_vec()).collect();
+    let mut sched = Scheduler::new(&e, 8);
+    for i in 0..5u32 {
+        sched.submit(Request { tokens: vec![1 + i, 2, 3], max_new: 6, ..Default::default() }).unwrap();
+    }
+    // mid-run, the scheduler's rows are not the rollouts' to take
+    sched.step(&mut e, &mut |_| {}).unwrap();
+    assert_eq!(sched.active(), 2, "only the two rows the rollouts left free");
+    let err = ro.start(&mut e, &[2], &[vec![1, 2]], &[Sampler::GREEDY]).unwrap_err().to_string();
+    assert!(err.contains("row 2 is held by another"), "{err}");
+    let done = sched.run(&mut e, &mut |_| {}).unwrap();
+    assert_eq!(done.len(), 5);
+    // the rollouts' rows are as they were
+    assert_eq!(&e.cache().lens()[..2], &lens[..2]);
+    for (r, h) in history.iter().enumerate() {
+        assert_eq!(e.cache().history(r), &h[..]);
+    }
+    // a direct caller claims what is free
+    let me = RowOwner::new();
+    assert_eq!(e.claim_free_rows(me, 2).unwrap(), vec![2, 3]);
+    assert!(e.claim_free_rows(me, 1).is_err());
+    ro.finish(&mut e, 0).unwrap();
+    assert_eq!(e.claim_free_rows(me, 1).unwrap(), vec![0]);
+}

@@ -106,7 +106,9 @@ pub fn run(a: Args) -> Result<()> {
             let lens = engine.cache().lens();
             peak.blocks = u.used;
             peak.tokens_beyond_prompt = (0..rows).filter(live).map(|r| lens[r] - prompt_of[r]).sum();
-            peak.prompt_tokens = (0..rows).step_by(group).filter(live).map(|r| prompt_of[r]).sum();
+            // a group's prompt is held while any of its rows runs (the leader may have finished)
+            let group_live = |&l: &usize| (l..l + group).any(|r| live(&r));
+            peak.prompt_tokens = (0..rows).step_by(group).filter(group_live).map(|l| prompt_of[l]).sum();
         }
         peak.unshared_blocks = peak.unshared_blocks.max(u.referenced);
     };

@@ -109,6 +109,26 @@ impl CacheOptions {
     }
 }
 
+/// Who holds a row: a [`crate::Scheduler`], a [`crate::Rollouts`], or a caller that claimed rows
+/// for itself ([`crate::Engine::claim_rows`]). Rows are claimed and released through the engine,
+/// so two components sharing one engine never take the same row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowOwner(u64);
+
+impl RowOwner {
+    /// A new owner, different from every other.
+    pub fn new() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        RowOwner(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Default for RowOwner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Copies of a few blocks go through one staging buffer (a buffer cannot be copied into itself):
 /// at most this many blocks at a time.
 const STAGE_BLOCKS: usize = 32;
@@ -135,6 +155,8 @@ pub struct KvCache {
     pub(crate) block_tables: wgpu::Buffer,
     /// Block copies (copy-on-write) the next step makes before its first dispatch.
     pending_copies: Vec<BlockCopy>,
+    /// Who holds each row (`None`: free).
+    owners: Vec<Option<RowOwner>>,
     /// Per layer, per shard: its ring K/V if the layer is local.
     pub(crate) ring: Vec<Option<Vec<wgpu::Buffer>>>,
     pub(crate) lpos: wgpu::Buffer,
@@ -251,6 +273,7 @@ impl KvCache {
             blocks,
             block_tables,
             pending_copies: Vec::new(),
+            owners: vec![None; rows],
             ring,
             lpos,
             lens,
@@ -396,6 +419,47 @@ impl KvCache {
     /// holds `ceil(len / block_len)` blocks; forks share blocks).
     pub fn block_usage(&self) -> BlockUsage {
         self.blocks.usage()
+    }
+
+    /// Who holds `row` (`None`: nobody claimed it).
+    pub fn row_owner(&self, row: usize) -> Option<RowOwner> {
+        self.owners.get(row).copied().flatten()
+    }
+
+    /// Claim `rows` for `owner` (rows it holds already stay its own). All or nothing: a row out
+    /// of range, repeated or held by another owner is an error naming it.
+    pub fn claim(&mut self, owner: RowOwner, rows: &[usize]) -> Result<()> {
+        self.check_rows(rows)?;
+        if let Some(&r) = rows.iter().find(|&&r| self.owners[r].is_some_and(|o| o != owner)) {
+            return Err(Error::Input(format!(
+                "row {r} is held by another user of this engine (a scheduler, rollouts or a claim); \
+                 take a free row"
+            )));
+        }
+        for &r in rows {
+            self.owners[r] = Some(owner);
+        }
+        Ok(())
+    }
+
+    /// Claim `n` free rows for `owner`, lowest first; an error (changing nothing) when fewer
+    /// are free.
+    pub fn claim_free(&mut self, owner: RowOwner, n: usize) -> Result<Vec<usize>> {
+        let free: Vec<usize> = (0..self.rows).filter(|&r| self.owners[r].is_none()).take(n).collect();
+        if free.len() < n {
+            return Err(Error::Input(format!("{n} rows asked for, {} of {} are free", free.len(), self.rows)));
+        }
+        self.claim(owner, &free)?;
+        Ok(free)
+    }
+
+    /// Give back those of `rows` that `owner` holds.
+    pub fn release(&mut self, owner: RowOwner, rows: &[usize]) {
+        for &r in rows {
+            if self.owners.get(r).copied().flatten() == Some(owner) {
+                self.owners[r] = None;
+            }
+        }
     }
 
     /// Blocks `row` holds (shared ones included).
