@@ -88,8 +88,8 @@ pub fn run(a: Args) -> Result<()> {
     let mut rng = SplitMix64(3);
     let mut throughput = Vec::new();
     if table("throughput") {
-        println!("| kv | rows | context | prefill tok/s | decode tok/s | ms / decode step | dispatches / step | submits / step | KV MiB | naive MiB |");
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        println!("| kv | rows | context | prefill tok/s | decode tok/s | ms / decode step | dispatches / step | submits / step | KV MiB | KV used MiB | naive MiB |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     }
     for &kv in kvs.iter().filter(|_| table("throughput")) {
         for &rows in &rows_list {
@@ -129,16 +129,20 @@ pub fn run(a: Args) -> Result<()> {
                     "prefill_tok_s": (rows * ctx) as f64 / prefill,
                     "decode_tok_s": (rows * steps) as f64 / decode,
                     "dispatches_per_step": (after.dispatches - before.dispatches) / steps as u64,
+                    "kv_bytes": c.nbytes(),
+                    "kv_used_bytes": c.used_nbytes(),
+                    "naive_kv_bytes": c.naive_nbytes(),
                     "attention": e.attention_kernel().name(),
                 }));
                 println!(
-                    "| {kv:?} | {rows} | {ctx} | {:.0} | {:.1} | {:.1} | {} | {} | {:.2} | {:.2} |",
+                    "| {kv:?} | {rows} | {ctx} | {:.0} | {:.1} | {:.1} | {} | {} | {:.2} | {:.2} | {:.2} |",
                     (rows * ctx) as f64 / prefill,
                     (rows * steps) as f64 / decode,
                     1000.0 * decode / steps as f64,
                     (after.dispatches - before.dispatches) / steps as u64,
                     (after.submits - before.submits) as f64 / steps as f64,
                     c.nbytes() as f64 / 1048576.0,
+                    c.used_nbytes() as f64 / 1048576.0,
                     c.naive_nbytes() as f64 / 1048576.0
                 );
             }
