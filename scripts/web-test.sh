@@ -8,7 +8,10 @@
 #      then again with the GPU device destroyed after 5 tokens: the page must build a new session;
 #   3. the same page test in Firefox ESR (WebGPU on lavapipe, driven over WebDriver BiDi);
 #   4. SmolLM2-135M-Instruct (models/, scripts/fetch-smollm2.sh) picked from disk in the page,
-#      asked "What is the capital of France?" greedily: the answer must name Paris.
+#      asked "What is the capital of France?" greedily: the answer must name Paris;
+#   5. two conversations answering at once in the page equal each answering alone, and a second
+#      turn keeps the first on its row;
+#   6. a picked GGUF is kept in the browser's storage (OPFS) and loads from there after a reload.
 # Exits non-zero if any fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,4 +55,8 @@ echo "== 3. the page end to end in Firefox ESR (puppeteer-core, WebDriver BiDi)"
 echo "== 4. SmolLM2 chosen from disk, chatting in the page (Chromium)"
 bash scripts/fetch-smollm2.sh >/dev/null
 (cd examples/web && GGUF="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" EXPECT_TEXT=Paris node e2e.mjs "$root/examples/web/screenshot-smollm2.png")
-echo "web tests: 4 passed, 0 failed"
+echo "== 5. two conversations at once equal each alone, and a second turn keeps the first (Chromium)"
+(cd examples/web && TWO=1 node e2e.mjs "$root/examples/web/screenshot-two.png")
+echo "== 6. a picked GGUF is kept in the browser's storage and loads from it after a reload (Chromium)"
+(cd examples/web && STORE_GGUF="$root/fuzz/seeds/gguf/llama-f32-chatml.gguf" node e2e.mjs "${TMPDIR:-/tmp}/kvdecode-stored.png")
+echo "web tests: 6 passed, 0 failed"

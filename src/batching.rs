@@ -14,7 +14,9 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use web_time::Instant;
 
 use crate::cache::RowOwner;
 use crate::engine::Engine;
@@ -515,7 +517,17 @@ impl Scheduler {
     /// One step: admit queued requests into free rows, append one chunk for every active row
     /// (a prompt piece or the last generated token), sample, stream, release finished rows.
     /// Returns the requests that finished in this step; `false` in `.1` when there is no work.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn step(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(Event)) -> Result<(Vec<Completion>, bool)> {
+        pollster::block_on(self.step_async(engine, on_event))
+    }
+
+    /// [`Scheduler::step`] that awaits the readback instead of blocking (the browser's form).
+    pub async fn step_async(
+        &mut self,
+        engine: &mut Engine,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<(Vec<Completion>, bool)> {
         self.admit(engine)?;
         // leaders whose shared part of the prompt is in: fork it into the followers' rows, then
         // every member appends the last prompt token and samples its own first token
@@ -582,7 +594,7 @@ impl Scheduler {
             let n_new: Vec<usize> = chunks.iter().map(Vec::len).collect();
             let samplers: Vec<Sampler> =
                 active.iter().map(|&r| self.rows[r].as_ref().expect("active").req.sampler).collect();
-            match engine.append_sample_full(&ids, width, &n_new, Some(&active), &samplers) {
+            match engine.append_sample_full_async(&ids, width, &n_new, Some(&active), &samplers).await {
                 Ok(sampled) => break (sampled, n_new),
                 Err(Error::OutOfBlocks { .. }) if active.len() > 1 => {
                     let newest = (0..active.len())
@@ -726,10 +738,16 @@ impl Scheduler {
     }
 
     /// Step until every submitted request has finished; completions in id order.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn run(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(Event)) -> Result<Vec<Completion>> {
+        pollster::block_on(self.run_async(engine, on_event))
+    }
+
+    /// [`Scheduler::run`] that awaits each step instead of blocking.
+    pub async fn run_async(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(Event)) -> Result<Vec<Completion>> {
         let mut all = Vec::new();
         loop {
-            let (done, more) = self.step(engine, on_event)?;
+            let (done, more) = self.step_async(engine, on_event).await?;
             all.extend(done);
             if !more && self.queue.is_empty() && self.preempted.is_empty() {
                 break;

@@ -1200,6 +1200,47 @@ impl Engine {
         self.cache.skip(rows, n)
     }
 
+    /// Make `row` hold `tokens` but the last (which the caller feeds to the first decode step),
+    /// computing as little as possible: the row keeps the longest prefix of `tokens` it already
+    /// holds (rolling back what differs when that is within [`KvCache::max_rollback`], else
+    /// starting over from the prompt cache's longest prefix), and prefills only the rest. A
+    /// conversation continues on its row this way without recomputing earlier turns. Returns
+    /// how many tokens were not computed again. Bad input (an empty `tokens`, a row out of
+    /// range, a bad id, more than `max_len`) changes nothing; a pool out of blocks leaves the row
+    /// holding the prefix it kept.
+    pub fn continue_row(&mut self, row: usize, tokens: &[u32]) -> Result<usize> {
+        self.gpu.check()?;
+        self.cache.check_rows(&[row])?;
+        let Some((_, head)) = tokens.split_last() else {
+            return Err(Error::Input(format!("row {row}: continue_row needs at least one token")));
+        };
+        if tokens.len() > self.cache.max_len() {
+            return Err(Error::CacheFull { row, len: 0, n_new: tokens.len(), max_len: self.cache.max_len() });
+        }
+        if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= self.cfg.vocab) {
+            return Err(Error::Input(format!(
+                "row {row}: token {i} = {t} is outside the vocabulary ({})",
+                self.cfg.vocab
+            )));
+        }
+        let held = self.cache.history(row);
+        let common = held.iter().zip(head).take_while(|(a, b)| a == b).count();
+        let back = held.len() - common;
+        let mut kept = common;
+        if self.cache.skips[row].is_empty() && back <= self.cache.max_rollback(row) {
+            self.cache.rollback(&self.gpu, &[row], &[back])?;
+        } else {
+            self.cache.reset(&self.gpu, &[row])?;
+            self.sampling.clear(&self.gpu, &[row]);
+            kept = self.cache.reuse_prefix(&self.gpu, row, tokens)?;
+        }
+        let rest = &head[kept..];
+        if !rest.is_empty() {
+            self.feed(rest, rest.len(), &[rest.len()], Some(&[row]))?;
+        }
+        Ok(kept)
+    }
+
     /// Claim `rows` for `owner` ([`KvCache::claim`]): a scheduler, rollouts and direct callers
     /// sharing this engine take rows through here, so none takes another's.
     pub fn claim_rows(&mut self, owner: RowOwner, rows: &[usize]) -> Result<()> {

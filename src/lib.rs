@@ -18,7 +18,6 @@
 
 #![warn(missing_docs)]
 
-#[cfg(not(target_arch = "wasm32"))]
 pub mod batching;
 pub mod cache;
 #[cfg(not(target_arch = "wasm32"))]
@@ -37,7 +36,6 @@ pub mod npy;
 pub mod profile;
 pub mod quant;
 pub mod reference;
-#[cfg(not(target_arch = "wasm32"))]
 pub mod rollout;
 pub mod sampling;
 pub mod shaders;
@@ -46,7 +44,6 @@ pub mod speculative;
 pub mod tokenizer;
 pub mod weights;
 
-#[cfg(not(target_arch = "wasm32"))]
 pub use batching::{Completion, ConstraintFactory, Event, Finish, Request, Scheduler, TokenConstraint};
 pub use cache::{BlockUsage, CacheOptions, KvCache, KvDtype, PromptCacheStats, RowOwner};
 #[cfg(not(target_arch = "wasm32"))]
@@ -57,7 +54,6 @@ pub use engine::{AttentionKernel, Engine, EngineOptions, Logits, Stats, Turn, Tu
 pub use error::{Error, Result};
 pub use gpu_weights::WeightDtype;
 pub use profile::Profile;
-#[cfg(not(target_arch = "wasm32"))]
 pub use rollout::{Episode, Rollouts};
 pub use sampling::{argmax, sample_cpu, sample_cpu_full, Sampled, Sampler, TOP_LOGPROBS_MAX};
 pub use weights::{DiskDtype, EngramWeights, Half, LayerWeights, Matrix, ModelWeights, SplitMix64};

@@ -130,7 +130,19 @@ impl Rollouts {
 
     /// Decode the next turn on each row (batched, `window` steps per readback), each with its own
     /// limit. Returns the turns and records them in the episodes.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn decode_turn(
+        &mut self,
+        engine: &mut Engine,
+        rows: &[usize],
+        limits: &[TurnLimit],
+        window: usize,
+    ) -> Result<Vec<Turn>> {
+        pollster::block_on(self.decode_turn_async(engine, rows, limits, window))
+    }
+
+    /// [`Rollouts::decode_turn`] that awaits the readbacks instead of blocking.
+    pub async fn decode_turn_async(
         &mut self,
         engine: &mut Engine,
         rows: &[usize],
@@ -144,7 +156,7 @@ impl Rollouts {
             first.push(ep.feed.ok_or_else(|| Error::Input(format!("decode_turn: row {r} has nothing to feed")))?);
             samplers.push(ep.sampler.unwrap_or(Sampler::GREEDY));
         }
-        let turns = engine.decode_turns(rows, &first, &samplers, limits, window, &|_, _| false)?;
+        let turns = engine.decode_turns_async(rows, &first, &samplers, limits, window, &|_, _| false).await?;
         for (&r, t) in rows.iter().zip(&turns) {
             if let Some(ep) = self.rows[r].as_mut() {
                 if let Some(&last) = t.tokens.last() {

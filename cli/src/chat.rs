@@ -134,20 +134,6 @@ impl<'a> Conversation<'a> {
             self.msgs.pop();
             return Err("the rendered prompt is empty".into());
         }
-        // keep what the row already holds of this prompt (all but the last token, which is fed
-        // to the first decode step), roll back what differs, or start over when that is too deep
-        let held = self.engine.cache().history(0).to_vec();
-        let common = held.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
-        let mut keep = common;
-        if held.len() > keep {
-            let back = held.len() - keep;
-            if back <= self.engine.cache().max_rollback(0) {
-                self.engine.rollback(&[0], &[back])?;
-            } else {
-                self.engine.reset(&[0])?;
-                keep = 0;
-            }
-        }
         let room = self.engine.cache().max_len().saturating_sub(ids.len());
         if room == 0 {
             self.msgs.pop();
@@ -158,10 +144,10 @@ impl<'a> Conversation<'a> {
             )
             .into());
         }
-        let feed = &ids[keep..ids.len() - 1];
-        if !feed.is_empty() {
-            self.engine.feed(feed, feed.len(), &[feed.len()], Some(&[0]))?;
-        }
+        // keep what the row already holds of this prompt (all but the last token, which is fed
+        // to the first decode step), roll back what differs, or start over (from the prompt
+        // cache) when that is too deep; prefill the rest
+        let keep = self.engine.continue_row(0, &ids)?;
         // decode in windows of `window` steps, streaming each window's text
         let mut answer: Vec<u32> = Vec::new();
         let mut next = ids[ids.len() - 1];

@@ -7,6 +7,10 @@
 //                                                                  must build a new session and still give EXPECTED
 //   GGUF=model.gguf EXPECT_TEXT=Paris node e2e.mjs [out.png]      Chromium: pick the GGUF in the file input, ask the
 //                                                                  page's default question greedily, expect the text
+//   TWO=1 node e2e.mjs [out.png]                             Chromium: two conversations answering at once (one batch)
+//                                                                  equal each answering alone; a second turn keeps the first
+//   STORE_GGUF=model.gguf node e2e.mjs                       Chromium: a picked GGUF is kept in the browser's storage
+//                                                                  (OPFS) and loads from there after a reload
 import http from "node:http";
 import fs from "node:fs";
 import path from "node:path";
@@ -50,7 +54,53 @@ try {
   await page.setViewport?.({ width: 900, height: 640 });
   page.on("console", (m) => console.log("page:", m.text()));
   page.on("pageerror", (e) => console.log("page error:", e.message));
-  if (process.env.GGUF) {
+  const text = (sel) => page.evaluate((s) => document.querySelector(s).textContent, sel);
+  const loaded = () => page.waitForFunction(() => !document.querySelector("#run").disabled || document.querySelector("#status").textContent.startsWith("error"), null, { timeout: 300_000 });
+  if (process.env.TWO) {
+    // conversation answers: both at once, then each alone after a reload; the same greedy tokens
+    const answers = async (which) => {
+      await page.goto(`http://127.0.0.1:${port}/`);
+      await page.click("#load");
+      await loaded();
+      await page.fill("#max", "12");
+      for (const w of which) await page.click(w === 1 ? "#run" : "#run2");
+      await finished(which);
+      return Promise.all(["#out", "#out2"].map((o) => text(o)));
+    };
+    // a conversation has answered when its Stop button is off again and its answer is shown
+    const finished = (which) => page.waitForFunction((which) => which.every((i) =>
+      document.querySelector(i === 1 ? "#stop" : "#stop2").disabled && document.querySelector(i === 1 ? "#out" : "#out2").textContent.length > 0),
+      which, { timeout: 240_000 });
+    const both = await answers([1, 2]);
+    const one = (await answers([1]))[0];
+    const two = (await answers([2]))[1];
+    console.log(`together: ${JSON.stringify(both)}; alone: ${JSON.stringify([one, two])}`);
+    if (both[0] !== one || both[1] !== two) { console.log("MISMATCH: conversations answering together differ from alone"); failed = true; }
+    // a second turn in conversation 2 (the page's last run) keeps the first turn on its row
+    await page.fill("#prompt2", "and again");
+    await page.click("#run2");
+    await finished([2]);
+    const status = await text("#status");
+    console.log(`second turn: ${status}`);
+    const kept = Number((status.match(/\((\d+) kept/) ?? [])[1] ?? 0);
+    if (!(kept > 0)) { console.log("MISMATCH: the second turn kept nothing of the first"); failed = true; }
+    await page.screenshot({ path: shot });
+  } else if (process.env.STORE_GGUF) {
+    await page.goto(`http://127.0.0.1:${port}/`);
+    await page.check("input[value=gguf]");
+    await page.setInputFiles("#file", process.env.STORE_GGUF);
+    await page.click("#load");
+    await loaded();
+    await page.reload();
+    await page.waitForFunction(() => !document.querySelector("#stored-line").hidden, null, { timeout: 30_000 });
+    console.log(`after a reload: kept in this browser: ${await text("#stored-name")}`);
+    await page.check("#stored");
+    await page.click("#load");
+    await loaded();
+    const status = await text("#status");
+    console.log(`loaded from the browser's storage: ${status}`);
+    if (status !== "GGUF loaded") { console.log("MISMATCH: the kept model did not load"); failed = true; }
+  } else if (process.env.GGUF) {
     // a real model chosen from disk through the page's file input (Chromium / playwright only)
     await page.goto(`http://127.0.0.1:${port}/`);
     await page.check("input[value=gguf]");
@@ -71,7 +121,6 @@ try {
     const lose = process.env.LOSE ? `&lose=${process.env.LOSE}` : "";
     await page.goto(`http://127.0.0.1:${port}/?auto=${n}${lose}`);
     await page.waitForSelector("body[data-done='1']", { timeout: 240_000 });
-    const text = (sel) => page.evaluate((s) => document.querySelector(s).textContent, sel);
     const got = JSON.parse(await text("#tokens"));
     const adapter = await text("#adapter");
     const tps = await text("#tps");

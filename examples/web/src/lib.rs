@@ -1,6 +1,8 @@
 //! kvdecode in the browser: a decoding session the page drives from JavaScript. Everything is
 //! async (the browser cannot block); models come from bytes (the embedded demo, or a GGUF file
-//! picked from disk), never from paths.
+//! picked from disk), never from paths. A session has several rows: each conversation lives on
+//! its own row and continues there (a new turn prefills only what is new), and the conversations
+//! that are answering decode together, one batched step for all of them.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -19,7 +21,7 @@ struct Inner {
     sampler: Sampler,
 }
 
-/// One model on the GPU with a one-row cache.
+/// One model on the GPU with a cache of a few rows (one per conversation).
 #[wasm_bindgen]
 pub struct Session {
     /// Taken out while a step is in flight, so no borrow is held across an await.
@@ -30,9 +32,10 @@ fn js(e: kvdecode::Error) -> JsValue {
     JsValue::from_str(&e.to_string())
 }
 
-async fn open(weights: ModelWeights, tok: Option<Tokenizer>, max_len: usize) -> Result<Session, JsValue> {
+async fn open(weights: ModelWeights, tok: Option<Tokenizer>, max_len: usize, rows: usize) -> Result<Session, JsValue> {
     let gpu = Gpu::new_async(&GpuOptions::default()).await.map_err(js)?;
-    let opts = EngineOptions { kv: KvDtype::F16, weights: WeightDtype::F16, ..EngineOptions::new(1, max_len) };
+    let opts =
+        EngineOptions { kv: KvDtype::F16, weights: WeightDtype::F16, ..EngineOptions::new(rows.max(1), max_len) };
     let engine = Engine::new_async(&gpu, &weights, opts).await.map_err(js)?;
     let adapter = gpu.describe();
     Ok(Session { inner: Rc::new(RefCell::new(Some(Inner { engine, tok, adapter, sampler: Sampler::GREEDY }))) })
@@ -58,17 +61,17 @@ impl Session {
 
 #[wasm_bindgen]
 impl Session {
-    /// The embedded demo model (no download).
-    pub async fn demo(max_len: usize) -> Result<Session, JsValue> {
-        open(ModelWeights::demo(), None, max_len).await
+    /// The embedded demo model (no download), with `rows` rows of `max_len` tokens.
+    pub async fn demo(max_len: usize, rows: usize) -> Result<Session, JsValue> {
+        open(ModelWeights::demo(), None, max_len, rows).await
     }
 
     /// A GGUF file's bytes (its tokenizer and chat template come with it).
-    pub async fn gguf(bytes: Vec<u8>, max_len: usize) -> Result<Session, JsValue> {
+    pub async fn gguf(bytes: Vec<u8>, max_len: usize, rows: usize) -> Result<Session, JsValue> {
         let g = GgufFile::parse(bytes).map_err(js)?;
         let w = g.weights().map_err(js)?;
         let tok = Tokenizer::from_gguf(&g).map_err(js)?;
-        open(w, Some(tok), max_len).await
+        open(w, Some(tok), max_len, rows).await
     }
 
     /// The adapter the session runs on.
@@ -106,12 +109,90 @@ impl Session {
         })
     }
 
+    /// Token ids of a whole conversation, `[{"role": "user", "content": "..."}, ...]` as JSON,
+    /// in the model's chat template with the assistant's turn opened (the plain text when it has
+    /// none). Without a tokenizer (the demo model) each message is its UTF-8 bytes (an answer: the
+    /// ids it shows) and token 0.
+    pub fn conversation_ids(&self, messages_json: &str) -> Result<Vec<u32>, JsValue> {
+        #[derive(serde::Deserialize)]
+        struct Msg {
+            role: String,
+            content: String,
+        }
+        let msgs: Vec<Msg> = serde_json::from_str(messages_json).map_err(|e| format!("messages: {e}"))?;
+        self.get(|s| match &s.tok {
+            Some(tok) => {
+                let msgs: Vec<Message> = msgs.iter().map(|m| Message::new(&m.role, &m.content)).collect();
+                match tok.apply_chat_template(&msgs, true) {
+                    Ok(text) => tok.encode_rendered(&text).map_err(js),
+                    // no template: the conversation as plain text
+                    Err(_) => {
+                        tok.encode(&msgs.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n")).map_err(js)
+                    }
+                }
+            }
+            // the demo's answers read back as the ids they show ("12 7 301 "), so a conversation
+            // renders to exactly the tokens its row holds
+            None => Ok(msgs
+                .iter()
+                .flat_map(|m| {
+                    let ids: Option<Vec<u32>> = m.content.split_whitespace().map(|w| w.parse().ok()).collect();
+                    match ids.filter(|_| m.role == "assistant") {
+                        Some(ids) => ids,
+                        None => m.content.bytes().map(u32::from).collect(),
+                    }
+                    .into_iter()
+                    .chain([0])
+                })
+                .collect()),
+        })?
+    }
+
+    /// Make conversation row `row` hold `ids` but the last token, prefilling only what it does
+    /// not hold already (see `Engine::continue_row`); returns how many tokens were kept. The page
+    /// then feeds the last token to the row's first decode step.
+    pub fn continue_row(&self, row: usize, ids: Vec<u32>) -> Result<usize, JsValue> {
+        let mut cell = self.inner.borrow_mut();
+        let s = cell.as_mut().ok_or("the session is busy with another step")?;
+        s.engine.continue_row(row, &ids).map_err(js)
+    }
+
+    /// Tokens row `row` holds.
+    pub fn row_len(&self, row: usize) -> Result<usize, JsValue> {
+        self.get(|s| s.engine.cache().lens().get(row).copied().unwrap_or(0))
+    }
+
+    /// One batched decode step for several conversations: append `tokens[i]` to `rows[i]` and
+    /// resolve to the token each row samples next (temperature 0 = greedy; row i draws with
+    /// seed `seed + row`).
+    pub fn step_rows(&self, rows: Vec<usize>, tokens: Vec<u32>, temperature: f32, seed: u32) -> Promise {
+        future_to_promise(with(self.inner.clone(), move |mut s| async move {
+            let out = async {
+                if rows.len() != tokens.len() {
+                    return Err(JsValue::from_str("step_rows: one token per row"));
+                }
+                let samplers: Vec<Sampler> =
+                    rows.iter().map(|&r| Sampler::temperature(temperature, seed.wrapping_add(r as u32))).collect();
+                let ones = vec![1; rows.len()];
+                let got = s
+                    .engine
+                    .append_sample_logprobs_async(&tokens, 1, &ones, Some(&rows), &samplers)
+                    .await
+                    .map_err(js)?;
+                let next: Vec<u32> = got.iter().map(|g| g.map_or(0, |g| g.0)).collect();
+                Ok(js_sys::Uint32Array::from(&next[..]).into())
+            }
+            .await;
+            (s, out)
+        }))
+    }
+
     /// Whether `token` ends the assistant's turn.
     pub fn is_stop(&self, token: u32) -> Result<bool, JsValue> {
         self.get(|s| s.tok.as_ref().is_some_and(|t| t.end_of_turn().contains(&token)))
     }
 
-    /// Reset the row, feed `prompt` and resolve to the first sampled token
+    /// Reset row 0, feed `prompt` and resolve to the first sampled token
     /// (temperature 0 = greedy).
     pub fn start(&self, prompt: Vec<u32>, temperature: f32, seed: u32) -> Promise {
         future_to_promise(with(self.inner.clone(), move |mut s| async move {
@@ -119,8 +200,11 @@ impl Session {
             let out = async {
                 s.engine.reset(&[0]).map_err(js)?;
                 let n = prompt.len();
-                let got =
-                    s.engine.append_sample_logprobs_async(&prompt, n, &[n], None, &[s.sampler]).await.map_err(js)?;
+                let got = s
+                    .engine
+                    .append_sample_logprobs_async(&prompt, n, &[n], Some(&[0]), &[s.sampler])
+                    .await
+                    .map_err(js)?;
                 Ok(JsValue::from(got[0].ok_or("empty prompt")?.0))
             }
             .await;
@@ -128,12 +212,15 @@ impl Session {
         }))
     }
 
-    /// Feed `token` and resolve to the next sampled token.
+    /// Feed `token` to row 0 and resolve to the next sampled token.
     pub fn step(&self, token: u32) -> Promise {
         future_to_promise(with(self.inner.clone(), move |mut s| async move {
             let out = async {
-                let got =
-                    s.engine.append_sample_logprobs_async(&[token], 1, &[1], None, &[s.sampler]).await.map_err(js)?;
+                let got = s
+                    .engine
+                    .append_sample_logprobs_async(&[token], 1, &[1], Some(&[0]), &[s.sampler])
+                    .await
+                    .map_err(js)?;
                 Ok(JsValue::from(got[0].ok_or("no token")?.0))
             }
             .await;

@@ -5,7 +5,9 @@
 //! Run with scripts/web-test.sh (wasm-bindgen-test-runner + chromedriver).
 
 use kvdecode::reference::{self, RefOptions};
-use kvdecode::{argmax, Engine, EngineOptions, Error, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights, SplitMix64};
+use kvdecode::{
+    argmax, Engine, EngineOptions, Error, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights, Sampler, SplitMix64,
+};
 use wasm_bindgen::JsValue;
 use wasm_bindgen_test::*;
 
@@ -128,4 +130,68 @@ async fn browser_device_lost_then_rebuilt() {
     let d = max_abs_diff(out.row(0).unwrap(), &want[2 * cfg.vocab..]);
     assert!(d <= 1e-4, "rebuilt engine: {d}");
     web_sys_log(&format!("device lost, then rebuilt: worst |gpu - reference| = {d:e}"));
+}
+
+/// `turns[c]`: conversation c's user messages (token ids), one per turn, sampled with seed
+/// `seeds[c]`. Conversations decode `answer` tokens a turn on `rows` of `e` (several at once: one
+/// batched step for all), each continuing on its row. Returns each conversation's answers and,
+/// per turn, the tokens kept.
+async fn converse(
+    e: &mut Engine,
+    rows: &[usize],
+    turns: &[Vec<Vec<u32>>],
+    seeds: &[u32],
+    answer: usize,
+) -> (Vec<Vec<u32>>, Vec<Vec<usize>>) {
+    let n = rows.len();
+    let mut convo: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut answers = vec![Vec::new(); n];
+    let mut kept = vec![Vec::new(); n];
+    let samplers: Vec<Sampler> = seeds.iter().map(|&s| Sampler::temperature(0.9, s)).collect();
+    let n_turns = turns.iter().map(Vec::len).min().unwrap_or(0);
+    for turn in 0..n_turns {
+        let mut next = Vec::new();
+        for (c, user) in turns.iter().map(|t| &t[turn]).enumerate() {
+            convo[c].extend(user);
+            kept[c].push(e.continue_row(rows[c], &convo[c]).unwrap());
+            next.push(*convo[c].last().unwrap());
+        }
+        for _ in 0..answer {
+            let got = e.append_sample_logprobs_async(&next, 1, &vec![1; n], Some(rows), &samplers).await.unwrap();
+            for c in 0..n {
+                let tok = got[c].unwrap().0;
+                answers[c].push(tok);
+                convo[c].push(tok);
+                next[c] = tok;
+            }
+        }
+    }
+    (answers, kept)
+}
+
+/// Two conversations side by side, each continuing on its row across turns and decoding in one
+/// batch with the other, sample exactly what each samples alone, and a new turn prefills only
+/// what is new.
+#[wasm_bindgen_test]
+async fn two_conversations_at_once_equal_each_alone() {
+    let gpu = Gpu::new_async(&GpuOptions::default()).await.unwrap();
+    for cfg in [tiny_agent(), llama()] {
+        let w = ModelWeights::random(&cfg, 18).unwrap();
+        let turns = vec![
+            vec![vec![5, 6, 7, 8, 9], vec![11, 12], vec![13, 14, 15]],
+            vec![vec![20, 21, 22], vec![23, 24, 25, 26], vec![27]],
+        ];
+        let opts = |rows| EngineOptions { kv: KvDtype::F16, ..EngineOptions::new(rows, 64) };
+        let mut both = Engine::new_async(&gpu, &w, opts(2)).await.unwrap();
+        let (together, kept) = converse(&mut both, &[0, 1], &turns, &[100, 101], 6).await;
+        for c in 0..2 {
+            let mut one = Engine::new_async(&gpu, &w, opts(1)).await.unwrap();
+            let (alone, _) = converse(&mut one, &[0], &turns[c..c + 1], &[100 + c as u32], 6).await;
+            assert_eq!(together[c], alone[0], "{:?} conversation {c}", cfg.mlp);
+            // turn 2 kept turn 1's prompt and answer (all but the answer's last token, which was
+            // sampled, never appended)
+            assert_eq!(kept[c][1], turns[c][0].len() + 6 - 1, "{:?} conversation {c}", cfg.mlp);
+        }
+        web_sys_log(&format!("{:?}: two conversations together equal each alone", cfg.mlp));
+    }
 }
