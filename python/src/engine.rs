@@ -190,7 +190,8 @@ impl Engine {
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (model, rows, max_len, *, kv="f32", weights="f32", rollback=8, beyond_trained_context=false))]
+    #[pyo3(signature = (model, rows, max_len, *, kv="f32", weights="f32", rollback=8, beyond_trained_context=false,
+        block_len=16, pool_blocks=None, prompt_cache=true))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         py: Python<'_>,
@@ -201,12 +202,18 @@ impl Engine {
         weights: &str,
         rollback: usize,
         beyond_trained_context: bool,
+        block_len: usize,
+        pool_blocks: Option<usize>,
+        prompt_cache: bool,
     ) -> PyResult<Self> {
         let opts = kvdecode::EngineOptions {
             kv: kv_dtype(kv)?,
             weights: weight_dtype(weights)?,
             rollback,
             beyond_trained_context,
+            block_len,
+            pool_blocks,
+            prompt_cache,
             ..kvdecode::EngineOptions::new(rows, max_len)
         };
         let gpu = default_gpu(py)?;
@@ -357,6 +364,48 @@ impl Engine {
     #[getter]
     fn naive_nbytes(&self) -> u64 {
         self.inner.cache().naive_nbytes()
+    }
+
+    /// Bytes of K/V the rows use now: global K/V blocks held by at least one row (once each,
+    /// however many forks share them) plus the rings.
+    #[getter]
+    fn used_nbytes(&self) -> u64 {
+        self.inner.cache().used_nbytes()
+    }
+
+    /// The global K/V block pool now, as a dict: block_len, total, free, used, shared,
+    /// referenced, cached, evictable (see `kvdecode::BlockUsage`).
+    fn block_usage<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let u = self.inner.cache().block_usage();
+        let d = pyo3::types::PyDict::new(py);
+        for (k, v) in [
+            ("block_len", u.block_len),
+            ("total", u.total),
+            ("free", u.free),
+            ("used", u.used),
+            ("shared", u.shared),
+            ("referenced", u.referenced),
+            ("cached", u.cached),
+            ("evictable", u.evictable),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// Start the empty `row` on the longest prefix of `prompt` the prompt cache holds; returns the
+    /// tokens it now holds (append the rest of the prompt next).
+    fn reuse_prefix(&mut self, py: Python<'_>, row: usize, prompt: Vec<i64>) -> PyResult<usize> {
+        let row = self.row(row, "reuse_prefix")?;
+        let ids = token_ids(&prompt, "prompt")?;
+        let e = &mut self.inner;
+        py.detach(|| e.reuse_prefix(row, &ids)).map_err(to_py)
+    }
+
+    /// What the prompt cache did: (lookups, prompt tokens looked up, tokens found, evictions).
+    fn prompt_cache_stats(&self) -> (usize, usize, usize, usize) {
+        let s = self.inner.cache().prompt_cache_stats();
+        (s.lookups, s.prompt_tokens, s.hit_tokens, s.evicted)
     }
 
     /// Cache rows.

@@ -324,3 +324,39 @@ print(len(out), kvdecode.device_memory()[0] >= 0)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["4", "True"]
+
+
+def test_paged_kv_forks_share_blocks_and_the_prompt_cache_hits(demo):
+    """Forks share the prompt's global K/V blocks; a pool too small is OutOfBlocks (a CacheFull)
+    that changes nothing; on a Llama-layout model a later sequence reuses cached blocks and
+    gets the logits it would have computed."""
+    e = kvdecode.Engine(demo, rows=4, max_len=128, block_len=16)
+    prompt = list(range(1, 41))
+    e.append(prompt, rows=[0])
+    e.fork(0, [1, 2, 3])
+    u = e.block_usage()
+    assert (u["used"], u["shared"], u["referenced"]) == (3, 3, 12), u
+    assert e.used_nbytes < e.nbytes
+    e.reset()
+    assert e.block_usage()["used"] == 0
+
+    small = kvdecode.Engine(demo, rows=2, max_len=64, block_len=16, pool_blocks=4)
+    small.append(prompt, rows=[0])
+    with pytest.raises(kvdecode.OutOfBlocks, match="row 1"):
+        small.append(prompt, rows=[1])
+    assert small.lens == [40, 0]
+
+    llama = kvdecode.load(GGUF_CHATML)
+    a = kvdecode.Engine(llama, rows=2, max_len=96)
+    b = kvdecode.Engine(llama, rows=1, max_len=96, prompt_cache=False)
+    system = [(7 * i + 3) % 50 + 1 for i in range(40)]
+    a.append(system, rows=[0])
+    a.reset([0])
+    mine = system + [5, 6, 7]
+    n = a.reuse_prefix(1, mine)
+    assert n == 32
+    got = a.append(mine[n:], rows=[1])
+    want = b.append(mine, rows=[0])
+    assert np.array_equal(got, want), "a prompt-cache hit changed the logits"
+    lookups, looked_up, found, _ = a.prompt_cache_stats()
+    assert (lookups, found) == (1, 32) and looked_up == len(mine)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -223,6 +223,12 @@ class Engine:
         rollback: tokens a row can roll back exactly; also bounds ``decode_steps`` windows
             (``rollback + 1`` steps).
         beyond_trained_context: allow ``max_len`` past the model's trained context.
+        block_len: positions per block of the global K/V pool (a power of two).
+        pool_blocks: blocks in the pool (``None``: enough for every row to reach ``max_len``); a
+            smaller pool holds more rows than it could fill at once, and an append it cannot hold
+            raises :class:`OutOfBlocks`.
+        prompt_cache: keep full K/V blocks for later sequences that start with the same tokens
+            (models without sliding-window layers).
 
     A row's results never depend on what else is in the batch or how its tokens were chunked
     (bit for bit). One engine is used from one thread at a time.
@@ -238,12 +244,16 @@ class Engine:
         weights: str = "f32",
         rollback: int = 8,
         beyond_trained_context: bool = False,
+        block_len: int = 16,
+        pool_blocks: Optional[int] = None,
+        prompt_cache: bool = True,
     ):
         if not isinstance(model, Model):
             raise InvalidInput(f"invalid input: model: expected a kvdecode.Model, got {type(model).__name__}")
         self._e = _native.Engine(
             model._m, rows, max_len, kv=kv, weights=weights, rollback=rollback,
-            beyond_trained_context=beyond_trained_context,
+            beyond_trained_context=beyond_trained_context, block_len=block_len, pool_blocks=pool_blocks,
+            prompt_cache=prompt_cache,
         )
 
     def append(self, ids: Any, n_new: Any = None, rows: Any = None) -> np.ndarray:
@@ -322,6 +332,27 @@ class Engine:
     def naive_nbytes(self) -> int:
         """Bytes a cache keeping every layer's K/V for every position would take."""
         return self._e.naive_nbytes
+
+    @property
+    def used_nbytes(self) -> int:
+        """Bytes of K/V the rows use now: global blocks held by rows (once each, however many
+        forks share them) plus the sliding-window rings."""
+        return self._e.used_nbytes
+
+    def block_usage(self) -> Dict[str, int]:
+        """The global K/V block pool: ``block_len``, ``total``, ``free``, ``used``, ``shared``,
+        ``referenced`` (what per-row copies would hold), ``cached``, ``evictable``."""
+        return self._e.block_usage()
+
+    def reuse_prefix(self, row: int, prompt: Sequence[int]) -> int:
+        """Start the empty ``row`` on the longest prefix of ``prompt`` whose K/V blocks the prompt
+        cache holds (from earlier sequences); returns how many tokens it now holds: append
+        ``prompt[n:]`` next. 0 when nothing is cached (or the model has sliding-window layers)."""
+        return self._e.reuse_prefix(int(row), [int(t) for t in prompt])
+
+    def prompt_cache_stats(self) -> Tuple[int, int, int, int]:
+        """What the prompt cache did: (lookups, prompt tokens looked up, tokens found, evictions)."""
+        return self._e.prompt_cache_stats()
 
     @property
     def rows(self) -> int:
