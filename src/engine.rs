@@ -54,6 +54,9 @@ pub struct EngineOptions {
     /// once: an append that finds too few free blocks is an [`Error::OutOfBlocks`] (the
     /// scheduler preempts rows instead).
     pub pool_blocks: Option<usize>,
+    /// The pool's size in bytes instead of blocks (every global group's K and V): as many
+    /// blocks as fit. Give this or `pool_blocks`, not both.
+    pub pool_bytes: Option<u64>,
     /// Keep full blocks of global K/V for later sequences that begin with the same tokens (on
     /// by default; models with local layers go without, see [`KvCache::reuse_prefix`]).
     pub prompt_cache: bool,
@@ -201,6 +204,7 @@ impl EngineOptions {
             attention: AttentionKernel::from_env(),
             block_len: 16,
             pool_blocks: None,
+            pool_bytes: None,
             prompt_cache: true,
         }
     }
@@ -214,6 +218,7 @@ impl EngineOptions {
             spare: self.rollback,
             block_len: self.block_len,
             pool_blocks: self.pool_blocks,
+            pool_bytes: self.pool_bytes,
             prompt_cache: self.prompt_cache,
         }
     }

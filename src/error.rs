@@ -47,7 +47,7 @@ pub enum Error {
     /// rollback) or build the engine with a larger pool ([`crate::EngineOptions::pool_blocks`]).
     #[error(
         "K/V block pool full: row {row} needs {needed} more blocks of {block_len} positions in shard {shard}, \
-         {free} of its {blocks} blocks are free (EngineOptions::pool_blocks sets the pool's size)"
+         {free} of its {blocks} blocks are free (EngineOptions::pool_blocks or pool_bytes sets the pool's size)"
     )]
     OutOfBlocks {
         /// A row of the call that needs blocks from that shard.

@@ -310,7 +310,19 @@ fn a_small_pool_preempts_and_resumes_with_identical_output() {
                 let samplers: Vec<Sampler> = (0..3).map(|i| Sampler::temperature(0.9, 40 + i)).collect();
                 sched.submit_group(reqs[1].clone(), &samplers).unwrap();
             }
-            let done = sched.run(&mut engine, &mut |_| {}).unwrap();
+            // step by step: the seed's accounting at block granularity holds throughout
+            let mut done = Vec::new();
+            loop {
+                let (d, more) = sched.step(&mut engine, &mut |_| {}).unwrap();
+                done.extend(d);
+                let (used, reserved) = (sched.used_tokens(&engine), sched.reserved_tokens(&engine));
+                assert!(reserved <= used + 4 * 4, "reserved {reserved} > used {used} + one block per row");
+                assert!(sched.allocated_tokens(&engine) >= reserved);
+                if !more && sched.queued() == 0 {
+                    break;
+                }
+            }
+            done.sort_by_key(|c| c.id);
             engine.cache().check_blocks().unwrap();
             // every row is free again, every block free or only cached
             let u = engine.cache().block_usage();

@@ -268,6 +268,13 @@ fn out_of_blocks_is_a_clear_error_that_changes_nothing() {
     assert_eq!(e.cache().block_usage(), before);
     assert_eq!(e.cache().lens(), &[40, 0]);
     e.cache().check_blocks().unwrap();
+    // the same pool given in bytes; both sizes at once is an error that names them
+    let per_block = 16 * e.cache().global_bytes_per_position();
+    let by_bytes = EngineOptions { block_len: 16, pool_bytes: Some(5 * per_block + 7), ..EngineOptions::new(2, 64) };
+    assert_eq!(Engine::new(&gpu, &w, by_bytes).unwrap().cache().block_usage().total, 5);
+    let both = EngineOptions { pool_blocks: Some(5), ..by_bytes };
+    let err = Engine::new(&gpu, &w, both).err().expect("both sizes").to_string();
+    assert!(err.contains("pool_blocks or pool_bytes, not both"), "{err}");
     // freeing row 0 makes room, and row 1 decodes as if nothing had happened
     e.reset(&[0]).unwrap();
     let out = e.append(&a, 40, &[40], Some(&[1])).unwrap();

@@ -97,15 +97,32 @@ pub struct CacheOptions {
     /// Blocks in the pool; `None`: enough for every row to reach `max_len` at once (`rows x
     /// ceil(max_len / block_len)`), the memory a cache without paging reserves.
     pub pool_blocks: Option<usize>,
+    /// The pool's size in bytes instead (every global group's K and V): as many blocks as fit.
+    /// Give this or `pool_blocks`, not both.
+    pub pool_bytes: Option<u64>,
     /// Keep full blocks of finished sequences for later ones that start with the same tokens
     /// (models without local layers; see [`KvCache::reuse_prefix`]).
     pub prompt_cache: bool,
 }
 
 impl CacheOptions {
-    /// Blocks the pool holds (scratch blocks not counted).
-    pub fn pool_blocks(&self) -> usize {
-        self.pool_blocks.unwrap_or(self.rows * self.max_len.div_ceil(self.block_len.max(1)))
+    /// Blocks the pool holds for `cfg` (scratch blocks not counted); an error names a size given
+    /// twice or too small for one block.
+    pub fn pool_blocks(&self, cfg: &ModelConfig) -> Result<usize> {
+        let per_block =
+            (cfg.n_groups() * 2 * cfg.n_kv_heads * cfg.head_dim * self.dtype.bytes() * self.block_len) as u64;
+        match (self.pool_blocks, self.pool_bytes) {
+            (Some(_), Some(_)) => {
+                Err(Error::Input("give the K/V pool's size as pool_blocks or pool_bytes, not both".into()))
+            }
+            (Some(n), None) => Ok(n),
+            (None, Some(bytes)) if per_block > 0 && bytes < per_block => Err(Error::Input(format!(
+                "pool_bytes {bytes} is less than one block of {} positions ({per_block} bytes)",
+                self.block_len
+            ))),
+            (None, Some(bytes)) => Ok((bytes / per_block.max(1)) as usize),
+            (None, None) => Ok(self.rows * self.max_len.div_ceil(self.block_len.max(1))),
+        }
     }
 }
 
@@ -185,7 +202,7 @@ fn shard_plan(cfg: &ModelConfig, o: &CacheOptions, max_binding: u64) -> Result<(
     let per_position = 2 * (cfg.n_kv_heads * cfg.head_dim * o.dtype.bytes()) as u64;
     let block_bytes = per_position * o.block_len as u64;
     let ring_row = if cfg.has_local() { per_position * (cfg.window + o.spare + 1) as u64 } else { 0 };
-    let pool = o.pool_blocks();
+    let pool = o.pool_blocks(cfg)?;
     for n_shards in 1..=o.rows {
         let shard_rows = o.rows.div_ceil(n_shards);
         let blocks = if cfg.n_groups() > 0 { (pool * shard_rows).div_ceil(o.rows) } else { 0 };
@@ -214,8 +231,9 @@ impl KvCache {
         if !block_len.is_power_of_two() || block_len > 1024 {
             return Err(Error::Input(format!("block_len {block_len}: expected a power of two up to 1024")));
         }
-        if o.pool_blocks() >= u32::MAX as usize / 2 {
-            return Err(Error::Input(format!("pool of {} blocks is too large", o.pool_blocks())));
+        let pool = o.pool_blocks(cfg)?;
+        if pool >= u32::MAX as usize / 2 {
+            return Err(Error::Input(format!("pool of {pool} blocks is too large")));
         }
         let (hk, d) = (cfg.n_kv_heads, cfg.head_dim);
         let w = if cfg.has_local() { cfg.window + spare } else { 0 };
@@ -503,7 +521,7 @@ impl KvCache {
         let per_position = (cfg.n_kv_heads * cfg.head_dim * o.dtype.bytes()) as u64;
         let locals = cfg.layers.iter().filter(|l| l.local).count() as u64;
         // the shards' scratch blocks are a few blocks more: count one per row, an upper bound
-        let blocks = (o.pool_blocks() + o.rows) as u64;
+        let blocks = (o.pool_blocks(cfg).unwrap_or(0) + o.rows) as u64;
         let kv = cfg.n_groups() as u64 * 2 * blocks * o.block_len as u64 * per_position
             + locals * 2 * (ring_slots + 1) * per_position * o.rows as u64;
         let max_blocks = o.max_len.div_ceil(o.block_len.max(1)) as u64;
