@@ -502,7 +502,8 @@ impl KvCache {
     pub fn check_blocks(&self) -> Result<()> {
         self.blocks.audit().map_err(Error::Input)?;
         for r in 0..self.rows {
-            let want = self.lens_cpu[r].div_ceil(self.blocks.block_len());
+            let paged = !self.global.is_empty();
+            let want = if paged { self.lens_cpu[r].div_ceil(self.blocks.block_len()) } else { 0 };
             if self.blocks.table(r).len() != want {
                 return Err(Error::Input(format!(
                     "row {r} holds {} blocks for {} tokens (expected {want})",
@@ -577,6 +578,9 @@ impl KvCache {
     /// to the GPU now (they travel with the step's submit). All or nothing: when the pool lacks
     /// blocks, [`Error::OutOfBlocks`] names the row and shard, and nothing changes.
     pub(crate) fn reserve(&mut self, gpu: &Gpu, rows: &[usize], n: &[usize]) -> Result<()> {
+        if self.global.is_empty() {
+            return Ok(()); // only local layers: nothing is paged
+        }
         let lens: Vec<usize> = rows.iter().map(|&r| self.lens_cpu[r]).collect();
         let new_lens: Vec<usize> = lens.iter().zip(n).map(|(l, k)| l + k).collect();
         let (copies, changed) = self.blocks.reserve(rows, &lens, &new_lens)?;
