@@ -91,6 +91,8 @@ try {
     await page.setInputFiles("#file", process.env.STORE_GGUF);
     await page.click("#load");
     await loaded();
+    // the page keeps the file in the background: wait until it says so, then reload
+    await page.waitForFunction(() => !document.querySelector("#stored-line").hidden, null, { timeout: 60_000 });
     await page.reload();
     await page.waitForFunction(() => !document.querySelector("#stored-line").hidden, null, { timeout: 30_000 });
     console.log(`after a reload: kept in this browser: ${await text("#stored-name")}`);

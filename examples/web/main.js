@@ -86,9 +86,10 @@ async function load() {
       const f = which === "stored" ? await showStored() : $("file").files[0];
       if (!f) throw new Error(which === "stored" ? "nothing is kept in this browser" : "choose a .gguf file first");
       const bytes = await readWithProgress(f);
-      if (which === "gguf") await keep(f.name, bytes);
       bar.removeAttribute("value"); // indeterminate: parsing and uploading to the GPU
       $("status").textContent = "parsing and uploading to the GPU…";
+      // keep a copy for the next visit (in the background: the model does not wait for it)
+      if (which === "gguf") keep(f.name, bytes);
       session = await Session.gguf(bytes, 2048, ROWS);
     }
     // the browser's own words for the adapter (wgpu may not see its name)

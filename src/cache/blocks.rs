@@ -286,7 +286,7 @@ impl BlockPool {
         let b = self.block_len;
         let mut needed = vec![0usize; self.shards.len()];
         // writers per shared partly filled block: all but the last sharer to write it copy it
-        let mut writers: std::collections::HashMap<(usize, u32), usize> = std::collections::HashMap::new();
+        let mut writers: HashMap<(usize, u32), usize> = HashMap::new();
         for ((&row, &len), &new_len) in rows.iter().zip(lens).zip(new_lens) {
             if new_len <= len {
                 continue;
