@@ -24,6 +24,11 @@ struct RowInfo {
     n_new: u32,      // real tokens of this row in this chunk (j < n_new is real, the rest is padding)
     pos0: u32,       // lens[cache_row] before this chunk: token j is stored at slot pos0 + j
     rope_pos0: u32,  // RoPE rotates token j by position rope_pos0 + j (pos0 plus skipped padding)
+    global_from: u32,  // global K/V is written from this position on (below: a prompt-cache replay
+                       // recomputing local rings over blocks the pool already holds)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 // Global K/V lives in pools of blocks, `[blocks, 2, kv_heads, block_len, head_dim]` per shard (a

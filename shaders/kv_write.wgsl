@@ -1,7 +1,8 @@
 // Scatter the chunk's fresh K/V (post-RoPE) into a global pool or a local ring.
 // Nothing is filtered on the host: tokens that must not land write a scratch slot.
 //   RING = false (global K/V, paged): real token j at position pos0 + j goes to its row's block
-//     table entry (pos0 + j) / BLOCK; padding to the shard's scratch block 0.
+//     table entry (pos0 + j) / BLOCK; padding, and positions below global_from (a replay over
+//     blocks the prompt cache supplied), to the shard's scratch block 0.
 //   RING = true (local ring of N = RING_SLOTS - 1 slots, the window W plus rollback spares): only the
 //     last N real tokens of the row survive, token at position p goes to slot p % N; everything else
 //     to the scratch slot N. Runs after the layer's attention, which read the ring as it was plus
@@ -57,7 +58,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let pos = info.pos0 + j;
         if j < info.n_new && pos + scratch >= info.pos0 + info.n_new { slot = pos % scratch; }
         dst = (((info.cache_row - ROW0) * 2u * HK + kh) * RING_SLOTS + slot) * D;
-    } else if j < info.n_new {
+    } else if j < info.n_new && info.pos0 + j >= info.global_from {
         let pos = info.pos0 + j;
         dst = block_elem(block_table[info.cache_row * MAX_BLOCKS + pos / BLOCK], HK, BLOCK, D, kh, pos);
     } else {

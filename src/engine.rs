@@ -58,7 +58,7 @@ pub struct EngineOptions {
     /// blocks as fit. Give this or `pool_blocks`, not both.
     pub pool_bytes: Option<u64>,
     /// Keep full blocks of global K/V for later sequences that begin with the same tokens (on
-    /// by default; models with local layers go without, see [`KvCache::reuse_prefix`]).
+    /// by default; see [`Engine::reuse_prefix`]).
     pub prompt_cache: bool,
 }
 
@@ -269,6 +269,8 @@ struct RowInfoGpu {
     n_new: u32,
     pos0: u32,
     rope_pos0: u32,
+    global_from: u32,
+    _pad: [u32; 3],
 }
 
 /// Where a matrix product reads and writes: `y[n, y_offset + o] (+)= x[n, ..K] . W[o]`, with rows
@@ -940,7 +942,7 @@ impl Engine {
         };
         let s = Scratch {
             step: gpu.buffer("step", 16, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST)?,
-            row_info: gpu.storage("row info", (rows * 16) as u64)?,
+            row_info: gpu.storage("row info", (rows * std::mem::size_of::<RowInfoGpu>()) as u64)?,
             ids: gpu.storage("ids", f4(t))?,
             x: gpu.storage("x", f4(t * d))?,
             h: gpu.storage("h", f4(t * d))?,
@@ -1237,7 +1239,7 @@ impl Engine {
         } else {
             self.cache.reset(&self.gpu, &[row])?;
             self.sampling.clear(&self.gpu, &[row]);
-            kept = self.cache.reuse_prefix(&self.gpu, row, tokens)?;
+            kept = self.reuse_prefix(row, tokens)?;
         }
         let rest = &head[kept..];
         if !rest.is_empty() {
@@ -1262,11 +1264,28 @@ impl Engine {
         self.cache.release(owner, rows)
     }
 
-    /// Start the empty `row` on the longest prefix of `prompt` the prompt cache holds; returns
-    /// the tokens it now holds, `n`: append `prompt[n..]` next (see [`KvCache::reuse_prefix`]).
+    /// Start the empty `row` on the longest prefix of `prompt` whose full blocks of global K/V
+    /// the prompt cache holds (left by any row, finished or not), leaving at least one token to
+    /// compute; returns the tokens it now holds, `n`: append `prompt[n..]` next. The row is then
+    /// bit for bit as if it had computed them. Models with local layers also need each ring as it
+    /// stands at the reuse point, which the pool does not hold: the row recomputes the last
+    /// `local layers x W + rollback` positions before it (a few blocks) without writing their
+    /// global K/V, since each local layer's window reaches that far back through the ones before
+    /// it; a prefix shorter than that is not reused. 0 when nothing is reused. Errors when the
+    /// row is out of range or not empty; nothing changes then.
     pub fn reuse_prefix(&mut self, row: usize, prompt: &[u32]) -> Result<usize> {
         self.gpu.check()?;
-        self.cache.reuse_prefix(&self.gpu, row, prompt)
+        let (start, end) = self.cache.adopt_prefix(&self.gpu, row, prompt)?;
+        if end > start {
+            self.cache.replay_until[row] = end;
+            let replayed = self.feed(&prompt[start..end], end - start, &[end - start], Some(&[row]));
+            self.cache.replay_until[row] = 0;
+            if let Err(e) = replayed {
+                self.cache.reset(&self.gpu, &[row])?;
+                return Err(e);
+            }
+        }
+        Ok(end)
     }
 
     /// Copy row `src` into rows `dst` on the GPU: they continue from the same prefix without
@@ -1571,6 +1590,8 @@ impl Engine {
                 n_new: n as u32,
                 pos0: self.cache.lens_cpu[row] as u32,
                 rope_pos0: self.cache.position(row) as u32,
+                global_from: self.cache.replay_until[row] as u32,
+                _pad: [0; 3],
             })
             .collect();
         q.write_buffer(&self.s.step, 0, bytemuck::bytes_of(&step));

@@ -339,9 +339,9 @@ fn a_small_pool_preempts_and_resumes_with_identical_output() {
         for (a, b) in got.iter().zip(&want) {
             assert_eq!((a.id, &a.tokens, &a.logprobs, a.finish), (b.id, &b.tokens, &b.logprobs, b.finish), "seed {s}");
         }
-        if cfg.has_local() {
-            assert_eq!(pc.hit_tokens, 0);
-        } else {
+        // (the TinyAgent layout recomputes 4 layers x W + spare positions before a reuse point,
+        // more than its 20-token system prompt)
+        if !cfg.has_local() {
             assert!(pc.hit_tokens > 0, "no prompt-cache hits: {pc:?}");
         }
     }

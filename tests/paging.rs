@@ -348,11 +348,58 @@ fn the_prompt_cache_reuses_blocks_bit_for_bit_and_evicts_the_oldest() {
     assert!(e.cache().prompt_cache_stats().evicted > 0);
     e.cache().check_blocks().unwrap();
     e.reset(&[0]).unwrap();
-    // models with local layers keep no prompt cache (their rings are not in the pool)
-    let ta = model(&tiny_agent_cfg(), s);
-    let mut t = Engine::new(&gpu, &ta, EngineOptions::new(1, 64)).unwrap();
-    assert!(!t.cache().prompt_cache());
-    t.append(&system, 40, &[40], None).unwrap();
-    t.reset(&[0]).unwrap();
-    assert_eq!(t.reuse_prefix(0, &prompt).unwrap(), 0);
+}
+
+/// Models with local layers: a hit recomputes `local layers x W + rollback` positions before the
+/// reuse point (their rings) without writing global K/V, and the row then decodes, rolls back and
+/// decodes again bit for bit like one that computed everything.
+#[test]
+fn a_prompt_cache_hit_on_a_model_with_rings_recomputes_them_exactly() {
+    let s = seed(96);
+    let cfg = tiny_agent_cfg(); // 4 local layers, window 5; rollback 6: replays 26 positions
+    let w = model(&cfg, s);
+    let gpu = gpu();
+    let mut rng = SplitMix64(s);
+    let system: Vec<u32> = (0..70).map(|_| rng.below(96) as u32).collect();
+    let opts = EngineOptions { block_len: 8, rollback: 6, ..EngineOptions::new(2, 128) };
+    let mut e = Engine::new(&gpu, &w, opts).unwrap();
+    let mut alone = Engine::new(&gpu, &w, EngineOptions { prompt_cache: false, ..opts }).unwrap();
+    e.append(&system, 70, &[70], Some(&[0])).unwrap();
+    e.reset(&[0]).unwrap();
+    // the prompt ends right after the reuse point, so what follows leans on the recomputed rings
+    let mut prompt = system[..64].to_vec();
+    prompt.push(5);
+    // 8 blocks of 8 cached (64 positions); 26 to replay: from position 32 (a block boundary)
+    let n = e.reuse_prefix(1, &prompt).unwrap();
+    assert_eq!(n, 64);
+    assert_eq!(e.cache().prompt_cache_stats().hit_tokens, 32);
+    let a = e.append(&prompt[n..], prompt.len() - n, &[prompt.len() - n], Some(&[1])).unwrap();
+    let b = alone.append(&prompt, prompt.len(), &[prompt.len()], Some(&[1])).unwrap();
+    assert_eq!(a.row(0), b.row(0), "seed {s}: the recomputed rings changed the logits");
+    // roll back into the reused region as far as the rings allow: the next token reads ring
+    // entries of the deepest local layer written during the replay
+    let k = e.cache().max_rollback(1);
+    assert_eq!((k, alone.cache().max_rollback(1)), (6, 6));
+    e.rollback(&[1], &[k]).unwrap();
+    alone.rollback(&[1], &[k]).unwrap();
+    // decode, roll back as far as the rings allow, decode again: identical throughout
+    for round in 0..3 {
+        let t: Vec<u32> = (0..4).map(|_| rng.below(96) as u32).collect();
+        let a = e.append(&t, 4, &[4], Some(&[1])).unwrap();
+        let b = alone.append(&t, 4, &[4], Some(&[1])).unwrap();
+        assert_eq!(a.row(0), b.row(0), "seed {s} round {round}");
+        let k = e.cache().max_rollback(1);
+        assert_eq!(k, alone.cache().max_rollback(1));
+        e.rollback(&[1], &[k]).unwrap();
+        alone.rollback(&[1], &[k]).unwrap();
+    }
+    let a = e.append(&[9], 1, &[1], Some(&[1])).unwrap();
+    let b = alone.append(&[9], 1, &[1], Some(&[1])).unwrap();
+    assert_eq!(a.row(0), b.row(0));
+    let d = max_abs_diff(a.row(0).unwrap(), &ref_last(&w, e.cache().history(1)));
+    assert!(d <= 1e-4, "seed {s}: {d} from the reference");
+    e.cache().check_blocks().unwrap();
+    // a prefix shorter than the replay is not reused
+    e.reset(&[1]).unwrap();
+    assert_eq!(e.reuse_prefix(1, &prompt[..30]).unwrap(), 0);
 }

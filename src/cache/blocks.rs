@@ -211,10 +211,13 @@ impl BlockPool {
     }
 
     /// Give the empty `row` the cached blocks `prompt` begins with, leaving at least one token of
-    /// `prompt` to compute (its logits are wanted). Returns the tokens the row now holds.
-    pub(crate) fn adopt(&mut self, row: usize, prompt: &[u32]) -> usize {
+    /// `prompt` to compute (its logits are wanted). Returns `(start, end)`: the row holds the
+    /// blocks of positions `..end`, and computes from `start` on, `start` at least `replay`
+    /// positions before `end` and on a block boundary (models with local layers recompute their
+    /// rings there); (0, 0) when that leaves nothing to reuse.
+    pub(crate) fn adopt(&mut self, row: usize, prompt: &[u32], replay: usize) -> (usize, usize) {
         if !self.prompt_cache || !self.tables[row].is_empty() {
-            return 0;
+            return (0, 0);
         }
         let b = self.block_len;
         let s = self.shard_of(row);
@@ -241,9 +244,14 @@ impl BlockPool {
             self.hashes[row].push(hash);
             parent = hash;
         }
-        let n = self.tables[row].len() * b;
-        self.stats.hit_tokens += n;
-        n
+        let end = self.tables[row].len() * b;
+        let start = end.saturating_sub(replay) / b * b;
+        if start == 0 {
+            self.truncate(row, 0);
+            return (0, 0);
+        }
+        self.stats.hit_tokens += start;
+        (start, end)
     }
 
     pub(crate) fn block_len(&self) -> usize {

@@ -101,7 +101,7 @@ pub struct CacheOptions {
     /// Give this or `pool_blocks`, not both.
     pub pool_bytes: Option<u64>,
     /// Keep full blocks of finished sequences for later ones that start with the same tokens
-    /// (models without local layers; see [`KvCache::reuse_prefix`]).
+    /// (see [`crate::Engine::reuse_prefix`]).
     pub prompt_cache: bool,
 }
 
@@ -174,6 +174,14 @@ pub struct KvCache {
     pending_copies: Vec<BlockCopy>,
     /// Who holds each row (`None`: free).
     owners: Vec<Option<RowOwner>>,
+    /// Positions a prompt-cache hit recomputes before its reuse point on models with local
+    /// layers: each local layer reaches `W` positions further back than the one before it, so
+    /// its ring at position R is exact when recomputed from `R - layers x W - spare` on (0
+    /// without local layers).
+    replay: usize,
+    /// Per row, the position global K/V is written from in the step being recorded (a replay
+    /// over cached blocks writes none of it; 0 otherwise).
+    pub(crate) replay_until: Vec<usize>,
     /// Per layer, per shard: its ring K/V if the layer is local.
     pub(crate) ring: Vec<Option<Vec<wgpu::Buffer>>>,
     pub(crate) lpos: wgpu::Buffer,
@@ -267,10 +275,7 @@ impl KvCache {
             })
             .collect::<Result<Vec<_>>>()?;
         let mut blocks = BlockPool::new(rows, max_len, shard_rows, shard_blocks, block_len);
-        // a local layer's ring at a reuse point would have to come from somewhere: its keys are
-        // not in the pool, and recomputing them exactly means recomputing every layer's window
-        // before them (the local layers' reach grows with depth), so such models do without
-        blocks.set_prompt_cache(o.prompt_cache && !cfg.has_local());
+        blocks.set_prompt_cache(o.prompt_cache);
         let lpos = gpu.storage_init("lpos", bytemuck::cast_slice(&vec![-1i32; rows * (w + 1)]))?;
         let lens = gpu.storage("lens", (rows * 4) as u64)?;
         let history = gpu.storage("token history", (rows * (max_len + 1) * 4) as u64)?;
@@ -292,6 +297,12 @@ impl KvCache {
             block_tables,
             pending_copies: Vec::new(),
             owners: vec![None; rows],
+            replay: if cfg.has_local() {
+                cfg.layers.iter().filter(|l| l.local).count() * cfg.window + spare
+            } else {
+                0
+            },
+            replay_until: vec![0; rows],
             ring,
             lpos,
             lens,
@@ -529,7 +540,7 @@ impl KvCache {
         kv + o.rows as u64 * ((ring_slots + 1) + 1 + (o.max_len as u64 + 1) + max_blocks) * 4
     }
 
-    /// Whether the prompt cache is on (asked for, and the model has no local layers).
+    /// Whether the prompt cache is on.
     pub fn prompt_cache(&self) -> bool {
         self.blocks.prompt_cache()
     }
@@ -539,12 +550,12 @@ impl KvCache {
         self.blocks.prompt_cache_stats()
     }
 
-    /// Start the empty `row` on the longest prefix of `prompt` whose full blocks the prompt cache
-    /// holds (from any row, finished or not), leaving at least one token to compute: the row then
-    /// holds those tokens exactly as if it had computed them, and the caller appends the rest,
-    /// `prompt[n..]`. Returns `n` (0 when nothing is cached or the cache is off). Errors when
-    /// the row is out of range or not empty.
-    pub fn reuse_prefix(&mut self, gpu: &Gpu, row: usize, prompt: &[u32]) -> Result<usize> {
+    /// Give the empty `row` the prompt cache's blocks of the longest prefix of `prompt` it holds
+    /// (from any row, finished or not), leaving at least one token to compute. Returns
+    /// `(start, end)`: the row holds `prompt[..start]` and the blocks up to `end`; the engine
+    /// replays `prompt[start..end]` without writing global K/V (models with local layers: their
+    /// rings), see [`crate::Engine::reuse_prefix`]. (0, 0) when nothing is reused.
+    pub(crate) fn adopt_prefix(&mut self, gpu: &Gpu, row: usize, prompt: &[u32]) -> Result<(usize, usize)> {
         self.check_rows(&[row])?;
         if self.position(row) != 0 {
             return Err(Error::Input(format!(
@@ -552,17 +563,17 @@ impl KvCache {
                 self.position(row)
             )));
         }
-        let n = self.blocks.adopt(row, prompt);
-        if n > 0 {
+        let (start, end) = self.blocks.adopt(row, prompt, self.replay);
+        if end > 0 {
             self.upload_table(gpu, row);
-            self.lens_cpu[row] = n;
-            self.written[row] = n;
-            self.history_cpu[row] = prompt[..n].to_vec();
-            gpu.queue.write_buffer(&self.lens, (row * 4) as u64, &(n as u32).to_le_bytes());
+            self.lens_cpu[row] = start;
+            self.written[row] = start;
+            self.history_cpu[row] = prompt[..start].to_vec();
+            gpu.queue.write_buffer(&self.lens, (row * 4) as u64, &(start as u32).to_le_bytes());
             let at = (row * (self.max_len + 1) * 4) as u64;
-            gpu.queue.write_buffer(&self.history, at, bytemuck::cast_slice(&prompt[..n]));
+            gpu.queue.write_buffer(&self.history, at, bytemuck::cast_slice(&prompt[..start]));
         }
-        Ok(n)
+        Ok((start, end))
     }
 
     /// Put `row`'s full blocks in the prompt cache (those before any skipped positions: a skip
