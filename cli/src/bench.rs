@@ -206,10 +206,6 @@ fn prefix_table(gpu: &Gpu, model: &ModelWeights, a: &Args) -> Result<Vec<serde_j
             ..EngineOptions::new(rows, max_len)
         };
         let mut e = Engine::new(gpu, model, opts)?;
-        if cache_on && !e.cache().prompt_cache() {
-            println!("| on | (this model has local layers: no prompt cache) | | | | | |");
-            continue;
-        }
         let mut sched = Scheduler::new(&e, 256);
         for r in &reqs {
             sched.submit(r.clone())?;

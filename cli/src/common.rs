@@ -7,7 +7,7 @@ use kvdecode::{EngineOptions, KvDtype, ModelConfig, ModelWeights, WeightDtype};
 /// A model of a real shape with seeded random weights in Q4_1 blocks (`synthetic:smollm2`:
 /// SmolLM2-135M's dimensions; `synthetic:1b`: a Llama-3.2-1B-like shape). It runs at the speed of
 /// the real weights, so benchmarks can run where the real files cannot travel. `synthetic:tiny`
-/// is the demo model's size in the Llama layout (every layer global, so the prompt cache applies).
+/// is the demo model's size in the Llama layout (every layer global, no sliding window).
 fn synthetic(name: &str) -> Result<ModelWeights> {
     let cfg = match name {
         "smollm2" => ModelConfig::llama(49152, 576, 9, 3, 64, 1536, 30, 100_000.0, 1e-5, true),
