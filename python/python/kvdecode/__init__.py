@@ -228,7 +228,7 @@ class Engine:
             smaller pool holds more rows than it could fill at once, and an append it cannot hold
             raises :class:`OutOfBlocks`.
         prompt_cache: keep full K/V blocks for later sequences that start with the same tokens
-            (models without sliding-window layers).
+            (models with sliding-window layers recompute a few blocks before the reuse point).
 
     A row's results never depend on what else is in the batch or how its tokens were chunked
     (bit for bit). One engine is used from one thread at a time.
@@ -347,7 +347,8 @@ class Engine:
     def reuse_prefix(self, row: int, prompt: Sequence[int]) -> int:
         """Start the empty ``row`` on the longest prefix of ``prompt`` whose K/V blocks the prompt
         cache holds (from earlier sequences); returns how many tokens it now holds: append
-        ``prompt[n:]`` next. 0 when nothing is cached (or the model has sliding-window layers)."""
+        ``prompt[n:]`` next. 0 when nothing is cached (sliding-window models: nothing longer than
+        the positions they recompute before the reuse point)."""
         return self._e.reuse_prefix(int(row), [int(t) for t in prompt])
 
     def prompt_cache_stats(self) -> Tuple[int, int, int, int]:
