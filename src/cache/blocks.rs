@@ -308,20 +308,7 @@ impl BlockPool {
         for (&(s, blk), &k) in &writers {
             needed[s] += if k as u32 == self.shards[s].refs[blk as usize] { k - 1 } else { k };
         }
-        for (s, &n) in needed.iter().enumerate() {
-            let free = self.shards[s].available();
-            if n > free {
-                let row = rows.iter().find(|&&r| self.shard_of(r) == s).copied().unwrap_or(0);
-                return Err(Error::OutOfBlocks {
-                    row,
-                    shard: s,
-                    needed: n,
-                    free,
-                    blocks: self.blocks_per_shard(),
-                    block_len: b,
-                });
-            }
-        }
+        self.check_available(&needed, &vec![0; self.shards.len()], rows)?;
         let (mut copies, mut changed) = (Vec::new(), Vec::new());
         for ((&row, &len), &new_len) in rows.iter().zip(lens).zip(new_lens) {
             if new_len <= len {
@@ -348,6 +335,25 @@ impl BlockPool {
             }
         }
         Ok((copies, changed))
+    }
+
+    /// An error naming the first shard (and a row of `rows` in it) whose available blocks, plus
+    /// `returned[s]` that the call frees before it takes any, are fewer than `needed[s]`.
+    fn check_available(&self, needed: &[usize], returned: &[usize], rows: &[usize]) -> Result<()> {
+        for (s, (&n, &back)) in needed.iter().zip(returned).enumerate() {
+            let free = self.shards[s].available();
+            if n > free + back {
+                return Err(Error::OutOfBlocks {
+                    row: rows.iter().copied().find(|&r| self.shard_of(r) == s).unwrap_or(0),
+                    shard: s,
+                    needed: n,
+                    free,
+                    blocks: self.blocks_per_shard(),
+                    block_len: self.block_len,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Whether `row`'s next position (`len`) falls in a partly filled block another row shares.
@@ -389,22 +395,20 @@ impl BlockPool {
         for &d in dst {
             needed[self.shard_of(d)] += self.share_cost(src, d);
         }
-        for (s, &n) in needed.iter().enumerate() {
-            // a destination's own blocks come back before it takes new ones
-            let returned: usize = dst.iter().filter(|&&d| self.shard_of(d) == s).map(|&d| self.tables[d].len()).sum();
-            let free = self.shards[s].available();
-            if n > free + returned {
-                let row = dst.iter().copied().find(|&d| self.shard_of(d) == s).unwrap_or(0);
-                return Err(Error::OutOfBlocks {
-                    row,
-                    shard: s,
-                    needed: n,
-                    free,
-                    blocks: self.blocks_per_shard(),
-                    block_len: self.block_len,
-                });
+        // the destinations' own blocks are dropped first: those no other table (or only the
+        // prompt cache) holds afterwards can be taken again
+        let mut drops: HashMap<(usize, u32), u32> = HashMap::new();
+        for &d in dst {
+            for &blk in &self.tables[d] {
+                *drops.entry((self.shard_of(d), blk)).or_default() += 1;
             }
         }
+        let mut returned = vec![0usize; self.shards.len()];
+        for (&(s, blk), &k) in &drops {
+            let left = self.shards[s].refs[blk as usize] - k;
+            returned[s] += usize::from(left == u32::from(self.shards[s].cached[blk as usize].is_some()));
+        }
+        self.check_available(&needed, &returned, dst)?;
         for &d in dst {
             self.truncate(d, 0);
             self.hashes[d].clear();
@@ -502,8 +506,10 @@ impl BlockPool {
                     return Err(format!("shard {si}: block {blk} is free twice"));
                 }
             }
+            let mut evictable = 0;
             for (blk, c) in s.cached.iter().enumerate() {
                 if let Some(c) = c {
+                    evictable += usize::from(refs[blk] == 0);
                     if self.index.get(&(si, c.hash)) != Some(&(blk as u32)) {
                         return Err(format!("shard {si}: cached block {blk} is not in the index"));
                     }
@@ -516,8 +522,6 @@ impl BlockPool {
                     refs[blk] += 1;
                 }
             }
-            let evictable = s.cached.iter().flatten().count()
-                - s.cached.iter().enumerate().filter(|(b, c)| c.is_some() && refs[*b] > 1).count();
             if evictable != s.evictable.len() {
                 return Err(format!("shard {si}: {} evictable blocks listed, {evictable} found", s.evictable.len()));
             }
@@ -586,6 +590,24 @@ mod tests {
         let copies = p.share(0, &[1, 2]).unwrap();
         assert_eq!(copies.len(), 2, "row 2 lives in shard 1: both blocks copied");
         assert_eq!(p.shard_of(2), 1);
+        p.audit().unwrap();
+    }
+
+    #[test]
+    fn a_fork_counts_only_blocks_that_really_come_back() {
+        // shards of 2 rows and 3 blocks: rows 0 and 1 share 2 blocks, row 2 (shard 1) holds 2
+        let mut p = BlockPool::new(4, 16, 2, 3, 4);
+        p.reserve(&[0, 2], &[0, 0], &[8, 8]).unwrap();
+        p.share(0, &[1]).unwrap();
+        // forking row 2 into row 1 copies 2 blocks into shard 0, where 1 is free: row 1's own
+        // blocks stay held by row 0, so nothing comes back and it is an error, not a panic
+        let before = p.usage();
+        let err = p.share(2, &[1]).unwrap_err();
+        assert!(matches!(err, Error::OutOfBlocks { row: 1, shard: 0, needed: 2, free: 1, .. }), "{err}");
+        assert_eq!(p.usage(), before);
+        // once row 0 lets go, row 1's blocks come back and the fork fits
+        p.truncate(0, 0);
+        assert_eq!(p.share(2, &[1]).unwrap().len(), 2);
         p.audit().unwrap();
     }
 }
