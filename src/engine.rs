@@ -1235,10 +1235,9 @@ impl Engine {
         let back = held.len() - common;
         let mut kept = common;
         if self.cache.skips[row].is_empty() && back <= self.cache.max_rollback(row) {
-            self.cache.rollback(&self.gpu, &[row], &[back])?;
+            self.rollback(&[row], &[back])?;
         } else {
-            self.cache.reset(&self.gpu, &[row])?;
-            self.sampling.clear(&self.gpu, &[row]);
+            self.reset(&[row])?;
             kept = self.reuse_prefix(row, tokens)?;
         }
         let rest = &head[kept..];
@@ -1281,7 +1280,7 @@ impl Engine {
             let replayed = self.feed(&prompt[start..end], end - start, &[end - start], Some(&[row]));
             self.cache.replay_until[row] = 0;
             if let Err(e) = replayed {
-                self.cache.reset(&self.gpu, &[row])?;
+                self.reset(&[row])?;
                 return Err(e);
             }
         }

@@ -3,17 +3,29 @@
 
 use std::process::Command;
 
+mod common;
+
 #[test]
 fn bench_json_carries_throughput_and_attention_variants() {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvdecode"))
-        .args(["bench", "--model", "demo", "--rows", "1,2", "--ctx", "8", "--steps", "2", "--kv", "f32"])
-        .args(["--tables", "throughput,attention", "--attention-ctx", "70", "--json"])
-        .output()
-        .expect("run kvdecode bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let last = stdout.lines().last().expect("output");
-    let v: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    let (stdout, v) = common::run_json(&[
+        "bench",
+        "--model",
+        "demo",
+        "--rows",
+        "1,2",
+        "--ctx",
+        "8",
+        "--steps",
+        "2",
+        "--kv",
+        "f32",
+        "--tables",
+        "throughput,attention",
+        "--attention-ctx",
+        "70",
+        "--json",
+    ]);
+    let last = v.to_string();
     let rows = v["throughput"].as_array().expect("throughput");
     assert_eq!(rows.len(), 2, "one entry per (kv, rows, context): {last}");
     for (r, want_rows) in rows.iter().zip([1, 2]) {
@@ -33,15 +45,21 @@ fn bench_json_carries_throughput_and_attention_variants() {
 
 #[test]
 fn bench_prefix_table_reports_the_prompt_cache() {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvdecode"))
-        .args(["bench", "--model", "synthetic:tiny", "--tables", "prefix", "--prefix-len", "64"])
-        .args(["--prefix-requests", "6", "--prefix-rows", "2", "--json"])
-        .output()
-        .expect("run kvdecode bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let last = stdout.lines().last().expect("output");
-    let v: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    let (_, v) = common::run_json(&[
+        "bench",
+        "--model",
+        "synthetic:tiny",
+        "--tables",
+        "prefix",
+        "--prefix-len",
+        "64",
+        "--prefix-requests",
+        "6",
+        "--prefix-rows",
+        "2",
+        "--json",
+    ]);
+    let last = v.to_string();
     let rows = v["prefix"].as_array().expect("prefix");
     let (off, on) = (&rows[0], &rows[1]);
     assert_eq!((off["prompt_cache"].as_bool(), on["prompt_cache"].as_bool()), (Some(false), Some(true)));

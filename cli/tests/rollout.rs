@@ -1,18 +1,23 @@
 //! `kvdecode rollout --json`: a GRPO group of 8 forks of one 500-token prompt holds the prompt's
 //! global K/V once (copy-on-write blocks), and the figures come out as one JSON object.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn a_group_of_forks_holds_its_prompt_once() {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvdecode"))
-        .args(["rollout", "--rows", "8", "--group", "8", "--episodes", "8", "--prompt-len", "500", "--json"])
-        .output()
-        .expect("run kvdecode rollout");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let last = stdout.lines().last().expect("output");
-    let v: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    let (_, v) = common::run_json(&[
+        "rollout",
+        "--rows",
+        "8",
+        "--group",
+        "8",
+        "--episodes",
+        "8",
+        "--prompt-len",
+        "500",
+        "--json",
+    ]);
+    let last = v.to_string();
     let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {last}"));
     let (rows, block, per_position) = (n("rows"), n("block_size"), n("global_kv_bytes_per_position"));
     assert_eq!((rows, n("prompt_len"), block), (8, 500, 16));
