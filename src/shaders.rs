@@ -189,6 +189,21 @@ impl Kernel {
 /// Override constants of one pipeline: name and value (bools as 0/1).
 pub(crate) type Constants = Vec<(&'static str, f64)>;
 
+/// Whether shader modules keep wgpu's runtime bounds checks: only when the environment variable
+/// `KVDECODE_BOUNDS_CHECKS` is `1` (to compare, or to chase a suspected out-of-range index). Our
+/// modules are created trusted otherwise. (Browsers check bounds whatever we ask.)
+pub fn bounds_checked() -> bool {
+    std::env::var("KVDECODE_BOUNDS_CHECKS").is_ok_and(|v| v == "1")
+}
+
+/// The runtime checks of trusted modules: no bounds checks, no forced loop bounding; integer
+/// division keeps its guard.
+fn trusted_checks() -> wgpu::ShaderRuntimeChecks {
+    let mut checks = wgpu::ShaderRuntimeChecks::unchecked();
+    checks.int_div_checks = true;
+    checks
+}
+
 type Key = (Kernel, Vec<(&'static str, u64)>);
 
 /// Shader modules, bind group layouts and pipelines, each created once per device.
@@ -204,12 +219,23 @@ impl Pipelines {
         let mut modules = HashMap::new();
         let mut layouts = HashMap::new();
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+        let checked = bounds_checked();
         for k in Kernel::ALL.into_iter().filter(|k| subgroups || !k.needs_subgroups()) {
             let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(k.file()),
                 source: wgpu::ShaderSource::Wgsl(k.source().into()),
             };
-            let module = device.create_shader_module(desc);
+            let module = if checked {
+                device.create_shader_module(desc)
+            } else {
+                // SAFETY: these are our own shaders, not user input. Every index they compute
+                // stays inside its binding: the host checks rows, positions and lengths against
+                // the buffers' sizes before a step is recorded (`Engine::check`), and padding
+                // tokens write scratch slots rather than skipping (tests/shaders.rs and the whole
+                // suite run both ways in CI). Loops all have bounds. Integer division keeps its
+                // checks (a divisor from a uniform could be zero in a bug; a guard costs little).
+                unsafe { device.create_shader_module_trusted(desc, trusted_checks()) }
+            };
             modules.insert(k, module);
             let entries: Vec<_> = k
                 .bindings()
