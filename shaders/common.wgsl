@@ -91,6 +91,23 @@ fn safe_tanh(x: f32) -> f32 {
     return tanh(clamp(x, -15.0, 15.0));
 }
 
+// The MLP activation between the up and down projections, for one feature: `act` 0 relu(g)^2 (the
+// seed's TinyAgent; `u` unused), 1 silu(g) * u (SwiGLU), 2 gelu_tanh(g) * u (Gemma). One
+// expression for mlp_act.wgsl and the product that fuses it, so both give the same bits.
+fn mlp_act(act: u32, g: f32, u: f32) -> f32 {
+    if act == 0u {
+        let v = max(g, 0.0);
+        return v * v;
+    }
+    var a: f32;
+    if act == 1u {
+        a = g / (1.0 + exp(-g));
+    } else {
+        a = 0.5 * g * (1.0 + safe_tanh(0.7978845608028654 * fma(0.044715 * g * g, g, g)));  // fma: see dot_fma
+    }
+    return a * u;
+}
+
 // Four 16-bit weights from two words: f16 pairs (W_FORMAT 1) or bf16 pairs (5, a shift each).
 fn half4(fmt: u32, a: u32, b: u32) -> vec4<f32> {
     if fmt == 5u {

@@ -4,6 +4,13 @@
 // decode step of 1-3 rows) take one token per thread instead (mat-vec: no lane computes dot
 // products it throws away); a token's sum runs over k in the same order of fused steps either way
 // (dot_fma), so both give the same bits.
+// Two neighbours fuse into the product, each saving a dispatch per layer:
+//   NORM (entry point `main_normed`): x is the residual stream and the product reads its RMS norm
+//     (the block's input norm), computed per workgroup with rmsnorm.wgsl's lanes and tree (the
+//     same bits), and staged in workgroup memory a tile at a time (each normalized value is
+//     computed once per workgroup, not once per output).
+//   MLP_ACT: the MLP activation as an epilogue; gated ones pair output o's weight row (the gate)
+//     with row O_ROWS + o (the up projection), each summed in the usual order.
 
 override K: u32;                   // input features (multiple of 4)
 override X_STRIDE: u32;            // floats per row of x (K, or more when x holds other columns after)
@@ -14,12 +21,22 @@ override W_FORMAT: u32 = 0u;       // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 
 override ACCUMULATE: bool = false; // y += x W^T (the residual add, fused)
 override SOFTCAP: f32 = 0.0;       // > 0: y = SOFTCAP * tanh(y / SOFTCAP) (final logits)
 override PER_ROW: bool = false;    // inputs are the R chunk rows (LM head), not the R * C tokens
-override WG: u32 = 64u;
+override NORM: bool = false;       // read RMS-norm(x) (over K) instead of x
+override NORM_WEIGHT: bool = false; // the norm has a weight (norm_w)
+override EPS: f32 = 1e-6;          // the norm's epsilon
+override MLP_ACT: u32 = 0u;        // 0: none; else mlp_act(MLP_ACT - 1, gate, up) of common.wgsl
+override WG: u32 = 64u;            // 64 with NORM: rmsnorm.wgsl's lanes, so the sums are the same
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;   // [N, X_STRIDE], the first K read
 @group(0) @binding(2) var<storage, read> w: array<u32>;         // [O_ROWS, K] in W_FORMAT
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;   // [N, OUT_STRIDE]
+@group(0) @binding(4) var<storage, read> norm_w: array<vec4<f32>>; // [K] (read with NORM_WEIGHT)
+
+// NORM: the normalized input of the workgroup's tokens, a tile of k4 at a time; its first WG
+// entries first hold the lanes' sums of squares (4 KiB of 16 per token slot at 4 tokens).
+const STAGE: u32 = 1024u;
+var<workgroup> staged: array<vec4<f32>, STAGE>;
 
 fn w4(o: u32, k4: u32) -> vec4<f32> {
     if W_FORMAT >= 6u {
@@ -43,8 +60,8 @@ fn w4(o: u32, k4: u32) -> vec4<f32> {
 // Input row bases (in vec4 units) of tokens n0 .. n0 + 3; out-of-range tokens of the last block
 // re-read the last valid token and their results are dropped by `store4`.
 fn row_bases(n0: u32, n_total: u32) -> vec4<u32> {
-    let last = n_total - 1u;
-    return vec4<u32>(n0, min(n0 + 1u, last), min(n0 + 2u, last), min(n0 + 3u, last)) * (X_STRIDE / 4u);
+    let last = max(n_total, 1u) - 1u;
+    return vec4<u32>(min(n0, last), min(n0 + 1u, last), min(n0 + 2u, last), min(n0 + 3u, last)) * (X_STRIDE / 4u);
 }
 
 // Tokens per thread: 4, or 1 for steps of fewer than 4 tokens (the host sizes the grid the same way).
@@ -52,21 +69,82 @@ fn tokens_per_thread(n_total: u32) -> u32 {
     return select(4u, 1u, n_total < 4u);
 }
 
-// The tokens' dot products with weights w4(o, k4) for k4 = start, start + stride, ...
-fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32) -> vec4<f32> {
+// Input features k4 of the token at row base `base`: x, or with NORM x * inv [* norm_w] (the
+// operations of rmsnorm.wgsl, in its order; the subgroup path passes inv = 1 and scales the sum).
+fn input4(base: u32, k4: u32, inv: f32) -> vec4<f32> {
+    var v = x[base + k4];
+    if NORM {
+        if inv != 1.0 { v *= inv; }
+        if NORM_WEIGHT { v *= norm_w[k4]; }
+    }
+    return v;
+}
+
+// The tokens' dot products with weights w4(o, k4) for k4 = start, start + stride, ... (`inv`: the
+// tokens' norm factors with NORM).
+fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
     if tokens == 1u {
         for (var k4 = start; k4 < K / 4u; k4 += stride) {
-            acc.x = dot_fma(x[b.x + k4], w4(o, k4), acc.x);
+            acc.x = dot_fma(input4(b.x, k4, inv.x), w4(o, k4), acc.x);
         }
         return acc;
     }
     for (var k4 = start; k4 < K / 4u; k4 += stride) {
         let wv = w4(o, k4);
-        acc = vec4<f32>(dot_fma(x[b.x + k4], wv, acc.x), dot_fma(x[b.y + k4], wv, acc.y), dot_fma(x[b.z + k4], wv, acc.z),
-            dot_fma(x[b.w + k4], wv, acc.w));
+        acc = vec4<f32>(dot_fma(input4(b.x, k4, inv.x), wv, acc.x), dot_fma(input4(b.y, k4, inv.y), wv, acc.y),
+            dot_fma(input4(b.z, k4, inv.z), wv, acc.z), dot_fma(input4(b.w, k4, inv.w), wv, acc.w));
     }
     return acc;
+}
+
+// dots over k4 in [k0, k0 + len) from the staged tile (token t's features at t * span), added to acc.
+fn dots_staged(o: u32, k0: u32, len: u32, span: u32, tokens: u32, acc_in: vec4<f32>) -> vec4<f32> {
+    var acc = acc_in;
+    if tokens == 1u {
+        for (var i = 0u; i < len; i++) {
+            acc.x = dot_fma(staged[i], w4(o, k0 + i), acc.x);
+        }
+        return acc;
+    }
+    for (var i = 0u; i < len; i++) {
+        let wv = w4(o, k0 + i);
+        acc = vec4<f32>(dot_fma(staged[i], wv, acc.x), dot_fma(staged[span + i], wv, acc.y),
+            dot_fma(staged[2u * span + i], wv, acc.z), dot_fma(staged[3u * span + i], wv, acc.w));
+    }
+    return acc;
+}
+
+// NORM: 1 / rms of the four tokens at row bases b, summed as rmsnorm.wgsl does (lane i takes
+// elements i, i + WG, ...; then a fixed tree). Every invocation of the workgroup calls it.
+fn inv_rms(b: vec4<u32>, lane: u32) -> vec4<f32> {
+    var ss = vec4<f32>(0.0);
+    for (var d = lane; d < K; d += WG) {
+        let v = vec4<f32>(x[b.x + d / 4u][d % 4u], x[b.y + d / 4u][d % 4u], x[b.z + d / 4u][d % 4u],
+            x[b.w + d / 4u][d % 4u]);
+        ss = fma(v, v, ss);  // explicit fma: see dot_fma in common.wgsl
+    }
+    staged[lane] = ss;
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        workgroupBarrier();
+        if lane < stride { staged[lane] += staged[lane + stride]; }
+    }
+    workgroupBarrier();
+    let inv = inverseSqrt(staged[0] / f32(K) + EPS);
+    workgroupBarrier();  // everyone has read the sum before the tile overwrites it
+    return inv;
+}
+
+// The epilogue's input: outputs o (and with a gated MLP_ACT, their up-projection partners).
+fn apply_act(gate: vec4<f32>, up: vec4<f32>) -> vec4<f32> {
+    if MLP_ACT == 0u { return gate; }
+    return vec4<f32>(mlp_act(MLP_ACT - 1u, gate.x, up.x), mlp_act(MLP_ACT - 1u, gate.y, up.y),
+        mlp_act(MLP_ACT - 1u, gate.z, up.z), mlp_act(MLP_ACT - 1u, gate.w, up.w));
+}
+
+// Whether MLP_ACT pairs each output with a second weight row (gated activations).
+fn gated() -> bool {
+    return MLP_ACT >= 2u;
 }
 
 // Write output column o of tokens n0 .. n0 + tokens - 1 (those that exist), with softcap and
@@ -90,5 +168,43 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let tokens = tokens_per_thread(n_total);
     let n0 = gid.y * tokens;
     if o >= O_ROWS || n0 >= n_total { return; }
-    store4(o, n0, n_total, dots(o, row_bases(n0, n_total), 0u, 1u, tokens), tokens);
+    let b = row_bases(n0, n_total);
+    let acc = dots(o, b, 0u, 1u, tokens, vec4<f32>(1.0));
+    var up = vec4<f32>(0.0);
+    if gated() { up = dots(O_ROWS + o, b, 0u, 1u, tokens, vec4<f32>(1.0)); }
+    store4(o, n0, n_total, apply_act(acc, up), tokens);
+}
+
+// The NORM variant of `main` (a separate entry point: only it holds the workgroup memory).
+@compute @workgroup_size(WG)
+fn main_normed(
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+) {
+    let o = gid.x;
+    let n_total = select(step.tokens, step.rows, PER_ROW);
+    let tokens = tokens_per_thread(n_total);
+    let n0 = wid.y * tokens;
+    let b = row_bases(n0, n_total);
+    let live = o < O_ROWS && n0 < n_total;
+    // every lane takes part in the sums and the staging (barriers), live or not
+    let inv = inv_rms(b, lane);
+    let span = STAGE / tokens;  // k4 per token per tile
+    var acc = vec4<f32>(0.0);
+    var up = vec4<f32>(0.0);
+    for (var k0 = 0u; k0 < K / 4u; k0 += span) {
+        let len = min(span, K / 4u - k0);
+        for (var i = lane; i < len * tokens; i += WG) {
+            let t = i / len;
+            staged[t * span + i % len] = input4(b[t], k0 + i % len, inv[t]);
+        }
+        workgroupBarrier();
+        if live {
+            acc = dots_staged(o, k0, len, span, tokens, acc);
+            if gated() { up = dots_staged(O_ROWS + o, k0, len, span, tokens, up); }
+        }
+        workgroupBarrier();
+    }
+    if live { store4(o, n0, n_total, apply_act(acc, up), tokens); }
 }

@@ -1,4 +1,5 @@
-// MLP activation between the up and down projections.
+// MLP activation between the up and down projections (`mlp_act` in common.wgsl), where the up
+// projection's product cannot fuse it (a gated matrix stored in several parts).
 //   ACT 0: relu(x)^2 (the seed's TinyAgent MLP), input [N, F]
 //   ACT 1: silu(gate) * up (SwiGLU: Llama, Qwen3), input [N, 2F] = [gate | up]
 //   ACT 2: gelu_tanh(gate) * up (Gemma), input [N, 2F] = [gate | up]
@@ -18,17 +19,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let f = idx % F;
     if n >= step.tokens { return; }
     if ACT == 0u {
-        let v = max(up[n * F + f], 0.0);
-        act[n * F + f] = v * v;
-        return;
-    }
-    let g = up[n * 2u * F + f];
-    let u = up[n * 2u * F + F + f];
-    var a: f32;
-    if ACT == 1u {
-        a = g / (1.0 + exp(-g));
+        act[n * F + f] = mlp_act(ACT, up[n * F + f], 0.0);
     } else {
-        a = 0.5 * g * (1.0 + safe_tanh(0.7978845608028654 * fma(0.044715 * g * g, g, g)));  // fma: see dot_fma
+        act[n * F + f] = mlp_act(ACT, up[n * 2u * F + f], up[n * 2u * F + F + f]);
     }
-    act[n * F + f] = a * u;
 }

@@ -4,6 +4,10 @@
 // (`rotate_half`) layout: pairs (i, i + D/2) rotate by angle pos * theta^(-2i/D), read from a table
 // computed on the host in f64 (GPU sin/cos of large arguments is not accurate on every backend).
 // Keys are rotated once, here, before they are stored: they are never rotated again.
+// KV_WRITE (writer layers, the kv_write.wgsl dispatch fused): the rotated global keys and their
+// values also go straight to the row's blocks of the global pool, as kv_write.wgsl places them
+// (tokens below global_from, a prompt-cache replay, write nothing). A thread then takes two
+// neighbouring pairs, so 16-bit K/V is stored in whole words.
 
 override HEADS: u32;               // query heads at the start of each row of t
 override D: u32;                   // head_dim (even)
@@ -18,6 +22,10 @@ override T_K_HEADS: u32 = 0u;
 override K_HEADS: u32 = 0u;
 override K_STRIDE: u32 = 1u;
 override HAS_K_WEIGHT: bool = false;
+override KV_WRITE: bool = false;
+override BLOCK: u32 = 16u;      // positions per block of the global pool
+override MAX_BLOCKS: u32 = 1u;  // block table entries per row
+override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
 override WG: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -27,6 +35,23 @@ override WG: u32 = 64u;
 @group(0) @binding(4) var<storage, read> rope: array<vec2<f32>>;    // [max_len, D/2] (cos, sin)
 @group(0) @binding(5) var<storage, read_write> t_k: array<f32>;     // [R * C, K_STRIDE] (unused without K_HEADS)
 @group(0) @binding(6) var<storage, read> k_weight: array<f32>;      // [D] (unused without HAS_K_WEIGHT)
+@group(0) @binding(7) var<storage, read_write> cache: array<u32>;   // [shard blocks, 2, T_K_HEADS, BLOCK, D] (KV_WRITE)
+@group(0) @binding(8) var<storage, read> block_table: array<u32>;   // [rows, MAX_BLOCKS] (KV_WRITE)
+
+// Pairs per thread without qk-norm: 2 with KV_WRITE (whole words of 16-bit K/V), else 1.
+fn pairs_per_thread() -> u32 {
+    return select(1u, 2u, KV_WRITE);
+}
+
+// KV_WRITE: elements (e, e + 1) of a cache row at word-aligned element index `at`.
+fn cache_store(at: u32, v: vec2<f32>) {
+    if KV_FORMAT != 0u {
+        cache[at / 2u] = pack2(KV_FORMAT, v);
+    } else {
+        cache[at] = bitcast<u32>(v.x);
+        cache[at + 1u] = bitcast<u32>(v.y);
+    }
+}
 
 fn load(in_tk: bool, i: u32) -> f32 {
     if in_tk { return t_k[i]; }
@@ -38,13 +63,17 @@ fn store(in_tk: bool, i: u32, v: f32) {
 }
 
 // Thread (token n, head h), or (token n, head h, pair i) without qk-norm (a thread walking the
-// head's pairs alone is latency-bound on a GPU). Heads: t's queries, t's keys, then t_k's keys.
+// head's pairs alone is latency-bound on a GPU). Heads: t's queries, t's keys, t_k's keys, then
+// with KV_WRITE the values of t's keys (copied to the pool).
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let flat = gid.x + gid.y * nwg.x * WG;  // 2D grids for more than 65535 workgroups
     let half = D / 2u;
-    let heads = HEADS + T_K_HEADS + K_HEADS;
-    let idx = select(flat, flat / half, !NORM);
+    let pp = pairs_per_thread();
+    let per_head = half / pp;  // threads per head without qk-norm
+    let v_heads = select(0u, T_K_HEADS, KV_WRITE);
+    let heads = HEADS + T_K_HEADS + K_HEADS + v_heads;
+    let idx = select(flat, flat / per_head, !NORM);
     let n = idx / heads;
     let head = idx % heads;
     if n >= step.tokens { return; }
@@ -53,6 +82,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let info = rows[r];
     if j >= info.n_new { return; }  // padding: its value is never read as a real key or query
     let pos = info.rope_pos0 + j;
+    let first = select(0u, (flat % per_head) * pp, !NORM);
+    let end = select(half, first + pp, !NORM);
+    // KV_WRITE: where this token's K/V go in the pool (nowhere below global_from)
+    let cache_pos = info.pos0 + j;
+    let to_pool = KV_WRITE && cache_pos >= info.global_from;
+    var block = 0u;
+    if to_pool { block = block_table[info.cache_row * MAX_BLOCKS + cache_pos / BLOCK]; }
+    let v_offset = T_K_HEADS * BLOCK * D;  // a block's values follow its keys
+    if head >= HEADS + T_K_HEADS + K_HEADS {
+        // a value head: copied as it is
+        let vh = head - HEADS - T_K_HEADS - K_HEADS;
+        if !to_pool { return; }
+        let src = n * STRIDE + (HEADS + T_K_HEADS + vh) * D;
+        let dst = block_elem(block, T_K_HEADS, BLOCK, D, vh, cache_pos) + v_offset;
+        for (var i = first; i < end; i += 2u) {
+            cache_store(dst + i, vec2<f32>(t[src + i], t[src + i + 1u]));
+            cache_store(dst + i + half, vec2<f32>(t[src + i + half], t[src + i + half + 1u]));
+        }
+        return;
+    }
     let is_key = head >= HEADS;
     let in_tk = head >= HEADS + T_K_HEADS;
     let base = select(n * STRIDE + head * D, n * K_STRIDE + (head - HEADS - T_K_HEADS) * D, in_tk);
@@ -62,20 +111,32 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         for (var d = 0u; d < D; d++) { let v = load(in_tk, base + d); ss = fma(v, v, ss); }
         inv = inverseSqrt(ss / f32(D) + EPS);
     }
-    let first = select(0u, flat % half, !NORM);
-    for (var i = first; i < select(half, first + 1u, !NORM); i++) {
-        var a = load(in_tk, base + i) * inv;
-        var b = load(in_tk, base + i + half) * inv;
-        if NORM && is_key && HAS_K_WEIGHT {
-            a *= k_weight[i];
-            b *= k_weight[i + half];
-        } else if NORM && !is_key && HAS_WEIGHT {
-            a *= weight[i];
-            b *= weight[i + half];
+    let pooled = to_pool && is_key && !in_tk;
+    for (var i0 = first; i0 < end; i0 += pp) {
+        var lo = vec2<f32>(0.0);  // rotated elements i0, i0 + 1 (the second with two pairs)
+        var hi = vec2<f32>(0.0);  // and i0 + half, i0 + half + 1
+        for (var p = 0u; p < pp; p++) {
+            let i = i0 + p;
+            var a = load(in_tk, base + i) * inv;
+            var b = load(in_tk, base + i + half) * inv;
+            if NORM && is_key && HAS_K_WEIGHT {
+                a *= k_weight[i];
+                b *= k_weight[i + half];
+            } else if NORM && !is_key && HAS_WEIGHT {
+                a *= weight[i];
+                b *= weight[i + half];
+            }
+            let cs = rope[pos * half + i];
+            // explicit fma: see dot_fma in common.wgsl
+            lo[p] = fma(a, cs.x, -(b * cs.y));
+            hi[p] = fma(b, cs.x, a * cs.y);
+            store(in_tk, base + i, lo[p]);
+            store(in_tk, base + i + half, hi[p]);
         }
-        let cs = rope[pos * half + i];
-        // explicit fma: see dot_fma in common.wgsl
-        store(in_tk, base + i, fma(a, cs.x, -(b * cs.y)));
-        store(in_tk, base + i + half, fma(b, cs.x, a * cs.y));
+        if pooled {
+            let dst = block_elem(block, T_K_HEADS, BLOCK, D, head - HEADS, cache_pos);
+            cache_store(dst + i0, lo);
+            cache_store(dst + i0 + half, hi);
+        }
     }
 }

@@ -60,6 +60,85 @@ pub struct EngineOptions {
     /// Keep full blocks of global K/V for later sequences that begin with the same tokens (on
     /// by default; see [`Engine::reuse_prefix`]).
     pub prompt_cache: bool,
+    /// Which neighbouring kernels run fused into one dispatch; `None` (the default): the
+    /// `KVDECODE_FUSE` environment variable ([`Fusion::from_env`]), else [`Fusion::auto`] for
+    /// the adapter.
+    pub fusion: Option<Fusion>,
+}
+
+/// Kernels fused into their neighbours, each saving a dispatch per layer and step. On the
+/// portable kernels fused and unfused runs give the same bits; the subgroup products sum a fused
+/// norm in their own order (exact all the same: nothing depends on the batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fusion {
+    /// A block's input RMS norm computed inside the products that read it.
+    pub norm: bool,
+    /// The MLP activation as the up projection's epilogue (where its matrix is one part).
+    pub act: bool,
+    /// The global K/V write done by RoPE (where the group's cache is one shard).
+    pub kv_write: bool,
+}
+
+impl Fusion {
+    /// Every fusion.
+    pub const ALL: Fusion = Fusion { norm: true, act: true, kv_write: true };
+    /// None: every kernel its own dispatch.
+    pub const NONE: Fusion = Fusion { norm: false, act: false, kv_write: false };
+
+    /// The default for an adapter: everything on GPUs, where each dispatch costs microseconds of
+    /// launch and a kernel's work is small; on adapters that are really the CPU (lavapipe,
+    /// llvmpipe, SwiftShader), where workgroup barriers are expensive and dispatches cheap, all
+    /// but the norm.
+    pub fn auto(info: &wgpu::AdapterInfo) -> Fusion {
+        match info.device_type {
+            wgpu::DeviceType::Cpu => Fusion { norm: false, ..Fusion::ALL },
+            _ => Fusion::ALL,
+        }
+    }
+
+    /// What `KVDECODE_FUSE` would say for it: `all`, `none`, or the list (`act,kv-write`).
+    pub fn name(self) -> String {
+        match self {
+            Fusion::ALL => "all".into(),
+            Fusion::NONE => "none".into(),
+            f => [(f.norm, "norm"), (f.act, "act"), (f.kv_write, "kv-write")]
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, n)| *n)
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+
+    /// The `KVDECODE_FUSE` environment variable, [`Fusion::parse`]d (unset: `None`).
+    pub fn from_env() -> Result<Option<Fusion>> {
+        std::env::var("KVDECODE_FUSE").map_or(Ok(None), |v| Fusion::parse(&v))
+    }
+
+    /// `all`, `none`, `auto` (`None`: the adapter's default), or a comma list of `norm`, `act`,
+    /// `kv-write`.
+    pub fn parse(v: &str) -> Result<Option<Fusion>> {
+        match v {
+            "" | "auto" => return Ok(None),
+            "all" => return Ok(Some(Fusion::ALL)),
+            "none" => return Ok(Some(Fusion::NONE)),
+            _ => {}
+        }
+        let mut f = Fusion::NONE;
+        for part in v.split(',') {
+            match part.trim() {
+                "norm" => f.norm = true,
+                "act" => f.act = true,
+                "kv-write" => f.kv_write = true,
+                other => {
+                    return Err(Error::Config(format!(
+                        "KVDECODE_FUSE={v:?}: {other:?} is not one of all, none, auto, norm, act, kv-write"
+                    )))
+                }
+            }
+        }
+        Ok(Some(f))
+    }
 }
 
 /// The attention kernel family's variants. Each is exact on its own terms (a row's result never
@@ -206,6 +285,7 @@ impl EngineOptions {
             pool_blocks: None,
             pool_bytes: None,
             prompt_cache: true,
+            fusion: None,
         }
     }
 
@@ -285,11 +365,52 @@ struct Product<'a> {
     accumulate: bool,
     per_row: bool,
     softcap: f32,
+    /// Fused RMS norm of x (over K) with this weight (`Some(None)`: no weight).
+    norm: Option<Option<&'a wgpu::Buffer>>,
+    /// Fused MLP activation (`mlp_act.wgsl`'s code); a gated one pairs output o with weight row
+    /// `rows / 2 + o`, so the product has half as many outputs as the matrix has rows.
+    act: Option<MlpKind>,
 }
 
 impl<'a> Product<'a> {
     fn new(x: &'a wgpu::Buffer, x_stride: usize, y: &'a wgpu::Buffer, y_stride: usize) -> Self {
-        Product { x, x_stride, y, y_stride, y_offset: 0, accumulate: false, per_row: false, softcap: 0.0 }
+        Product {
+            x,
+            x_stride,
+            y,
+            y_stride,
+            y_offset: 0,
+            accumulate: false,
+            per_row: false,
+            softcap: 0.0,
+            norm: None,
+            act: None,
+        }
+    }
+}
+
+/// What a block's products read: the normed input `h`, or the residual stream `x` normed inside
+/// the product (`norm`: the fused norm's weight).
+#[derive(Clone, Copy)]
+struct BlockInput<'a> {
+    x: &'a wgpu::Buffer,
+    norm: Option<Option<&'a wgpu::Buffer>>,
+    d_model: usize,
+}
+
+impl<'a> BlockInput<'a> {
+    /// A product of this input into columns `y_offset..` of `y` (rows of `y_stride` floats).
+    fn to(self, y: &'a wgpu::Buffer, y_stride: usize, y_offset: usize) -> Product<'a> {
+        Product { y_offset, norm: self.norm, ..Product::new(self.x, self.d_model, y, y_stride) }
+    }
+}
+
+/// `mlp_act` in common.wgsl names the activations by these codes.
+fn act_code(kind: MlpKind) -> u32 {
+    match kind {
+        MlpKind::ReluSquared => 0,
+        MlpKind::SwiGlu => 1,
+        MlpKind::GeluTanhGated => 2,
     }
 }
 
@@ -439,6 +560,7 @@ pub struct Engine {
     /// Bytes of buffers this engine counts against the device's memory budget.
     gpu_bytes: u64,
     attention: AttentionPlan,
+    fusion: Fusion,
 }
 
 impl Drop for Engine {
@@ -458,6 +580,8 @@ struct Builder<'a> {
     /// Subgroup size of the matmul fast path (`None`: the portable kernel).
     subgroup: Option<u32>,
     attention: AttentionPlan,
+    /// Which kernels run fused.
+    fusion: Fusion,
 }
 
 impl Builder<'_> {
@@ -507,6 +631,18 @@ impl Builder<'_> {
         )
     }
 
+    /// The input of a block's products, `norm(x) * weight`: with fusion the products normalize
+    /// the residual stream themselves; without, one norm dispatch writes it to `h` first.
+    fn block_input<'b>(&'b self, out: &mut Vec<Dispatch>, weight: Option<&'b wgpu::Buffer>) -> BlockInput<'b> {
+        let s = self.s;
+        if self.fusion.norm {
+            BlockInput { x: &s.x, norm: Some(weight), d_model: self.cfg.d_model }
+        } else {
+            out.push(self.norm(&s.x, weight, &s.h, false));
+            BlockInput { x: &s.h, norm: None, d_model: self.cfg.d_model }
+        }
+    }
+
     /// `y (+)= x W^T` over whole rows of x and y, one dispatch per weight part.
     fn matmul(
         &self,
@@ -525,34 +661,47 @@ impl Builder<'_> {
             .iter()
             .map(|p| {
                 let per_row = io.per_row;
-                let (kernel, grid, extra) = match self.subgroup {
-                    Some(sg) => (
-                        Kernel::MatmulSubgroup,
-                        Grid::MatmulSubgroup { out_rows: p.rows, per_row },
-                        vec![("SG", sg as f64)],
-                    ),
-                    None => (Kernel::Matmul, Grid::Matmul { out_rows: p.rows, per_row }, vec![]),
+                let gated = io.act.is_some_and(|a| a.in_factor() == 2);
+                let (out_rows, out_start) = if gated { (p.rows / 2, p.row_start / 2) } else { (p.rows, p.row_start) };
+                let (kernel, grid, extra) = match (self.subgroup, io.norm.is_some()) {
+                    (Some(sg), _) => {
+                        (Kernel::MatmulSubgroup, Grid::MatmulSubgroup { out_rows, per_row }, vec![("SG", sg as f64)])
+                    }
+                    (None, false) => (Kernel::Matmul, Grid::Matmul { out_rows, per_row }, vec![]),
+                    (None, true) => (Kernel::MatmulNormed, Grid::Matmul { out_rows, per_row }, vec![]),
                 };
                 let mut consts = vec![
                     ("K", w.cols as f64),
                     ("X_STRIDE", io.x_stride as f64),
-                    ("O_ROWS", p.rows as f64),
+                    ("O_ROWS", out_rows as f64),
                     ("OUT_STRIDE", io.y_stride as f64),
-                    ("OUT_OFFSET", (io.y_offset + p.row_start) as f64),
+                    ("OUT_OFFSET", (io.y_offset + out_start) as f64),
                     ("W_FORMAT", w.format as f64),
                     ("ACCUMULATE", b(io.accumulate)),
                     ("SOFTCAP", io.softcap as f64),
                     ("PER_ROW", b(per_row)),
                 ];
+                if let Some(weight) = io.norm {
+                    consts.extend([
+                        ("NORM", 1.0),
+                        ("NORM_WEIGHT", b(weight.is_some())),
+                        ("EPS", self.cfg.norm_eps as f64),
+                    ]);
+                }
+                if let Some(act) = io.act {
+                    consts.push(("MLP_ACT", (act_code(act) + 1) as f64));
+                }
                 consts.extend(extra);
-                self.dispatch(kernel, consts, &[&self.s.step, io.x, &p.buffer, io.y], grid)
+                let norm_w = io.norm.flatten().unwrap_or(&self.s.dummy);
+                self.dispatch(kernel, consts, &[&self.s.step, io.x, &p.buffer, io.y, norm_w], grid)
             })
             .collect()
     }
 
     /// qk-norm (optional) and RoPE at each token's position, in place, in one dispatch: the
     /// queries and `t_keys` key heads after them in each row of `t` (`stride` floats), then the
-    /// keys at the start of each row of `keys` (buffer, row floats), if any.
+    /// keys at the start of each row of `keys` (buffer, row floats), if any. `pool`: also write
+    /// `t`'s keys and the values after them to this global pool (kv_write fused).
     #[allow(clippy::too_many_arguments)]
     fn rope(
         &self,
@@ -563,23 +712,31 @@ impl Builder<'_> {
         q_norm: Option<&wgpu::Buffer>,
         k_norm: Option<&wgpu::Buffer>,
         theta: f32,
+        pool: Option<&wgpu::Buffer>,
     ) -> Dispatch {
         let c = self.cfg;
         let k_heads = if keys.is_some() { c.n_kv_heads } else { 0 };
+        let v_heads = if pool.is_some() { t_keys } else { 0 };
+        let pairs_per_thread = if pool.is_some() { 2 } else { 1 };
+        let mut consts = vec![
+            ("HEADS", c.n_heads as f64),
+            ("D", c.head_dim as f64),
+            ("STRIDE", stride as f64),
+            ("NORM", b(c.qk_norm)),
+            ("HAS_WEIGHT", b(q_norm.is_some())),
+            ("EPS", c.norm_eps as f64),
+            ("T_K_HEADS", t_keys as f64),
+            ("K_HEADS", k_heads as f64),
+            ("K_STRIDE", keys.map_or(1, |k| k.1) as f64),
+            ("HAS_K_WEIGHT", b(k_norm.is_some())),
+        ];
+        if pool.is_some() {
+            consts.extend([("KV_WRITE", 1.0), ("KV_FORMAT", self.cache.dtype().format() as f64)]);
+            consts.extend(self.paging());
+        }
         self.dispatch(
             Kernel::QkRope,
-            vec![
-                ("HEADS", c.n_heads as f64),
-                ("D", c.head_dim as f64),
-                ("STRIDE", stride as f64),
-                ("NORM", b(c.qk_norm)),
-                ("HAS_WEIGHT", b(q_norm.is_some())),
-                ("EPS", c.norm_eps as f64),
-                ("T_K_HEADS", t_keys as f64),
-                ("K_HEADS", k_heads as f64),
-                ("K_STRIDE", keys.map_or(1, |k| k.1) as f64),
-                ("HAS_K_WEIGHT", b(k_norm.is_some())),
-            ],
+            consts,
             &[
                 &self.s.step,
                 &self.s.row_info,
@@ -588,9 +745,15 @@ impl Builder<'_> {
                 &self.rope[&theta.to_bits()],
                 keys.map_or(&self.s.dummy_rw, |k| k.0),
                 k_norm.unwrap_or(&self.s.dummy),
+                pool.unwrap_or(&self.s.dummy_rw),
+                &self.cache.block_tables,
             ],
             // a thread per head with qk-norm (it sums the head's squares), else per rotated pair
-            Grid::Tokens((c.n_heads + t_keys + k_heads) * if c.qk_norm { 1 } else { c.head_dim / 2 }),
+            // (two with the pool write)
+            Grid::Tokens(
+                (c.n_heads + t_keys + k_heads + v_heads)
+                    * if c.qk_norm { 1 } else { c.head_dim / 2 / pairs_per_thread },
+            ),
         )
     }
 
@@ -753,41 +916,42 @@ impl Builder<'_> {
                 Grid::Tokens(1),
             ));
         }
-        // 1. h = norm(x)
-        out.push(self.norm(&s.x, lw.attn_norm.as_ref(), &s.h, false));
+        // 1. h = norm(x): its own dispatch, or fused into each product that reads h
+        let attn_in = self.block_input(&mut out, lw.attn_norm.as_ref());
         // 2. q = h Wq^T and, on writer layers, the fresh global K/V beside it in each row of qkv
         //    (one product when both matrices are stored alike); local layers: fresh local K/V
         let qkv = self.qkv_stride();
         let group = spec.global_group.map(|g| &cache.global[g]);
         let writes = group.filter(|_| spec.writes_global);
         match &lw.qkv {
-            QkvWeights::Fused(w) => out.extend(self.matmul(&s.h, w, &s.qkv, qkv, false)),
+            QkvWeights::Fused(w) => out.extend(self.product(w, attn_in.to(&s.qkv, qkv, 0))),
             QkvWeights::Apart { wq, kv_global } => {
-                out.extend(self.matmul(&s.h, wq, &s.qkv, qkv, false));
+                out.extend(self.product(wq, attn_in.to(&s.qkv, qkv, 0)));
                 if let (Some(kvg), Some(_)) = (kv_global, writes) {
-                    out.extend(
-                        self.product(kvg, Product { y_offset: hd, ..Product::new(&s.h, c.d_model, &s.qkv, qkv) }),
-                    );
+                    out.extend(self.product(kvg, attn_in.to(&s.qkv, qkv, hd)));
                 }
             }
         }
         let ring = cache.ring[i].as_ref();
         let local = match (lw.kv_local.as_ref(), ring) {
             (Some(kvl), Some(_)) => {
-                out.extend(self.matmul(&s.h, kvl, &s.kv_local, kvd, false));
+                out.extend(self.product(kvl, attn_in.to(&s.kv_local, kvd, 0)));
                 true
             }
             _ => false,
         };
         // 3. qk-norm and RoPE at each token's own position, the queries and all fresh keys in one
-        //    dispatch (keys are rotated once, before they are stored)
+        //    dispatch (keys are rotated once, before they are stored).
+        // 4. writer layers: scatter K/V into the group's cache now, so this layer and the group's
+        //    later layers see the chunk's keys (padding -> scratch slot); RoPE does it when the
+        //    cache is one shard and a thread can take two pairs; the ring is written after
+        //    attention
         let t_keys = if writes.is_some() { c.n_kv_heads } else { 0 };
         let keys = local.then_some((&s.kv_local, kvd));
-        out.push(self.rope(&s.qkv, qkv, t_keys, keys, lw.q_norm.as_ref(), lw.k_norm.as_ref(), theta));
-        // 4. writer layers: scatter K/V into the group's cache now, so this layer and the group's
-        //    later layers see the chunk's keys (padding -> scratch slot); the ring is written
-        //    after attention
-        if let Some(g) = writes {
+        let pool =
+            writes.filter(|g| self.fusion.kv_write && g.len() == 1 && c.head_dim.is_multiple_of(4)).map(|g| &g[0]);
+        out.push(self.rope(&s.qkv, qkv, t_keys, keys, lw.q_norm.as_ref(), lw.k_norm.as_ref(), theta, pool));
+        if let (Some(g), None) = (writes, pool) {
             out.extend(self.kv_write((&s.qkv, qkv, hd), g, false));
         }
         // 5. attention over global keys + ring + the chunk's fresh local keys; output replaces q
@@ -807,21 +971,21 @@ impl Builder<'_> {
                 self.product(&lw.wo, Product { accumulate: true, ..Product::new(&s.qkv, qkv, &s.x, c.d_model) }),
             );
         }
-        // 8. MLP and residual
+        // 8. MLP and residual; the activation is the up projection's epilogue where its matrix is
+        //    one part (a gated one pairs rows o and F + o)
         let f = c.ffn;
-        out.push(self.norm(&s.x, lw.mlp_norm.as_ref(), &s.h, false));
-        out.extend(self.matmul(&s.h, &lw.mlp_in, &s.up, c.mlp.in_factor() * f, false));
-        let act = match c.mlp {
-            MlpKind::ReluSquared => 0.0,
-            MlpKind::SwiGlu => 1.0,
-            MlpKind::GeluTanhGated => 2.0,
-        };
-        out.push(self.dispatch(
-            Kernel::MlpAct,
-            vec![("F", f as f64), ("ACT", act)],
-            &[&s.step, &s.up, &s.act],
-            Grid::Tokens(f),
-        ));
+        let mlp_in = self.block_input(&mut out, lw.mlp_norm.as_ref());
+        if self.fusion.act && lw.mlp_in.parts.len() == 1 {
+            out.extend(self.product(&lw.mlp_in, Product { act: Some(c.mlp), ..mlp_in.to(&s.act, f, 0) }));
+        } else {
+            out.extend(self.product(&lw.mlp_in, mlp_in.to(&s.up, c.mlp.in_factor() * f, 0)));
+            out.push(self.dispatch(
+                Kernel::MlpAct,
+                vec![("F", f as f64), ("ACT", act_code(c.mlp) as f64)],
+                &[&s.step, &s.up, &s.act],
+                Grid::Tokens(f),
+            ));
+        }
         if c.post_norms {
             out.extend(self.matmul(&s.act, &lw.mlp_out, &s.tmp, c.d_model, false));
             out.push(self.norm(&s.tmp, lw.post_mlp_norm.as_ref(), &s.x, true));
@@ -933,6 +1097,10 @@ impl Engine {
         }
         let t = rows * chunk;
         let attention = AttentionPlan::new(&cfg, &opts, gpu, t)?;
+        let fusion = match opts.fusion {
+            Some(f) => f,
+            None => Fusion::from_env()?.unwrap_or_else(|| Fusion::auto(&gpu.info)),
+        };
         // all-position logits: as many tokens as asked, that one chunk and one binding can hold
         let all_tokens = opts.all_logits_tokens.min(t).min(gpu.max_binding() as usize / (cfg.vocab * 4)).max(1);
         let max_window = opts.rollback + 1;
@@ -995,6 +1163,7 @@ impl Engine {
         let bld = Builder {
             subgroup: gpu.subgroup_size(),
             attention,
+            fusion,
             cfg: &cfg,
             pipelines: &pipelines,
             cache: &cache,
@@ -1087,6 +1256,7 @@ impl Engine {
             profiling: false,
             gpu_bytes: 0,
             attention,
+            fusion,
         })
     }
 
@@ -1114,6 +1284,11 @@ impl Engine {
     /// one).
     pub fn dispatches_per_chunk(&self) -> usize {
         self.chunk_dispatches.iter().chain(&self.head_dispatches).filter(|d| d.live(1, 1)).count()
+    }
+
+    /// Which kernels this engine runs fused ([`EngineOptions::fusion`] resolved).
+    pub fn fusion(&self) -> Fusion {
+        self.fusion
     }
 
     /// The attention kernel this engine built ([`EngineOptions::attention`] resolved).

@@ -53,7 +53,7 @@ impl Profile {
 
     fn charge(&mut self, kernel: Kernel, seconds: f64) {
         match kernel {
-            Kernel::Matmul | Kernel::MatmulSubgroup => self.matmul += seconds,
+            Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulSubgroup => self.matmul += seconds,
             Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead => self.attention += seconds,
             _ => self.other += seconds,
         }

@@ -11,7 +11,9 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
     match kernel {
         Kernel::Embed => &[("D", 64.0), ("PART_ROWS", 100.0)],
         Kernel::RmsNorm => &[("D", 64.0), ("EPS", 1e-6)],
-        Kernel::Matmul => &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0)],
+        Kernel::Matmul | Kernel::MatmulNormed => {
+            &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0)]
+        }
         Kernel::QkRope => &[("HEADS", 4.0), ("D", 16.0), ("STRIDE", 64.0)],
         Kernel::KvWrite => &[("HK", 2.0), ("D", 16.0), ("RING_SLOTS", 33.0), ("SRC_STRIDE", 128.0)],
         Kernel::Attention => &[("H", 4.0), ("HK", 2.0), ("D", 16.0), ("Q_STRIDE", 128.0), ("SCALE", 0.25)],
@@ -48,8 +50,20 @@ fn variants(kernel: Kernel) -> &'static [(&'static str, f64)] {
         Kernel::KvWrite | Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead => {
             &[("KV_FORMAT", 1.0), ("KV_FORMAT", 5.0)]
         }
-        // weights: f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (f32 is the default)
-        Kernel::Matmul | Kernel::MatmulSubgroup | Kernel::Embed => &[
+        // weights: f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (f32 is the default); products: the
+        // fused activations (relu^2, and a gated one)
+        Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulSubgroup => &[
+            ("W_FORMAT", 1.0),
+            ("W_FORMAT", 5.0),
+            ("W_FORMAT", 2.0),
+            ("W_FORMAT", 3.0),
+            ("W_FORMAT", 4.0),
+            ("W_FORMAT", 6.0),
+            ("W_FORMAT", 7.0),
+            ("MLP_ACT", 1.0),
+            ("MLP_ACT", 3.0),
+        ],
+        Kernel::Embed => &[
             ("W_FORMAT", 1.0),
             ("W_FORMAT", 5.0),
             ("W_FORMAT", 2.0),

@@ -76,7 +76,7 @@ pub fn run(a: Args) -> Result<()> {
     let (model, _) = load_model(&a.model)?;
     println!("adapter: {}", gpu.describe());
     println!(
-        "model: {}, {} layers, d_model {}, {} heads / {} KV heads, window {}, vocab {}\n",
+        "model: {}, {} layers, d_model {}, {} heads / {} KV heads, window {}, vocab {}",
         a.model,
         model.cfg.n_layers(),
         model.cfg.d_model,
@@ -85,6 +85,11 @@ pub fn run(a: Args) -> Result<()> {
         model.cfg.window,
         model.cfg.vocab
     );
+    let fusion = kvdecode::Fusion::from_env()?.unwrap_or_else(|| kvdecode::Fusion::auto(&gpu.info));
+    let matmul = gpu.subgroup_size().map_or("portable".to_string(), |sg| format!("subgroup ({sg} lanes)"));
+    println!("kernels: matmul {matmul}, fused: {} (KVDECODE_FUSE)\n", fusion.name());
+    json.insert("fusion".into(), fusion.name().into());
+    json.insert("matmul".into(), matmul.into());
     let mut rng = SplitMix64(3);
     let mut throughput = Vec::new();
     if table("throughput") {

@@ -1,0 +1,128 @@
+//! Fused kernels (`EngineOptions::fusion`): the block's input norm inside its products, the MLP
+//! activation as the up projection's epilogue, the global K/V write inside RoPE. On the portable
+//! kernels every fusion gives the same bits as the unfused dispatches; on the subgroup products a
+//! fused norm sums in its own order, and stays exact (a row alone equals the row in a crowd) and
+//! close to the reference.
+
+mod common;
+
+use common::*;
+use kvdecode::{Engine, EngineOptions, Fusion, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights};
+
+/// Llama (SwiGLU), Qwen3-like (qk-norm), Gemma-like (GELU, post norms, local rings and a global
+/// layer), and the seed's TinyAgent (relu^2, no norm weights, rings in every layer).
+fn families() -> Vec<(&'static str, ModelWeights)> {
+    let llama = llama_cfg();
+    let mut qwen = ModelConfig::llama(96, 32, 4, 2, 8, 48, 2, 1e6, 1e-6, false);
+    qwen.qk_norm = true;
+    let mut gemma = ModelConfig::llama(96, 32, 4, 2, 8, 48, 4, 1e6, 1e-6, true);
+    gemma.qk_norm = true;
+    gemma.layers = (0..4)
+        .map(|i| kvdecode::LayerSpec { global_group: (i == 3).then_some(0), writes_global: i == 3, local: i != 3 })
+        .collect();
+    gemma.window = 4;
+    gemma.post_norms = true;
+    gemma.norm = kvdecode::NormKind::OnePlusWeight;
+    gemma.mlp = kvdecode::MlpKind::GeluTanhGated;
+    let q4 = |cfg: &ModelConfig, seed| model(cfg, seed).quantized(kvdecode::quant::QuantKind::Q4_1).unwrap();
+    vec![
+        ("llama q4_1", q4(&llama, 181)),
+        ("qwen3-like", model(&qwen, 182)),
+        ("gemma-like", model(&gemma, 183)),
+        ("tiny agent", model(&tiny_agent_cfg(), 184)),
+    ]
+}
+
+/// Logits of a prefill (two rows, one padded), then three decode steps of both rows, then one
+/// of row 1 alone; with f16 K/V when `half`.
+fn run(gpu: &Gpu, w: &ModelWeights, fusion: Fusion, half: bool) -> Vec<Vec<f32>> {
+    run_counted(gpu, w, fusion, half).0
+}
+
+/// [`run`], and the engine's dispatches per chunk.
+fn run_counted(gpu: &Gpu, w: &ModelWeights, fusion: Fusion, half: bool) -> (Vec<Vec<f32>>, usize) {
+    let mut opts = EngineOptions::new(2, 40);
+    opts.fusion = Some(fusion);
+    if half {
+        opts.kv = KvDtype::F16;
+    }
+    let mut e = Engine::new(gpu, w, opts).unwrap();
+    assert_eq!(e.fusion(), fusion);
+    let prompt: Vec<u32> = (0..2 * 9).map(|i| (i * 7 + 3) % 96).collect();
+    let mut out = Vec::new();
+    let l = e.append(&prompt, 9, &[9, 6], None).unwrap();
+    out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
+    for step in 0..3u32 {
+        let l = e.append(&[10 + step, 20 + step], 1, &[1, 1], None).unwrap();
+        out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
+    }
+    let l = e.append(&[33], 1, &[1], Some(&[1])).unwrap();
+    out.push(l.row(0).unwrap().to_vec());
+    (out, e.dispatches_per_chunk())
+}
+
+fn portable() -> Gpu {
+    Gpu::with_options(&GpuOptions { portable: true, ..Default::default() }).unwrap()
+}
+
+#[test]
+fn every_fusion_gives_the_unfused_bits_on_the_portable_kernels() {
+    let gpu = portable();
+    let singles = [
+        Fusion { norm: true, ..Fusion::NONE },
+        Fusion { act: true, ..Fusion::NONE },
+        Fusion { kv_write: true, ..Fusion::NONE },
+        Fusion::ALL,
+    ];
+    for (name, w) in families() {
+        for half in [false, true] {
+            let (plain, plain_dispatches) = run_counted(&gpu, &w, Fusion::NONE, half);
+            for f in singles {
+                let (fused, dispatches) = run_counted(&gpu, &w, f, half);
+                assert!(fused == plain, "{name} (f16 K/V: {half}): {f:?} changed the logits");
+                // every family has norms, an MLP and a writer layer: each fusion has work
+                assert!(dispatches < plain_dispatches, "{name}: {f:?} saved no dispatch");
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_kernels_on_the_default_path_are_exact_and_close_to_the_reference() {
+    let gpu = gpu();
+    println!("{}: subgroup fast path {:?}", gpu.describe(), gpu.subgroup_size());
+    for (name, w) in families() {
+        let plain = run(&gpu, &w, Fusion::NONE, false);
+        // the activation and the K/V write change no sum: the same bits on any path
+        let f = Fusion { act: true, kv_write: true, norm: false };
+        assert!(run(&gpu, &w, f, false) == plain, "{name}: act / kv-write fusion changed the logits");
+        let fused = run(&gpu, &w, Fusion::ALL, false);
+        for (a, b) in fused.iter().zip(&plain) {
+            assert!(max_abs_diff(a, b) <= 1e-4, "{name}: fused norm off by {}", max_abs_diff(a, b));
+        }
+        // the prefill's row 0 against the reference
+        let prompt: Vec<u32> = (0..9).map(|i| (i * 7 + 3) % 96).collect();
+        assert!(max_abs_diff(&fused[0], &ref_last(&w, &prompt)) <= 1e-4, "{name}: fused prefill vs reference");
+        // exact: row 1's last step alone equals the same step in a crowd of rows
+        let mut opts = EngineOptions::new(4, 40);
+        opts.fusion = Some(Fusion::ALL);
+        let mut e = Engine::new(&gpu, &w, opts).unwrap();
+        let prompt: Vec<u32> = (0..4 * 9).map(|i| (i * 7 + 3) % 96).collect();
+        e.append(&prompt, 9, &[9, 6, 9, 9], None).unwrap();
+        for step in 0..3u32 {
+            e.append(&[10 + step, 20 + step, 1, 2], 1, &[1, 1, 1, 1], None).unwrap();
+        }
+        let crowd = e.append(&[5, 33, 6, 7], 1, &[1; 4], None).unwrap();
+        assert!(crowd.row(1).unwrap() == fused[8].as_slice(), "{name}: fused norm depends on the batch");
+    }
+}
+
+#[test]
+fn fusion_names_parse_and_a_misspelt_one_is_an_error() {
+    assert_eq!(Fusion::parse("all").unwrap(), Some(Fusion::ALL));
+    assert_eq!(Fusion::parse("none").unwrap(), Some(Fusion::NONE));
+    assert_eq!(Fusion::parse("auto").unwrap(), None);
+    assert_eq!(Fusion::parse("act, kv-write").unwrap(), Some(Fusion { norm: false, act: true, kv_write: true }));
+    let e = Fusion::parse("norm,mlp").unwrap_err().to_string();
+    assert!(e.contains("\"mlp\""), "{e}");
+}
