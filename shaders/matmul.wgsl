@@ -74,7 +74,7 @@ fn tokens_per_thread(n_total: u32) -> u32 {
 fn input4(base: u32, k4: u32, inv: f32) -> vec4<f32> {
     var v = x[base + k4];
     if NORM {
-        if inv != 1.0 { v *= inv; }
+        v *= inv;
         if NORM_WEIGHT { v *= norm_w[k4]; }
     }
     return v;

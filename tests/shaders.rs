@@ -43,36 +43,30 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
     }
 }
 
+/// Weight formats: f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (f32 is the default).
+const WEIGHT_FORMATS: [(&str, f64); 7] = [
+    ("W_FORMAT", 1.0),
+    ("W_FORMAT", 5.0),
+    ("W_FORMAT", 2.0),
+    ("W_FORMAT", 3.0),
+    ("W_FORMAT", 4.0),
+    ("W_FORMAT", 6.0),
+    ("W_FORMAT", 7.0),
+];
+
 /// Values of integer overrides that pick a variant (each is translated too).
-fn variants(kernel: Kernel) -> &'static [(&'static str, f64)] {
+fn variants(kernel: Kernel) -> Vec<(&'static str, f64)> {
     match kernel {
         // K/V storage: f16 pairs, bf16 pairs (f32 is the default)
         Kernel::KvWrite | Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead => {
-            &[("KV_FORMAT", 1.0), ("KV_FORMAT", 5.0)]
+            vec![("KV_FORMAT", 1.0), ("KV_FORMAT", 5.0)]
         }
-        // weights: f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (f32 is the default); products: the
-        // fused activations (relu^2, and a gated one)
-        Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulSubgroup => &[
-            ("W_FORMAT", 1.0),
-            ("W_FORMAT", 5.0),
-            ("W_FORMAT", 2.0),
-            ("W_FORMAT", 3.0),
-            ("W_FORMAT", 4.0),
-            ("W_FORMAT", 6.0),
-            ("W_FORMAT", 7.0),
-            ("MLP_ACT", 1.0),
-            ("MLP_ACT", 3.0),
-        ],
-        Kernel::Embed => &[
-            ("W_FORMAT", 1.0),
-            ("W_FORMAT", 5.0),
-            ("W_FORMAT", 2.0),
-            ("W_FORMAT", 3.0),
-            ("W_FORMAT", 4.0),
-            ("W_FORMAT", 6.0),
-            ("W_FORMAT", 7.0),
-        ],
-        _ => &[],
+        // products: every weight format, and the fused activations (relu^2, a gated one)
+        Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulSubgroup => {
+            [&WEIGHT_FORMATS[..], &[("MLP_ACT", 1.0), ("MLP_ACT", 3.0)]].concat()
+        }
+        Kernel::Embed => WEIGHT_FORMATS.to_vec(),
+        _ => vec![],
     }
 }
 
@@ -162,7 +156,7 @@ fn every_kernel_translates_to_every_backend() {
     for k in Kernel::ALL {
         translate_all(k, false, None);
         translate_all(k, true, None);
-        for &v in variants(k) {
+        for v in variants(k) {
             translate_all(k, false, Some(v));
             translate_all(k, true, Some(v));
         }
