@@ -219,3 +219,29 @@ fn dequant4(fmt: u32, head: u32, word: u32, g: u32) -> vec4<f32> {
 fn quant_word(fmt: u32, g: u32) -> u32 {
     return select(1u + g % 4u, 1u + g, fmt == 2u);
 }
+
+// Activations quantized for the integer-dot products (quantize.wgsl -> matmul_int.wgsl), per
+// block of 32 features: the scale d (f32 bits), d * sum(q) (f32 bits), then q as 8 words of 4
+// int8, feature 4i + j in byte j of word i (llama.cpp's q8_1 layout, in words).
+const Q8_BLOCK_WORDS: u32 = 10u;
+
+// One block of 32 features quantized: q = round(v / d), d = max |v| / 127 (llama.cpp's q8_1).
+fn q8_block(v: array<vec4<f32>, 8>) -> array<u32, 10> {
+    var amax = 0.0;
+    for (var j = 0u; j < 8u; j++) {
+        let a = abs(v[j]);
+        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+    let d = amax / 127.0;
+    let inv = select(0.0, 1.0 / d, d > 0.0);
+    var out: array<u32, 10>;
+    var sum = 0i;
+    for (var j = 0u; j < 8u; j++) {
+        let q = clamp(vec4<i32>(round(v[j] * inv)), vec4<i32>(-127), vec4<i32>(127));
+        sum += q.x + q.y + q.z + q.w;
+        out[2u + j] = pack4xI8(q);
+    }
+    out[0] = bitcast<u32>(d);
+    out[1] = bitcast<u32>(d * f32(sum));
+    return out;
+}

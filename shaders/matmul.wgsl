@@ -1,6 +1,8 @@
 // y[n, OUT_OFFSET + o] = sum_k x[n, k] * w[o, k] for one row-part of a weight matrix (PyTorch layout
 // [out, in]). One thread per output column and 4 tokens: each weight vec4 is read once per 4 tokens
-// (register blocking; workgroup memory was slower on lavapipe). Steps of fewer than 4 tokens (a
+// (register blocking; workgroup memory was slower on lavapipe); with OUTS > 1 (the `wide` variant,
+// for CPU adapters) a thread takes OUTS neighbouring outputs too, and each input vec4 is read once
+// for all of them. Steps of fewer than 4 tokens (a
 // decode step of 1-3 rows) take one token per thread instead (mat-vec: no lane computes dot
 // products it throws away); a token's sum runs over k in the same order of fused steps either way
 // (dot_fma), so both give the same bits.
@@ -26,6 +28,7 @@ override NORM_WEIGHT: bool = false; // the norm has a weight (norm_w)
 override EPS: f32 = 1e-6;          // the norm's epsilon
 override MLP_ACT: u32 = 0u;        // 0: none; else mlp_act(MLP_ACT - 1, gate, up) of common.wgsl
 override WG: u32 = 64u;            // 64 with NORM: rmsnorm.wgsl's lanes, so the sums are the same
+override OUTS: u32 = 1u;           // `main`: outputs per thread, 1 to MAX_OUTS (CPU adapters: 8, see dots_outs)
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;   // [N, X_STRIDE], the first K read
@@ -83,6 +86,9 @@ fn input4(base: u32, k4: u32, inv: f32) -> vec4<f32> {
 // The tokens' dot products with weights w4(o, k4) for k4 = start, start + stride, ... (`inv`: the
 // tokens' norm factors with NORM).
 fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
+    if W_FORMAT >= 2u && W_FORMAT <= 4u && stride == 1u {
+        return dots_blocks(o, b, tokens, inv);
+    }
     var acc = vec4<f32>(0.0);
     if tokens == 1u {
         for (var k4 = start; k4 < K / 4u; k4 += stride) {
@@ -94,6 +100,32 @@ fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32, inv: vec4<f3
         let wv = w4(o, k4);
         acc = vec4<f32>(dot_fma(input4(b.x, k4, inv.x), wv, acc.x), dot_fma(input4(b.y, k4, inv.y), wv, acc.y),
             dot_fma(input4(b.z, k4, inv.z), wv, acc.z), dot_fma(input4(b.w, k4, inv.w), wv, acc.w));
+    }
+    return acc;
+}
+
+// `dots` over all of K for blocks of 32 (Q8_0, Q4_0, Q4_1): each block's words are read once
+// (w4 reads the block's head again for every 4 weights), the weights visited in w4's k4 order,
+// so the sums are the same bits. On CPU adapters, where every per-lane load is a gather, this
+// halves the loads of a Q4 product.
+fn dots_blocks(o: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    let bw = block_words(W_FORMAT);
+    for (var kb = 0u; kb < K / 32u; kb++) {
+        let base = (o * (K / 32u) + kb) * bw;
+        let head = w[base];
+        var words: array<u32, 8>;
+        for (var i = 0u; i + 1u < bw; i++) { words[i] = w[base + 1u + i]; }
+        for (var g = 0u; g < 8u; g++) {
+            let wv = dequant4(W_FORMAT, head, words[quant_word(W_FORMAT, g) - 1u], g);
+            let k4 = kb * 8u + g;
+            acc.x = dot_fma(input4(b.x, k4, inv.x), wv, acc.x);
+            if tokens == 4u {
+                acc.y = dot_fma(input4(b.y, k4, inv.y), wv, acc.y);
+                acc.z = dot_fma(input4(b.z, k4, inv.z), wv, acc.z);
+                acc.w = dot_fma(input4(b.w, k4, inv.w), wv, acc.w);
+            }
+        }
     }
     return acc;
 }
@@ -161,14 +193,85 @@ fn store4(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, tokens: u32) {
     }
 }
 
+// Most outputs per thread (the size of dots_outs' arrays).
+const MAX_OUTS: u32 = 8u;
+
+// `dots` (without NORM) of the OUTS weight rows row0 + min(o0 + j, O_ROWS - 1) at once: each input
+// vec4 is loaded once for all of them, and blocks of 32 have their words read once per block (as
+// dots_blocks). Lavapipe on an AMD EPYC spent most of a product's time loading inputs (every
+// per-lane load is a gather there): 8 outputs per thread took SmolLM2's decode step from 630 to
+// 340 ms of products. Each output's sum runs in `dots`' order: the same bits.
+fn dots_outs(row0: u32, o0: u32, b: vec4<u32>, tokens: u32) -> array<vec4<f32>, MAX_OUTS> {
+    var acc = array<vec4<f32>, MAX_OUTS>();
+    var rows: array<u32, MAX_OUTS>;
+    for (var j = 0u; j < OUTS; j++) { rows[j] = row0 + min(o0 + j, O_ROWS - 1u); }
+    if W_FORMAT >= 2u && W_FORMAT <= 4u {
+        let bw = block_words(W_FORMAT);
+        for (var kb = 0u; kb < K / 32u; kb++) {
+            var heads: array<u32, MAX_OUTS>;
+            var words: array<u32, 64>;  // [output][word], 8 words per output (Q8_0's)
+            for (var j = 0u; j < OUTS; j++) {
+                let base = (rows[j] * (K / 32u) + kb) * bw;
+                heads[j] = w[base];
+                for (var i = 0u; i + 1u < bw; i++) { words[j * 8u + i] = w[base + 1u + i]; }
+            }
+            for (var g = 0u; g < 8u; g++) {
+                let k4 = kb * 8u + g;
+                let x0 = x[b.x + k4];
+                if tokens == 1u {
+                    for (var j = 0u; j < OUTS; j++) {
+                        let wv = dequant4(W_FORMAT, heads[j], words[j * 8u + quant_word(W_FORMAT, g) - 1u], g);
+                        acc[j].x = dot_fma(x0, wv, acc[j].x);
+                    }
+                    continue;
+                }
+                let x1 = x[b.y + k4];
+                let x2 = x[b.z + k4];
+                let x3 = x[b.w + k4];
+                for (var j = 0u; j < OUTS; j++) {
+                    let wv = dequant4(W_FORMAT, heads[j], words[j * 8u + quant_word(W_FORMAT, g) - 1u], g);
+                    acc[j] = vec4<f32>(dot_fma(x0, wv, acc[j].x), dot_fma(x1, wv, acc[j].y),
+                        dot_fma(x2, wv, acc[j].z), dot_fma(x3, wv, acc[j].w));
+                }
+            }
+        }
+        return acc;
+    }
+    for (var k4 = 0u; k4 < K / 4u; k4++) {
+        let x0 = x[b.x + k4];
+        if tokens == 1u {
+            for (var j = 0u; j < OUTS; j++) { acc[j].x = dot_fma(x0, w4(rows[j], k4), acc[j].x); }
+            continue;
+        }
+        let x1 = x[b.y + k4];
+        let x2 = x[b.z + k4];
+        let x3 = x[b.w + k4];
+        for (var j = 0u; j < OUTS; j++) {
+            let wv = w4(rows[j], k4);
+            acc[j] = vec4<f32>(dot_fma(x0, wv, acc[j].x), dot_fma(x1, wv, acc[j].y), dot_fma(x2, wv, acc[j].z),
+                dot_fma(x3, wv, acc[j].w));
+        }
+    }
+    return acc;
+}
+
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x;
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let o = gid.x * OUTS;
     let n_total = select(step.tokens, step.rows, PER_ROW);
     let tokens = tokens_per_thread(n_total);
-    let n0 = gid.y * tokens;
+    let n0 = wid.y * tokens;
     if o >= O_ROWS || n0 >= n_total { return; }
     let b = row_bases(n0, n_total);
+    if OUTS > 1u {
+        let acc = dots_outs(0u, o, b, tokens);
+        var up = array<vec4<f32>, MAX_OUTS>();
+        if gated() { up = dots_outs(O_ROWS, o, b, tokens); }
+        for (var j = 0u; j < OUTS && o + j < O_ROWS; j++) {
+            store4(o + j, n0, n_total, apply_act(acc[j], up[j]), tokens);
+        }
+        return;
+    }
     let acc = dots(o, b, 0u, 1u, tokens, vec4<f32>(1.0));
     var up = vec4<f32>(0.0);
     if gated() { up = dots(O_ROWS + o, b, 0u, 1u, tokens, vec4<f32>(1.0)); }

@@ -8,6 +8,7 @@ override EPS: f32;
 override HAS_WEIGHT: bool = false;
 override ACCUMULATE: bool = false;   // out += norm(x): Gemma's post-norms feeding the residual
 override GATHER_LAST: bool = false;
+override QUANTIZE: bool = false;     // also write the output quantized for the integer-dot products (D % 32 == 0)
 const WG: u32 = 64u;  // lanes per row: one workgroup normalizes one row
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -15,6 +16,7 @@ const WG: u32 = 64u;  // lanes per row: one workgroup normalizes one row
 @group(0) @binding(2) var<storage, read> x: array<f32>;              // [R * C, D]
 @group(0) @binding(3) var<storage, read> weight: array<f32>;         // [D] (unused without HAS_WEIGHT)
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;      // [R * C, D], or [R, D] with GATHER_LAST
+@group(0) @binding(5) var<storage, read_write> xq: array<u32>;       // [R * C or R, D / 32, Q8_BLOCK_WORDS] with QUANTIZE
 
 var<workgroup> lane_sums: array<f32, WG>;  // each lane's sum of squares, then the tree's sums
 
@@ -53,13 +55,31 @@ fn main(
     let inv = inverseSqrt(lane_sums[0] / f32(D) + EPS);
     for (var d = lane; d < D; d += WG) {
         var v = x[src * D + d] * inv;
-        var scale = 1.0;
-        if HAS_WEIGHT { scale = weight[d]; }
         if ACCUMULATE {
-            v = fma(v, scale, out[o * D + d]);
+            v = fma(v, weight_at(d), out[o * D + d]);
         } else {
-            v *= scale;
+            v *= weight_at(d);
         }
         out[o * D + d] = v;
     }
+    // QUANTIZE: lane i takes blocks i, i + WG, ... of the output, recomputed as just written
+    // (the same operations, so the same bits as quantize.wgsl reading `out`)
+    if QUANTIZE && !ACCUMULATE {
+        for (var kb = lane; kb < D / 32u; kb += WG) {
+            var v: array<vec4<f32>, 8>;
+            for (var j = 0u; j < 8u; j++) {
+                let d = kb * 32u + j * 4u;
+                let xs = vec4<f32>(x[src * D + d], x[src * D + d + 1u], x[src * D + d + 2u], x[src * D + d + 3u]);
+                v[j] = xs * inv * vec4<f32>(weight_at(d), weight_at(d + 1u), weight_at(d + 2u), weight_at(d + 3u));
+            }
+            let q = q8_block(v);
+            for (var j = 0u; j < Q8_BLOCK_WORDS; j++) { xq[(o * (D / 32u) + kb) * Q8_BLOCK_WORDS + j] = q[j]; }
+        }
+    }
+}
+
+// The norm's weight of feature d (1 without one: a multiply by 1 is exact).
+fn weight_at(d: u32) -> f32 {
+    if HAS_WEIGHT { return weight[d]; }
+    return 1.0;
 }

@@ -14,6 +14,7 @@ use crate::gpu_weights::{GpuLayer, GpuMatrix, GpuWeights, QkvWeights, WeightDtyp
 use crate::reference::rope_table;
 use crate::sampling::{RowSampling, Sampled, Sampler, SamplerGpu, TOP_LOGPROBS_MAX};
 use crate::shaders::{Constants, Kernel, Pipelines};
+pub use crate::variants::{AttentionKernel, Fusion, MatmulKernel};
 use crate::weights::ModelWeights;
 
 /// Most new tokens per row processed in one chunk (bounds activation memory during prefill,
@@ -64,135 +65,9 @@ pub struct EngineOptions {
     /// `KVDECODE_FUSE` environment variable ([`Fusion::from_env`]), else [`Fusion::auto`] for
     /// the adapter.
     pub fusion: Option<Fusion>,
-}
-
-/// Kernels fused into their neighbours, each saving a dispatch per layer and step. On the
-/// portable kernels fused and unfused runs give the same bits; the subgroup products sum a fused
-/// norm in their own order (exact all the same: nothing depends on the batch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fusion {
-    /// A block's input RMS norm computed inside the products that read it.
-    pub norm: bool,
-    /// The MLP activation as the up projection's epilogue (where its matrix is one part).
-    pub act: bool,
-    /// The global K/V write done by RoPE (where the group's cache is one shard).
-    pub kv_write: bool,
-}
-
-impl Fusion {
-    /// Every fusion.
-    pub const ALL: Fusion = Fusion { norm: true, act: true, kv_write: true };
-    /// None: every kernel its own dispatch.
-    pub const NONE: Fusion = Fusion { norm: false, act: false, kv_write: false };
-
-    /// The default for an adapter: everything on GPUs, where each dispatch costs microseconds of
-    /// launch and a kernel's work is small; on adapters that are really the CPU (lavapipe,
-    /// llvmpipe, SwiftShader), where workgroup barriers are expensive and dispatches cheap, all
-    /// but the norm.
-    pub fn auto(info: &wgpu::AdapterInfo) -> Fusion {
-        match info.device_type {
-            wgpu::DeviceType::Cpu => Fusion { norm: false, ..Fusion::ALL },
-            _ => Fusion::ALL,
-        }
-    }
-
-    /// What `KVDECODE_FUSE` would say for it: `all`, `none`, or the list (`act,kv-write`).
-    pub fn name(self) -> String {
-        match self {
-            Fusion::ALL => "all".into(),
-            Fusion::NONE => "none".into(),
-            f => [(f.norm, "norm"), (f.act, "act"), (f.kv_write, "kv-write")]
-                .iter()
-                .filter(|(on, _)| *on)
-                .map(|(_, n)| *n)
-                .collect::<Vec<_>>()
-                .join(","),
-        }
-    }
-
-    /// The `KVDECODE_FUSE` environment variable, [`Fusion::parse`]d (unset: `None`).
-    pub fn from_env() -> Result<Option<Fusion>> {
-        std::env::var("KVDECODE_FUSE").map_or(Ok(None), |v| Fusion::parse(&v))
-    }
-
-    /// `all`, `none`, `auto` (`None`: the adapter's default), or a comma list of `norm`, `act`,
-    /// `kv-write`.
-    pub fn parse(v: &str) -> Result<Option<Fusion>> {
-        match v {
-            "" | "auto" => return Ok(None),
-            "all" => return Ok(Some(Fusion::ALL)),
-            "none" => return Ok(Some(Fusion::NONE)),
-            _ => {}
-        }
-        let mut f = Fusion::NONE;
-        for part in v.split(',') {
-            match part.trim() {
-                "norm" => f.norm = true,
-                "act" => f.act = true,
-                "kv-write" => f.kv_write = true,
-                other => {
-                    return Err(Error::Config(format!(
-                        "KVDECODE_FUSE={v:?}: {other:?} is not one of all, none, auto, norm, act, kv-write"
-                    )))
-                }
-            }
-        }
-        Ok(Some(f))
-    }
-}
-
-/// The attention kernel family's variants. Each is exact on its own terms (a row's result never
-/// depends on the batch or the chunking), but they sum in different orders, so their logits
-/// differ in the last bits: compare runs made with the same variant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttentionKernel {
-    /// Picked per adapter: [`AttentionKernel::SplitHead`] on adapters that are really the CPU
-    /// (lavapipe, llvmpipe, SwiftShader), [`AttentionKernel::SplitGroup`] on GPUs where the model
-    /// allows it, else serial.
-    Auto,
-    /// One thread per (token, query head) walks every key in order: the portable variant.
-    Serial,
-    /// Split along the keys (flash-decoding) into partitions of fixed positions merged in
-    /// position order; one workgroup per (partition, kv head) scores a tile of keys for all the
-    /// query heads of the kv head at once (K/V read once per group, V coalesced). Needs at most
-    /// 16 query heads per kv head and `heads per kv head x head_dim` at most 1024.
-    SplitGroup,
-    /// The same partitions, one thread per (partition, query head) walking its keys alone: no
-    /// workgroup memory or barriers, the shape that suits CPU adapters' SIMD lanes.
-    SplitHead,
-}
-
-impl AttentionKernel {
-    /// Every variant but `Auto`.
-    pub const ALL: [AttentionKernel; 3] =
-        [AttentionKernel::Serial, AttentionKernel::SplitGroup, AttentionKernel::SplitHead];
-
-    /// Whether it is one of the split variants.
-    pub fn is_split(self) -> bool {
-        matches!(self, AttentionKernel::SplitGroup | AttentionKernel::SplitHead)
-    }
-
-    /// The variant the environment asks for (see [`EngineOptions::attention`]).
-    pub fn from_env() -> Self {
-        match std::env::var("KVDECODE_ATTENTION").as_deref() {
-            Ok("serial") => AttentionKernel::Serial,
-            Ok("auto") => AttentionKernel::Auto,
-            Ok("split-group") => AttentionKernel::SplitGroup,
-            Ok("split-head") => AttentionKernel::SplitHead,
-            _ if std::env::var("KVDECODE_PORTABLE").is_ok_and(|v| v == "1") => AttentionKernel::Serial,
-            _ => AttentionKernel::Auto,
-        }
-    }
-
-    /// Its name, as `KVDECODE_ATTENTION` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            AttentionKernel::Auto => "auto",
-            AttentionKernel::Serial => "serial",
-            AttentionKernel::SplitGroup => "split-group",
-            AttentionKernel::SplitHead => "split-head",
-        }
-    }
+    /// Which product kernel to build; `None` (the default): the `KVDECODE_MATMUL` environment
+    /// variable ([`MatmulKernel::from_env`]), else [`MatmulKernel::Auto`].
+    pub matmul: Option<MatmulKernel>,
 }
 
 /// How attention runs in one engine: the variant, and for the split one its partition size and
@@ -286,6 +161,7 @@ impl EngineOptions {
             pool_bytes: None,
             prompt_cache: true,
             fusion: None,
+            matmul: None,
         }
     }
 
@@ -370,6 +246,8 @@ struct Product<'a> {
     /// Fused MLP activation (`mlp_act.wgsl`'s code); a gated one pairs output o with weight row
     /// `rows / 2 + o`, so the product has half as many outputs as the matrix has rows.
     act: Option<MlpKind>,
+    /// `xq` already holds x quantized for the integer-dot products.
+    quantized: bool,
 }
 
 impl<'a> Product<'a> {
@@ -385,6 +263,7 @@ impl<'a> Product<'a> {
             softcap: 0.0,
             norm: None,
             act: None,
+            quantized: false,
         }
     }
 }
@@ -396,12 +275,19 @@ struct BlockInput<'a> {
     x: &'a wgpu::Buffer,
     norm: Option<Option<&'a wgpu::Buffer>>,
     d_model: usize,
+    /// `xq` already holds x quantized (the norm that wrote x did it).
+    quantized: bool,
 }
 
 impl<'a> BlockInput<'a> {
     /// A product of this input into columns `y_offset..` of `y` (rows of `y_stride` floats).
     fn to(self, y: &'a wgpu::Buffer, y_stride: usize, y_offset: usize) -> Product<'a> {
-        Product { y_offset, norm: self.norm, ..Product::new(self.x, self.d_model, y, y_stride) }
+        Product {
+            y_offset,
+            norm: self.norm,
+            quantized: self.quantized,
+            ..Product::new(self.x, self.d_model, y, y_stride)
+        }
     }
 }
 
@@ -421,8 +307,8 @@ enum Grid {
     Tokens(usize),
     /// `k` threads per chunk row, linear.
     Rows(usize),
-    /// Matmul over the chunk's tokens (or rows): one thread per output and 4 tokens.
-    Matmul { out_rows: usize, per_row: bool },
+    /// Matmul over the chunk's tokens (or rows): one thread per `outs` outputs and 4 tokens.
+    Matmul { out_rows: usize, per_row: bool, outs: usize },
     /// Subgroup matmul: one workgroup (one subgroup) per output and 4 tokens.
     MatmulSubgroup { out_rows: usize, per_row: bool },
     /// One workgroup per chunk row.
@@ -441,6 +327,25 @@ struct Dispatch {
     wg: u32,
 }
 
+/// Words per block of 32 quantized activations (quantize.wgsl): the scale d, d * sum(q), then
+/// the 32 int8 q four to a word.
+const Q8_BLOCK_WORDS: usize = 10;
+
+/// The product kernel for `asked` on this device: `Auto` resolved, and a variant the device
+/// cannot run refused by name (what [`Engine::matmul_kernel`] will say).
+pub fn resolve_matmul(asked: MatmulKernel, gpu: &Gpu) -> Result<MatmulKernel> {
+    match (asked, gpu.subgroup_size()) {
+        (MatmulKernel::Auto, _) if gpu.info.device_type == wgpu::DeviceType::Cpu => Ok(MatmulKernel::Wide),
+        (MatmulKernel::Auto, Some(_)) => Ok(MatmulKernel::Subgroup),
+        (MatmulKernel::Auto, None) => Ok(MatmulKernel::Portable),
+        (MatmulKernel::Subgroup, None) => Err(Error::Config(format!(
+            "matmul: the subgroup kernel needs subgroups of one fixed size, which {} does not offer here              (or the device was made portable: GpuOptions::portable / KVDECODE_PORTABLE=1)",
+            gpu.info.name
+        ))),
+        (k, _) => Ok(k),
+    }
+}
+
 /// Blocks of tokens a matmul dispatch covers: one per 4 tokens, or one per token in steps of
 /// fewer than 4 (`tokens_per_thread` in matmul.wgsl).
 fn matmul_token_blocks(n: usize) -> u32 {
@@ -457,9 +362,9 @@ impl Dispatch {
         match self.grid {
             Grid::Tokens(k) => linear(rows * width * k),
             Grid::Rows(k) => linear(rows * k),
-            Grid::Matmul { out_rows, per_row } => {
+            Grid::Matmul { out_rows, per_row, outs } => {
                 let n = if per_row { rows } else { rows * width };
-                (out_rows.div_ceil(self.wg as usize) as u32, matmul_token_blocks(n), 1)
+                (out_rows.div_ceil(self.wg as usize * outs) as u32, matmul_token_blocks(n), 1)
             }
             Grid::MatmulSubgroup { out_rows, per_row } => {
                 let n = if per_row { rows } else { rows * width };
@@ -521,6 +426,7 @@ pub(crate) struct Scratch {
     all_logits: wgpu::Buffer,        // [all_logits_tokens, vocab]
     dummy: wgpu::Buffer,             // bound where a kernel's optional input is absent
     dummy_rw: wgpu::Buffer,          // the same for an optional output (one buffer may not be bound both ways)
+    xq: wgpu::Buffer,                // int-dot products: [T, K / 32, Q8_BLOCK_WORDS] quantized input
     partials: wgpu::Buffer,          // split attention: [group tokens, H, parts, 4 + D] partial softmax states
     token_groups: Vec<wgpu::Buffer>, // uniform TokenGroup of each token group
     logits_read: wgpu::Buffer,
@@ -561,6 +467,7 @@ pub struct Engine {
     gpu_bytes: u64,
     attention: AttentionPlan,
     fusion: Fusion,
+    matmul: MatmulKernel,
 }
 
 impl Drop for Engine {
@@ -579,6 +486,10 @@ struct Builder<'a> {
     gw: &'a GpuWeights,
     /// Subgroup size of the matmul fast path (`None`: the portable kernel).
     subgroup: Option<u32>,
+    /// Q8_0 / Q4_0 / Q4_1 products take the integer-dot kernel.
+    int_dot: bool,
+    /// Outputs per thread of the portable product (`OUTS` in matmul.wgsl).
+    outs_per_thread: usize,
     attention: AttentionPlan,
     /// Which kernels run fused.
     fusion: Fusion,
@@ -615,9 +526,11 @@ impl Builder<'_> {
         }
     }
 
-    /// `out (+)= norm(x) [* w]` over rows of d_model.
+    /// `out (+)= norm(x) [* w]` over rows of d_model; a norm that writes (not adds) also
+    /// quantizes its output for the integer-dot products when they run ([`Builder::norm_quantizes`]).
     fn norm(&self, x: &wgpu::Buffer, w: Option<&wgpu::Buffer>, out: &wgpu::Buffer, accumulate: bool) -> Dispatch {
         let c = self.cfg;
+        let quantize = !accumulate && self.norm_quantizes();
         self.dispatch(
             Kernel::RmsNorm,
             vec![
@@ -625,10 +538,24 @@ impl Builder<'_> {
                 ("EPS", c.norm_eps as f64),
                 ("HAS_WEIGHT", b(w.is_some())),
                 ("ACCUMULATE", b(accumulate)),
+                ("QUANTIZE", b(quantize)),
             ],
-            &[&self.s.step, &self.s.row_info, x, w.unwrap_or(&self.s.dummy), out],
+            &[
+                &self.s.step,
+                &self.s.row_info,
+                x,
+                w.unwrap_or(&self.s.dummy),
+                out,
+                if quantize { &self.s.xq } else { &self.s.dummy_rw },
+            ],
             Grid::Tokens(Kernel::RmsNorm.workgroup_size() as usize),
         )
+    }
+
+    /// Whether the norms before products write their output quantized too (integer-dot
+    /// products, d_model in whole blocks of 32), sparing the products a quantize dispatch.
+    fn norm_quantizes(&self) -> bool {
+        self.int_dot && self.cfg.d_model.is_multiple_of(32)
     }
 
     /// The input of a block's products, `norm(x) * weight`: with fusion the products normalize
@@ -636,10 +563,10 @@ impl Builder<'_> {
     fn block_input<'b>(&'b self, out: &mut Vec<Dispatch>, weight: Option<&'b wgpu::Buffer>) -> BlockInput<'b> {
         let s = self.s;
         if self.fusion.norm {
-            BlockInput { x: &s.x, norm: Some(weight), d_model: self.cfg.d_model }
+            BlockInput { x: &s.x, norm: Some(weight), d_model: self.cfg.d_model, quantized: false }
         } else {
             out.push(self.norm(&s.x, weight, &s.h, false));
-            BlockInput { x: &s.h, norm: None, d_model: self.cfg.d_model }
+            BlockInput { x: &s.h, norm: None, d_model: self.cfg.d_model, quantized: self.norm_quantizes() }
         }
     }
 
@@ -656,19 +583,30 @@ impl Builder<'_> {
     }
 
     /// `y[n, y_offset + o] (+)= x[n, ..K] . W[o]` as `io` says, one dispatch per weight part.
+    /// Integer-dot products (Q8_0, Q4_0, Q4_1 weights) first quantize their input (`quantize`).
     fn product(&self, w: &GpuMatrix, io: Product) -> Vec<Dispatch> {
-        w.parts
-            .iter()
-            .map(|p| {
+        // weight formats 2..=4: Q8_0, Q4_0, Q4_1 (common.wgsl)
+        let int_dot = self.int_dot && (2..=4).contains(&w.format) && w.cols.is_multiple_of(32) && io.norm.is_none();
+        let quantize = (int_dot && !io.quantized).then(|| self.quantize(io.x, io.x_stride, w.cols, io.per_row));
+        quantize
+            .into_iter()
+            .chain(w.parts.iter().map(|p| {
                 let per_row = io.per_row;
                 let gated = io.act.is_some_and(|a| a.in_factor() == 2);
                 let (out_rows, out_start) = if gated { (p.rows / 2, p.row_start / 2) } else { (p.rows, p.row_start) };
                 let (kernel, grid, extra) = match (self.subgroup, io.norm.is_some()) {
+                    _ if int_dot => {
+                        let outs = self.outs_per_thread;
+                        (Kernel::MatmulInt, Grid::Matmul { out_rows, per_row, outs }, vec![("OUTS", outs as f64)])
+                    }
                     (Some(sg), _) => {
                         (Kernel::MatmulSubgroup, Grid::MatmulSubgroup { out_rows, per_row }, vec![("SG", sg as f64)])
                     }
-                    (None, false) => (Kernel::Matmul, Grid::Matmul { out_rows, per_row }, vec![]),
-                    (None, true) => (Kernel::MatmulNormed, Grid::Matmul { out_rows, per_row }, vec![]),
+                    (None, false) => {
+                        let outs = self.outs_per_thread;
+                        (Kernel::Matmul, Grid::Matmul { out_rows, per_row, outs }, vec![("OUTS", outs as f64)])
+                    }
+                    (None, true) => (Kernel::MatmulNormed, Grid::Matmul { out_rows, per_row, outs: 1 }, vec![]),
                 };
                 let mut consts = vec![
                     ("K", w.cols as f64),
@@ -693,9 +631,25 @@ impl Builder<'_> {
                 }
                 consts.extend(extra);
                 let norm_w = io.norm.flatten().unwrap_or(&self.s.dummy);
+                if int_dot {
+                    let s = self.s;
+                    return self.dispatch(kernel, consts, &[&s.step, &s.dummy, &p.buffer, io.y, &s.dummy, &s.xq], grid);
+                }
                 self.dispatch(kernel, consts, &[&self.s.step, io.x, &p.buffer, io.y, norm_w], grid)
-            })
+            }))
             .collect()
+    }
+
+    /// `xq` = the first `k` features of each token (or row) of `x`, quantized per block of 32 for
+    /// the integer-dot products.
+    fn quantize(&self, x: &wgpu::Buffer, x_stride: usize, k: usize, per_row: bool) -> Dispatch {
+        let grid = if per_row { Grid::Rows(k / 32) } else { Grid::Tokens(k / 32) };
+        self.dispatch(
+            Kernel::Quantize,
+            vec![("K", k as f64), ("X_STRIDE", x_stride as f64), ("PER_ROW", b(per_row))],
+            &[&self.s.step, x, &self.s.xq],
+            grid,
+        )
     }
 
     /// qk-norm (optional) and RoPE at each token's position, in place, in one dispatch: the
@@ -1097,10 +1051,14 @@ impl Engine {
         }
         let t = rows * chunk;
         let attention = AttentionPlan::new(&cfg, &opts, gpu, t)?;
-        let fusion = match opts.fusion {
+        let matmul = resolve_matmul(opts.matmul.map_or_else(MatmulKernel::from_env, Ok)?, gpu)?;
+        let mut fusion = match opts.fusion {
             Some(f) => f,
             None => Fusion::from_env()?.unwrap_or_else(|| Fusion::auto(&gpu.info)),
         };
+        // the integer-dot products read activations quantized by their own dispatch, which reads
+        // the normed input: the norm stays a dispatch of its own
+        fusion.norm &= matmul != MatmulKernel::IntDot;
         // all-position logits: as many tokens as asked, that one chunk and one binding can hold
         let all_tokens = opts.all_logits_tokens.min(t).min(gpu.max_binding() as usize / (cfg.vocab * 4)).max(1);
         let max_window = opts.rollback + 1;
@@ -1128,6 +1086,12 @@ impl Engine {
             all_logits: gpu.storage("all-position logits", f4(all_tokens * cfg.vocab))?,
             dummy: gpu.storage("dummy", 16)?,
             dummy_rw: gpu.storage("dummy output", 16)?,
+            xq: match matmul {
+                MatmulKernel::IntDot => {
+                    gpu.storage("quantized activations", f4(t.max(rows) * (widest / 4).div_ceil(32) * Q8_BLOCK_WORDS))?
+                }
+                _ => gpu.storage("no quantized activations", 16)?,
+            },
             partials: match attention.kernel.is_split() {
                 true => gpu.storage(
                     "split attention partials",
@@ -1159,9 +1123,14 @@ impl Engine {
                 e.insert(gpu.storage_init(&format!("rope theta {theta}"), bytemuck::cast_slice(&table))?);
             }
         }
-        let pipelines = Pipelines::new(&gpu.device);
+        let pipelines = Pipelines::new(&gpu.device, matmul == MatmulKernel::IntDot);
+        // the products' float kernel (int-dot: for the formats it does not take, what `Auto` picks)
+        let float_kernel =
+            if matmul == MatmulKernel::IntDot { resolve_matmul(MatmulKernel::Auto, gpu)? } else { matmul };
         let bld = Builder {
-            subgroup: gpu.subgroup_size(),
+            subgroup: gpu.subgroup_size().filter(|_| float_kernel == MatmulKernel::Subgroup),
+            int_dot: matmul == MatmulKernel::IntDot,
+            outs_per_thread: if float_kernel == MatmulKernel::Wide { 8 } else { 1 },
             attention,
             fusion,
             cfg: &cfg,
@@ -1209,7 +1178,8 @@ impl Engine {
                 ("HAS_WEIGHT", b(gw.final_norm.is_some())),
                 ("GATHER_LAST", 1.0),
             ],
-            &[&s.step, &s.row_info, &s.x, gw.final_norm.as_ref().unwrap_or(&s.dummy), &s.last_h],
+            // no QUANTIZE: rows without tokens keep last_h, and xq is every product's scratch
+            &[&s.step, &s.row_info, &s.x, gw.final_norm.as_ref().unwrap_or(&s.dummy), &s.last_h, &s.dummy_rw],
             Grid::Rows(Kernel::RmsNorm.workgroup_size() as usize),
         )];
         let head = gw.head.as_ref().unwrap_or(&gw.embed);
@@ -1219,8 +1189,10 @@ impl Engine {
         );
         // all-position logits (speculative verify): final norm of every token into h, LM head
         let mut all_head_dispatches = vec![bld.norm(&s.x, gw.final_norm.as_ref(), &s.h, false)];
-        all_head_dispatches
-            .extend(bld.product(head, Product { softcap, ..Product::new(&s.h, d, &s.all_logits, cfg.vocab) }));
+        all_head_dispatches.extend(bld.product(
+            head,
+            Product { softcap, quantized: bld.norm_quantizes(), ..Product::new(&s.h, d, &s.all_logits, cfg.vocab) },
+        ));
         let sampling = RowSampling::new(gpu, rows, cfg.vocab, opts.logit_bias_slots)?;
         let sample_dispatch = bld.dispatch(
             Kernel::Sample,
@@ -1257,6 +1229,7 @@ impl Engine {
             gpu_bytes: 0,
             attention,
             fusion,
+            matmul,
         })
     }
 
@@ -1289,6 +1262,11 @@ impl Engine {
     /// Which kernels this engine runs fused ([`EngineOptions::fusion`] resolved).
     pub fn fusion(&self) -> Fusion {
         self.fusion
+    }
+
+    /// The product kernel this engine built ([`EngineOptions::matmul`] resolved; never `Auto`).
+    pub fn matmul_kernel(&self) -> MatmulKernel {
+        self.matmul
     }
 
     /// The attention kernel this engine built ([`EngineOptions::attention`] resolved).

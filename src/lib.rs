@@ -42,6 +42,7 @@ pub mod shaders;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod speculative;
 pub mod tokenizer;
+pub mod variants;
 pub mod weights;
 
 pub use batching::{Completion, ConstraintFactory, Event, Finish, Request, Scheduler, TokenConstraint};
@@ -50,7 +51,7 @@ pub use cache::{BlockUsage, CacheOptions, KvCache, KvDtype, PromptCacheStats, Ro
 pub use compat::{PaddedBatch, SequenceCache};
 pub use config::{EngramConfig, LayerSpec, MlpKind, ModelConfig, NormKind};
 pub use device::{Gpu, GpuOptions};
-pub use engine::{AttentionKernel, Engine, EngineOptions, Fusion, Logits, Stats, Turn, TurnLimit, CHUNK};
+pub use engine::{AttentionKernel, Engine, EngineOptions, Fusion, Logits, MatmulKernel, Stats, Turn, TurnLimit, CHUNK};
 pub use error::{Error, Result};
 pub use gpu_weights::WeightDtype;
 pub use profile::Profile;

@@ -53,7 +53,10 @@ impl Profile {
 
     fn charge(&mut self, kernel: Kernel, seconds: f64) {
         match kernel {
-            Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulSubgroup => self.matmul += seconds,
+            // quantizing an integer-dot product's input is part of that product
+            Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulSubgroup | Kernel::MatmulInt | Kernel::Quantize => {
+                self.matmul += seconds
+            }
             Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead => self.attention += seconds,
             _ => self.other += seconds,
         }

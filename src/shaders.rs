@@ -57,11 +57,16 @@ pub enum Kernel {
     MatmulSubgroup,
     /// A plain copy (`copy.wgsl`): the device's copy bandwidth, the bench's yardstick.
     Copy,
+    /// Activations quantized per block of 32 to int8 for [`Kernel::MatmulInt`] (`quantize.wgsl`).
+    Quantize,
+    /// The integer-dot product (`matmul.wgsl` + `matmul_int.wgsl`): Q8_0 / Q4_0 / Q4_1 weights
+    /// against quantized activations with `dot4I8Packed`; built only when asked for.
+    MatmulInt,
 }
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 17] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -79,6 +84,8 @@ impl Kernel {
         Kernel::EngramMix,
         Kernel::MatmulSubgroup,
         Kernel::Copy,
+        Kernel::Quantize,
+        Kernel::MatmulInt,
     ];
 
     /// A short name for reports: the WGSL file, and the entry point where two kernels share one.
@@ -87,6 +94,7 @@ impl Kernel {
             Kernel::AttentionSplitHead => "attention_split.wgsl per_head",
             Kernel::MatmulNormed => "matmul.wgsl main_normed",
             Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
+            Kernel::MatmulInt => "matmul_int.wgsl",
             k => k.file(),
         }
     }
@@ -109,6 +117,8 @@ impl Kernel {
             Kernel::EngramMix => "engram_mix.wgsl",
             Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
             Kernel::Copy => "copy.wgsl",
+            Kernel::Quantize => "quantize.wgsl",
+            Kernel::MatmulInt => "matmul_int.wgsl",
         }
     }
 
@@ -118,6 +128,7 @@ impl Kernel {
             Kernel::MatmulSubgroup => "main_subgroup",
             Kernel::AttentionSplitHead => "per_head",
             Kernel::MatmulNormed => "main_normed",
+            Kernel::MatmulInt => "main_int",
             _ => "main",
         }
     }
@@ -125,6 +136,12 @@ impl Kernel {
     /// Whether the kernel needs the `subgroups` device feature (a fast path).
     pub fn needs_subgroups(self) -> bool {
         self == Kernel::MatmulSubgroup
+    }
+
+    /// Whether the kernel belongs to the integer-dot products, built only for engines that run
+    /// them (`dot4I8Packed` is a WGSL language extension not every browser has).
+    pub fn int_dot(self) -> bool {
+        matches!(self, Kernel::Quantize | Kernel::MatmulInt)
     }
 
     /// The full WGSL module source: `common.wgsl` followed by the kernel's file.
@@ -144,6 +161,14 @@ impl Kernel {
             Kernel::EngramGather => include_str!("../shaders/engram_gather.wgsl"),
             Kernel::EngramMix => include_str!("../shaders/engram_mix.wgsl"),
             Kernel::Copy => include_str!("../shaders/copy.wgsl"),
+            Kernel::Quantize => include_str!("../shaders/quantize.wgsl"),
+            Kernel::MatmulInt => {
+                return format!(
+                    "{COMMON}\n{}\n{}",
+                    include_str!("../shaders/matmul.wgsl"),
+                    include_str!("../shaders/matmul_int.wgsl")
+                );
+            }
             // the portable kernel's bindings and helpers, plus the subgroup entry point
             Kernel::MatmulSubgroup => {
                 return format!(
@@ -162,7 +187,7 @@ impl Kernel {
     pub(crate) fn bindings(self) -> &'static [Bind] {
         match self {
             Kernel::Embed => &[Uniform, Read, Read, ReadWrite],
-            Kernel::RmsNorm => &[Uniform, Read, Read, Read, ReadWrite],
+            Kernel::RmsNorm => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
             Kernel::Matmul | Kernel::MatmulNormed => &[Uniform, Read, Read, ReadWrite, Read],
             Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read, ReadWrite, Read, ReadWrite, Read],
             Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, Read],
@@ -178,6 +203,9 @@ impl Kernel {
             Kernel::EngramMix => &[Uniform, Read, Read, ReadWrite],
             Kernel::MatmulSubgroup => &[Uniform, Read, Read, ReadWrite, Read],
             Kernel::Copy => &[Read, ReadWrite],
+            Kernel::Quantize => &[Uniform, Read, ReadWrite],
+            // matmul.wgsl's five (x and norm_w unused), then the quantized input
+            Kernel::MatmulInt => &[Uniform, Read, Read, ReadWrite, Read, Read],
         }
     }
 
@@ -223,12 +251,14 @@ pub(crate) struct Pipelines {
 }
 
 impl Pipelines {
-    pub(crate) fn new(device: &wgpu::Device) -> Self {
+    /// Modules and layouts of every kernel the device can run (the integer-dot ones only with
+    /// `int_dot`).
+    pub(crate) fn new(device: &wgpu::Device, int_dot: bool) -> Self {
         let mut modules = HashMap::new();
         let mut layouts = HashMap::new();
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         let checked = bounds_checked();
-        for k in Kernel::ALL.into_iter().filter(|k| subgroups || !k.needs_subgroups()) {
+        for k in Kernel::ALL.into_iter().filter(|k| (subgroups || !k.needs_subgroups()) && (int_dot || !k.int_dot())) {
             let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(k.file()),
                 source: wgpu::ShaderSource::Wgsl(k.source().into()),

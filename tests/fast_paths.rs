@@ -1,11 +1,11 @@
-//! The optional fast path (subgroup matmul, when the adapter has fixed-size subgroups) and the
-//! forced-portable path agree with each other and with the reference. CI also runs the whole suite
-//! with KVDECODE_PORTABLE=1.
+//! The product kernels: the subgroup fast path (when the adapter has fixed-size subgroups), the
+//! portable kernel and its `wide` form agree with each other and with the reference, and `wide`
+//! gives the portable bits. CI also runs the whole suite with KVDECODE_PORTABLE=1.
 
 mod common;
 
 use common::*;
-use kvdecode::{Engine, EngineOptions, Gpu, GpuOptions};
+use kvdecode::{Engine, EngineOptions, Gpu, GpuOptions, MatmulKernel, ModelConfig, WeightDtype};
 
 #[test]
 fn fast_and_portable_paths_agree() {
@@ -21,7 +21,10 @@ fn fast_and_portable_paths_agree() {
         let w = if cfg.mlp == kvdecode::MlpKind::SwiGlu { model(&cfg, 171) } else { w };
         let ids: Vec<u32> = (0..30).map(|i| (i * 13 + 2) % 96).collect();
         let run = |gpu: &Gpu| {
-            let mut e = Engine::new(gpu, &w, EngineOptions::new(2, 40)).unwrap();
+            let mut opts = EngineOptions::new(2, 40);
+            // the subgroup kernel wherever the device has it (lavapipe's default is `wide`)
+            opts.matmul = Some(gpu.subgroup_size().map_or(MatmulKernel::Portable, |_| MatmulKernel::Subgroup));
+            let mut e = Engine::new(gpu, &w, opts).unwrap();
             e.append(&ids, 15, &[15, 11], None).unwrap()
         };
         let (a, b) = (run(&fast), run(&portable));
@@ -38,13 +41,21 @@ fn fast_and_portable_paths_agree() {
 #[test]
 fn mat_vec_steps_equal_blocked_steps_bit_for_bit() {
     // steps of fewer than 4 tokens run one token per thread (mat-vec), larger ones 4 per thread:
-    // a token's logits must not change between the two, on both kernel paths
-    for gpu in [common::gpu(), Gpu::with_options(&GpuOptions { portable: true, ..Default::default() }).unwrap()] {
+    // a token's logits must not change between the two, on every product kernel
+    let portable = Gpu::with_options(&GpuOptions { portable: true, ..Default::default() }).unwrap();
+    let fast = common::gpu();
+    let mut kernels = vec![(&portable, MatmulKernel::Portable), (&portable, MatmulKernel::Wide)];
+    if fast.subgroup_size().is_some() {
+        kernels.push((&fast, MatmulKernel::Subgroup));
+    }
+    for (gpu, matmul) in kernels {
         let w = model(&llama_cfg(), 172).quantized(kvdecode::quant::QuantKind::Q4_1).unwrap();
         let prompt: Vec<u32> = (0..5 * 6).map(|i| (i * 11 + 5) % 96).collect();
         let mut runs = Vec::new();
         for rows_in_step in [1usize, 2, 5] {
-            let mut e = Engine::new(&gpu, &w, EngineOptions::new(5, 40)).unwrap();
+            let mut opts = EngineOptions::new(5, 40);
+            opts.matmul = Some(matmul);
+            let mut e = Engine::new(gpu, &w, opts).unwrap();
             e.append(&prompt, 6, &[6; 5], None).unwrap();
             // row 0 decodes next to `rows_in_step - 1` others (1 and 2 tokens: mat-vec; 5: blocked)
             let rows: Vec<usize> = (0..rows_in_step).collect();
@@ -54,8 +65,66 @@ fn mat_vec_steps_equal_blocked_steps_bit_for_bit() {
         }
         assert!(
             runs[0] == runs[1] && runs[1] == runs[2],
-            "{}: a row's logits depend on the step's size",
-            gpu.describe()
+            "{} ({}): a row's logits depend on the step's size",
+            gpu.describe(),
+            matmul.name()
         );
+    }
+}
+
+/// Logits of a ragged prefill (2 rows of 9 and 6 tokens: 4-token blocks), then three decode steps
+/// of both rows (mat-vec), with the product kernel `matmul`.
+fn logits_with(gpu: &Gpu, w: &kvdecode::ModelWeights, weights: WeightDtype, matmul: MatmulKernel) -> Vec<Vec<f32>> {
+    let mut opts = EngineOptions::new(2, 32);
+    opts.weights = weights;
+    opts.matmul = Some(matmul);
+    let mut e = Engine::new(gpu, w, opts).unwrap();
+    assert_eq!(e.matmul_kernel(), matmul);
+    let vocab = w.cfg.vocab as u32;
+    let prompt: Vec<u32> = (0..18u32).map(|i| (i * 7 + 3) % vocab).collect();
+    let mut out = Vec::new();
+    let l = e.append(&prompt, 9, &[9, 6], None).unwrap();
+    out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
+    for step in 0..3u32 {
+        let l = e.append(&[10 + step, 20 + step], 1, &[1, 1], None).unwrap();
+        out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
+    }
+    out
+}
+
+#[test]
+fn wide_products_give_the_portable_bits() {
+    use kvdecode::quant::QuantKind;
+    let gpu = Gpu::with_options(&GpuOptions { portable: true, ..Default::default() }).unwrap();
+    // output counts that leave a thread's last outputs past the end (vocab 100, ffn 52)
+    let odd = ModelConfig::llama(100, 32, 4, 2, 8, 52, 2, 10000.0, 1e-5, false);
+    let blocks = ModelConfig::llama(96, 64, 4, 2, 16, 96, 2, 10000.0, 1e-5, true);
+    let k_blocks = ModelConfig::llama(96, 256, 4, 2, 64, 256, 1, 10000.0, 1e-5, false);
+    let mut cases = vec![
+        ("f32, odd sizes".to_string(), model(&odd, 190), WeightDtype::F32),
+        ("f16, odd sizes".to_string(), model(&odd, 191), WeightDtype::F16),
+        (
+            "tiny agent q4_1".to_string(),
+            model(&tiny_agent_cfg(), 192).quantized(QuantKind::Q4_1).unwrap(),
+            WeightDtype::F32,
+        ),
+    ];
+    for kind in [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1] {
+        cases.push((format!("{kind:?}"), model(&blocks, 193).quantized(kind).unwrap(), WeightDtype::F32));
+    }
+    for kind in [QuantKind::Q4K, QuantKind::Q6K] {
+        cases.push((format!("{kind:?}"), model(&k_blocks, 194).quantized(kind).unwrap(), WeightDtype::F32));
+    }
+    for (what, w, weights) in cases {
+        let portable = logits_with(&gpu, &w, weights, MatmulKernel::Portable);
+        let wide = logits_with(&gpu, &w, weights, MatmulKernel::Wide);
+        for (i, (a, b)) in portable.iter().zip(&wide).enumerate() {
+            assert!(a == b, "{what}, logits {i}: wide differs from portable by {}", max_abs_diff(a, b));
+        }
+        if weights == WeightDtype::F32 {
+            // row 0 after the last step: its prompt of 9, then 10, 11, 12
+            let want = ref_last(&w, &[3, 10, 17, 24, 31, 38, 45, 52, 59, 10, 11, 12]);
+            assert!(max_abs_diff(&portable[6], &want) <= 1e-4, "{what}: portable against the reference");
+        }
     }
 }

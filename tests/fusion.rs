@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use kvdecode::{Engine, EngineOptions, Fusion, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights};
+use kvdecode::{Engine, EngineOptions, Fusion, Gpu, GpuOptions, KvDtype, MatmulKernel, ModelConfig, ModelWeights};
 
 /// Llama (SwiGLU), Qwen3-like (qk-norm), Gemma-like (GELU, post norms, local rings and a global
 /// layer), and the seed's TinyAgent (relu^2, no norm weights, rings in every layer).
@@ -36,13 +36,25 @@ fn families() -> Vec<(&'static str, ModelWeights)> {
 /// Logits of a prefill (two rows, one padded), then three decode steps of both rows, then one
 /// of row 1 alone; with f16 K/V when `half`.
 fn run(gpu: &Gpu, w: &ModelWeights, fusion: Fusion, half: bool) -> Vec<Vec<f32>> {
-    run_counted(gpu, w, fusion, half).0
+    run_counted(gpu, w, fusion, half, product_kernel(gpu)).0
+}
+
+/// The subgroup products where the device has them, else the portable ones.
+fn product_kernel(gpu: &Gpu) -> MatmulKernel {
+    gpu.subgroup_size().map_or(MatmulKernel::Portable, |_| MatmulKernel::Subgroup)
 }
 
 /// [`run`], and the engine's dispatches per chunk.
-fn run_counted(gpu: &Gpu, w: &ModelWeights, fusion: Fusion, half: bool) -> (Vec<Vec<f32>>, usize) {
+fn run_counted(
+    gpu: &Gpu,
+    w: &ModelWeights,
+    fusion: Fusion,
+    half: bool,
+    matmul: MatmulKernel,
+) -> (Vec<Vec<f32>>, usize) {
     let mut opts = EngineOptions::new(2, 40);
     opts.fusion = Some(fusion);
+    opts.matmul = Some(matmul);
     if half {
         opts.kv = KvDtype::F16;
     }
@@ -76,9 +88,11 @@ fn every_fusion_gives_the_unfused_bits_on_the_portable_kernels() {
     ];
     for (name, w) in families() {
         for half in [false, true] {
-            let (plain, plain_dispatches) = run_counted(&gpu, &w, Fusion::NONE, half);
+            let (plain, plain_dispatches) = run_counted(&gpu, &w, Fusion::NONE, half, MatmulKernel::Portable);
             for f in singles {
-                let (fused, dispatches) = run_counted(&gpu, &w, f, half);
+                // the fused runs with f16 K/V take the wide products: the portable bits too
+                let matmul = if half { MatmulKernel::Wide } else { MatmulKernel::Portable };
+                let (fused, dispatches) = run_counted(&gpu, &w, f, half, matmul);
                 assert!(fused == plain, "{name} (f16 K/V: {half}): {f:?} changed the logits");
                 // every family has norms, an MLP and a writer layer: each fusion has work
                 assert!(dispatches < plain_dispatches, "{name}: {f:?} saved no dispatch");
@@ -106,6 +120,7 @@ fn fused_kernels_on_the_default_path_are_exact_and_close_to_the_reference() {
         // exact: row 1's last step alone equals the same step in a crowd of rows
         let mut opts = EngineOptions::new(4, 40);
         opts.fusion = Some(Fusion::ALL);
+        opts.matmul = Some(product_kernel(&gpu));
         let mut e = Engine::new(&gpu, &w, opts).unwrap();
         let prompt: Vec<u32> = (0..4 * 9).map(|i| (i * 7 + 3) % 96).collect();
         e.append(&prompt, 9, &[9, 6, 9, 9], None).unwrap();

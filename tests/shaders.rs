@@ -40,6 +40,10 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
             &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0), ("SG", 8.0)]
         }
         Kernel::Copy => &[("N4", 1024.0)],
+        Kernel::Quantize => &[("K", 64.0), ("X_STRIDE", 96.0)],
+        Kernel::MatmulInt => {
+            &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0), ("W_FORMAT", 2.0)]
+        }
     }
 }
 
@@ -66,6 +70,8 @@ fn variants(kernel: Kernel) -> Vec<(&'static str, f64)> {
             [&WEIGHT_FORMATS[..], &[("MLP_ACT", 1.0), ("MLP_ACT", 3.0)]].concat()
         }
         Kernel::Embed => WEIGHT_FORMATS.to_vec(),
+        // integer-dot products: Q4_0, Q4_1 (Q8_0 is required()'s), a gated activation
+        Kernel::MatmulInt => vec![("W_FORMAT", 3.0), ("W_FORMAT", 4.0), ("MLP_ACT", 3.0)],
         _ => vec![],
     }
 }

@@ -85,9 +85,15 @@ pub fn run(a: Args) -> Result<()> {
         model.cfg.window,
         model.cfg.vocab
     );
-    let fusion = kvdecode::Fusion::from_env()?.unwrap_or_else(|| kvdecode::Fusion::auto(&gpu.info));
-    let matmul = gpu.subgroup_size().map_or("portable".to_string(), |sg| format!("subgroup ({sg} lanes)"));
-    println!("kernels: matmul {matmul}, fused: {} (KVDECODE_FUSE)\n", fusion.name());
+    // what Engine::new will pick (EngineOptions::matmul and ::fusion resolved the same way)
+    let matmul = kvdecode::engine::resolve_matmul(kvdecode::MatmulKernel::from_env()?, &gpu)?;
+    let mut fusion = kvdecode::Fusion::from_env()?.unwrap_or_else(|| kvdecode::Fusion::auto(&gpu.info));
+    fusion.norm &= matmul != kvdecode::MatmulKernel::IntDot;
+    let matmul = match (matmul, gpu.subgroup_size()) {
+        (kvdecode::MatmulKernel::Subgroup, Some(sg)) => format!("subgroup ({sg} lanes)"),
+        (k, _) => k.name().to_string(),
+    };
+    println!("kernels: matmul {matmul} (KVDECODE_MATMUL), fused: {} (KVDECODE_FUSE)\n", fusion.name());
     json.insert("fusion".into(), fusion.name().into());
     json.insert("matmul".into(), matmul.into());
     let mut rng = SplitMix64(3);

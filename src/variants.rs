@@ -1,0 +1,195 @@
+//! Kernel variants, picked per adapter: which attention kernel, which product kernel, and which
+//! neighbouring kernels run fused. Every variant keeps a row's results independent of the batch
+//! and the chunking; they differ from one another in summation order (or, for the integer-dot
+//! products, in rounding), so compare runs made with the same variants.
+
+use crate::error::{Error, Result};
+
+/// Kernels fused into their neighbours, each saving a dispatch per layer and step. On the
+/// portable kernels fused and unfused runs give the same bits; the subgroup products sum a fused
+/// norm in their own order (exact all the same: nothing depends on the batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fusion {
+    /// A block's input RMS norm computed inside the products that read it.
+    pub norm: bool,
+    /// The MLP activation as the up projection's epilogue (where its matrix is one part).
+    pub act: bool,
+    /// The global K/V write done by RoPE (where the group's cache is one shard).
+    pub kv_write: bool,
+}
+
+impl Fusion {
+    /// Every fusion.
+    pub const ALL: Fusion = Fusion { norm: true, act: true, kv_write: true };
+    /// None: every kernel its own dispatch.
+    pub const NONE: Fusion = Fusion { norm: false, act: false, kv_write: false };
+
+    /// The default for an adapter: everything on GPUs, where each dispatch costs microseconds of
+    /// launch and a kernel's work is small; on adapters that are really the CPU (lavapipe,
+    /// llvmpipe, SwiftShader), where workgroup barriers are expensive and dispatches cheap, all
+    /// but the norm.
+    pub fn auto(info: &wgpu::AdapterInfo) -> Fusion {
+        match info.device_type {
+            wgpu::DeviceType::Cpu => Fusion { norm: false, ..Fusion::ALL },
+            _ => Fusion::ALL,
+        }
+    }
+
+    /// What `KVDECODE_FUSE` would say for it: `all`, `none`, or the list (`act,kv-write`).
+    pub fn name(self) -> String {
+        match self {
+            Fusion::ALL => "all".into(),
+            Fusion::NONE => "none".into(),
+            f => [(f.norm, "norm"), (f.act, "act"), (f.kv_write, "kv-write")]
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, n)| *n)
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+
+    /// The `KVDECODE_FUSE` environment variable, [`Fusion::parse`]d (unset: `None`).
+    pub fn from_env() -> Result<Option<Fusion>> {
+        std::env::var("KVDECODE_FUSE").map_or(Ok(None), |v| Fusion::parse(&v))
+    }
+
+    /// `all`, `none`, `auto` (`None`: the adapter's default), or a comma list of `norm`, `act`,
+    /// `kv-write`.
+    pub fn parse(v: &str) -> Result<Option<Fusion>> {
+        match v {
+            "" | "auto" => return Ok(None),
+            "all" => return Ok(Some(Fusion::ALL)),
+            "none" => return Ok(Some(Fusion::NONE)),
+            _ => {}
+        }
+        let mut f = Fusion::NONE;
+        for part in v.split(',') {
+            match part.trim() {
+                "norm" => f.norm = true,
+                "act" => f.act = true,
+                "kv-write" => f.kv_write = true,
+                other => {
+                    return Err(Error::Config(format!(
+                        "KVDECODE_FUSE={v:?}: {other:?} is not one of all, none, auto, norm, act, kv-write"
+                    )))
+                }
+            }
+        }
+        Ok(Some(f))
+    }
+}
+
+/// The attention kernel family's variants. Each is exact on its own terms (a row's result never
+/// depends on the batch or the chunking), but they sum in different orders, so their logits
+/// differ in the last bits: compare runs made with the same variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// Picked per adapter: [`AttentionKernel::SplitHead`] on adapters that are really the CPU
+    /// (lavapipe, llvmpipe, SwiftShader), [`AttentionKernel::SplitGroup`] on GPUs where the model
+    /// allows it, else serial.
+    Auto,
+    /// One thread per (token, query head) walks every key in order: the portable variant.
+    Serial,
+    /// Split along the keys (flash-decoding) into partitions of fixed positions merged in
+    /// position order; one workgroup per (partition, kv head) scores a tile of keys for all the
+    /// query heads of the kv head at once (K/V read once per group, V coalesced). Needs at most
+    /// 16 query heads per kv head and `heads per kv head x head_dim` at most 1024.
+    SplitGroup,
+    /// The same partitions, one thread per (partition, query head) walking its keys alone: no
+    /// workgroup memory or barriers, the shape that suits CPU adapters' SIMD lanes.
+    SplitHead,
+}
+
+impl AttentionKernel {
+    /// Every variant but `Auto`.
+    pub const ALL: [AttentionKernel; 3] =
+        [AttentionKernel::Serial, AttentionKernel::SplitGroup, AttentionKernel::SplitHead];
+
+    /// Whether it is one of the split variants.
+    pub fn is_split(self) -> bool {
+        matches!(self, AttentionKernel::SplitGroup | AttentionKernel::SplitHead)
+    }
+
+    /// The variant the environment asks for (see [`EngineOptions::attention`]).
+    pub fn from_env() -> Self {
+        match std::env::var("KVDECODE_ATTENTION").as_deref() {
+            Ok("serial") => AttentionKernel::Serial,
+            Ok("auto") => AttentionKernel::Auto,
+            Ok("split-group") => AttentionKernel::SplitGroup,
+            Ok("split-head") => AttentionKernel::SplitHead,
+            _ if std::env::var("KVDECODE_PORTABLE").is_ok_and(|v| v == "1") => AttentionKernel::Serial,
+            _ => AttentionKernel::Auto,
+        }
+    }
+
+    /// Its name, as `KVDECODE_ATTENTION` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKernel::Auto => "auto",
+            AttentionKernel::Serial => "serial",
+            AttentionKernel::SplitGroup => "split-group",
+            AttentionKernel::SplitHead => "split-head",
+        }
+    }
+}
+
+/// The product kernel family's variants (every `x W^T` of the model: projections, MLP, LM head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulKernel {
+    /// Picked per adapter: [`MatmulKernel::Wide`] on adapters that are really the CPU (lavapipe,
+    /// llvmpipe, SwiftShader), else [`MatmulKernel::Subgroup`] where the device has subgroups of a
+    /// fixed size, else [`MatmulKernel::Portable`]. Never the integer-dot variant, whose rounding
+    /// is not the reference's.
+    Auto,
+    /// One thread per output and 4 tokens (one in steps of fewer than 4 tokens), each summing its
+    /// weight row in order: the reference of the GPU kernels, needs no optional feature.
+    Portable,
+    /// The portable kernel with 8 neighbouring outputs per thread, so each input load feeds 8
+    /// products (CPU adapters, where every per-lane load is a gather). The same sums in the same
+    /// order: the portable kernel's bits.
+    Wide,
+    /// One subgroup per output and 4 tokens: the lanes read neighbouring weights and
+    /// `subgroupAdd` sums them. Needs the device's `subgroups` feature.
+    Subgroup,
+    /// Q8_0, Q4_0 and Q4_1 weights stay integers and meet activations quantized per block of 32
+    /// to int8 in `dot4I8Packed` (llama.cpp's scheme); other formats take the `Auto` kernel.
+    /// One thread per output and 4 tokens.
+    /// Opt-in: rounding the activations costs accuracy like llama.cpp's (about 1e-2 of the
+    /// logits' scale), though a row still never depends on the batch or the chunking.
+    IntDot,
+}
+
+impl MatmulKernel {
+    /// Every variant but `Auto`.
+    pub const ALL: [MatmulKernel; 4] =
+        [MatmulKernel::Portable, MatmulKernel::Wide, MatmulKernel::Subgroup, MatmulKernel::IntDot];
+
+    /// Its name, as `KVDECODE_MATMUL` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulKernel::Auto => "auto",
+            MatmulKernel::Portable => "portable",
+            MatmulKernel::Wide => "wide",
+            MatmulKernel::Subgroup => "subgroup",
+            MatmulKernel::IntDot => "int-dot",
+        }
+    }
+
+    /// `auto`, `portable`, `wide`, `subgroup` or `int-dot`.
+    pub fn parse(v: &str) -> Result<MatmulKernel> {
+        std::iter::once(MatmulKernel::Auto).chain(MatmulKernel::ALL).find(|k| k.name() == v).ok_or_else(|| {
+            Error::Config(format!("KVDECODE_MATMUL={v:?}: expected auto, portable, wide, subgroup or int-dot"))
+        })
+    }
+
+    /// The `KVDECODE_MATMUL` environment variable, parsed; unset: `Portable` when
+    /// `KVDECODE_PORTABLE=1`, else `Auto`.
+    pub fn from_env() -> Result<MatmulKernel> {
+        match std::env::var("KVDECODE_MATMUL") {
+            Ok(v) => MatmulKernel::parse(&v),
+            Err(_) if std::env::var("KVDECODE_PORTABLE").is_ok_and(|v| v == "1") => Ok(MatmulKernel::Portable),
+            Err(_) => Ok(MatmulKernel::Auto),
+        }
+    }
+}
