@@ -70,8 +70,10 @@ fn smollm2_tokenizer_round_trips() {
     assert!(!t.add_bos);
 }
 
-/// Teacher-forced positions.
-const N: usize = 256;
+/// Teacher-forced positions: two chunks of 64 with logits at every position, the second reading
+/// the first's cache (CI runs this once per kernel variant, and lavapipe's slower variants take
+/// minutes per 128 positions).
+const N: usize = 128;
 
 #[test]
 fn smollm2_engine_matches_cpu_reference_teacher_forced() {
