@@ -63,8 +63,12 @@ fn w4(o: u32, k4: u32) -> vec4<f32> {
 // Input row bases (in vec4 units) of tokens n0 .. n0 + 3; out-of-range tokens of the last block
 // re-read the last valid token and their results are dropped by `store4`.
 fn row_bases(n0: u32, n_total: u32) -> vec4<u32> {
-    let last = max(n_total, 1u) - 1u;
-    return vec4<u32>(min(n0, last), min(n0 + 1u, last), min(n0 + 2u, last), min(n0 + 3u, last)) * (X_STRIDE / 4u);
+    return token_rows(n0, n_total) * (X_STRIDE / 4u);
+}
+
+// Tokens n0 .. n0 + 3, those past the last clamped to it.
+fn token_rows(n0: u32, n_total: u32) -> vec4<u32> {
+    return min(vec4<u32>(n0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(max(n_total, 1u) - 1u));
 }
 
 // Tokens per thread: 4, or 1 for steps of fewer than 4 tokens (the host sizes the grid the same way).

@@ -85,8 +85,7 @@ fn main_int(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id
     let n0 = wid.y * tokens;
     if o >= O_ROWS || n0 >= n_total { return; }
     // tokens past the last re-read it (as row_bases does); store4 drops their results
-    let last = n_total - 1u;
-    let xb = min(vec4<u32>(n0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) * (K / 32u * Q8_BLOCK_WORDS);
+    let xb = token_rows(n0, n_total) * (K / 32u * Q8_BLOCK_WORDS);
     let acc = int_dots(0u, o, xb, tokens);
     var up = array<vec4<f32>, MAX_OUTS>();
     if gated() { up = int_dots(O_ROWS, o, xb, tokens); }

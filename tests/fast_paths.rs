@@ -80,16 +80,7 @@ fn logits_with(gpu: &Gpu, w: &kvdecode::ModelWeights, weights: WeightDtype, matm
     opts.matmul = Some(matmul);
     let mut e = Engine::new(gpu, w, opts).unwrap();
     assert_eq!(e.matmul_kernel(), matmul);
-    let vocab = w.cfg.vocab as u32;
-    let prompt: Vec<u32> = (0..18u32).map(|i| (i * 7 + 3) % vocab).collect();
-    let mut out = Vec::new();
-    let l = e.append(&prompt, 9, &[9, 6], None).unwrap();
-    out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
-    for step in 0..3u32 {
-        let l = e.append(&[10 + step, 20 + step], 1, &[1, 1], None).unwrap();
-        out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
-    }
-    out
+    prefill_then_decode(&mut e)
 }
 
 #[test]

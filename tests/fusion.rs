@@ -60,14 +60,7 @@ fn run_counted(
     }
     let mut e = Engine::new(gpu, w, opts).unwrap();
     assert_eq!(e.fusion(), fusion);
-    let prompt: Vec<u32> = (0..2 * 9).map(|i| (i * 7 + 3) % 96).collect();
-    let mut out = Vec::new();
-    let l = e.append(&prompt, 9, &[9, 6], None).unwrap();
-    out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
-    for step in 0..3u32 {
-        let l = e.append(&[10 + step, 20 + step], 1, &[1, 1], None).unwrap();
-        out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
-    }
+    let mut out = prefill_then_decode(&mut e);
     let l = e.append(&[33], 1, &[1], Some(&[1])).unwrap();
     out.push(l.row(0).unwrap().to_vec());
     (out, e.dispatches_per_chunk())

@@ -121,3 +121,18 @@ pub fn corrupt_and_load(original: &[u8], iterations: usize, seed: u64, hot: usiz
     }
     println!("seed {seed}: {ok} corrupted files still parsed, {err} refused with an error");
 }
+
+/// The logits of a fixed script on a 2-row engine: a ragged prefill (9 and 6 tokens: 4-token
+/// blocks), then three decode steps of both rows (mat-vec), each row's logits in order.
+pub fn prefill_then_decode(e: &mut kvdecode::Engine) -> Vec<Vec<f32>> {
+    let vocab = e.config().vocab as u32;
+    let prompt: Vec<u32> = (0..18u32).map(|i| (i * 7 + 3) % vocab).collect();
+    let mut out = Vec::new();
+    let l = e.append(&prompt, 9, &[9, 6], None).unwrap();
+    out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
+    for step in 0..3u32 {
+        let l = e.append(&[10 + step, 20 + step], 1, &[1, 1], None).unwrap();
+        out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
+    }
+    out
+}
