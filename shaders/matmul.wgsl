@@ -7,10 +7,12 @@
 // products it throws away); a token's sum runs over k in the same order of fused steps either way
 // (dot_fma), so both give the same bits.
 // Two neighbours fuse into the product, each saving a dispatch per layer:
-//   NORM (entry point `main_normed`): x is the residual stream and the product reads its RMS norm
-//     (the block's input norm), computed per workgroup with rmsnorm.wgsl's lanes and tree (the
-//     same bits), and staged in workgroup memory a tile at a time (each normalized value is
-//     computed once per workgroup, not once per output).
+//   NORM: x is the residual stream and the product reads its RMS norm (the block's input norm),
+//     computed per workgroup with rmsnorm.wgsl's lanes and tree (the same bits). One output per
+//     thread (entry point `main_normed`) stages the normed input in workgroup memory a tile at a
+//     time; the wide shape (`main`, OUTS > 1) normalizes each input as it loads it, once per
+//     OUTS outputs. On lavapipe the fused norm was 10-20% slower than its own dispatch, so CPU
+//     adapters keep the norm apart by default (`Fusion::auto`).
 //   MLP_ACT: the MLP activation as an epilogue; gated ones pair output o's weight row (the gate)
 //     with row O_ROWS + o (the up projection), each summed in the usual order.
 
@@ -36,10 +38,11 @@ override OUTS: u32 = 1u;           // `main`: outputs per thread, 1 to MAX_OUTS 
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;   // [N, OUT_STRIDE]
 @group(0) @binding(4) var<storage, read> norm_w: array<vec4<f32>>; // [K] (read with NORM_WEIGHT)
 
-// NORM: the normalized input of the workgroup's tokens, a tile of k4 at a time; its first WG
-// entries first hold the lanes' sums of squares (4 KiB of 16 per token slot at 4 tokens).
+// main_normed: the normalized input of the workgroup's tokens, a tile of k4 at a time (16 KiB).
 const STAGE: u32 = 1024u;
 var<workgroup> staged: array<vec4<f32>, STAGE>;
+// NORM: the lanes' sums of squares of the workgroup's 4 tokens, then their tree (64 = WG with NORM).
+var<workgroup> square_sums: array<vec4<f32>, 64>;
 
 fn w4(o: u32, k4: u32) -> vec4<f32> {
     if W_FORMAT >= 6u {
@@ -160,14 +163,14 @@ fn inv_rms(b: vec4<u32>, lane: u32) -> vec4<f32> {
             x[b.w + d / 4u][d % 4u]);
         ss = fma(v, v, ss);  // explicit fma: see dot_fma in common.wgsl
     }
-    staged[lane] = ss;
+    square_sums[lane] = ss;
     for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
         workgroupBarrier();
-        if lane < stride { staged[lane] += staged[lane + stride]; }
+        if lane < stride { square_sums[lane] += square_sums[lane + stride]; }
     }
     workgroupBarrier();
-    let inv = inverseSqrt(staged[0] / f32(K) + EPS);
-    workgroupBarrier();  // everyone has read the sum before the tile overwrites it
+    let inv = inverseSqrt(square_sums[0] / f32(K) + EPS);
+    workgroupBarrier();  // everyone has read the sum before a later call overwrites it
     return inv;
 }
 
@@ -205,7 +208,7 @@ const MAX_OUTS: u32 = 8u;
 // dots_blocks). Lavapipe on an AMD EPYC spent most of a product's time loading inputs (every
 // per-lane load is a gather there): 8 outputs per thread took SmolLM2's decode step from 630 to
 // 340 ms of products. Each output's sum runs in `dots`' order: the same bits.
-fn dots_outs(row0: u32, o0: u32, b: vec4<u32>, tokens: u32) -> array<vec4<f32>, MAX_OUTS> {
+fn dots_outs(row0: u32, o0: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> array<vec4<f32>, MAX_OUTS> {
     var acc = array<vec4<f32>, MAX_OUTS>();
     var rows: array<u32, MAX_OUTS>;
     for (var j = 0u; j < OUTS; j++) { rows[j] = row0 + min(o0 + j, O_ROWS - 1u); }
@@ -221,7 +224,7 @@ fn dots_outs(row0: u32, o0: u32, b: vec4<u32>, tokens: u32) -> array<vec4<f32>, 
             }
             for (var g = 0u; g < 8u; g++) {
                 let k4 = kb * 8u + g;
-                let x0 = x[b.x + k4];
+                let x0 = input4(b.x, k4, inv.x);
                 if tokens == 1u {
                     for (var j = 0u; j < OUTS; j++) {
                         let wv = dequant4(W_FORMAT, heads[j], words[j * 8u + quant_word(W_FORMAT, g) - 1u], g);
@@ -229,9 +232,9 @@ fn dots_outs(row0: u32, o0: u32, b: vec4<u32>, tokens: u32) -> array<vec4<f32>, 
                     }
                     continue;
                 }
-                let x1 = x[b.y + k4];
-                let x2 = x[b.z + k4];
-                let x3 = x[b.w + k4];
+                let x1 = input4(b.y, k4, inv.y);
+                let x2 = input4(b.z, k4, inv.z);
+                let x3 = input4(b.w, k4, inv.w);
                 for (var j = 0u; j < OUTS; j++) {
                     let wv = dequant4(W_FORMAT, heads[j], words[j * 8u + quant_word(W_FORMAT, g) - 1u], g);
                     acc[j] = vec4<f32>(dot_fma(x0, wv, acc[j].x), dot_fma(x1, wv, acc[j].y),
@@ -242,14 +245,14 @@ fn dots_outs(row0: u32, o0: u32, b: vec4<u32>, tokens: u32) -> array<vec4<f32>, 
         return acc;
     }
     for (var k4 = 0u; k4 < K / 4u; k4++) {
-        let x0 = x[b.x + k4];
+        let x0 = input4(b.x, k4, inv.x);
         if tokens == 1u {
             for (var j = 0u; j < OUTS; j++) { acc[j].x = dot_fma(x0, w4(rows[j], k4), acc[j].x); }
             continue;
         }
-        let x1 = x[b.y + k4];
-        let x2 = x[b.z + k4];
-        let x3 = x[b.w + k4];
+        let x1 = input4(b.y, k4, inv.y);
+        let x2 = input4(b.z, k4, inv.z);
+        let x3 = input4(b.w, k4, inv.w);
         for (var j = 0u; j < OUTS; j++) {
             let wv = w4(rows[j], k4);
             acc[j] = vec4<f32>(dot_fma(x0, wv, acc[j].x), dot_fma(x1, wv, acc[j].y), dot_fma(x2, wv, acc[j].z),
@@ -259,18 +262,27 @@ fn dots_outs(row0: u32, o0: u32, b: vec4<u32>, tokens: u32) -> array<vec4<f32>, 
     return acc;
 }
 
+// With NORM (wide shape only: the host takes `main_normed` for one output per thread) every lane
+// first helps with the workgroup's norm sums, then reads x * inv [* norm_w] straight from x: the
+// values rmsnorm.wgsl would have written, each computed once per 8 outputs, without staging.
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn main(
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+) {
     let o = gid.x * OUTS;
     let n_total = select(step.tokens, step.rows, PER_ROW);
     let tokens = tokens_per_thread(n_total);
     let n0 = wid.y * tokens;
-    if o >= O_ROWS || n0 >= n_total { return; }
     let b = row_bases(n0, n_total);
+    var inv = vec4<f32>(1.0);
+    if NORM { inv = inv_rms(b, lane); }  // all lanes: barriers
+    if o >= O_ROWS || n0 >= n_total { return; }
     if OUTS > 1u {
-        let acc = dots_outs(0u, o, b, tokens);
+        let acc = dots_outs(0u, o, b, tokens, inv);
         var up = array<vec4<f32>, MAX_OUTS>();
-        if gated() { up = dots_outs(O_ROWS, o, b, tokens); }
+        if gated() { up = dots_outs(O_ROWS, o, b, tokens, inv); }
         for (var j = 0u; j < OUTS && o + j < O_ROWS; j++) {
             store4(o + j, n0, n_total, apply_act(acc[j], up[j]), tokens);
         }

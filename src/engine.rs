@@ -602,11 +602,15 @@ impl Builder<'_> {
                     (Some(sg), _) => {
                         (Kernel::MatmulSubgroup, Grid::MatmulSubgroup { out_rows, per_row }, vec![("SG", sg as f64)])
                     }
-                    (None, false) => {
+                    // one output per thread stages the normed input (`main_normed`); the wide
+                    // shape reads it straight from x, each value computed once per 8 outputs
+                    (None, true) if self.outs_per_thread == 1 => {
+                        (Kernel::MatmulNormed, Grid::Matmul { out_rows, per_row, outs: 1 }, vec![])
+                    }
+                    (None, _) => {
                         let outs = self.outs_per_thread;
                         (Kernel::Matmul, Grid::Matmul { out_rows, per_row, outs }, vec![("OUTS", outs as f64)])
                     }
-                    (None, true) => (Kernel::MatmulNormed, Grid::Matmul { out_rows, per_row, outs: 1 }, vec![]),
                 };
                 let mut consts = vec![
                     ("K", w.cols as f64),
