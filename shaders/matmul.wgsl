@@ -212,6 +212,30 @@ fn dots_outs(row0: u32, o0: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> a
     var acc = array<vec4<f32>, MAX_OUTS>();
     var rows: array<u32, MAX_OUTS>;
     for (var j = 0u; j < OUTS; j++) { rows[j] = row0 + min(o0 + j, O_ROWS - 1u); }
+    if tokens == 1u {
+        // mat-vec: each output summed whole, one after another, in scalar registers. Summing the
+        // 8 together (one input load for all) indexes private arrays in the inner loop, which
+        // lavapipe keeps in memory per lane: SmolLM2's decode products took 122 ms a step that
+        // way against 76 this way (a later AMD EPYC). With 4 tokens the shared loads win.
+        for (var j = 0u; j < OUTS; j++) {
+            var a = 0.0;
+            if W_FORMAT >= 2u && W_FORMAT <= 4u {
+                let bw = block_words(W_FORMAT);
+                for (var kb = 0u; kb < K / 32u; kb++) {
+                    let base = (rows[j] * (K / 32u) + kb) * bw;
+                    let head = w[base];
+                    for (var g = 0u; g < 8u; g++) {
+                        let wv = dequant4(W_FORMAT, head, w[base + quant_word(W_FORMAT, g)], g);
+                        a = dot_fma(input4(b.x, kb * 8u + g, inv.x), wv, a);
+                    }
+                }
+            } else {
+                for (var k4 = 0u; k4 < K / 4u; k4++) { a = dot_fma(input4(b.x, k4, inv.x), w4(rows[j], k4), a); }
+            }
+            acc[j].x = a;
+        }
+        return acc;
+    }
     if W_FORMAT >= 2u && W_FORMAT <= 4u {
         let bw = block_words(W_FORMAT);
         for (var kb = 0u; kb < K / 32u; kb++) {
@@ -225,13 +249,6 @@ fn dots_outs(row0: u32, o0: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> a
             for (var g = 0u; g < 8u; g++) {
                 let k4 = kb * 8u + g;
                 let x0 = input4(b.x, k4, inv.x);
-                if tokens == 1u {
-                    for (var j = 0u; j < OUTS; j++) {
-                        let wv = dequant4(W_FORMAT, heads[j], words[j * 8u + quant_word(W_FORMAT, g) - 1u], g);
-                        acc[j].x = dot_fma(x0, wv, acc[j].x);
-                    }
-                    continue;
-                }
                 let x1 = input4(b.y, k4, inv.y);
                 let x2 = input4(b.z, k4, inv.z);
                 let x3 = input4(b.w, k4, inv.w);
@@ -246,10 +263,6 @@ fn dots_outs(row0: u32, o0: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> a
     }
     for (var k4 = 0u; k4 < K / 4u; k4++) {
         let x0 = input4(b.x, k4, inv.x);
-        if tokens == 1u {
-            for (var j = 0u; j < OUTS; j++) { acc[j].x = dot_fma(x0, w4(rows[j], k4), acc[j].x); }
-            continue;
-        }
         let x1 = input4(b.y, k4, inv.y);
         let x2 = input4(b.z, k4, inv.z);
         let x3 = input4(b.w, k4, inv.w);
@@ -294,7 +307,8 @@ fn main(
     store4(o, n0, n_total, apply_act(acc, up), tokens);
 }
 
-// The NORM variant of `main` (a separate entry point: only it holds the workgroup memory).
+// The NORM variant of `main` for one output per thread (a separate entry point: only it holds
+// the 16 KiB tile).
 @compute @workgroup_size(WG)
 fn main_normed(
     @builtin(global_invocation_id) gid: vec3<u32>,
