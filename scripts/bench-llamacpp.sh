@@ -111,6 +111,11 @@ LD_LIBRARY_PATH="$cpu_bin" "$cpu_bin/llama-bench" -m "$model" -p 128 -n 32 -r 3 
 echo "kvdecode ..."
 "$kv" bench --model "$model" --rows 1 --ctx 128 --steps 32 --kv f32 --tables throughput --json >"$out/kvdecode-1.txt"
 "$kv" bench --model "$model" --rows 16 --ctx 32 --steps 16 --kv f32 --tables throughput --json >"$out/kvdecode-16.txt"
+# the opt-in integer-dot products (llama.cpp-like error), same runs
+KVDECODE_MATMUL=int-dot "$kv" bench --model "$model" --rows 1 --ctx 128 --steps 32 --kv f32 --tables throughput --json \
+  >"$out/kvdecode-int-dot-1.txt"
+KVDECODE_MATMUL=int-dot "$kv" bench --model "$model" --rows 16 --ctx 32 --steps 16 --kv f32 --tables throughput --json \
+  >"$out/kvdecode-int-dot-16.txt"
 
 python3 - "$out" "$(basename "$model")" <<'PY'
 import json, re, sys
@@ -132,17 +137,24 @@ def batched(path):
 
 def kvdecode(path):
     figures = json.loads(open(path).read().strip().splitlines()[-1])
-    return figures["throughput"][0], figures["adapter"]
+    return dict(figures["throughput"][0], matmul=figures["matmul"]), figures["adapter"]
 
 vk_pp, vk_tg, _ = llama_bench(f"{out}/llamacpp-vulkan.json")
 vk_batched = batched(f"{out}/llamacpp-vulkan-batched.txt")
 cpu_pp, cpu_tg, _ = llama_bench(f"{out}/llamacpp-cpu.json")
 one, adapter = kvdecode(f"{out}/kvdecode-1.txt")
 sixteen, _ = kvdecode(f"{out}/kvdecode-16.txt")
-print(f"\n{sys.argv[2]} on {adapter} (kvdecode: f32 K/V, {one['attention']} attention)\n")
-print("| measure | llama.cpp Vulkan | kvdecode | kvdecode / llama.cpp Vulkan | llama.cpp CPU (same cores) |")
-print("|---|---:|---:|---:|---:|")
-print(f"| decode, 1 row (tok/s) | {vk_tg:.2f} | {one['decode_tok_s']:.2f} | {one['decode_tok_s'] / vk_tg:.2f}x | {cpu_tg:.1f} |")
-print(f"| prefill of 128 tokens (tok/s) | {vk_pp:.2f} | {one['prefill_tok_s']:.2f} | {one['prefill_tok_s'] / vk_pp:.2f}x | {cpu_pp:.1f} |")
-print(f"| decode, 16 rows, aggregate (tok/s) | {vk_batched:.2f} | {sixteen['decode_tok_s']:.2f} | {sixteen['decode_tok_s'] / vk_batched:.2f}x | |")
+int_one, _ = kvdecode(f"{out}/kvdecode-int-dot-1.txt")
+int_sixteen, _ = kvdecode(f"{out}/kvdecode-int-dot-16.txt")
+print(f"\n{sys.argv[2]} on {adapter} (kvdecode: f32 K/V, {one['attention']} attention; "
+      f"default products: {one['matmul']})\n")
+print("| measure | llama.cpp Vulkan | kvdecode | kvdecode / llama.cpp Vulkan | kvdecode int-dot | int-dot / llama.cpp Vulkan | llama.cpp CPU (same cores) |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+rows = [
+    ("decode, 1 row (tok/s)", vk_tg, one["decode_tok_s"], int_one["decode_tok_s"], f"{cpu_tg:.1f}"),
+    ("prefill of 128 tokens (tok/s)", vk_pp, one["prefill_tok_s"], int_one["prefill_tok_s"], f"{cpu_pp:.1f}"),
+    ("decode, 16 rows, aggregate (tok/s)", vk_batched, sixteen["decode_tok_s"], int_sixteen["decode_tok_s"], ""),
+]
+for what, llama, kv, kv_int, cpu in rows:
+    print(f"| {what} | {llama:.2f} | {kv:.2f} | {kv / llama:.2f}x | {kv_int:.2f} | {kv_int / llama:.2f}x | {cpu} |")
 PY
