@@ -1,17 +1,17 @@
 // y[n, OUT_OFFSET + o] = sum_k x[n, k] * w[o, k] for one row-part of a weight matrix (PyTorch layout
 // [out, in]). One thread per output column and 4 tokens: each weight vec4 is read once per 4 tokens
 // (register blocking; workgroup memory was slower on lavapipe); with OUTS > 1 (the `wide` variant,
-// for CPU adapters) a thread takes OUTS neighbouring outputs too, and each input vec4 is read once
-// for all of them. Steps of fewer than 4 tokens (a
-// decode step of 1-3 rows) take one token per thread instead (mat-vec: no lane computes dot
-// products it throws away); a token's sum runs over k in the same order of fused steps either way
-// (dot_fma), so both give the same bits.
+// for CPU adapters) a thread takes OUTS neighbouring outputs too, four at a time, and each input
+// vec4 is read once for those four. Steps of fewer than 4 tokens (a decode step of 1-3 rows) take
+// one token per thread instead (mat-vec: no lane computes dot products it throws away); a token's
+// sum runs over k in the same order of fused steps either way (dot_fma), so both give the same
+// bits.
 // Two neighbours fuse into the product, each saving a dispatch per layer:
 //   NORM: x is the residual stream and the product reads its RMS norm (the block's input norm),
 //     computed per workgroup with rmsnorm.wgsl's lanes and tree (the same bits). One output per
 //     thread (entry point `main_normed`) stages the normed input in workgroup memory a tile at a
 //     time; the wide shape (`main`, OUTS > 1) normalizes each input as it loads it, once per
-//     OUTS outputs. On lavapipe the fused norm was 10-20% slower than its own dispatch, so CPU
+//     4 outputs. On lavapipe the fused norm was 10-20% slower than its own dispatch, so CPU
 //     adapters keep the norm apart by default (`Fusion::auto`).
 //   MLP_ACT: the MLP activation as an epilogue; gated ones pair output o's weight row (the gate)
 //     with row O_ROWS + o (the up projection), each summed in the usual order.
@@ -30,7 +30,7 @@ override NORM_WEIGHT: bool = false; // the norm has a weight (norm_w)
 override EPS: f32 = 1e-6;          // the norm's epsilon
 override MLP_ACT: u32 = 0u;        // 0: none; else mlp_act(MLP_ACT - 1, gate, up) of common.wgsl
 override WG: u32 = 64u;            // 64 with NORM: rmsnorm.wgsl's lanes, so the sums are the same
-override OUTS: u32 = 1u;           // `main`: outputs per thread, 1 to MAX_OUTS (CPU adapters: 8, see dots_outs)
+override OUTS: u32 = 1u;           // `main`: outputs per thread, 1 or a multiple of 4 (CPU adapters: 8, see dots_quad)
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;   // [N, X_STRIDE], the first K read
@@ -200,84 +200,78 @@ fn store4(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, tokens: u32) {
     }
 }
 
-// Most outputs per thread (the size of dots_outs' arrays).
-const MAX_OUTS: u32 = 8u;
-
-// `dots` (without NORM) of the OUTS weight rows row0 + min(o0 + j, O_ROWS - 1) at once: each input
-// vec4 is loaded once for all of them, and blocks of 32 have their words read once per block (as
-// dots_blocks). Lavapipe on an AMD EPYC spent most of a product's time loading inputs (every
-// per-lane load is a gather there): 8 outputs per thread took SmolLM2's decode step from 630 to
-// 340 ms of products. Each output's sum runs in `dots`' order: the same bits.
-fn dots_outs(row0: u32, o0: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> array<vec4<f32>, MAX_OUTS> {
-    var acc = array<vec4<f32>, MAX_OUTS>();
-    var rows: array<u32, MAX_OUTS>;
-    for (var j = 0u; j < OUTS; j++) { rows[j] = row0 + min(o0 + j, O_ROWS - 1u); }
-    if tokens == 1u {
-        // mat-vec: each output summed whole, one after another, in scalar registers. Summing the
-        // 8 together (one input load for all) indexes private arrays in the inner loop, which
-        // lavapipe keeps in memory per lane: SmolLM2's decode products took 122 ms a step that
-        // way against 76 this way (a later AMD EPYC). With 4 tokens the shared loads win.
-        for (var j = 0u; j < OUTS; j++) {
-            var a = 0.0;
-            if W_FORMAT >= 2u && W_FORMAT <= 4u {
-                let bw = block_words(W_FORMAT);
-                for (var kb = 0u; kb < K / 32u; kb++) {
-                    let base = (rows[j] * (K / 32u) + kb) * bw;
-                    let head = w[base];
-                    for (var g = 0u; g < 8u; g++) {
-                        let wv = dequant4(W_FORMAT, head, w[base + quant_word(W_FORMAT, g)], g);
-                        a = dot_fma(input4(b.x, kb * 8u + g, inv.x), wv, a);
-                    }
-                }
-            } else {
-                for (var k4 = 0u; k4 < K / 4u; k4++) { a = dot_fma(input4(b.x, k4, inv.x), w4(rows[j], k4), a); }
-            }
-            acc[j].x = a;
-        }
-        return acc;
-    }
-    if W_FORMAT >= 2u && W_FORMAT <= 4u {
-        let bw = block_words(W_FORMAT);
+// Outputs r.x .. r.w's `dots` four at once (the `wide` shape, OUTS / 4 calls per thread): each
+// input vec4 is loaded once for all four, each weight word as it is used, into four named
+// accumulators. Lavapipe (Mesa 22.3) loads storage buffers lane by lane, so loads are its cost:
+// 8 outputs per thread took SmolLM2's decode step from 630 to 340 ms of products on an AMD EPYC.
+// An earlier version summed the 8 together in private arrays, which lavapipe keeps in memory per
+// lane; this one took 16-row steps' products from about 1030 to 550-650 ms (a later EPYC, while
+// another build ran). Each output's sum runs in `dots`' order: the same bits.
+fn dots_quad(r: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> array<vec4<f32>, 4> {
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    let blocks = W_FORMAT >= 2u && W_FORMAT <= 4u;
+    let bw = block_words(W_FORMAT);
+    if tokens == 1u && blocks {
         for (var kb = 0u; kb < K / 32u; kb++) {
-            var heads: array<u32, MAX_OUTS>;
-            var words: array<u32, 64>;  // [output][word], 8 words per output (Q8_0's)
-            for (var j = 0u; j < OUTS; j++) {
-                let base = (rows[j] * (K / 32u) + kb) * bw;
-                heads[j] = w[base];
-                for (var i = 0u; i + 1u < bw; i++) { words[j * 8u + i] = w[base + 1u + i]; }
-            }
+            let base = (r * (K / 32u) + kb) * bw;
+            let head = vec4<u32>(w[base.x], w[base.y], w[base.z], w[base.w]);
             for (var g = 0u; g < 8u; g++) {
-                let k4 = kb * 8u + g;
-                let x0 = input4(b.x, k4, inv.x);
-                let x1 = input4(b.y, k4, inv.y);
-                let x2 = input4(b.z, k4, inv.z);
-                let x3 = input4(b.w, k4, inv.w);
-                for (var j = 0u; j < OUTS; j++) {
-                    let wv = dequant4(W_FORMAT, heads[j], words[j * 8u + quant_word(W_FORMAT, g) - 1u], g);
-                    acc[j] = vec4<f32>(dot_fma(x0, wv, acc[j].x), dot_fma(x1, wv, acc[j].y),
-                        dot_fma(x2, wv, acc[j].z), dot_fma(x3, wv, acc[j].w));
-                }
+                let q = quant_word(W_FORMAT, g);
+                let x0 = input4(b.x, kb * 8u + g, inv.x);
+                a0.x = dot_fma(x0, dequant4(W_FORMAT, head.x, w[base.x + q], g), a0.x);
+                a1.x = dot_fma(x0, dequant4(W_FORMAT, head.y, w[base.y + q], g), a1.x);
+                a2.x = dot_fma(x0, dequant4(W_FORMAT, head.z, w[base.z + q], g), a2.x);
+                a3.x = dot_fma(x0, dequant4(W_FORMAT, head.w, w[base.w + q], g), a3.x);
             }
         }
-        return acc;
-    }
-    for (var k4 = 0u; k4 < K / 4u; k4++) {
-        let x0 = input4(b.x, k4, inv.x);
-        let x1 = input4(b.y, k4, inv.y);
-        let x2 = input4(b.z, k4, inv.z);
-        let x3 = input4(b.w, k4, inv.w);
-        for (var j = 0u; j < OUTS; j++) {
-            let wv = w4(rows[j], k4);
-            acc[j] = vec4<f32>(dot_fma(x0, wv, acc[j].x), dot_fma(x1, wv, acc[j].y), dot_fma(x2, wv, acc[j].z),
-                dot_fma(x3, wv, acc[j].w));
+    } else if tokens == 1u {
+        for (var k4 = 0u; k4 < K / 4u; k4++) {
+            let x0 = input4(b.x, k4, inv.x);
+            a0.x = dot_fma(x0, w4(r.x, k4), a0.x);
+            a1.x = dot_fma(x0, w4(r.y, k4), a1.x);
+            a2.x = dot_fma(x0, w4(r.z, k4), a2.x);
+            a3.x = dot_fma(x0, w4(r.w, k4), a3.x);
+        }
+    } else if blocks {
+        for (var kb = 0u; kb < K / 32u; kb++) {
+            let base = (r * (K / 32u) + kb) * bw;
+            let head = vec4<u32>(w[base.x], w[base.y], w[base.z], w[base.w]);
+            for (var g = 0u; g < 8u; g++) {
+                let q = quant_word(W_FORMAT, g);
+                let k4 = kb * 8u + g;
+                let x = mat4x4<f32>(input4(b.x, k4, inv.x), input4(b.y, k4, inv.y), input4(b.z, k4, inv.z),
+                    input4(b.w, k4, inv.w));
+                a0 = dots4(x, dequant4(W_FORMAT, head.x, w[base.x + q], g), a0);
+                a1 = dots4(x, dequant4(W_FORMAT, head.y, w[base.y + q], g), a1);
+                a2 = dots4(x, dequant4(W_FORMAT, head.z, w[base.z + q], g), a2);
+                a3 = dots4(x, dequant4(W_FORMAT, head.w, w[base.w + q], g), a3);
+            }
+        }
+    } else {
+        for (var k4 = 0u; k4 < K / 4u; k4++) {
+            let x = mat4x4<f32>(input4(b.x, k4, inv.x), input4(b.y, k4, inv.y), input4(b.z, k4, inv.z),
+                input4(b.w, k4, inv.w));
+            a0 = dots4(x, w4(r.x, k4), a0);
+            a1 = dots4(x, w4(r.y, k4), a1);
+            a2 = dots4(x, w4(r.z, k4), a2);
+            a3 = dots4(x, w4(r.w, k4), a3);
         }
     }
-    return acc;
+    return array<vec4<f32>, 4>(a0, a1, a2, a3);
+}
+
+// One weight vec4 against 4 tokens' inputs (the columns of x), added to their sums.
+fn dots4(x: mat4x4<f32>, wv: vec4<f32>, acc: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(dot_fma(x[0], wv, acc.x), dot_fma(x[1], wv, acc.y), dot_fma(x[2], wv, acc.z),
+        dot_fma(x[3], wv, acc.w));
 }
 
 // With NORM (wide shape only: the host takes `main_normed` for one output per thread) every lane
 // first helps with the workgroup's norm sums, then reads x * inv [* norm_w] straight from x: the
-// values rmsnorm.wgsl would have written, each computed once per 8 outputs, without staging.
+// values rmsnorm.wgsl would have written, each computed once per 4 outputs, without staging.
 @compute @workgroup_size(WG)
 fn main(
     @builtin(global_invocation_id) gid: vec3<u32>,
@@ -293,11 +287,15 @@ fn main(
     if NORM { inv = inv_rms(b, lane); }  // all lanes: barriers
     if o >= O_ROWS || n0 >= n_total { return; }
     if OUTS > 1u {
-        let acc = dots_outs(0u, o, b, tokens, inv);
-        var up = array<vec4<f32>, MAX_OUTS>();
-        if gated() { up = dots_outs(O_ROWS, o, b, tokens, inv); }
-        for (var j = 0u; j < OUTS && o + j < O_ROWS; j++) {
-            store4(o + j, n0, n_total, apply_act(acc[j], up[j]), tokens);
+        // four outputs at a time (dots_quad), OUTS / 4 times
+        for (var j = 0u; j < OUTS; j += 4u) {
+            let r = min(vec4<u32>(o + j) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(O_ROWS - 1u));
+            let acc = dots_quad(r, b, tokens, inv);
+            var up = array<vec4<f32>, 4>();
+            if gated() { up = dots_quad(r + O_ROWS, b, tokens, inv); }
+            for (var i = 0u; i < 4u && o + j + i < O_ROWS; i++) {
+                store4(o + j + i, n0, n_total, apply_act(acc[i], up[i]), tokens);
+            }
         }
         return;
     }

@@ -23,7 +23,7 @@ fn block_sum(s: i32, dm: vec2<f32>, dx: f32, sx: f32, acc: f32) -> f32 {
 
 // One token's (quantized row at word xb) dot product with weight row `row`, blocks in order, words
 // loaded as they are used: no private arrays (lavapipe keeps those in memory per lane; see
-// dots_outs in matmul.wgsl). Every token of every step goes through this one function, so a
+// dots_quad in matmul.wgsl). Every token of every step goes through this one function, so a
 // row's bits cannot depend on how many tokens a thread takes (the compiler may reassociate float
 // math differently in two differently shaped copies; a first version with a separate 4-token
 // loop did differ, by 2e-6).
