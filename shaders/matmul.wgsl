@@ -90,6 +90,15 @@ fn input4(base: u32, k4: u32, inv: f32) -> vec4<f32> {
     return v;
 }
 
+// input4 of the 4 tokens at row bases b (the columns), with norm_w loaded once for all four.
+fn inputs4(b: vec4<u32>, k4: u32, inv: vec4<f32>) -> mat4x4<f32> {
+    let v = mat4x4<f32>(x[b.x + k4], x[b.y + k4], x[b.z + k4], x[b.w + k4]);
+    if !NORM { return v; }
+    if !NORM_WEIGHT { return mat4x4<f32>(v[0] * inv.x, v[1] * inv.y, v[2] * inv.z, v[3] * inv.w); }
+    let nw = norm_w[k4];
+    return mat4x4<f32>(v[0] * inv.x * nw, v[1] * inv.y * nw, v[2] * inv.z * nw, v[3] * inv.w * nw);
+}
+
 // The tokens' dot products with weights w4(o, k4) for k4 = start, start + stride, ... (`inv`: the
 // tokens' norm factors with NORM).
 fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
@@ -242,31 +251,29 @@ fn dots_quad(r: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> array<v
             for (var g = 0u; g < 8u; g++) {
                 let q = quant_word(W_FORMAT, g);
                 let k4 = kb * 8u + g;
-                let x = mat4x4<f32>(input4(b.x, k4, inv.x), input4(b.y, k4, inv.y), input4(b.z, k4, inv.z),
-                    input4(b.w, k4, inv.w));
-                a0 = dots4(x, dequant4(W_FORMAT, head.x, w[base.x + q], g), a0);
-                a1 = dots4(x, dequant4(W_FORMAT, head.y, w[base.y + q], g), a1);
-                a2 = dots4(x, dequant4(W_FORMAT, head.z, w[base.z + q], g), a2);
-                a3 = dots4(x, dequant4(W_FORMAT, head.w, w[base.w + q], g), a3);
+                let xs = inputs4(b, k4, inv);
+                a0 = dots4(xs, dequant4(W_FORMAT, head.x, w[base.x + q], g), a0);
+                a1 = dots4(xs, dequant4(W_FORMAT, head.y, w[base.y + q], g), a1);
+                a2 = dots4(xs, dequant4(W_FORMAT, head.z, w[base.z + q], g), a2);
+                a3 = dots4(xs, dequant4(W_FORMAT, head.w, w[base.w + q], g), a3);
             }
         }
     } else {
         for (var k4 = 0u; k4 < K / 4u; k4++) {
-            let x = mat4x4<f32>(input4(b.x, k4, inv.x), input4(b.y, k4, inv.y), input4(b.z, k4, inv.z),
-                input4(b.w, k4, inv.w));
-            a0 = dots4(x, w4(r.x, k4), a0);
-            a1 = dots4(x, w4(r.y, k4), a1);
-            a2 = dots4(x, w4(r.z, k4), a2);
-            a3 = dots4(x, w4(r.w, k4), a3);
+            let xs = inputs4(b, k4, inv);
+            a0 = dots4(xs, w4(r.x, k4), a0);
+            a1 = dots4(xs, w4(r.y, k4), a1);
+            a2 = dots4(xs, w4(r.z, k4), a2);
+            a3 = dots4(xs, w4(r.w, k4), a3);
         }
     }
     return array<vec4<f32>, 4>(a0, a1, a2, a3);
 }
 
-// One weight vec4 against 4 tokens' inputs (the columns of x), added to their sums.
-fn dots4(x: mat4x4<f32>, wv: vec4<f32>, acc: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(dot_fma(x[0], wv, acc.x), dot_fma(x[1], wv, acc.y), dot_fma(x[2], wv, acc.z),
-        dot_fma(x[3], wv, acc.w));
+// One weight vec4 against 4 tokens' inputs (the columns of xs), added to their sums.
+fn dots4(xs: mat4x4<f32>, wv: vec4<f32>, acc: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(dot_fma(xs[0], wv, acc.x), dot_fma(xs[1], wv, acc.y), dot_fma(xs[2], wv, acc.z),
+        dot_fma(xs[3], wv, acc.w));
 }
 
 // With NORM (wide shape only: the host takes `main_normed` for one output per thread) every lane

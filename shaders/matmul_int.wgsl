@@ -24,9 +24,10 @@ fn block_sum(s: i32, dm: vec2<f32>, dx: f32, sx: f32, acc: f32) -> f32 {
 // One token's (quantized row at word xb) dot product with weight row `row`, blocks in order, words
 // loaded as they are used: no private arrays (lavapipe keeps those in memory per lane; see
 // dots_quad in matmul.wgsl). Every token of every step goes through this one function, so a
-// row's bits cannot depend on how many tokens a thread takes (the compiler may reassociate float
-// math differently in two differently shaped copies; a first version with a separate 4-token
-// loop did differ, by 2e-6).
+// row's bits cannot depend on how many tokens a thread takes: a first version with a separate
+// 4-token loop gave results 2e-6 apart from the mat-vec one (Q8_0), which tests/int_dot.rs caught;
+// the float math of the two copies was written alike, so the compiler must have treated them
+// differently.
 fn int_dot_row(row: u32, xb: u32) -> f32 {
     var acc = 0.0;
     for (var kb = 0u; kb < K / 32u; kb++) {
@@ -36,6 +37,7 @@ fn int_dot_row(row: u32, xb: u32) -> f32 {
         if W_FORMAT == 2u {
             for (var i = 0u; i < 8u; i++) { s += dot4I8Packed(w[base + 1u + i], xq[xo + 2u + i]); }
         } else {
+            // word i: weights 4i.. in the low nibbles, 16 + 4i.. in the high ones (common.wgsl)
             for (var i = 0u; i < 4u; i++) {
                 let nib = w[base + 1u + i];
                 s += dot4I8Packed(nib & 0x0f0f0f0fu, xq[xo + 2u + i]);

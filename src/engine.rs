@@ -603,7 +603,7 @@ impl Builder<'_> {
                         (Kernel::MatmulSubgroup, Grid::MatmulSubgroup { out_rows, per_row }, vec![("SG", sg as f64)])
                     }
                     // one output per thread stages the normed input (`main_normed`); the wide
-                    // shape reads it straight from x, each value computed once per 8 outputs
+                    // shape reads it straight from x, each value computed once per 4 outputs
                     (None, true) if self.outs_per_thread == 1 => {
                         (Kernel::MatmulNormed, Grid::Matmul { out_rows, per_row, outs: 1 }, vec![])
                     }
