@@ -11,8 +11,8 @@
 //     computed per workgroup with rmsnorm.wgsl's lanes and tree (the same bits). One output per
 //     thread (entry point `main_normed`) stages the normed input in workgroup memory a tile at a
 //     time; the wide shape (`main`, OUTS > 1) normalizes each input as it loads it, once per
-//     4 outputs. On lavapipe the fused norm was 10-20% slower than its own dispatch, so CPU
-//     adapters keep the norm apart by default (`Fusion::auto`).
+//     4 outputs. On lavapipe the fused norm decoded about 10% slower at 1 row than its own
+//     dispatch (and no faster at 16), so CPU adapters keep the norm apart (`Fusion::auto`).
 //   MLP_ACT: the MLP activation as an epilogue; gated ones pair output o's weight row (the gate)
 //     with row O_ROWS + o (the up projection), each summed in the usual order.
 
@@ -211,8 +211,9 @@ fn store4(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, tokens: u32) {
 
 // Outputs r.x .. r.w's `dots` four at once (the `wide` shape, OUTS / 4 calls per thread): each
 // input vec4 is loaded once for all four, each weight word as it is used, into four named
-// accumulators. Lavapipe (Mesa 22.3) loads storage buffers lane by lane, so loads are its cost:
-// 8 outputs per thread took SmolLM2's decode step from 630 to 340 ms of products on an AMD EPYC.
+// accumulators. Lavapipe loads storage buffers lane by lane (Mesa 21.3's source does; 22.3's
+// timings fit it), so loads are its cost: 8 outputs per thread took SmolLM2's decode step from
+// 630 to 340 ms of products on an AMD EPYC.
 // An earlier version summed the 8 together in private arrays, which lavapipe keeps in memory per
 // lane; this one took 16-row steps' products from about 1030 to 550-650 ms (a later EPYC, while
 // another build ran). Each output's sum runs in `dots`' order: the same bits.
