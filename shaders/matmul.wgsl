@@ -29,7 +29,7 @@ override NORM: bool = false;       // read RMS-norm(x) (over K) instead of x
 override NORM_WEIGHT: bool = false; // the norm has a weight (norm_w)
 override EPS: f32 = 1e-6;          // the norm's epsilon
 override MLP_ACT: u32 = 0u;        // 0: none; else mlp_act(MLP_ACT - 1, gate, up) of common.wgsl
-override WG: u32 = 64u;            // 64 with NORM: rmsnorm.wgsl's lanes, so the sums are the same
+override WG: u32 = 64u;            // lanes per workgroup: 64 with NORM (NORM_LANES), but for inv_rms_lanes8
 override OUTS: u32 = 1u;           // `main`: outputs per thread, 1 or a multiple of 4 (CPU adapters: 8, see dots_quad)
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -41,8 +41,10 @@ override OUTS: u32 = 1u;           // `main`: outputs per thread, 1 or a multipl
 // main_normed: the normalized input of the workgroup's tokens, a tile of k4 at a time (16 KiB).
 const STAGE: u32 = 1024u;
 var<workgroup> staged: array<vec4<f32>, STAGE>;
-// NORM: the lanes' sums of squares of the workgroup's 4 tokens, then their tree (64 = WG with NORM).
-var<workgroup> square_sums: array<vec4<f32>, 64>;
+// rmsnorm.wgsl's lanes: a fused norm sums as they do, so it gives the same bits.
+const NORM_LANES: u32 = 64u;
+// NORM: the lanes' sums of squares of the workgroup's 4 tokens, then their tree.
+var<workgroup> square_sums: array<vec4<f32>, NORM_LANES>;
 
 fn w4(o: u32, k4: u32) -> vec4<f32> {
     if W_FORMAT >= 6u {
@@ -164,16 +166,16 @@ fn dots_staged(o: u32, k0: u32, len: u32, span: u32, tokens: u32, acc_in: vec4<f
 }
 
 // NORM: 1 / rms of the four tokens at row bases b, summed as rmsnorm.wgsl does (lane i takes
-// elements i, i + WG, ...; then a fixed tree). Every invocation of the workgroup calls it.
+// elements i, i + 64, ...; then a fixed tree). Every invocation of a workgroup of NORM_LANES calls it.
 fn inv_rms(b: vec4<u32>, lane: u32) -> vec4<f32> {
     var ss = vec4<f32>(0.0);
-    for (var d = lane; d < K; d += WG) {
+    for (var d = lane; d < K; d += NORM_LANES) {
         let v = vec4<f32>(x[b.x + d / 4u][d % 4u], x[b.y + d / 4u][d % 4u], x[b.z + d / 4u][d % 4u],
             x[b.w + d / 4u][d % 4u]);
         ss = fma(v, v, ss);  // explicit fma: see dot_fma in common.wgsl
     }
     square_sums[lane] = ss;
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+    for (var stride = NORM_LANES / 2u; stride > 0u; stride /= 2u) {
         workgroupBarrier();
         if lane < stride { square_sums[lane] += square_sums[lane + stride]; }
     }

@@ -334,15 +334,38 @@ const Q8_BLOCK_WORDS: usize = 10;
 /// The product kernel for `asked` on this device: `Auto` resolved, and a variant the device
 /// cannot run refused by name (what [`Engine::matmul_kernel`] will say).
 pub fn resolve_matmul(asked: MatmulKernel, gpu: &Gpu) -> Result<MatmulKernel> {
-    match (asked, gpu.subgroup_size()) {
-        (MatmulKernel::Auto, _) if gpu.info.device_type == wgpu::DeviceType::Cpu => Ok(MatmulKernel::Wide),
-        (MatmulKernel::Auto, Some(_)) => Ok(MatmulKernel::Subgroup),
-        (MatmulKernel::Auto, None) => Ok(MatmulKernel::Portable),
-        (MatmulKernel::Subgroup, None) => Err(Error::Config(format!(
-            "matmul: the subgroup kernel needs subgroups of one fixed size, which {} does not offer here              (or the device was made portable: GpuOptions::portable / KVDECODE_PORTABLE=1)",
+    let sg = gpu.subgroup_size();
+    let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
+    match asked {
+        MatmulKernel::Auto if cpu && sg.is_some_and(|n| n >= 8) => Ok(MatmulKernel::WideSubgroup),
+        MatmulKernel::Auto if cpu => Ok(MatmulKernel::Wide),
+        MatmulKernel::Auto if sg.is_some() => Ok(MatmulKernel::Subgroup),
+        MatmulKernel::Auto => Ok(MatmulKernel::Portable),
+        MatmulKernel::Subgroup if sg.is_none() => Err(Error::Config(format!(
+            "matmul: the subgroup kernel needs subgroups of one fixed size, which {} does not offer here \
+             (or the device was made portable: GpuOptions::portable / KVDECODE_PORTABLE=1)",
             gpu.info.name
         ))),
-        (k, _) => Ok(k),
+        MatmulKernel::WideSubgroup if sg.is_none_or(|n| n < 8) => Err(Error::Config(format!(
+            "matmul: the wide-subgroup kernel needs subgroups of one fixed size of at least 8 lanes; {} offers {} \
+             (or the device was made portable: GpuOptions::portable / KVDECODE_PORTABLE=1)",
+            gpu.info.name,
+            sg.map_or("none".to_string(), |n| format!("{n}"))
+        ))),
+        k => Ok(k),
+    }
+}
+
+/// Lanes per workgroup of the wide products: 8 on adapters that are really the CPU, where a
+/// workgroup of one SIMD vector spreads a small product (SmolLM2's 576 outputs are 72 threads) over
+/// the cores evenly (9 workgroups instead of 2: products 78 -> 70 ms a decode step on lavapipe, 2
+/// cores); with subgroups that is one subgroup of exactly 8 lanes. 64 elsewhere.
+fn product_wg(kernel: MatmulKernel, gpu: &Gpu) -> u32 {
+    let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
+    match kernel {
+        MatmulKernel::Wide if cpu => 8,
+        MatmulKernel::WideSubgroup if cpu && gpu.subgroup_size() == Some(8) => 8,
+        _ => 64,
     }
 }
 
@@ -490,6 +513,13 @@ struct Builder<'a> {
     int_dot: bool,
     /// Outputs per thread of the portable product (`OUTS` in matmul.wgsl).
     outs_per_thread: usize,
+    /// The wide products share each block's inputs through subgroups (`main_wide_subgroup`).
+    wide_subgroup: bool,
+    /// Lanes per workgroup of the products without a fused norm (`WG` in matmul.wgsl).
+    product_wg: u32,
+    /// The fused norm of `main_wide_subgroup` sums through shuffles in one 8-lane subgroup
+    /// (`product_wg` 8 with it too); else a fused norm takes rmsnorm.wgsl's 64 lanes.
+    norm_lanes8: bool,
     attention: AttentionPlan,
     /// Which kernels run fused.
     fusion: Fusion,
@@ -515,7 +545,8 @@ impl Builder<'_> {
     fn dispatch(&self, kernel: Kernel, constants: Constants, buffers: &[&wgpu::Buffer], grid: Grid) -> Dispatch {
         let wg = match (kernel, self.subgroup) {
             (Kernel::MatmulSubgroup, Some(sg)) => sg,
-            _ => kernel.workgroup_size(),
+            // a kernel whose workgroup size was set through its `WG` constant
+            _ => constants.iter().find(|(n, _)| *n == "WG").map_or(kernel.workgroup_size(), |(_, v)| *v as u32),
         };
         Dispatch {
             kernel,
@@ -607,9 +638,20 @@ impl Builder<'_> {
                     (None, true) if self.outs_per_thread == 1 => {
                         (Kernel::MatmulNormed, Grid::Matmul { out_rows, per_row, outs: 1 }, vec![])
                     }
-                    (None, _) => {
+                    (None, norm) if self.wide_subgroup => {
                         let outs = self.outs_per_thread;
-                        (Kernel::Matmul, Grid::Matmul { out_rows, per_row, outs }, vec![("OUTS", outs as f64)])
+                        let wg = if norm && !self.norm_lanes8 { 64 } else { self.product_wg };
+                        let grid = Grid::Matmul { out_rows, per_row, outs };
+                        (Kernel::MatmulWideSubgroup, grid, vec![("OUTS", outs as f64), ("WG", wg as f64)])
+                    }
+                    (None, norm) => {
+                        let outs = self.outs_per_thread;
+                        let wg = if norm { 64 } else { self.product_wg };
+                        (
+                            Kernel::Matmul,
+                            Grid::Matmul { out_rows, per_row, outs },
+                            vec![("OUTS", outs as f64), ("WG", wg as f64)],
+                        )
                     }
                 };
                 let mut consts = vec![
@@ -1058,7 +1100,7 @@ impl Engine {
         let matmul = resolve_matmul(opts.matmul.map_or_else(MatmulKernel::from_env, Ok)?, gpu)?;
         let mut fusion = match opts.fusion {
             Some(f) => f,
-            None => Fusion::from_env()?.unwrap_or_else(|| Fusion::auto(&gpu.info)),
+            None => Fusion::from_env()?.unwrap_or_else(|| Fusion::auto(&gpu.info, matmul)),
         };
         // the integer-dot products read activations quantized by their own dispatch, which reads
         // the normed input: the norm stays a dispatch of its own
@@ -1134,7 +1176,14 @@ impl Engine {
         let bld = Builder {
             subgroup: gpu.subgroup_size().filter(|_| float_kernel == MatmulKernel::Subgroup),
             int_dot: matmul == MatmulKernel::IntDot,
-            outs_per_thread: if float_kernel == MatmulKernel::Wide { 8 } else { 1 },
+            outs_per_thread: if matches!(float_kernel, MatmulKernel::Wide | MatmulKernel::WideSubgroup) {
+                8
+            } else {
+                1
+            },
+            wide_subgroup: float_kernel == MatmulKernel::WideSubgroup,
+            product_wg: product_wg(float_kernel, gpu),
+            norm_lanes8: float_kernel == MatmulKernel::WideSubgroup && product_wg(float_kernel, gpu) == 8,
             attention,
             fusion,
             cfg: &cfg,

@@ -54,9 +54,12 @@ impl Profile {
     fn charge(&mut self, kernel: Kernel, seconds: f64) {
         match kernel {
             // quantizing an integer-dot product's input is part of that product
-            Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulSubgroup | Kernel::MatmulInt | Kernel::Quantize => {
-                self.matmul += seconds
-            }
+            Kernel::Matmul
+            | Kernel::MatmulNormed
+            | Kernel::MatmulSubgroup
+            | Kernel::MatmulWideSubgroup
+            | Kernel::MatmulInt
+            | Kernel::Quantize => self.matmul += seconds,
             Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead => self.attention += seconds,
             _ => self.other += seconds,
         }

@@ -55,6 +55,9 @@ pub enum Kernel {
     /// Fast path of [`Kernel::Matmul`] with subgroups (`matmul.wgsl` + `matmul_subgroup.wgsl`);
     /// built only on devices with the `subgroups` feature.
     MatmulSubgroup,
+    /// The wide product with each block's inputs shared through the subgroup
+    /// (`main_wide_subgroup` of `matmul_subgroup.wgsl`): CPU adapters with subgroups of 8 or more.
+    MatmulWideSubgroup,
     /// A plain copy (`copy.wgsl`): the device's copy bandwidth, the bench's yardstick.
     Copy,
     /// Activations quantized per block of 32 to int8 for [`Kernel::MatmulInt`] (`quantize.wgsl`).
@@ -66,7 +69,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 20] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -83,6 +86,7 @@ impl Kernel {
         Kernel::EngramGather,
         Kernel::EngramMix,
         Kernel::MatmulSubgroup,
+        Kernel::MatmulWideSubgroup,
         Kernel::Copy,
         Kernel::Quantize,
         Kernel::MatmulInt,
@@ -94,6 +98,7 @@ impl Kernel {
             Kernel::AttentionSplitHead => "attention_split.wgsl per_head",
             Kernel::MatmulNormed => "matmul.wgsl main_normed",
             Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
+            Kernel::MatmulWideSubgroup => "matmul_subgroup.wgsl main_wide_subgroup",
             Kernel::MatmulInt => "matmul_int.wgsl",
             k => k.file(),
         }
@@ -115,7 +120,7 @@ impl Kernel {
             Kernel::LogitBias => "logit_bias.wgsl",
             Kernel::EngramGather => "engram_gather.wgsl",
             Kernel::EngramMix => "engram_mix.wgsl",
-            Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
+            Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup => "matmul_subgroup.wgsl",
             Kernel::Copy => "copy.wgsl",
             Kernel::Quantize => "quantize.wgsl",
             Kernel::MatmulInt => "matmul_int.wgsl",
@@ -126,6 +131,7 @@ impl Kernel {
     pub fn entry_point(self) -> &'static str {
         match self {
             Kernel::MatmulSubgroup => "main_subgroup",
+            Kernel::MatmulWideSubgroup => "main_wide_subgroup",
             Kernel::AttentionSplitHead => "per_head",
             Kernel::MatmulNormed => "main_normed",
             Kernel::MatmulInt => "main_int",
@@ -135,7 +141,7 @@ impl Kernel {
 
     /// Whether the kernel needs the `subgroups` device feature (a fast path).
     pub fn needs_subgroups(self) -> bool {
-        self == Kernel::MatmulSubgroup
+        matches!(self, Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup)
     }
 
     /// Whether the kernel belongs to the integer-dot products, built only for engines that run
@@ -170,7 +176,7 @@ impl Kernel {
                 );
             }
             // the portable kernel's bindings and helpers, plus the subgroup entry point
-            Kernel::MatmulSubgroup => {
+            Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup => {
                 return format!(
                     // naga 30 takes subgroup builtins without `enable subgroups;` (the device
                     // feature gates them); it rejects the directive itself
@@ -201,7 +207,7 @@ impl Kernel {
             Kernel::LogitBias => &[Uniform, Read, Read, Read, ReadWrite],
             Kernel::EngramGather => &[Uniform, Read, Read, Read, Read, Read, Read, ReadWrite],
             Kernel::EngramMix => &[Uniform, Read, Read, ReadWrite],
-            Kernel::MatmulSubgroup => &[Uniform, Read, Read, ReadWrite, Read],
+            Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup => &[Uniform, Read, Read, ReadWrite, Read],
             Kernel::Copy => &[Read, ReadWrite],
             Kernel::Quantize => &[Uniform, Read, ReadWrite],
             // matmul.wgsl's five (x and norm_w unused), then the quantized input

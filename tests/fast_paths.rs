@@ -1,6 +1,7 @@
 //! The product kernels: the subgroup fast path (when the adapter has fixed-size subgroups), the
-//! portable kernel and its `wide` form agree with each other and with the reference, and `wide`
-//! gives the portable bits. CI also runs the whole suite with KVDECODE_PORTABLE=1.
+//! portable kernel and its `wide` forms agree with each other and with the reference, and `wide`
+//! and `wide-subgroup` give the portable bits. CI also runs the whole suite with
+//! KVDECODE_PORTABLE=1.
 
 mod common;
 
@@ -47,6 +48,9 @@ fn mat_vec_steps_equal_blocked_steps_bit_for_bit() {
     let mut kernels = vec![(&portable, MatmulKernel::Portable), (&portable, MatmulKernel::Wide)];
     if fast.subgroup_size().is_some() {
         kernels.push((&fast, MatmulKernel::Subgroup));
+    }
+    if fast.subgroup_size().is_some_and(|n| n >= 8) {
+        kernels.push((&fast, MatmulKernel::WideSubgroup));
     }
     for (gpu, matmul) in kernels {
         let w = model(&llama_cfg(), 172).quantized(kvdecode::quant::QuantKind::Q4_1).unwrap();
@@ -106,6 +110,13 @@ fn wide_products_give_the_portable_bits() {
     for kind in [QuantKind::Q4K, QuantKind::Q6K] {
         cases.push((format!("{kind:?}"), model(&k_blocks, 194).quantized(kind).unwrap(), WeightDtype::F32));
     }
+    // wide-subgroup where the default device has subgroups of 8 lanes or more (lavapipe on Vulkan
+    // must), against the portable kernel on that same device
+    let fast = common::gpu();
+    let shared_inputs = fast.subgroup_size().is_some_and(|n| n >= 8);
+    if fast.info.backend == wgpu::Backend::Vulkan && fast.info.name.contains("llvmpipe") {
+        assert!(shared_inputs, "lavapipe has 8-wide subgroups: wide-subgroup must run");
+    }
     for (what, w, weights) in cases {
         let portable = logits_with(&gpu, &w, weights, MatmulKernel::Portable);
         let wide = logits_with(&gpu, &w, weights, MatmulKernel::Wide);
@@ -117,5 +128,20 @@ fn wide_products_give_the_portable_bits() {
             let want = ref_last(&w, &[3, 10, 17, 24, 31, 38, 45, 52, 59, 10, 11, 12]);
             assert!(max_abs_diff(&portable[6], &want) <= 1e-4, "{what}: portable against the reference");
         }
+        if shared_inputs {
+            let portable = logits_with(&fast, &w, weights, MatmulKernel::Portable);
+            let shared = logits_with(&fast, &w, weights, MatmulKernel::WideSubgroup);
+            for (i, (a, b)) in portable.iter().zip(&shared).enumerate() {
+                assert!(a == b, "{what}, logits {i}: wide-subgroup differs from portable by {}", max_abs_diff(a, b));
+            }
+        }
+    }
+    if !shared_inputs {
+        // a device without 8-lane subgroups refuses the kernel by name
+        let w = model(&odd, 195);
+        let mut opts = EngineOptions::new(1, 16);
+        opts.matmul = Some(MatmulKernel::WideSubgroup);
+        let e = Engine::new(&fast, &w, opts).err().expect("wide-subgroup without subgroups").to_string();
+        assert!(e.contains("wide-subgroup") && e.contains("8 lanes"), "{e}");
     }
 }

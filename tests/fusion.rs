@@ -95,6 +95,37 @@ fn every_fusion_gives_the_unfused_bits_on_the_portable_kernels() {
 }
 
 #[test]
+fn wide_subgroup_products_give_the_unfused_portable_bits_fused_or_not() {
+    // the fused norm of `main_wide_subgroup` sums through shuffles in 8-lane workgroups on CPU
+    // adapters, in rmsnorm.wgsl's order; every fusion must leave the portable unfused bits
+    let gpu = gpu();
+    if gpu.info.backend == wgpu::Backend::Vulkan && gpu.info.name.contains("llvmpipe") {
+        assert_eq!(gpu.subgroup_size(), Some(8), "lavapipe has 8-wide subgroups: wide-subgroup must run");
+    }
+    if gpu.subgroup_size().is_none_or(|n| n < 8) {
+        // no such subgroups (GL): the kernel is refused by name
+        let w = model(&llama_cfg(), 185);
+        let mut opts = EngineOptions::new(1, 16);
+        opts.matmul = Some(MatmulKernel::WideSubgroup);
+        let e = Engine::new(&gpu, &w, opts).err().expect("wide-subgroup without subgroups").to_string();
+        assert!(e.contains("wide-subgroup"), "{e}");
+        return;
+    }
+    let fusions = [Fusion::NONE, Fusion { norm: true, ..Fusion::NONE }, Fusion::ALL];
+    for (name, w) in families() {
+        for half in [false, true] {
+            let (plain, _) = run_counted(&gpu, &w, Fusion::NONE, half, MatmulKernel::Portable);
+            for f in fusions {
+                let (shared, _) = run_counted(&gpu, &w, f, half, MatmulKernel::WideSubgroup);
+                for (i, (a, b)) in plain.iter().zip(&shared).enumerate() {
+                    assert!(a == b, "{name} (f16 K/V: {half}, {f:?}), logits {i}: off by {}", max_abs_diff(a, b));
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn fused_kernels_on_the_default_path_are_exact_and_close_to_the_reference() {
     let gpu = gpu();
     println!("{}: subgroup fast path {:?}", gpu.describe(), gpu.subgroup_size());

@@ -11,7 +11,7 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
     match kernel {
         Kernel::Embed => &[("D", 64.0), ("PART_ROWS", 100.0)],
         Kernel::RmsNorm => &[("D", 64.0), ("EPS", 1e-6)],
-        Kernel::Matmul | Kernel::MatmulNormed => {
+        Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulWideSubgroup => {
             &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0)]
         }
         Kernel::QkRope => &[("HEADS", 4.0), ("D", 16.0), ("STRIDE", 64.0)],
@@ -68,6 +68,10 @@ fn variants(kernel: Kernel) -> Vec<(&'static str, f64)> {
         // products: every weight format, and the fused activations (relu^2, a gated one)
         Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulSubgroup => {
             [&WEIGHT_FORMATS[..], &[("MLP_ACT", 1.0), ("MLP_ACT", 3.0)]].concat()
+        }
+        // the wide shapes also at 8 outputs per thread and in 8-lane workgroups (the shuffled norm)
+        Kernel::MatmulWideSubgroup => {
+            [&WEIGHT_FORMATS[..], &[("MLP_ACT", 1.0), ("MLP_ACT", 3.0), ("OUTS", 8.0), ("WG", 8.0)]].concat()
         }
         Kernel::Embed => WEIGHT_FORMATS.to_vec(),
         // integer-dot products: Q4_0, Q4_1 (Q8_0 is required()'s), a gated activation

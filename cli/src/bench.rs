@@ -87,7 +87,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     // what Engine::new will pick (EngineOptions::matmul and ::fusion resolved the same way)
     let matmul = kvdecode::engine::resolve_matmul(kvdecode::MatmulKernel::from_env()?, &gpu)?;
-    let mut fusion = kvdecode::Fusion::from_env()?.unwrap_or_else(|| kvdecode::Fusion::auto(&gpu.info));
+    let mut fusion = kvdecode::Fusion::from_env()?.unwrap_or_else(|| kvdecode::Fusion::auto(&gpu.info, matmul));
     fusion.norm &= matmul != kvdecode::MatmulKernel::IntDot;
     let matmul = match (matmul, gpu.subgroup_size()) {
         (kvdecode::MatmulKernel::Subgroup, Some(sg)) => format!("subgroup ({sg} lanes)"),
