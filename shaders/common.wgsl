@@ -202,7 +202,12 @@ fn dequant_k4(fmt: u32, w: array<u32, 5>, g: u32) -> vec4<f32> {
 
 // Weights 4g .. 4g + 3 of a block of 32 from its head word and the word holding them.
 fn dequant4(fmt: u32, head: u32, word: u32, g: u32) -> vec4<f32> {
-    let dm = unpack2x16float(head);
+    return dequant4_dm(fmt, unpack2x16float(head), word, g);
+}
+
+// dequant4 from the head's scale (and min) already unpacked: dm = unpack2x16float(head), for
+// loops that take a block's weights 4 at a time and unpack its head once.
+fn dequant4_dm(fmt: u32, dm: vec2<f32>, word: u32, g: u32) -> vec4<f32> {
     if fmt == 2u {
         let q = vec4<i32>(bitcast<i32>(word << 24u), bitcast<i32>(word << 16u), bitcast<i32>(word << 8u), bitcast<i32>(word)) >> vec4<u32>(24u);
         return dm.x * vec4<f32>(q);

@@ -153,6 +153,20 @@ fn block_word(lo: vec4<u32>, hi: vec4<u32>, g: u32) -> u32 {
     return lo[g % 4u];
 }
 
+// One token's dot product with a block of 32 (its scale dm and words lo, hi), added to acc in
+// `dots`' order; g is a constant in each line, so each word and shift is known at compile time.
+fn block_dot(acc: f32, dm: vec2<f32>, lo: vec4<u32>, hi: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>,
+    x3: vec4<f32>, x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
+    var a = dot_fma(x0, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 0u), 0u), acc);
+    a = dot_fma(x1, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 1u), 1u), a);
+    a = dot_fma(x2, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 2u), 2u), a);
+    a = dot_fma(x3, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 3u), 3u), a);
+    a = dot_fma(x4, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 4u), 4u), a);
+    a = dot_fma(x5, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 5u), 5u), a);
+    a = dot_fma(x6, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 6u), 6u), a);
+    return dot_fma(x7, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 7u), 7u), a);
+}
+
 // The `dots` of weight rows r and r_hi (eight rows) with the inputs shared through the subgroup
 // (`me`: which vec4 of a block this lane loads), each weight word loaded once; other formats than
 // blocks of 32 take `dots_quad`, four rows at a time.
@@ -175,8 +189,15 @@ fn shared_rows8(r: vec4<u32>, r_hi: vec4<u32>, b: vec4<u32>, tokens: u32, inv: v
     for (var kb = 0u; kb < K / 32u; kb++) {
         let base = (r * (K / 32u) + kb) * bw;
         let base_hi = (r_hi * (K / 32u) + kb) * bw;
-        let head = vec4<u32>(w[base.x], w[base.y], w[base.z], w[base.w]);
-        let head_hi = vec4<u32>(w[base_hi.x], w[base_hi.y], w[base_hi.z], w[base_hi.w]);
+        // the heads' scales (and mins), unpacked once per block
+        let dm0 = unpack2x16float(w[base.x]);
+        let dm1 = unpack2x16float(w[base.y]);
+        let dm2 = unpack2x16float(w[base.z]);
+        let dm3 = unpack2x16float(w[base.w]);
+        let dm4 = unpack2x16float(w[base_hi.x]);
+        let dm5 = unpack2x16float(w[base_hi.y]);
+        let dm6 = unpack2x16float(w[base_hi.z]);
+        let dm7 = unpack2x16float(w[base_hi.w]);
         let lo0 = block_lo(base.x);
         let lo1 = block_lo(base.y);
         let lo2 = block_lo(base.z);
@@ -195,30 +216,35 @@ fn shared_rows8(r: vec4<u32>, r_hi: vec4<u32>, b: vec4<u32>, tokens: u32, inv: v
         let hi7 = block_hi(base_hi.w);
         if tokens == 1u {
             let mine = input4(b.x, kb * 8u + me, inv.x);
-            for (var g = 0u; g < 8u; g++) {
-                let x0 = shuffle4(mine, g);
-                a0.x = dot_fma(x0, dequant4(W_FORMAT, head.x, block_word(lo0, hi0, g), g), a0.x);
-                a1.x = dot_fma(x0, dequant4(W_FORMAT, head.y, block_word(lo1, hi1, g), g), a1.x);
-                a2.x = dot_fma(x0, dequant4(W_FORMAT, head.z, block_word(lo2, hi2, g), g), a2.x);
-                a3.x = dot_fma(x0, dequant4(W_FORMAT, head.w, block_word(lo3, hi3, g), g), a3.x);
-                a4.x = dot_fma(x0, dequant4(W_FORMAT, head_hi.x, block_word(lo4, hi4, g), g), a4.x);
-                a5.x = dot_fma(x0, dequant4(W_FORMAT, head_hi.y, block_word(lo5, hi5, g), g), a5.x);
-                a6.x = dot_fma(x0, dequant4(W_FORMAT, head_hi.z, block_word(lo6, hi6, g), g), a6.x);
-                a7.x = dot_fma(x0, dequant4(W_FORMAT, head_hi.w, block_word(lo7, hi7, g), g), a7.x);
-            }
+            let x0 = shuffle4(mine, 0u);
+            let x1 = shuffle4(mine, 1u);
+            let x2 = shuffle4(mine, 2u);
+            let x3 = shuffle4(mine, 3u);
+            let x4 = shuffle4(mine, 4u);
+            let x5 = shuffle4(mine, 5u);
+            let x6 = shuffle4(mine, 6u);
+            let x7 = shuffle4(mine, 7u);
+            a0.x = block_dot(a0.x, dm0, lo0, hi0, x0, x1, x2, x3, x4, x5, x6, x7);
+            a1.x = block_dot(a1.x, dm1, lo1, hi1, x0, x1, x2, x3, x4, x5, x6, x7);
+            a2.x = block_dot(a2.x, dm2, lo2, hi2, x0, x1, x2, x3, x4, x5, x6, x7);
+            a3.x = block_dot(a3.x, dm3, lo3, hi3, x0, x1, x2, x3, x4, x5, x6, x7);
+            a4.x = block_dot(a4.x, dm4, lo4, hi4, x0, x1, x2, x3, x4, x5, x6, x7);
+            a5.x = block_dot(a5.x, dm5, lo5, hi5, x0, x1, x2, x3, x4, x5, x6, x7);
+            a6.x = block_dot(a6.x, dm6, lo6, hi6, x0, x1, x2, x3, x4, x5, x6, x7);
+            a7.x = block_dot(a7.x, dm7, lo7, hi7, x0, x1, x2, x3, x4, x5, x6, x7);
         } else {
             let mine = inputs4(b, kb * 8u + me, inv);
             for (var g = 0u; g < 8u; g++) {
                 let xs = mat4x4<f32>(shuffle4(mine[0], g), shuffle4(mine[1], g), shuffle4(mine[2], g),
                     shuffle4(mine[3], g));
-                a0 = dots4(xs, dequant4(W_FORMAT, head.x, block_word(lo0, hi0, g), g), a0);
-                a1 = dots4(xs, dequant4(W_FORMAT, head.y, block_word(lo1, hi1, g), g), a1);
-                a2 = dots4(xs, dequant4(W_FORMAT, head.z, block_word(lo2, hi2, g), g), a2);
-                a3 = dots4(xs, dequant4(W_FORMAT, head.w, block_word(lo3, hi3, g), g), a3);
-                a4 = dots4(xs, dequant4(W_FORMAT, head_hi.x, block_word(lo4, hi4, g), g), a4);
-                a5 = dots4(xs, dequant4(W_FORMAT, head_hi.y, block_word(lo5, hi5, g), g), a5);
-                a6 = dots4(xs, dequant4(W_FORMAT, head_hi.z, block_word(lo6, hi6, g), g), a6);
-                a7 = dots4(xs, dequant4(W_FORMAT, head_hi.w, block_word(lo7, hi7, g), g), a7);
+                a0 = dots4(xs, dequant4_dm(W_FORMAT, dm0, block_word(lo0, hi0, g), g), a0);
+                a1 = dots4(xs, dequant4_dm(W_FORMAT, dm1, block_word(lo1, hi1, g), g), a1);
+                a2 = dots4(xs, dequant4_dm(W_FORMAT, dm2, block_word(lo2, hi2, g), g), a2);
+                a3 = dots4(xs, dequant4_dm(W_FORMAT, dm3, block_word(lo3, hi3, g), g), a3);
+                a4 = dots4(xs, dequant4_dm(W_FORMAT, dm4, block_word(lo4, hi4, g), g), a4);
+                a5 = dots4(xs, dequant4_dm(W_FORMAT, dm5, block_word(lo5, hi5, g), g), a5);
+                a6 = dots4(xs, dequant4_dm(W_FORMAT, dm6, block_word(lo6, hi6, g), g), a6);
+                a7 = dots4(xs, dequant4_dm(W_FORMAT, dm7, block_word(lo7, hi7, g), g), a7);
             }
         }
     }
