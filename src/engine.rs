@@ -14,7 +14,7 @@ use crate::gpu_weights::{GpuLayer, GpuMatrix, GpuWeights, QkvWeights, WeightDtyp
 use crate::reference::rope_table;
 use crate::sampling::{RowSampling, Sampled, Sampler, SamplerGpu, TOP_LOGPROBS_MAX};
 use crate::shaders::{Constants, Kernel, Pipelines};
-pub use crate::variants::{AttentionKernel, Fusion, MatmulKernel};
+pub use crate::variants::{AttentionKernel, Fusion, MatmulKernel, TILED_MIN_TOKENS};
 use crate::weights::ModelWeights;
 
 /// Most new tokens per row processed in one chunk (bounds activation memory during prefill,
@@ -311,6 +311,8 @@ enum Grid {
     Matmul { out_rows: usize, per_row: bool, outs: usize },
     /// Subgroup matmul: one workgroup (one subgroup) per output and 4 tokens.
     MatmulSubgroup { out_rows: usize, per_row: bool },
+    /// Tiled matmul: one workgroup per 32 tokens and 32 weight rows (16 outputs when `gated`).
+    MatmulTiled { out_rows: usize, per_row: bool, gated: bool },
     /// One workgroup per chunk row.
     WorkgroupPerRow,
     /// `per_token` threads per token of token group `group` (`size` tokens per group), linear.
@@ -325,6 +327,9 @@ struct Dispatch {
     bind: wgpu::BindGroup,
     grid: Grid,
     wg: u32,
+    /// A product's mat-mat form (`tiled` variant), recorded instead for steps whose product has
+    /// at least [`TILED_MIN_TOKENS`] tokens: the same bits, so a step may take either.
+    tiled: Option<Box<Dispatch>>,
 }
 
 /// Words per block of 32 quantized activations (quantize.wgsl): the scale d, d * sum(q), then
@@ -394,6 +399,10 @@ impl Dispatch {
                 let x = out_rows.clamp(1, 65535);
                 (x as u32, out_rows.div_ceil(x) as u32, matmul_token_blocks(n))
             }
+            Grid::MatmulTiled { out_rows, per_row, gated } => {
+                let n = if per_row { rows } else { rows * width };
+                (out_rows.div_ceil(if gated { 16 } else { 32 }) as u32, n.div_ceil(32).max(1) as u32, 1)
+            }
             Grid::WorkgroupPerRow => (rows as u32, 1, 1),
             Grid::TokenGroup { group, size, per_token } => {
                 linear(Self::group_count(rows * width, group, size) * per_token)
@@ -417,6 +426,19 @@ impl Dispatch {
                 Self::group_count(rows * width, group, size) > 0
             }
             _ => true,
+        }
+    }
+
+    /// The dispatch a chunk of `rows x width` tokens records: the mat-mat form where it has one
+    /// and the product has enough tokens, else itself.
+    fn for_chunk(&self, rows: usize, width: usize) -> &Dispatch {
+        match (&self.tiled, self.grid) {
+            (Some(t), Grid::Matmul { per_row, .. })
+                if (if per_row { rows } else { rows * width }) >= TILED_MIN_TOKENS =>
+            {
+                t
+            }
+            _ => self,
         }
     }
 
@@ -515,6 +537,8 @@ struct Builder<'a> {
     outs_per_thread: usize,
     /// The wide products share each block's inputs through subgroups (`main_wide_subgroup`).
     wide_subgroup: bool,
+    /// Products of many tokens take the mat-mat kernel (`main_tiled`, the `tiled` variant).
+    tiled: bool,
     /// Lanes per workgroup of the products without a fused norm (`WG` in matmul.wgsl).
     product_wg: u32,
     /// The fused norm of `main_wide_subgroup` sums through shuffles in one 8-lane subgroup
@@ -554,6 +578,7 @@ impl Builder<'_> {
             bind: self.pipelines.bind(kernel, buffers),
             grid,
             wg,
+            tiled: None,
         }
     }
 
@@ -681,7 +706,18 @@ impl Builder<'_> {
                     let s = self.s;
                     return self.dispatch(kernel, consts, &[&s.step, &s.dummy, &p.buffer, io.y, &s.dummy, &s.xq], grid);
                 }
-                self.dispatch(kernel, consts, &[&self.s.step, io.x, &p.buffer, io.y, norm_w], grid)
+                let buffers = [&self.s.step, io.x, &p.buffer, io.y, norm_w];
+                // `tiled`: the mat-mat form beside the portable one (without OUTS: one shape)
+                let tiled = self.tiled.then(|| {
+                    let consts = consts.iter().filter(|(n, _)| *n != "OUTS" && *n != "WG").cloned().collect();
+                    Box::new(self.dispatch(
+                        Kernel::MatmulTiled,
+                        consts,
+                        &buffers,
+                        Grid::MatmulTiled { out_rows, per_row, gated },
+                    ))
+                });
+                Dispatch { tiled, ..self.dispatch(kernel, consts, &buffers, grid) }
             }))
             .collect()
     }
@@ -1182,6 +1218,7 @@ impl Engine {
                 1
             },
             wide_subgroup: float_kernel == MatmulKernel::WideSubgroup,
+            tiled: float_kernel == MatmulKernel::Tiled,
             product_wg: product_wg(float_kernel, gpu),
             norm_lanes8: float_kernel == MatmulKernel::WideSubgroup && product_wg(float_kernel, gpu) == 8,
             attention,
@@ -1831,7 +1868,13 @@ impl Engine {
                 Output::AllLogits => &self.all_head_dispatches,
                 _ => &self.head_dispatches,
             };
-            let mut all: Vec<&Dispatch> = self.chunk_dispatches.iter().chain(head).filter(|d| d.live(r_n, c)).collect();
+            let mut all: Vec<&Dispatch> = self
+                .chunk_dispatches
+                .iter()
+                .chain(head)
+                .filter(|d| d.live(r_n, c))
+                .map(|d| d.for_chunk(r_n, c))
+                .collect();
             if samplers.is_some() {
                 if self.sampling.any_bias(cache_rows) {
                     all.push(&self.bias_dispatch);

@@ -51,7 +51,10 @@ pub use cache::{BlockUsage, CacheOptions, KvCache, KvDtype, PromptCacheStats, Ro
 pub use compat::{PaddedBatch, SequenceCache};
 pub use config::{EngramConfig, LayerSpec, MlpKind, ModelConfig, NormKind};
 pub use device::{Gpu, GpuOptions};
-pub use engine::{AttentionKernel, Engine, EngineOptions, Fusion, Logits, MatmulKernel, Stats, Turn, TurnLimit, CHUNK};
+pub use engine::{
+    AttentionKernel, Engine, EngineOptions, Fusion, Logits, MatmulKernel, Stats, Turn, TurnLimit, CHUNK,
+    TILED_MIN_TOKENS,
+};
 pub use error::{Error, Result};
 pub use gpu_weights::WeightDtype;
 pub use profile::Profile;

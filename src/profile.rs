@@ -58,6 +58,7 @@ impl Profile {
             | Kernel::MatmulNormed
             | Kernel::MatmulSubgroup
             | Kernel::MatmulWideSubgroup
+            | Kernel::MatmulTiled
             | Kernel::MatmulInt
             | Kernel::Quantize => self.matmul += seconds,
             Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead => self.attention += seconds,

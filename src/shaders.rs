@@ -58,6 +58,9 @@ pub enum Kernel {
     /// The wide product with each block's inputs shared through the subgroup
     /// (`main_wide_subgroup` of `matmul_subgroup.wgsl`): CPU adapters with subgroups of 8 or more.
     MatmulWideSubgroup,
+    /// The mat-mat form of [`Kernel::Matmul`] for steps of many tokens (`matmul.wgsl` +
+    /// `matmul_tiled.wgsl`): 32 x 32 tiles staged in workgroup memory, the portable bits.
+    MatmulTiled,
     /// A plain copy (`copy.wgsl`): the device's copy bandwidth, the bench's yardstick.
     Copy,
     /// Activations quantized per block of 32 to int8 for [`Kernel::MatmulInt`] (`quantize.wgsl`).
@@ -69,7 +72,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 20] = [
+    pub const ALL: [Kernel; 21] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -87,6 +90,7 @@ impl Kernel {
         Kernel::EngramMix,
         Kernel::MatmulSubgroup,
         Kernel::MatmulWideSubgroup,
+        Kernel::MatmulTiled,
         Kernel::Copy,
         Kernel::Quantize,
         Kernel::MatmulInt,
@@ -99,6 +103,7 @@ impl Kernel {
             Kernel::MatmulNormed => "matmul.wgsl main_normed",
             Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
             Kernel::MatmulWideSubgroup => "matmul_subgroup.wgsl main_wide_subgroup",
+            Kernel::MatmulTiled => "matmul_tiled.wgsl",
             Kernel::MatmulInt => "matmul_int.wgsl",
             k => k.file(),
         }
@@ -121,6 +126,7 @@ impl Kernel {
             Kernel::EngramGather => "engram_gather.wgsl",
             Kernel::EngramMix => "engram_mix.wgsl",
             Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup => "matmul_subgroup.wgsl",
+            Kernel::MatmulTiled => "matmul_tiled.wgsl",
             Kernel::Copy => "copy.wgsl",
             Kernel::Quantize => "quantize.wgsl",
             Kernel::MatmulInt => "matmul_int.wgsl",
@@ -132,6 +138,7 @@ impl Kernel {
         match self {
             Kernel::MatmulSubgroup => "main_subgroup",
             Kernel::MatmulWideSubgroup => "main_wide_subgroup",
+            Kernel::MatmulTiled => "main_tiled",
             Kernel::AttentionSplitHead => "per_head",
             Kernel::MatmulNormed => "main_normed",
             Kernel::MatmulInt => "main_int",
@@ -168,6 +175,13 @@ impl Kernel {
             Kernel::EngramMix => include_str!("../shaders/engram_mix.wgsl"),
             Kernel::Copy => include_str!("../shaders/copy.wgsl"),
             Kernel::Quantize => include_str!("../shaders/quantize.wgsl"),
+            Kernel::MatmulTiled => {
+                return format!(
+                    "{COMMON}\n{}\n{}",
+                    include_str!("../shaders/matmul.wgsl"),
+                    include_str!("../shaders/matmul_tiled.wgsl")
+                );
+            }
             Kernel::MatmulInt => {
                 return format!(
                     "{COMMON}\n{}\n{}",
@@ -194,7 +208,7 @@ impl Kernel {
         match self {
             Kernel::Embed => &[Uniform, Read, Read, ReadWrite],
             Kernel::RmsNorm => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
-            Kernel::Matmul | Kernel::MatmulNormed => &[Uniform, Read, Read, ReadWrite, Read],
+            Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulTiled => &[Uniform, Read, Read, ReadWrite, Read],
             Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read, ReadWrite, Read, ReadWrite, Read],
             Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, Read],
             Kernel::Attention => &[Uniform, Read, ReadWrite, Read, Read, Read, Read, Uniform, Read],

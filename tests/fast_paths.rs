@@ -87,11 +87,10 @@ fn logits_with(gpu: &Gpu, w: &kvdecode::ModelWeights, weights: WeightDtype, matm
     prefill_then_decode(&mut e)
 }
 
-#[test]
-fn wide_products_give_the_portable_bits() {
+/// Models for the bit-for-bit product tests: every weight format, and output counts that leave a
+/// thread's (or a tile's) last outputs past the end (vocab 100, ffn 52).
+fn product_cases() -> Vec<(String, kvdecode::ModelWeights, WeightDtype)> {
     use kvdecode::quant::QuantKind;
-    let gpu = Gpu::with_options(&GpuOptions { portable: true, ..Default::default() }).unwrap();
-    // output counts that leave a thread's last outputs past the end (vocab 100, ffn 52)
     let odd = ModelConfig::llama(100, 32, 4, 2, 8, 52, 2, 10000.0, 1e-5, false);
     let blocks = ModelConfig::llama(96, 64, 4, 2, 16, 96, 2, 10000.0, 1e-5, true);
     let k_blocks = ModelConfig::llama(96, 256, 4, 2, 64, 256, 1, 10000.0, 1e-5, false);
@@ -110,6 +109,14 @@ fn wide_products_give_the_portable_bits() {
     for kind in [QuantKind::Q4K, QuantKind::Q6K] {
         cases.push((format!("{kind:?}"), model(&k_blocks, 194).quantized(kind).unwrap(), WeightDtype::F32));
     }
+    cases
+}
+
+#[test]
+fn wide_products_give_the_portable_bits() {
+    let gpu = Gpu::with_options(&GpuOptions { portable: true, ..Default::default() }).unwrap();
+    let odd = ModelConfig::llama(100, 32, 4, 2, 8, 52, 2, 10000.0, 1e-5, false);
+    let cases = product_cases();
     // wide-subgroup where the default device has subgroups of 8 lanes or more (lavapipe on Vulkan
     // must), against the portable kernel on that same device
     let fast = common::gpu();
@@ -143,5 +150,36 @@ fn wide_products_give_the_portable_bits() {
         opts.matmul = Some(MatmulKernel::WideSubgroup);
         let e = Engine::new(&fast, &w, opts).err().expect("wide-subgroup without subgroups").to_string();
         assert!(e.contains("wide-subgroup") && e.contains("8 lanes"), "{e}");
+    }
+}
+
+#[test]
+fn tiled_products_give_the_portable_bits() {
+    // the `tiled` variant takes the mat-mat kernel for products of 16 tokens or more and the
+    // portable one below: a prefill of 2 x 9 (one tile, padded), three decode steps (mat-vec),
+    // and a prefill of 3 x 21 tokens (two token tiles, the second partial), each against the
+    // portable kernel bit for bit
+    let gpu = Gpu::with_options(&GpuOptions { portable: true, ..Default::default() }).unwrap();
+    assert_eq!(kvdecode::TILED_MIN_TOKENS, 16, "the prefills below are sized for this threshold");
+    for (what, w, weights) in product_cases() {
+        let portable = logits_with(&gpu, &w, weights, MatmulKernel::Portable);
+        let tiled = logits_with(&gpu, &w, weights, MatmulKernel::Tiled);
+        for (i, (a, b)) in portable.iter().zip(&tiled).enumerate() {
+            assert!(a == b, "{what}, logits {i}: tiled differs from portable by {}", max_abs_diff(a, b));
+        }
+        let long = |matmul| {
+            let mut opts = EngineOptions::new(3, 48);
+            opts.weights = weights;
+            opts.matmul = Some(matmul);
+            let mut e = Engine::new(&gpu, &w, opts).unwrap();
+            let vocab = e.config().vocab as u32;
+            let prompt: Vec<u32> = (0..63u32).map(|i| (i * 5 + 1) % vocab).collect();
+            let l = e.append(&prompt, 21, &[21, 17, 5], None).unwrap();
+            (0..3).map(|r| l.row(r).unwrap().to_vec()).collect::<Vec<_>>()
+        };
+        let (a, b) = (long(MatmulKernel::Portable), long(MatmulKernel::Tiled));
+        for r in 0..3 {
+            assert!(a[r] == b[r], "{what}, long prefill row {r}: tiled differs by {}", max_abs_diff(&a[r], &b[r]));
+        }
     }
 }

@@ -89,6 +89,9 @@ fn every_fusion_gives_the_unfused_bits_on_the_portable_kernels() {
                 assert!(fused == plain, "{name} (f16 K/V: {half}): {f:?} changed the logits");
                 // every family has norms, an MLP and a writer layer: each fusion has work
                 assert!(dispatches < plain_dispatches, "{name}: {f:?} saved no dispatch");
+                // the tiled products (the prefill's 18 tokens take the mat-mat kernel) fused
+                let (tiled, _) = run_counted(&gpu, &w, f, half, MatmulKernel::Tiled);
+                assert!(tiled == plain, "{name} (f16 K/V: {half}): tiled products with {f:?} changed the logits");
             }
         }
     }
