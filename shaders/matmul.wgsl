@@ -1,8 +1,10 @@
 // y[n, OUT_OFFSET + o] = sum_k x[n, k] * w[o, k] for one row-part of a weight matrix (PyTorch layout
 // [out, in]). One thread per output column and 4 tokens: each weight vec4 is read once per 4 tokens
-// (register blocking; workgroup memory was slower on lavapipe); with OUTS > 1 (the `wide` variant,
-// for CPU adapters) a thread takes OUTS neighbouring outputs too, four at a time, and each input
-// vec4 is read once for those four. Steps of fewer than 4 tokens (a decode step of 1-3 rows) take
+// (register blocking; workgroup memory was slower on lavapipe); with OUTS > 1 (the `wide` variants,
+// for CPU adapters) a thread takes OUTS neighbouring outputs too, eight weight rows at a time
+// (dots_rows8), and each input vec4 is read once for those eight (with subgroups, once per 8
+// lanes: the lane hooks of matmul_subgroup.wgsl; without, matmul_lanes.wgsl's). Steps of fewer
+// than 4 tokens (a decode step of 1-3 rows) take
 // one token per thread instead (mat-vec: no lane computes dot products it throws away); a token's
 // sum runs over k in the same order of fused steps either way (dot_fma), so both give the same
 // bits.
@@ -11,8 +13,8 @@
 //     computed per workgroup with rmsnorm.wgsl's lanes and tree (the same bits). One output per
 //     thread (entry point `main_normed`) stages the normed input in workgroup memory a tile at a
 //     time; the wide shape (`main`, OUTS > 1) normalizes each input as it loads it, once per
-//     4 outputs. On lavapipe the fused norm decoded about 10% slower at 1 row than its own
-//     dispatch (and no faster at 16), so CPU adapters keep the norm apart (`Fusion::auto`).
+//     8 rows. Its sums need barriers on 64 lanes, so CPU adapters keep the norm apart there
+//     (`Fusion::auto`), unless the products are wide-subgroup's 8-lane workgroups (inv_rms_lanes8).
 //   MLP_ACT: the MLP activation as an epilogue; gated ones pair output o's weight row (the gate)
 //     with row O_ROWS + o (the up projection), each summed in the usual order.
 
@@ -211,55 +213,23 @@ fn store4(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, tokens: u32) {
     }
 }
 
-// Outputs r.x .. r.w's `dots` four at once (the `wide` shape, OUTS / 4 calls per thread): each
-// input vec4 is loaded once for all four, each weight word as it is used, into four named
-// accumulators. Lavapipe loads storage buffers lane by lane (Mesa 21.3's source does; 22.3's
-// timings fit it), so loads are its cost: 8 outputs per thread took SmolLM2's decode step from
-// 630 to 340 ms of products on an AMD EPYC.
-// An earlier version summed the 8 together in private arrays, which lavapipe keeps in memory per
-// lane; this one took 16-row steps' products from about 1030 to 550-650 ms (a later EPYC, while
-// another build ran). Each output's sum runs in `dots`' order: the same bits.
+// Outputs r.x .. r.w's `dots` four at once, for the formats that are not blocks of 32 (dots_rows8
+// takes those): each input vec4 is loaded once for all four, each weight as it is used, into four
+// named accumulators. Lavapipe loads storage buffers lane by lane (Mesa's source does), so loads
+// are its cost; it keeps dynamically indexed private arrays in memory per lane, hence no arrays.
+// Each output's sum runs in `dots`' order: the same bits.
 fn dots_quad(r: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> array<vec4<f32>, 4> {
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
-    let blocks = W_FORMAT >= 2u && W_FORMAT <= 4u;
-    let bw = block_words(W_FORMAT);
-    if tokens == 1u && blocks {
-        for (var kb = 0u; kb < K / 32u; kb++) {
-            let base = (r * (K / 32u) + kb) * bw;
-            let head = vec4<u32>(w[base.x], w[base.y], w[base.z], w[base.w]);
-            for (var g = 0u; g < 8u; g++) {
-                let q = quant_word(W_FORMAT, g);
-                let x0 = input4(b.x, kb * 8u + g, inv.x);
-                a0.x = dot_fma(x0, dequant4(W_FORMAT, head.x, w[base.x + q], g), a0.x);
-                a1.x = dot_fma(x0, dequant4(W_FORMAT, head.y, w[base.y + q], g), a1.x);
-                a2.x = dot_fma(x0, dequant4(W_FORMAT, head.z, w[base.z + q], g), a2.x);
-                a3.x = dot_fma(x0, dequant4(W_FORMAT, head.w, w[base.w + q], g), a3.x);
-            }
-        }
-    } else if tokens == 1u {
+    if tokens == 1u {
         for (var k4 = 0u; k4 < K / 4u; k4++) {
             let x0 = input4(b.x, k4, inv.x);
             a0.x = dot_fma(x0, w4(r.x, k4), a0.x);
             a1.x = dot_fma(x0, w4(r.y, k4), a1.x);
             a2.x = dot_fma(x0, w4(r.z, k4), a2.x);
             a3.x = dot_fma(x0, w4(r.w, k4), a3.x);
-        }
-    } else if blocks {
-        for (var kb = 0u; kb < K / 32u; kb++) {
-            let base = (r * (K / 32u) + kb) * bw;
-            let head = vec4<u32>(w[base.x], w[base.y], w[base.z], w[base.w]);
-            for (var g = 0u; g < 8u; g++) {
-                let q = quant_word(W_FORMAT, g);
-                let k4 = kb * 8u + g;
-                let xs = inputs4(b, k4, inv);
-                a0 = dots4(xs, dequant4(W_FORMAT, head.x, w[base.x + q], g), a0);
-                a1 = dots4(xs, dequant4(W_FORMAT, head.y, w[base.y + q], g), a1);
-                a2 = dots4(xs, dequant4(W_FORMAT, head.z, w[base.z + q], g), a2);
-                a3 = dots4(xs, dequant4(W_FORMAT, head.w, w[base.w + q], g), a3);
-            }
         }
     } else {
         for (var k4 = 0u; k4 < K / 4u; k4++) {
@@ -271,6 +241,140 @@ fn dots_quad(r: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> array<v
         }
     }
     return array<vec4<f32>, 4>(a0, a1, a2, a3);
+}
+
+// The wide shape's outputs o .. o + OUTS - 1 of tokens n0 .. (`me`: this lane's share of a
+// block's inputs with subgroups, see the lane hooks), eight weight rows at a time: eight outputs,
+// or four and their up-projection partners (gated MLP_ACT). Rows past the end are clamped and
+// not stored.
+fn wide_outputs(o: u32, n0: u32, n_total: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>, me: u32) {
+    let step_outs = select(8u, 4u, gated());
+    for (var j = 0u; j < OUTS; j += step_outs) {
+        let r = min(vec4<u32>(o + j) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(O_ROWS - 1u));
+        var r_hi = r + O_ROWS;
+        if !gated() { r_hi = min(r + 4u, vec4<u32>(O_ROWS - 1u)); }
+        let acc = dots_rows8(r, r_hi, b, tokens, inv, me);
+        for (var i = 0u; i < 4u && o + j + i < O_ROWS; i++) {
+            let up = select(vec4<f32>(0.0), acc[4u + i], gated());
+            store4(o + j + i, n0, n_total, apply_act(acc[i], up), tokens);
+        }
+        for (var i = 4u; i < 8u && !gated() && o + j + i < O_ROWS; i++) {
+            store4(o + j + i, n0, n_total, apply_act(acc[i], vec4<f32>(0.0)), tokens);
+        }
+    }
+}
+
+// A block of 32's words after its head: 1..4, and 5..8 for Q8_0 (zeros for Q4).
+fn block_lo(base: u32) -> vec4<u32> {
+    return vec4<u32>(w[base + 1u], w[base + 2u], w[base + 3u], w[base + 4u]);
+}
+fn block_hi(base: u32) -> vec4<u32> {
+    if W_FORMAT != 2u { return vec4<u32>(0u); }
+    return vec4<u32>(w[base + 5u], w[base + 6u], w[base + 7u], w[base + 8u]);
+}
+
+// The word quant_word(W_FORMAT, g) of a block, from its words loaded by block_lo and block_hi.
+fn block_word(lo: vec4<u32>, hi: vec4<u32>, g: u32) -> u32 {
+    if W_FORMAT == 2u { return select(lo[g % 4u], hi[g % 4u], g >= 4u); }
+    return lo[g % 4u];
+}
+
+// One token's dot product with a block of 32 (its scale dm and words lo, hi), added to acc in
+// `dots`' order; g is a constant in each line, so each word and shift is known at compile time.
+fn block_dot(acc: f32, dm: vec2<f32>, lo: vec4<u32>, hi: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>,
+    x3: vec4<f32>, x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
+    var a = dot_fma(x0, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 0u), 0u), acc);
+    a = dot_fma(x1, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 1u), 1u), a);
+    a = dot_fma(x2, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 2u), 2u), a);
+    a = dot_fma(x3, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 3u), 3u), a);
+    a = dot_fma(x4, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 4u), 4u), a);
+    a = dot_fma(x5, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 5u), 5u), a);
+    a = dot_fma(x6, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 6u), 6u), a);
+    return dot_fma(x7, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 7u), 7u), a);
+}
+
+// The `dots` of weight rows r and r_hi (eight rows sharing each input), each weight word loaded
+// once; the inputs of a block come through the lane hooks (`me`: which vec4 of a block this lane
+// loads for the others, with subgroups). Formats other than blocks of 32 take `dots_quad`, four
+// rows at a time.
+fn dots_rows8(r: vec4<u32>, r_hi: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>, me: u32)
+    -> array<vec4<f32>, 8> {
+    if W_FORMAT < 2u || W_FORMAT > 4u {
+        let lo = dots_quad(r, b, tokens, inv);
+        let hi = dots_quad(r_hi, b, tokens, inv);
+        return array<vec4<f32>, 8>(lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]);
+    }
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    var a4 = vec4<f32>(0.0);
+    var a5 = vec4<f32>(0.0);
+    var a6 = vec4<f32>(0.0);
+    var a7 = vec4<f32>(0.0);
+    let bw = block_words(W_FORMAT);
+    for (var kb = 0u; kb < K / 32u; kb++) {
+        let base = (r * (K / 32u) + kb) * bw;
+        let base_hi = (r_hi * (K / 32u) + kb) * bw;
+        // the heads' scales (and mins), unpacked once per block
+        let dm0 = unpack2x16float(w[base.x]);
+        let dm1 = unpack2x16float(w[base.y]);
+        let dm2 = unpack2x16float(w[base.z]);
+        let dm3 = unpack2x16float(w[base.w]);
+        let dm4 = unpack2x16float(w[base_hi.x]);
+        let dm5 = unpack2x16float(w[base_hi.y]);
+        let dm6 = unpack2x16float(w[base_hi.z]);
+        let dm7 = unpack2x16float(w[base_hi.w]);
+        let lo0 = block_lo(base.x);
+        let lo1 = block_lo(base.y);
+        let lo2 = block_lo(base.z);
+        let lo3 = block_lo(base.w);
+        let lo4 = block_lo(base_hi.x);
+        let lo5 = block_lo(base_hi.y);
+        let lo6 = block_lo(base_hi.z);
+        let lo7 = block_lo(base_hi.w);
+        let hi0 = block_hi(base.x);
+        let hi1 = block_hi(base.y);
+        let hi2 = block_hi(base.z);
+        let hi3 = block_hi(base.w);
+        let hi4 = block_hi(base_hi.x);
+        let hi5 = block_hi(base_hi.y);
+        let hi6 = block_hi(base_hi.z);
+        let hi7 = block_hi(base_hi.w);
+        if tokens == 1u {
+            let mine = lane_input(b.x, kb, me, inv.x);
+            let x0 = block_input(mine, b.x, kb, 0u, inv.x);
+            let x1 = block_input(mine, b.x, kb, 1u, inv.x);
+            let x2 = block_input(mine, b.x, kb, 2u, inv.x);
+            let x3 = block_input(mine, b.x, kb, 3u, inv.x);
+            let x4 = block_input(mine, b.x, kb, 4u, inv.x);
+            let x5 = block_input(mine, b.x, kb, 5u, inv.x);
+            let x6 = block_input(mine, b.x, kb, 6u, inv.x);
+            let x7 = block_input(mine, b.x, kb, 7u, inv.x);
+            a0.x = block_dot(a0.x, dm0, lo0, hi0, x0, x1, x2, x3, x4, x5, x6, x7);
+            a1.x = block_dot(a1.x, dm1, lo1, hi1, x0, x1, x2, x3, x4, x5, x6, x7);
+            a2.x = block_dot(a2.x, dm2, lo2, hi2, x0, x1, x2, x3, x4, x5, x6, x7);
+            a3.x = block_dot(a3.x, dm3, lo3, hi3, x0, x1, x2, x3, x4, x5, x6, x7);
+            a4.x = block_dot(a4.x, dm4, lo4, hi4, x0, x1, x2, x3, x4, x5, x6, x7);
+            a5.x = block_dot(a5.x, dm5, lo5, hi5, x0, x1, x2, x3, x4, x5, x6, x7);
+            a6.x = block_dot(a6.x, dm6, lo6, hi6, x0, x1, x2, x3, x4, x5, x6, x7);
+            a7.x = block_dot(a7.x, dm7, lo7, hi7, x0, x1, x2, x3, x4, x5, x6, x7);
+        } else {
+            let mine = lane_inputs(b, kb, me, inv);
+            for (var g = 0u; g < 8u; g++) {
+                let xs = block_inputs(mine, b, kb, g, inv);
+                a0 = dots4(xs, dequant4_dm(W_FORMAT, dm0, block_word(lo0, hi0, g), g), a0);
+                a1 = dots4(xs, dequant4_dm(W_FORMAT, dm1, block_word(lo1, hi1, g), g), a1);
+                a2 = dots4(xs, dequant4_dm(W_FORMAT, dm2, block_word(lo2, hi2, g), g), a2);
+                a3 = dots4(xs, dequant4_dm(W_FORMAT, dm3, block_word(lo3, hi3, g), g), a3);
+                a4 = dots4(xs, dequant4_dm(W_FORMAT, dm4, block_word(lo4, hi4, g), g), a4);
+                a5 = dots4(xs, dequant4_dm(W_FORMAT, dm5, block_word(lo5, hi5, g), g), a5);
+                a6 = dots4(xs, dequant4_dm(W_FORMAT, dm6, block_word(lo6, hi6, g), g), a6);
+                a7 = dots4(xs, dequant4_dm(W_FORMAT, dm7, block_word(lo7, hi7, g), g), a7);
+            }
+        }
+    }
+    return array<vec4<f32>, 8>(a0, a1, a2, a3, a4, a5, a6, a7);
 }
 
 // One weight vec4 against 4 tokens' inputs (the columns of xs), added to their sums.
@@ -295,20 +399,13 @@ fn main(
     let b = row_bases(n0, n_total);
     var inv = vec4<f32>(1.0);
     if NORM { inv = inv_rms(b, lane); }  // all lanes: barriers
-    if o >= O_ROWS || n0 >= n_total { return; }
+    if n0 >= n_total { return; }  // the whole workgroup
+    // (wide: every lane runs on, past the last output too: with subgroups it shares its inputs)
     if OUTS > 1u {
-        // four outputs at a time (dots_quad), OUTS / 4 times
-        for (var j = 0u; j < OUTS; j += 4u) {
-            let r = min(vec4<u32>(o + j) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(O_ROWS - 1u));
-            let acc = dots_quad(r, b, tokens, inv);
-            var up = array<vec4<f32>, 4>();
-            if gated() { up = dots_quad(r + O_ROWS, b, tokens, inv); }
-            for (var i = 0u; i < 4u && o + j + i < O_ROWS; i++) {
-                store4(o + j + i, n0, n_total, apply_act(acc[i], up[i]), tokens);
-            }
-        }
+        wide_outputs(o, n0, n_total, b, tokens, inv, 0u);
         return;
     }
+    if o >= O_ROWS { return; }
     let acc = dots(o, b, 0u, 1u, tokens, vec4<f32>(1.0));
     var up = vec4<f32>(0.0);
     if gated() { up = dots(O_ROWS + o, b, 0u, 1u, tokens, vec4<f32>(1.0)); }

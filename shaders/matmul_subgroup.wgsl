@@ -40,10 +40,10 @@ fn main_subgroup(
     }
 }
 
-// The `wide` shape of `main` (OUTS outputs per thread, four at a time) with the inputs shared
-// through the subgroup, for Q8_0 / Q4_0 / Q4_1 weights (other formats take `dots_quad`): lane l
-// loads vec4 l % 8 of each block of 32 inputs, and every lane takes vec4 g of the block from lane
-// g (subgroupShuffle). On lavapipe each lane's storage load is a loop over the SIMD lanes while a
+// The `wide` shape of `main` (OUTS outputs per thread, eight weight rows at a time) with the
+// inputs shared through the subgroup, for Q8_0 / Q4_0 / Q4_1 weights (other formats take
+// `dots_quad`): lane l loads vec4 l % 8 of each block of 32 inputs, and every lane takes vec4 g of
+// the block from lane g (subgroupShuffle, the lane hooks below). On lavapipe each lane's storage load is a loop over the SIMD lanes while a
 // shuffle by a uniform index is one vector permute, so the inputs cost an eighth of the loads
 // they did (SmolLM2's decode products: 78 -> 54 ms a step on an AMD EPYC). The same values in the
 // same order as `dots`: the portable bits. Every lane runs to the end: the shuffles read other
@@ -70,23 +70,7 @@ fn main_wide_subgroup(
         inv = inv_rms(b, lane);  // all lanes: barriers
     }
     if n0 >= n_total { return; }  // the whole workgroup
-    let me = sg_lane % 8u;
-    // eight weight rows share each input: four outputs and their up-projection partners (gated
-    // MLP_ACT), else eight outputs
-    let step_outs = select(8u, 4u, gated());
-    for (var j = 0u; j < OUTS; j += step_outs) {
-        let r = min(vec4<u32>(o + j) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(O_ROWS - 1u));
-        var r_hi = r + O_ROWS;
-        if !gated() { r_hi = min(r + 4u, vec4<u32>(O_ROWS - 1u)); }
-        let acc = shared_rows8(r, r_hi, b, tokens, inv, me);
-        for (var i = 0u; i < 4u && o + j + i < O_ROWS; i++) {
-            let up = select(vec4<f32>(0.0), acc[4u + i], gated());
-            store4(o + j + i, n0, n_total, apply_act(acc[i], up), tokens);
-        }
-        for (var i = 4u; i < 8u && !gated() && o + j + i < O_ROWS; i++) {
-            store4(o + j + i, n0, n_total, apply_act(acc[i], vec4<f32>(0.0)), tokens);
-        }
-    }
+    wide_outputs(o, n0, n_total, b, tokens, inv, sg_lane % 8u);
 }
 
 // inv_rms for a workgroup of one 8-lane subgroup: lane p plays rmsnorm.wgsl's lanes p, p + 8, ...,
@@ -138,115 +122,19 @@ fn shuffle4(v: vec4<f32>, src: u32) -> vec4<f32> {
         subgroupShuffle(v.w, src));
 }
 
-// A block of 32's words after its head: 1..4, and 5..8 for Q8_0 (zeros for Q4).
-fn block_lo(base: u32) -> vec4<u32> {
-    return vec4<u32>(w[base + 1u], w[base + 2u], w[base + 3u], w[base + 4u]);
-}
-fn block_hi(base: u32) -> vec4<u32> {
-    if W_FORMAT != 2u { return vec4<u32>(0u); }
-    return vec4<u32>(w[base + 5u], w[base + 6u], w[base + 7u], w[base + 8u]);
-}
 
-// The word quant_word(W_FORMAT, g) of a block, from its words loaded by block_lo and block_hi.
-fn block_word(lo: vec4<u32>, hi: vec4<u32>, g: u32) -> u32 {
-    if W_FORMAT == 2u { return select(lo[g % 4u], hi[g % 4u], g >= 4u); }
-    return lo[g % 4u];
+// The lane hooks of dots_rows8 (matmul.wgsl) with subgroups: lane l loads vec4 `me` = l % 8 of a
+// block of 32 inputs, and takes vec4 g from lane g. One token (the .x token of row bases b) ...
+fn lane_input(base: u32, kb: u32, me: u32, inv: f32) -> vec4<f32> {
+    return input4(base, kb * 8u + me, inv);
 }
-
-// One token's dot product with a block of 32 (its scale dm and words lo, hi), added to acc in
-// `dots`' order; g is a constant in each line, so each word and shift is known at compile time.
-fn block_dot(acc: f32, dm: vec2<f32>, lo: vec4<u32>, hi: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>,
-    x3: vec4<f32>, x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
-    var a = dot_fma(x0, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 0u), 0u), acc);
-    a = dot_fma(x1, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 1u), 1u), a);
-    a = dot_fma(x2, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 2u), 2u), a);
-    a = dot_fma(x3, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 3u), 3u), a);
-    a = dot_fma(x4, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 4u), 4u), a);
-    a = dot_fma(x5, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 5u), 5u), a);
-    a = dot_fma(x6, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 6u), 6u), a);
-    return dot_fma(x7, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 7u), 7u), a);
+fn block_input(mine: vec4<f32>, base: u32, kb: u32, g: u32, inv: f32) -> vec4<f32> {
+    return shuffle4(mine, g);
 }
-
-// The `dots` of weight rows r and r_hi (eight rows) with the inputs shared through the subgroup
-// (`me`: which vec4 of a block this lane loads), each weight word loaded once; other formats than
-// blocks of 32 take `dots_quad`, four rows at a time.
-fn shared_rows8(r: vec4<u32>, r_hi: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>, me: u32)
-    -> array<vec4<f32>, 8> {
-    if W_FORMAT < 2u || W_FORMAT > 4u {
-        let lo = dots_quad(r, b, tokens, inv);
-        let hi = dots_quad(r_hi, b, tokens, inv);
-        return array<vec4<f32>, 8>(lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]);
-    }
-    var a0 = vec4<f32>(0.0);
-    var a1 = vec4<f32>(0.0);
-    var a2 = vec4<f32>(0.0);
-    var a3 = vec4<f32>(0.0);
-    var a4 = vec4<f32>(0.0);
-    var a5 = vec4<f32>(0.0);
-    var a6 = vec4<f32>(0.0);
-    var a7 = vec4<f32>(0.0);
-    let bw = block_words(W_FORMAT);
-    for (var kb = 0u; kb < K / 32u; kb++) {
-        let base = (r * (K / 32u) + kb) * bw;
-        let base_hi = (r_hi * (K / 32u) + kb) * bw;
-        // the heads' scales (and mins), unpacked once per block
-        let dm0 = unpack2x16float(w[base.x]);
-        let dm1 = unpack2x16float(w[base.y]);
-        let dm2 = unpack2x16float(w[base.z]);
-        let dm3 = unpack2x16float(w[base.w]);
-        let dm4 = unpack2x16float(w[base_hi.x]);
-        let dm5 = unpack2x16float(w[base_hi.y]);
-        let dm6 = unpack2x16float(w[base_hi.z]);
-        let dm7 = unpack2x16float(w[base_hi.w]);
-        let lo0 = block_lo(base.x);
-        let lo1 = block_lo(base.y);
-        let lo2 = block_lo(base.z);
-        let lo3 = block_lo(base.w);
-        let lo4 = block_lo(base_hi.x);
-        let lo5 = block_lo(base_hi.y);
-        let lo6 = block_lo(base_hi.z);
-        let lo7 = block_lo(base_hi.w);
-        let hi0 = block_hi(base.x);
-        let hi1 = block_hi(base.y);
-        let hi2 = block_hi(base.z);
-        let hi3 = block_hi(base.w);
-        let hi4 = block_hi(base_hi.x);
-        let hi5 = block_hi(base_hi.y);
-        let hi6 = block_hi(base_hi.z);
-        let hi7 = block_hi(base_hi.w);
-        if tokens == 1u {
-            let mine = input4(b.x, kb * 8u + me, inv.x);
-            let x0 = shuffle4(mine, 0u);
-            let x1 = shuffle4(mine, 1u);
-            let x2 = shuffle4(mine, 2u);
-            let x3 = shuffle4(mine, 3u);
-            let x4 = shuffle4(mine, 4u);
-            let x5 = shuffle4(mine, 5u);
-            let x6 = shuffle4(mine, 6u);
-            let x7 = shuffle4(mine, 7u);
-            a0.x = block_dot(a0.x, dm0, lo0, hi0, x0, x1, x2, x3, x4, x5, x6, x7);
-            a1.x = block_dot(a1.x, dm1, lo1, hi1, x0, x1, x2, x3, x4, x5, x6, x7);
-            a2.x = block_dot(a2.x, dm2, lo2, hi2, x0, x1, x2, x3, x4, x5, x6, x7);
-            a3.x = block_dot(a3.x, dm3, lo3, hi3, x0, x1, x2, x3, x4, x5, x6, x7);
-            a4.x = block_dot(a4.x, dm4, lo4, hi4, x0, x1, x2, x3, x4, x5, x6, x7);
-            a5.x = block_dot(a5.x, dm5, lo5, hi5, x0, x1, x2, x3, x4, x5, x6, x7);
-            a6.x = block_dot(a6.x, dm6, lo6, hi6, x0, x1, x2, x3, x4, x5, x6, x7);
-            a7.x = block_dot(a7.x, dm7, lo7, hi7, x0, x1, x2, x3, x4, x5, x6, x7);
-        } else {
-            let mine = inputs4(b, kb * 8u + me, inv);
-            for (var g = 0u; g < 8u; g++) {
-                let xs = mat4x4<f32>(shuffle4(mine[0], g), shuffle4(mine[1], g), shuffle4(mine[2], g),
-                    shuffle4(mine[3], g));
-                a0 = dots4(xs, dequant4_dm(W_FORMAT, dm0, block_word(lo0, hi0, g), g), a0);
-                a1 = dots4(xs, dequant4_dm(W_FORMAT, dm1, block_word(lo1, hi1, g), g), a1);
-                a2 = dots4(xs, dequant4_dm(W_FORMAT, dm2, block_word(lo2, hi2, g), g), a2);
-                a3 = dots4(xs, dequant4_dm(W_FORMAT, dm3, block_word(lo3, hi3, g), g), a3);
-                a4 = dots4(xs, dequant4_dm(W_FORMAT, dm4, block_word(lo4, hi4, g), g), a4);
-                a5 = dots4(xs, dequant4_dm(W_FORMAT, dm5, block_word(lo5, hi5, g), g), a5);
-                a6 = dots4(xs, dequant4_dm(W_FORMAT, dm6, block_word(lo6, hi6, g), g), a6);
-                a7 = dots4(xs, dequant4_dm(W_FORMAT, dm7, block_word(lo7, hi7, g), g), a7);
-            }
-        }
-    }
-    return array<vec4<f32>, 8>(a0, a1, a2, a3, a4, a5, a6, a7);
+// ... and 4 tokens (the columns).
+fn lane_inputs(b: vec4<u32>, kb: u32, me: u32, inv: vec4<f32>) -> mat4x4<f32> {
+    return inputs4(b, kb * 8u + me, inv);
+}
+fn block_inputs(mine: mat4x4<f32>, b: vec4<u32>, kb: u32, g: u32, inv: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(shuffle4(mine[0], g), shuffle4(mine[1], g), shuffle4(mine[2], g), shuffle4(mine[3], g));
 }

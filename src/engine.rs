@@ -652,8 +652,10 @@ impl Builder<'_> {
                 let (out_rows, out_start) = if gated { (p.rows / 2, p.row_start / 2) } else { (p.rows, p.row_start) };
                 let (kernel, grid, extra) = match (self.subgroup, io.norm.is_some()) {
                     _ if int_dot => {
+                        // the wide shape's threads and workgroups (no barriers: any size will do)
                         let outs = self.outs_per_thread;
-                        (Kernel::MatmulInt, Grid::Matmul { out_rows, per_row, outs }, vec![("OUTS", outs as f64)])
+                        let consts = vec![("OUTS", outs as f64), ("WG", self.product_wg as f64)];
+                        (Kernel::MatmulInt, Grid::Matmul { out_rows, per_row, outs }, consts)
                     }
                     (Some(sg), _) => {
                         (Kernel::MatmulSubgroup, Grid::MatmulSubgroup { out_rows, per_row }, vec![("SG", sg as f64)])

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 const COMMON: &str = include_str!("../shaders/common.wgsl");
+/// The products' bindings and helpers, which every product kernel's module starts with.
+const MATMUL: &str = include_str!("../shaders/matmul.wgsl");
 
 /// How a kernel binds one buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,7 +164,10 @@ impl Kernel {
         let body = match self {
             Kernel::Embed => include_str!("../shaders/embed.wgsl"),
             Kernel::RmsNorm => include_str!("../shaders/rmsnorm.wgsl"),
-            Kernel::Matmul | Kernel::MatmulNormed => include_str!("../shaders/matmul.wgsl"),
+            // the products without subgroups: matmul.wgsl with its lane hooks (and a variant's entry)
+            Kernel::Matmul | Kernel::MatmulNormed => {
+                return format!("{COMMON}\n{MATMUL}\n{}", include_str!("../shaders/matmul_lanes.wgsl"));
+            }
             Kernel::QkRope => include_str!("../shaders/qk_rope.wgsl"),
             Kernel::KvWrite => include_str!("../shaders/kv_write.wgsl"),
             Kernel::Attention => include_str!("../shaders/attention.wgsl"),
@@ -177,25 +182,25 @@ impl Kernel {
             Kernel::Quantize => include_str!("../shaders/quantize.wgsl"),
             Kernel::MatmulTiled => {
                 return format!(
-                    "{COMMON}\n{}\n{}",
-                    include_str!("../shaders/matmul.wgsl"),
+                    "{COMMON}\n{MATMUL}\n{}\n{}",
+                    include_str!("../shaders/matmul_lanes.wgsl"),
                     include_str!("../shaders/matmul_tiled.wgsl")
                 );
             }
             Kernel::MatmulInt => {
                 return format!(
-                    "{COMMON}\n{}\n{}",
-                    include_str!("../shaders/matmul.wgsl"),
+                    "{COMMON}\n{MATMUL}\n{}\n{}",
+                    include_str!("../shaders/matmul_lanes.wgsl"),
                     include_str!("../shaders/matmul_int.wgsl")
                 );
             }
-            // the portable kernel's bindings and helpers, plus the subgroup entry point
+            // the portable kernel's bindings and helpers, plus the subgroup entry points and
+            // their lane hooks
             Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup => {
                 return format!(
                     // naga 30 takes subgroup builtins without `enable subgroups;` (the device
                     // feature gates them); it rejects the directive itself
-                    "{COMMON}\n{}\n{}",
-                    include_str!("../shaders/matmul.wgsl"),
+                    "{COMMON}\n{MATMUL}\n{}",
                     include_str!("../shaders/matmul_subgroup.wgsl")
                 );
             }
