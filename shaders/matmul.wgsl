@@ -385,7 +385,7 @@ fn dots4(xs: mat4x4<f32>, wv: vec4<f32>, acc: vec4<f32>) -> vec4<f32> {
 
 // With NORM (wide shape only: the host takes `main_normed` for one output per thread) every lane
 // first helps with the workgroup's norm sums, then reads x * inv [* norm_w] straight from x: the
-// values rmsnorm.wgsl would have written, each computed once per 4 outputs, without staging.
+// values rmsnorm.wgsl would have written, each computed once per 8 weight rows, without staging.
 @compute @workgroup_size(WG)
 fn main(
     @builtin(global_invocation_id) gid: vec3<u32>,
