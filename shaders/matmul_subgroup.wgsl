@@ -43,9 +43,10 @@ fn main_subgroup(
 // The `wide` shape of `main` (OUTS outputs per thread, eight weight rows at a time) with the
 // inputs shared through the subgroup, for Q8_0 / Q4_0 / Q4_1 weights (other formats take
 // `dots_quad`): lane l loads vec4 l % 8 of each block of 32 inputs, and every lane takes vec4 g of
-// the block from lane g (subgroupShuffle, the lane hooks below). On lavapipe each lane's storage load is a loop over the SIMD lanes while a
-// shuffle by a uniform index is one vector permute, so the inputs cost an eighth of the loads
-// they did (SmolLM2's decode products: 78 -> 54 ms a step on an AMD EPYC). The same values in the
+// the block from lane g (subgroupShuffle, the lane hooks below). On lavapipe each lane's storage load is a loop over the
+// SIMD lanes while a 32-bit shuffle among 8 lanes is one vector permute, so the inputs cost an
+// eighth of the loads (SmolLM2 Q4_1 on an AMD EPYC: 50 ms of products a decode step against plain
+// `wide`'s 56, prefill 81-83 tok/s against 64). The same values in the
 // same order as `dots`: the portable bits. Every lane runs to the end: the shuffles read other
 // lanes' registers, so a thread past the last output still loads and passes on its share.
 // Needs subgroups of at least 8 lanes (wide-subgroup in variants.rs). With WG = 8 (CPU adapters:

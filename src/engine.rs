@@ -363,8 +363,9 @@ pub fn resolve_matmul(asked: MatmulKernel, gpu: &Gpu) -> Result<MatmulKernel> {
 
 /// Lanes per workgroup of the wide products: 8 on adapters that are really the CPU, where a
 /// workgroup of one SIMD vector spreads a small product (SmolLM2's 576 outputs are 72 threads) over
-/// the cores evenly (9 workgroups instead of 2: products 78 -> 70 ms a decode step on lavapipe, 2
-/// cores); with subgroups that is one subgroup of exactly 8 lanes. 64 elsewhere.
+/// the cores evenly (9 workgroups instead of 2: `wide`'s products went 78 -> 70 ms a decode step
+/// on lavapipe, 2 cores, when it came in); with subgroups that is one subgroup of exactly 8 lanes.
+/// 64 elsewhere.
 fn product_wg(kernel: MatmulKernel, gpu: &Gpu) -> u32 {
     let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
     match kernel {
