@@ -43,10 +43,10 @@ fn main_subgroup(
 // The `wide` shape of `main` (OUTS outputs per thread, eight weight rows at a time) with the
 // inputs shared through the subgroup, for Q8_0 / Q4_0 / Q4_1 weights (other formats take
 // `dots_quad`): lane l loads vec4 l % 8 of each block of 32 inputs, and every lane takes vec4 g of
-// the block from lane g (subgroupShuffle, the lane hooks below). On lavapipe each lane's storage load is a loop over the
-// SIMD lanes while a 32-bit shuffle among 8 lanes is one vector permute, so the inputs cost an
-// eighth of the loads (SmolLM2 Q4_1 on an AMD EPYC: 50 ms of products a decode step against plain
-// `wide`'s 56, prefill 81-83 tok/s against 64). The same values in the
+// the block from lane g (subgroupShuffle, the lane hooks below). On lavapipe each lane's storage
+// load is a loop over the SIMD lanes while a 32-bit shuffle among 8 lanes is one vector permute,
+// so the inputs cost an eighth of the loads (SmolLM2 Q4_1 on an AMD EPYC: 50 ms of products a
+// decode step against plain `wide`'s 56, prefill 81-83 tok/s against 64). The same values in the
 // same order as `dots`: the portable bits. Every lane runs to the end: the shuffles read other
 // lanes' registers, so a thread past the last output still loads and passes on its share.
 // Needs subgroups of at least 8 lanes (wide-subgroup in variants.rs). With WG = 8 (CPU adapters:
@@ -122,7 +122,6 @@ fn shuffle4(v: vec4<f32>, src: u32) -> vec4<f32> {
     return vec4<f32>(subgroupShuffle(v.x, src), subgroupShuffle(v.y, src), subgroupShuffle(v.z, src),
         subgroupShuffle(v.w, src));
 }
-
 
 // The lane hooks of dots_rows8 (matmul.wgsl) with subgroups: lane l loads vec4 `me` = l % 8 of a
 // block of 32 inputs, and takes vec4 g from lane g. One token (the .x token of row bases b) ...

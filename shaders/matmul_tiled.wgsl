@@ -78,6 +78,7 @@ fn main_tiled(
     for (var k0 = 0u; k0 < K / 4u; k0 += TILE_K4) {
         let len = min(TILE_K4, K / 4u - k0);
         workgroupBarrier();  // the previous chunk has been read (and the norms written)
+        // entry e: vec4 i of token t and of staged row t (TILE_N = TILE_ROWS: one loop stages both)
         for (var e = lane; e < TILE_N * TILE_K4; e += 64u) {
             let i = e % TILE_K4;
             if i < len {
