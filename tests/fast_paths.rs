@@ -117,9 +117,10 @@ fn wide_products_give_the_portable_bits() {
     let gpu = Gpu::with_options(&GpuOptions { portable: true, ..Default::default() }).unwrap();
     let odd = ModelConfig::llama(100, 32, 4, 2, 8, 52, 2, 10000.0, 1e-5, false);
     let cases = product_cases();
-    // wide-subgroup where the default device has subgroups of 8 lanes or more (lavapipe on Vulkan
-    // must), against the portable kernel on that same device
-    let fast = common::gpu();
+    // wide-subgroup where the device, made with its optional features (whatever
+    // KVDECODE_PORTABLE says), has subgroups of 8 lanes or more (lavapipe on Vulkan must),
+    // against the portable kernel on that same device
+    let fast = Gpu::with_options(&GpuOptions { portable: false, ..Default::default() }).unwrap();
     let shared_inputs = fast.subgroup_size().is_some_and(|n| n >= 8);
     if fast.info.backend == wgpu::Backend::Vulkan && fast.info.name.contains("llvmpipe") {
         assert!(shared_inputs, "lavapipe has 8-wide subgroups: wide-subgroup must run");
