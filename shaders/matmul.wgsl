@@ -32,7 +32,7 @@ override NORM_WEIGHT: bool = false; // the norm has a weight (norm_w)
 override EPS: f32 = 1e-6;          // the norm's epsilon
 override MLP_ACT: u32 = 0u;        // 0: none; else mlp_act(MLP_ACT - 1, gate, up) of common.wgsl
 override WG: u32 = 64u;            // lanes per workgroup: 64 with NORM (NORM_LANES), but for inv_rms_lanes8
-override OUTS: u32 = 1u;           // `main`: outputs per thread, 1 or a multiple of 4 (CPU adapters: 8, see dots_quad)
+override OUTS: u32 = 1u;           // `main`: outputs per thread, 1 or a multiple of 8 (wide: 8, see wide_outputs)
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;   // [N, X_STRIDE], the first K read
@@ -254,12 +254,10 @@ fn wide_outputs(o: u32, n0: u32, n_total: u32, b: vec4<u32>, tokens: u32, inv: v
         var r_hi = r + O_ROWS;
         if !gated() { r_hi = min(r + 4u, vec4<u32>(O_ROWS - 1u)); }
         let acc = dots_rows8(r, r_hi, b, tokens, inv, me);
-        for (var i = 0u; i < 4u && o + j + i < O_ROWS; i++) {
-            let up = select(vec4<f32>(0.0), acc[4u + i], gated());
+        // rows 0..3 are outputs; 4..7 their up rows (gated) or four more outputs
+        for (var i = 0u; i < step_outs && o + j + i < O_ROWS; i++) {
+            let up = select(vec4<f32>(0.0), acc[(4u + i) % 8u], gated());
             store4(o + j + i, n0, n_total, apply_act(acc[i], up), tokens);
-        }
-        for (var i = 4u; i < 8u && !gated() && o + j + i < O_ROWS; i++) {
-            store4(o + j + i, n0, n_total, apply_act(acc[i], vec4<f32>(0.0)), tokens);
         }
     }
 }

@@ -540,11 +540,10 @@ struct Builder<'a> {
     wide_subgroup: bool,
     /// Products of many tokens take the mat-mat kernel (`main_tiled`, the `tiled` variant).
     tiled: bool,
-    /// Lanes per workgroup of the products without a fused norm (`WG` in matmul.wgsl).
+    /// Lanes per workgroup of the products without a fused norm (`WG` in matmul.wgsl). With
+    /// `wide_subgroup` and 8, a fused norm keeps them too: it sums through shuffles in the one
+    /// 8-lane subgroup (inv_rms_lanes8); else a fused norm takes rmsnorm.wgsl's 64 lanes.
     product_wg: u32,
-    /// The fused norm of `main_wide_subgroup` sums through shuffles in one 8-lane subgroup
-    /// (`product_wg` 8 with it too); else a fused norm takes rmsnorm.wgsl's 64 lanes.
-    norm_lanes8: bool,
     attention: AttentionPlan,
     /// Which kernels run fused.
     fusion: Fusion,
@@ -668,7 +667,7 @@ impl Builder<'_> {
                     }
                     (None, norm) if self.wide_subgroup => {
                         let outs = self.outs_per_thread;
-                        let wg = if norm && !self.norm_lanes8 { 64 } else { self.product_wg };
+                        let wg = if norm && self.product_wg != 8 { 64 } else { self.product_wg };
                         let grid = Grid::Matmul { out_rows, per_row, outs };
                         (Kernel::MatmulWideSubgroup, grid, vec![("OUTS", outs as f64), ("WG", wg as f64)])
                     }
@@ -1223,7 +1222,6 @@ impl Engine {
             wide_subgroup: float_kernel == MatmulKernel::WideSubgroup,
             tiled: float_kernel == MatmulKernel::Tiled,
             product_wg: product_wg(float_kernel, gpu),
-            norm_lanes8: float_kernel == MatmulKernel::WideSubgroup && product_wg(float_kernel, gpu) == 8,
             attention,
             fusion,
             cfg: &cfg,
