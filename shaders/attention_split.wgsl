@@ -240,3 +240,197 @@ fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     partials[at] = vec4<f32>(m, l, 0.0, 0.0);
     for (var i = 0u; i < d4n; i++) { partials[at + 1u + i] = acc_h[i]; }
 }
+
+// Query tiles, for steps of several tokens a row (prefill, speculative checks): `main`'s partial
+// states, bit for bit, for QT consecutive tokens of one row in one workgroup. A key is read once
+// per query tile (one lane per key, against every query of the tile) where `main` reads it once
+// per head and token, and a value once per lane group of the value step instead of once per head
+// and token. Every sum keeps `main`'s order: a score is the query's D / 4 products in order; a
+// tile's max is order-free; its weights are summed over the keys in position order (`main`'s
+// lane-by-lane sum, one key per lane as TILE == WG); its weighted values per (head, element) are
+// folded over the keys in order, or, where `main` spreads a tile's keys over its spare lanes, in
+// its RANGES ranges, each folded from zero and added in order. A token whose last key lies before
+// a tile skips the tile, as `main`'s walk ends there. So a step may take either kernel.
+
+override QT: u32 = 1u;          // tokens per query tile: QT * G <= 32, QT * G * D <= 1536
+const QT_PAIRS: u32 = 32u;      // (token, head) pairs of a tile at most
+const QT_ACC: u32 = 12u;        // pairs per lane in the value step: ceil(QT * G / (WG / (D / 4)))
+const NO_WORK: u32 = 0xffffffffu;
+
+var<workgroup> tile_q: array<vec4<f32>, 384>;        // [QT * G, D / 4] the tile's queries, scaled
+var<workgroup> tile_p: array<f32, 2048>;             // [QT * G, TILE] a key tile's scores, then weights
+var<workgroup> tile_m: array<f32, QT_PAIRS>;         // [QT * G] running max per (token, head)
+var<workgroup> tile_l: array<f32, QT_PAIRS>;         // [QT * G] running sum
+var<workgroup> tile_corr: array<f32, QT_PAIRS>;      // [QT * G] this key tile's rescale of the earlier state
+var<workgroup> tile_last: array<u32, 16>;            // [QT] each token's last position in the partition, or NO_WORK
+var<workgroup> tile_job: vec4<u32>;                  // (any work, last position of all, cache row in the shard, first token)
+
+// Keys of the current key tile that pair k's token sees (0: its walk has ended).
+fn tile_count(k: u32, t0: u32) -> u32 {
+    let last = tile_last[k / (H / HK)];
+    if last == NO_WORK || last < t0 { return 0u; }
+    return min(TILE, last + 1u - t0);
+}
+
+// Workgroup (s, kh, z): partition s of kv head kh for query tile z of the token group. A row's
+// tokens are cut into tiles of QT from its first; z counts from the tile of the group's first token.
+@compute @workgroup_size(WG)
+fn query_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let s = wid.x;
+    let kh = wid.y;
+    let g_n = H / HK;
+    let d4n = D / 4u;
+    let pairs = QT * g_n;
+    let per_row = (step.width + QT - 1u) / QT;
+    let z = (group.token0 / step.width) * per_row + (group.token0 % step.width) / QT + wid.z;
+    let r = z / per_row;
+    let j0 = (z % per_row) * QT;
+    let n0 = r * step.width + j0;
+    if lane == 0u {
+        var job = vec4<u32>(0u, 0u, 0u, n0);
+        for (var t = 0u; t < QT; t++) { tile_last[t] = NO_WORK; }
+        if n0 < step.tokens {
+            let info = rows[r];
+            let mine = info.cache_row >= ROW0 && info.cache_row - ROW0 < SHARD_ROWS;
+            job.z = info.cache_row - ROW0;
+            for (var t = 0u; t < QT; t++) {
+                let j = j0 + t;
+                let n = n0 + t;
+                let p = info.pos0 + j;
+                let in_group = n >= group.token0 && n - group.token0 < GROUP_TOKENS && n < step.tokens;
+                if mine && in_group && j < step.width && j < info.n_new && s * SPAN <= p {
+                    let last = min(p, s * SPAN + SPAN - 1u);
+                    tile_last[t] = last;
+                    job.x = 1u;
+                    job.y = max(job.y, last);
+                }
+            }
+        }
+        tile_job = job;
+    }
+    // one value for the whole workgroup: no token of the tile has keys in this partition
+    let job = workgroupUniformLoad(&tile_job);
+    if job.x == 0u { return; }
+    let row = job.z + ROW0;
+    for (var i = lane; i < pairs * d4n; i += WG) {
+        let t = i / (g_n * d4n);
+        if tile_last[t] != NO_WORK {
+            tile_q[i] = qy[(n0 + t) * (Q_STRIDE / 4u) + kh * g_n * d4n + i % (g_n * d4n)] * SCALE;
+        }
+    }
+    if lane < pairs {
+        tile_m[lane] = -3.0e38;
+        tile_l[lane] = 0.0;
+    }
+    // value step: lane (sub, d4) holds element d4 of pairs sub, sub + subs, ...
+    let subs = WG / d4n;
+    let sub = lane / d4n;
+    let d4 = lane % d4n;
+    let ranges = max(1u, WG / (g_n * d4n));  // `main`'s key ranges of a tile's value step
+    var acc: array<vec4<f32>, QT_ACC>;
+    for (var k = 0u; k < QT_ACC; k++) { acc[k] = vec4<f32>(0.0); }
+    for (var t0 = s * SPAN; t0 <= job.y; t0 += TILE) {
+        let keys = min(TILE, job.y + 1u - t0);
+        workgroupBarrier();
+        // 1. lane i scores key t0 + i against every query of the tile: the key is read once
+        if lane < keys {
+            var dots: array<f32, QT_PAIRS>;
+            for (var k = 0u; k < pairs; k++) { dots[k] = 0.0; }
+            let at = key_at(row, kh, t0 + lane);
+            for (var c = 0u; c < d4n; c++) {
+                let key = global4(false, at + c * 4u);
+                for (var k = 0u; k < pairs; k++) { dots[k] = dot_fma(tile_q[k * d4n + c], key, dots[k]); }
+            }
+            for (var k = 0u; k < pairs; k++) { tile_p[k * TILE + lane] = dots[k]; }
+        }
+        workgroupBarrier();
+        // 2. lane k, pair k: the tile's max, the rescale, the weights and their sum in key order
+        if lane < pairs {
+            let count = tile_count(lane, t0);
+            if count > 0u {
+                var mt = tile_m[lane];
+                for (var i = 0u; i < count; i++) { mt = max(mt, tile_p[lane * TILE + i]); }
+                let corr = exp(tile_m[lane] - mt);
+                var sum = 0.0;
+                for (var i = 0u; i < count; i++) {
+                    let p = exp(tile_p[lane * TILE + i] - mt);
+                    tile_p[lane * TILE + i] = p;
+                    sum += p;
+                }
+                tile_corr[lane] = corr;
+                tile_m[lane] = mt;
+                tile_l[lane] = fma(tile_l[lane], corr, sum);
+            }
+        }
+        workgroupBarrier();
+        // 3. the weighted values, each value element read once per lane group
+        if sub < subs {
+            var count: array<u32, QT_ACC>;
+            for (var k = 0u; k < QT_ACC; k++) {
+                count[k] = 0u;
+                if sub + k * subs < pairs { count[k] = tile_count(sub + k * subs, t0); }
+            }
+            if ranges == 1u {
+                for (var k = 0u; k < QT_ACC; k++) {
+                    if count[k] > 0u { acc[k] *= tile_corr[sub + k * subs]; }
+                }
+                for (var i = 0u; i < keys; i++) {
+                    let v = global4(true, key_at(row, kh, t0 + i) + d4 * 4u);
+                    for (var k = 0u; k < QT_ACC; k++) {
+                        if i < count[k] { acc[k] = fma(vec4<f32>(tile_p[(sub + k * subs) * TILE + i]), v, acc[k]); }
+                    }
+                }
+            } else {
+                // range q of a pair: keys q * per .. q * per + per - 1 (of its count), per = ceil(count / ranges)
+                var part: array<vec4<f32>, QT_ACC>;
+                for (var q = 0u; q < ranges; q++) {
+                    var lo = TILE;
+                    var hi = 0u;
+                    for (var k = 0u; k < QT_ACC; k++) {
+                        let per = (count[k] + ranges - 1u) / ranges;
+                        if count[k] > 0u {
+                            lo = min(lo, q * per);
+                            hi = max(hi, min(count[k], q * per + per));
+                        }
+                        part[k] = vec4<f32>(0.0);
+                    }
+                    for (var i = lo; i < hi; i++) {
+                        let v = global4(true, key_at(row, kh, t0 + i) + d4 * 4u);
+                        for (var k = 0u; k < QT_ACC; k++) {
+                            let per = (count[k] + ranges - 1u) / ranges;
+                            if i >= q * per && i < min(count[k], q * per + per) {
+                                part[k] = fma(vec4<f32>(tile_p[(sub + k * subs) * TILE + i]), v, part[k]);
+                            }
+                        }
+                    }
+                    for (var k = 0u; k < QT_ACC; k++) {
+                        if count[k] > 0u {
+                            if q == 0u {
+                                acc[k] = fma(acc[k], vec4<f32>(tile_corr[sub + k * subs]), part[k]);
+                            } else {
+                                acc[k] += part[k];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // the partial states of the tile's tokens, in `main`'s layout
+    let stride = 1u + d4n;
+    if lane < pairs && tile_last[lane / g_n] != NO_WORK {
+        let n = n0 + lane / g_n;
+        let at = (((n - group.token0) * H + kh * g_n + lane % g_n) * PARTS + s) * stride;
+        partials[at] = vec4<f32>(tile_m[lane], tile_l[lane], 0.0, 0.0);
+    }
+    if sub < subs {
+        for (var k = 0u; k < QT_ACC; k++) {
+            let pair = sub + k * subs;
+            if pair < pairs && tile_last[pair / g_n] != NO_WORK {
+                let n = n0 + pair / g_n;
+                let at = (((n - group.token0) * H + kh * g_n + pair % g_n) * PARTS + s) * stride;
+                partials[at + 1u + d4] = acc[k];
+            }
+        }
+    }
+}

@@ -14,7 +14,7 @@ use crate::gpu_weights::{GpuLayer, GpuMatrix, GpuWeights, QkvWeights, WeightDtyp
 use crate::reference::rope_table;
 use crate::sampling::{RowSampling, Sampled, Sampler, SamplerGpu, TOP_LOGPROBS_MAX};
 use crate::shaders::{Constants, Kernel, Pipelines};
-pub use crate::variants::{AttentionKernel, Fusion, MatmulKernel, TILED_MIN_TOKENS};
+pub use crate::variants::{AttentionKernel, Fusion, MatmulKernel, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS};
 use crate::weights::ModelWeights;
 
 /// Most new tokens per row processed in one chunk (bounds activation memory during prefill,
@@ -81,6 +81,8 @@ struct AttentionPlan {
     span: usize,
     /// Partitions per query: `ceil(max_len / span)`.
     parts: usize,
+    /// Tokens per query tile (split-group's `query_tiles`, steps of several tokens a row); 1: none.
+    query_tile: usize,
     /// Tokens per dispatch.
     group_tokens: usize,
     /// Token groups per chunk.
@@ -122,6 +124,7 @@ impl AttentionPlan {
                 tile: 1,
                 span: 1,
                 parts: 1,
+                query_tile: 1,
                 group_tokens: tokens,
                 groups: 1,
             });
@@ -139,8 +142,22 @@ impl AttentionPlan {
         let parts = opts.max_len.div_ceil(span);
         let per_token = cfg.n_heads * parts * (4 + cfg.head_dim) * 4;
         let group_tokens = (PARTIALS_BYTES.min(gpu.max_binding() as usize) / per_token).clamp(1, tokens);
-        Ok(AttentionPlan { kernel, tile, span, parts, group_tokens, groups: tokens.div_ceil(group_tokens) })
+        let query_tile = if kernel == AttentionKernel::SplitGroup { query_tile(g, cfg.head_dim) } else { 1 };
+        Ok(AttentionPlan { kernel, tile, span, parts, query_tile, group_tokens, groups: tokens.div_ceil(group_tokens) })
     }
+}
+
+/// Tokens per query tile of split-group attention for `g` query heads per kv head of `head_dim`:
+/// as many as `query_tiles`' workgroup memory holds (at most 16 tokens, 32 (token, head) pairs,
+/// 1536 query floats: 14.5 KiB in all, under WebGPU's default 16 KiB) and its value step's 12
+/// pairs per lane allow. 1: the model's heads leave no room for two tokens.
+fn query_tile(g: usize, head_dim: usize) -> usize {
+    let lane_groups = 64 / (head_dim / 4);
+    let mut qt = 16.min(32 / g).min(1536 / (g * head_dim));
+    while qt > 1 && (qt * g).div_ceil(lane_groups) > 12 {
+        qt -= 1;
+    }
+    qt.max(1)
 }
 
 impl EngineOptions {
@@ -319,6 +336,9 @@ enum Grid {
     TokenGroup { group: usize, size: usize, per_token: usize },
     /// Split attention's partials: one workgroup per (partition, kv head, token of the group).
     SplitPartials { group: usize, size: usize, parts: usize, kv_heads: usize },
+    /// The same from query tiles: one workgroup per (partition, kv head, query tile of the group),
+    /// a row's tokens cut into tiles of `tile` from its first.
+    QueryTiles { group: usize, size: usize, parts: usize, kv_heads: usize, tile: usize },
 }
 
 struct Dispatch {
@@ -327,9 +347,10 @@ struct Dispatch {
     bind: wgpu::BindGroup,
     grid: Grid,
     wg: u32,
-    /// A product's mat-mat form (`tiled` variant), recorded instead for steps whose product has
-    /// at least [`TILED_MIN_TOKENS`] tokens: the same bits, so a step may take either.
-    tiled: Option<Box<Dispatch>>,
+    /// The form recorded instead for steps of many tokens, with the same bits, so a step may take
+    /// either: a product's mat-mat kernel (`tiled` variant) from [`TILED_MIN_TOKENS`] tokens on,
+    /// split-group attention's query tiles from [`QUERY_TILE_MIN_WIDTH`] tokens a row on.
+    many_tokens: Option<Box<Dispatch>>,
 }
 
 /// Words per block of 32 quantized activations (quantize.wgsl): the scale d, d * sum(q), then
@@ -411,6 +432,14 @@ impl Dispatch {
             Grid::SplitPartials { group, size, parts, kv_heads } => {
                 (parts as u32, kv_heads as u32, Self::group_count(rows * width, group, size) as u32)
             }
+            Grid::QueryTiles { group, size, parts, kv_heads, tile } => {
+                // the tiles from the one of the group's first token to the one of its last
+                let first = group * size;
+                let last = (first + Self::group_count(rows * width, group, size)).max(first + 1) - 1;
+                let tiles_per_row = width.div_ceil(tile);
+                let tile_of = |n: usize| (n / width) * tiles_per_row + (n % width) / tile;
+                (parts as u32, kv_heads as u32, (tile_of(last) + 1 - tile_of(first)) as u32)
+            }
         }
     }
 
@@ -423,22 +452,23 @@ impl Dispatch {
     /// chunk's tokens is not recorded).
     fn live(&self, rows: usize, width: usize) -> bool {
         match self.grid {
-            Grid::TokenGroup { group, size, .. } | Grid::SplitPartials { group, size, .. } => {
-                Self::group_count(rows * width, group, size) > 0
-            }
+            Grid::TokenGroup { group, size, .. }
+            | Grid::SplitPartials { group, size, .. }
+            | Grid::QueryTiles { group, size, .. } => Self::group_count(rows * width, group, size) > 0,
             _ => true,
         }
     }
 
-    /// The dispatch a chunk of `rows x width` tokens records: the mat-mat form where it has one
-    /// and the product has enough tokens, else itself.
+    /// The dispatch a chunk of `rows x width` tokens records: its form for many tokens where it
+    /// has one and the chunk has enough tokens, else itself.
     fn for_chunk(&self, rows: usize, width: usize) -> &Dispatch {
-        match (&self.tiled, self.grid) {
+        match (&self.many_tokens, self.grid) {
             (Some(t), Grid::Matmul { per_row, .. })
                 if (if per_row { rows } else { rows * width }) >= TILED_MIN_TOKENS =>
             {
                 t
             }
+            (Some(t), Grid::SplitPartials { .. }) if width >= QUERY_TILE_MIN_WIDTH => t,
             _ => self,
         }
     }
@@ -578,7 +608,7 @@ impl Builder<'_> {
             bind: self.pipelines.bind(kernel, buffers),
             grid,
             wg,
-            tiled: None,
+            many_tokens: None,
         }
     }
 
@@ -719,7 +749,7 @@ impl Builder<'_> {
                         Grid::MatmulTiled { out_rows, per_row, gated },
                     ))
                 });
-                Dispatch { tiled, ..self.dispatch(kernel, consts, &buffers, grid) }
+                Dispatch { many_tokens: tiled, ..self.dispatch(kernel, consts, &buffers, grid) }
             }))
             .collect()
     }
@@ -840,7 +870,6 @@ impl Builder<'_> {
             .collect()
     }
 
-    /// The dispatch order of one layer, top to bottom.
     /// Attention of one layer against its global group and/or ring.
     fn attention(&self, group: Option<&Vec<wgpu::Buffer>>, ring: Option<&Vec<wgpu::Buffer>>) -> Vec<Dispatch> {
         let (c, s, cache, plan) = (self.cfg, self.s, self.cache, self.attention);
@@ -886,12 +915,18 @@ impl Builder<'_> {
                         ),
                     };
                     let consts = [shared.clone(), extra].concat();
-                    out.push(self.dispatch(
-                        kernel,
-                        consts,
-                        &[&s.step, token_group, &s.row_info, &s.qkv, gkv, &s.partials, &cache.block_tables],
-                        grid,
-                    ));
+                    let buffers = [&s.step, token_group, &s.row_info, &s.qkv, gkv, &s.partials, &cache.block_tables];
+                    // split-group: the query tiles beside it, for steps of several tokens a row
+                    let many_tokens = (kernel == Kernel::AttentionSplit && plan.query_tile > 1).then(|| {
+                        let tile = plan.query_tile;
+                        Box::new(self.dispatch(
+                            Kernel::AttentionQueryTiles,
+                            [consts.clone(), vec![("QT", tile as f64)]].concat(),
+                            &buffers,
+                            Grid::QueryTiles { group: g, size, parts: plan.parts, kv_heads: c.n_kv_heads, tile },
+                        ))
+                    });
+                    out.push(Dispatch { many_tokens, ..self.dispatch(kernel, consts, &buffers, grid) });
                 }
                 // split: binding 4 holds the partials instead of the keys
                 let global = if split { &s.partials } else { gkv };
@@ -916,6 +951,7 @@ impl Builder<'_> {
         out
     }
 
+    /// The dispatch order of one layer, top to bottom.
     fn layer(&self, i: usize, lw: &GpuLayer) -> Vec<Dispatch> {
         let (c, s, cache) = (self.cfg, self.s, self.cache);
         let spec = c.layers[i];
@@ -1370,6 +1406,12 @@ impl Engine {
     /// the serial kernel, and for every chunk that fits one group, as decode steps do).
     pub fn attention_token_groups(&self) -> usize {
         self.attention.groups
+    }
+
+    /// Tokens per query tile of split-group attention in steps of [`QUERY_TILE_MIN_WIDTH`] tokens a
+    /// row or more (1: no query tiles; other variants, or heads too large for two tokens).
+    pub fn attention_query_tile(&self) -> usize {
+        self.attention.query_tile
     }
 
     /// Tokens (rows x width) [`Engine::append_all_logits`] can return at once.

@@ -53,7 +53,7 @@ pub use config::{EngramConfig, LayerSpec, MlpKind, ModelConfig, NormKind};
 pub use device::{Gpu, GpuOptions};
 pub use engine::{
     AttentionKernel, Engine, EngineOptions, Fusion, Logits, MatmulKernel, Stats, Turn, TurnLimit, CHUNK,
-    TILED_MIN_TOKENS,
+    QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
 pub use error::{Error, Result};
 pub use gpu_weights::WeightDtype;

@@ -61,7 +61,9 @@ impl Profile {
             | Kernel::MatmulTiled
             | Kernel::MatmulInt
             | Kernel::Quantize => self.matmul += seconds,
-            Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead => self.attention += seconds,
+            Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => {
+                self.attention += seconds
+            }
             _ => self.other += seconds,
         }
         self.dispatches += 1;

@@ -42,6 +42,10 @@ pub enum Kernel {
     /// Attention split along the keys, part 1, one thread per (partition, query head): the
     /// `per_head` entry point of `attention_split.wgsl`.
     AttentionSplitHead,
+    /// Attention split along the keys, part 1, for steps of several tokens a row: the
+    /// `query_tiles` entry point of `attention_split.wgsl`, a tile of one row's tokens in one
+    /// workgroup (each key read once per tile), [`Kernel::AttentionSplit`]'s bits.
+    AttentionQueryTiles,
     /// MLP activation (`mlp_act.wgsl`).
     MlpAct,
     /// End-of-chunk bookkeeping: lens, lpos, token history (`commit.wgsl`).
@@ -74,7 +78,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 21] = [
+    pub const ALL: [Kernel; 22] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -84,6 +88,7 @@ impl Kernel {
         Kernel::Attention,
         Kernel::AttentionSplit,
         Kernel::AttentionSplitHead,
+        Kernel::AttentionQueryTiles,
         Kernel::MlpAct,
         Kernel::Commit,
         Kernel::Sample,
@@ -102,6 +107,7 @@ impl Kernel {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Kernel::AttentionSplitHead => "attention_split.wgsl per_head",
+            Kernel::AttentionQueryTiles => "attention_split.wgsl query_tiles",
             Kernel::MatmulNormed => "matmul.wgsl main_normed",
             Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
             Kernel::MatmulWideSubgroup => "matmul_subgroup.wgsl main_wide_subgroup",
@@ -120,7 +126,7 @@ impl Kernel {
             Kernel::QkRope => "qk_rope.wgsl",
             Kernel::KvWrite => "kv_write.wgsl",
             Kernel::Attention => "attention.wgsl",
-            Kernel::AttentionSplit | Kernel::AttentionSplitHead => "attention_split.wgsl",
+            Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => "attention_split.wgsl",
             Kernel::MlpAct => "mlp_act.wgsl",
             Kernel::Commit => "commit.wgsl",
             Kernel::Sample => "sample.wgsl",
@@ -142,6 +148,7 @@ impl Kernel {
             Kernel::MatmulWideSubgroup => "main_wide_subgroup",
             Kernel::MatmulTiled => "main_tiled",
             Kernel::AttentionSplitHead => "per_head",
+            Kernel::AttentionQueryTiles => "query_tiles",
             Kernel::MatmulNormed => "main_normed",
             Kernel::MatmulInt => "main_int",
             _ => "main",
@@ -171,7 +178,9 @@ impl Kernel {
             Kernel::QkRope => include_str!("../shaders/qk_rope.wgsl"),
             Kernel::KvWrite => include_str!("../shaders/kv_write.wgsl"),
             Kernel::Attention => include_str!("../shaders/attention.wgsl"),
-            Kernel::AttentionSplit | Kernel::AttentionSplitHead => include_str!("../shaders/attention_split.wgsl"),
+            Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => {
+                include_str!("../shaders/attention_split.wgsl")
+            }
             Kernel::MlpAct => include_str!("../shaders/mlp_act.wgsl"),
             Kernel::Commit => include_str!("../shaders/commit.wgsl"),
             Kernel::Sample => include_str!("../shaders/sample.wgsl"),
@@ -217,7 +226,7 @@ impl Kernel {
             Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read, ReadWrite, Read, ReadWrite, Read],
             Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, Read],
             Kernel::Attention => &[Uniform, Read, ReadWrite, Read, Read, Read, Read, Uniform, Read],
-            Kernel::AttentionSplit | Kernel::AttentionSplitHead => {
+            Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => {
                 &[Uniform, Uniform, Read, Read, Read, ReadWrite, Read]
             }
             Kernel::MlpAct => &[Uniform, Read, ReadWrite],

@@ -97,8 +97,11 @@ pub enum AttentionKernel {
     Serial,
     /// Split along the keys (flash-decoding) into partitions of fixed positions merged in
     /// position order; one workgroup per (partition, kv head) scores a tile of keys for all the
-    /// query heads of the kv head at once (K/V read once per group, V coalesced). Needs at most
-    /// 16 query heads per kv head and `heads per kv head x head_dim` at most 1024.
+    /// query heads of the kv head at once (K/V read once per group, V coalesced). Steps of
+    /// [`QUERY_TILE_MIN_WIDTH`] tokens a row or more take query tiles: one workgroup folds a
+    /// partition for several tokens of a row at once (each key read once per tile), with the
+    /// same bits. Needs at most 16 query heads per kv head and `heads per kv head x head_dim` at
+    /// most 1024.
     SplitGroup,
     /// The same partitions, one thread per (partition, query head) walking its keys alone: no
     /// workgroup memory or barriers, the shape that suits CPU adapters' SIMD lanes.
@@ -137,6 +140,11 @@ impl AttentionKernel {
         }
     }
 }
+
+/// Tokens a row from which split-group attention takes query tiles (`query_tiles` in
+/// attention_split.wgsl) instead of one workgroup per token: from two on, a tile reads each key
+/// once for all its tokens. (Reasoned, not measured on a GPU: none was at hand.)
+pub const QUERY_TILE_MIN_WIDTH: usize = 2;
 
 /// Tokens from which a product of the `tiled` variant takes the mat-mat kernel: half a tile, where
 /// reading each weight once per 32 tokens instead of once per 4 already outweighs the idle lanes.

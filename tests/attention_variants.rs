@@ -148,6 +148,66 @@ fn split_exact(kernel: AttentionKernel) {
 }
 
 #[test]
+fn query_tiles_give_the_bits_of_one_token_at_a_time() {
+    // 2 query heads per kv head of 8 dims: split-group spreads a tile's keys over spare lanes in
+    // ranges; 3 heads of 64 (SmolLM2's group): one lane per value element, keys in order
+    let heads_of_64 = ModelConfig::llama(96, 64, 6, 2, 64, 96, 2, 10000.0, 1e-6, false);
+    for (cfg, tile) in [(llama_cfg(), 16), (heads_of_64, 8)] {
+        for kv in [KvDtype::F32, KvDtype::F16] {
+            query_tiles_exact(&cfg, tile, kv);
+        }
+    }
+}
+
+fn query_tiles_exact(cfg: &ModelConfig, tile: usize, kv: KvDtype) {
+    let s = seed(34);
+    println!("seed {s}, {} heads per kv head of {}, {kv:?}", cfg.n_heads / cfg.n_kv_heads, cfg.head_dim);
+    let mut rng = SplitMix64(s);
+    let w = model(cfg, s);
+    let gpu = gpu();
+    let opts = EngineOptions { kv, attention: AttentionKernel::SplitGroup, ..EngineOptions::new(3, 300) };
+    // rows that end in different partitions of 64 positions, and mid-tile
+    let tokens: Vec<Vec<u32>> =
+        [150, 77, 140].iter().map(|&n| (0..n).map(|_| rng.below(96) as u32).collect()).collect();
+    // one token a step: `main`, one workgroup per token
+    let mut single = Engine::new(&gpu, &w, opts).unwrap();
+    let mut want = vec![Vec::new(); 3];
+    for i in 0..150 {
+        let n_new: Vec<usize> = tokens.iter().map(|t| usize::from(i < t.len())).collect();
+        let ids: Vec<u32> = tokens.iter().map(|t| t.get(i).copied().unwrap_or(0)).collect();
+        let l = single.append(&ids, 1, &n_new, None).unwrap();
+        for (r, t) in tokens.iter().enumerate() {
+            if i + 1 == t.len() {
+                want[r] = l.row(r).unwrap().to_vec();
+            }
+        }
+    }
+    // the whole prompts in one step, then in random ragged chunks: query tiles cut at other tokens
+    let mut whole = Engine::new(&gpu, &w, opts).unwrap();
+    assert_eq!(whole.attention_query_tile(), tile);
+    let mut ids = vec![0u32; 3 * 150];
+    for (r, t) in tokens.iter().enumerate() {
+        ids[r * 150..r * 150 + t.len()].copy_from_slice(t);
+    }
+    let l = whole.append(&ids, 150, &[150, 77, 140], None).unwrap();
+    let mut ragged = Engine::new(&gpu, &w, opts).unwrap();
+    let outs = ragged_prefill(&mut ragged, &tokens, &mut rng);
+    for r in 0..3 {
+        let got = l.row(r).unwrap();
+        assert!(
+            got == want[r],
+            "seed {s} row {r}: one step differs from one token a step: {}",
+            max_abs_diff(got, &want[r])
+        );
+        let got = outs.iter().rev().find_map(|o| o[r].clone()).unwrap();
+        assert!(got == want[r], "seed {s} row {r}: ragged chunks differ: {}", max_abs_diff(&got, &want[r]));
+        // f16 K/V rounds every key and value: further from the f32 reference
+        let d = max_abs_diff(&got, &ref_last(&w, &tokens[r]));
+        assert!(d <= if kv == KvDtype::F32 { 2e-4 } else { 2e-2 }, "seed {s} row {r}: {d} from the reference");
+    }
+}
+
+#[test]
 fn long_contexts_walk_several_tiles_per_partition() {
     // max_len 20000: more than 64 partitions of 64 would be needed, so partitions grow to 512
     // positions (split-group walks eight tiles of 64 in each, split-head 512 keys per thread)

@@ -17,7 +17,7 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
         Kernel::QkRope => &[("HEADS", 4.0), ("D", 16.0), ("STRIDE", 64.0)],
         Kernel::KvWrite => &[("HK", 2.0), ("D", 16.0), ("RING_SLOTS", 33.0), ("SRC_STRIDE", 128.0)],
         Kernel::Attention => &[("H", 4.0), ("HK", 2.0), ("D", 16.0), ("Q_STRIDE", 128.0), ("SCALE", 0.25)],
-        Kernel::AttentionSplit | Kernel::AttentionSplitHead => &[
+        Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => &[
             ("H", 4.0),
             ("HK", 2.0),
             ("D", 16.0),
@@ -65,6 +65,8 @@ fn variants(kernel: Kernel) -> Vec<(&'static str, f64)> {
         Kernel::KvWrite | Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead => {
             vec![("KV_FORMAT", 1.0), ("KV_FORMAT", 5.0)]
         }
+        // and tiles of 8 tokens
+        Kernel::AttentionQueryTiles => vec![("KV_FORMAT", 1.0), ("KV_FORMAT", 5.0), ("QT", 8.0)],
         // products: every weight format, and the fused activations (relu^2, a gated one)
         Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulSubgroup | Kernel::MatmulTiled => {
             [&WEIGHT_FORMATS[..], &[("MLP_ACT", 1.0), ("MLP_ACT", 3.0)]].concat()

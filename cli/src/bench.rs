@@ -412,15 +412,21 @@ fn attention_table(
     steps: usize,
 ) -> Result<Vec<serde_json::Value>> {
     let mut out = Vec::new();
-    println!("\nattention variants per decode step (f32 K/V; GPU ms from timestamp queries, step ms wall clock):\n");
-    println!("| attention | rows | context | attention ms | rest ms | step ms | attention speedup | step speedup |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "\nattention variants per decode step, and in the prompt's last chunk (f32 K/V; GPU ms from timestamp \
+         queries, step ms wall clock):\n"
+    );
+    println!(
+        "| attention | rows | context | attention ms | rest ms | step ms | attention speedup | step speedup | \
+         last chunk tokens | chunk attention ms | chunk attention speedup |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut rng = SplitMix64(7);
     for &rows in rows_list {
         for &ctx in ctx_list {
             let ids: Vec<u32> = (0..rows * ctx).map(|_| rng.below(model.cfg.vocab) as u32).collect();
             let greedy = vec![Sampler::GREEDY; rows];
-            let mut serial: Option<(f64, f64)> = None;
+            let mut serial: Option<(f64, f64, f64)> = None;
             for kernel in AttentionKernel::ALL {
                 let opts = EngineOptions {
                     weights: *weights,
@@ -432,7 +438,22 @@ fn attention_table(
                 if e.attention_kernel() != kernel {
                     continue;
                 }
-                let mut next = e.append_sample(&ids, ctx, &vec![ctx; rows], None, &greedy)?;
+                // the prompt, its last chunk timed per kernel (split-group takes query tiles there)
+                let last = ctx.min(e.chunk_width());
+                let part = |from: usize, to: usize| -> Vec<u32> {
+                    (0..rows).flat_map(|r| ids[r * ctx + from..r * ctx + to].iter().copied()).collect()
+                };
+                if ctx > last {
+                    e.feed(&part(0, ctx - last), ctx - last, &vec![ctx - last; rows], None)?;
+                }
+                let chunk = match e.profile_step(&part(ctx - last, ctx), last, &vec![last; rows], None, None) {
+                    Ok(p) => p.attention,
+                    Err(err) => {
+                        println!("no GPU times: {err}");
+                        return Ok(out);
+                    }
+                };
+                let mut next: Vec<Option<u32>> = (0..rows).map(|_| Some(rng.below(model.cfg.vocab) as u32)).collect();
                 let t = std::time::Instant::now();
                 for _ in 0..steps {
                     let step_ids: Vec<u32> = next.iter().map(|x| x.unwrap_or(0)).collect();
@@ -452,7 +473,7 @@ fn attention_table(
                 }
                 let n = steps as f64;
                 let attn = total.attention / n;
-                let (base_attn, base_step) = *serial.get_or_insert((attn, step));
+                let (base_attn, base_step, base_chunk) = *serial.get_or_insert((attn, step, chunk));
                 out.push(serde_json::json!({
                     "attention": kernel.name(),
                     "rows": rows,
@@ -460,15 +481,20 @@ fn attention_table(
                     "attention_ms": 1e3 * attn,
                     "step_ms": 1e3 * step,
                     "attention_speedup": base_attn / attn,
+                    "last_chunk_tokens": last,
+                    "chunk_attention_ms": 1e3 * chunk,
+                    "chunk_attention_speedup": base_chunk / chunk,
                 }));
                 println!(
-                    "| {} | {rows} | {ctx} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.2}x |",
+                    "| {} | {rows} | {ctx} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.2}x | {last} | {:.2} | {:.2}x |",
                     kernel.name(),
                     1e3 * attn,
                     1e3 * (total.total() / n - attn),
                     1e3 * step,
                     base_attn / attn,
-                    base_step / step
+                    base_step / step,
+                    1e3 * chunk,
+                    base_chunk / chunk
                 );
             }
         }

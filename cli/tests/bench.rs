@@ -37,6 +37,12 @@ fn bench_json_carries_throughput_and_attention_variants() {
     let names: Vec<&str> = att.iter().map(|a| a["attention"].as_str().unwrap()).collect();
     assert_eq!(names, ["serial", "split-group", "split-head"], "{last}");
     assert_eq!(att[0]["attention_speedup"], 1.0);
+    // and the prompt's last chunk (70 tokens: 6, then a chunk of 64 timed)
+    assert_eq!(att[0]["chunk_attention_speedup"], 1.0);
+    for a in att {
+        assert_eq!(a["last_chunk_tokens"], 64, "{last}");
+        assert!(a["chunk_attention_ms"].as_f64().unwrap() > 0.0, "{last}");
+    }
     assert!(!stdout.contains("multi-step"), "--tables left the multi-step table out");
     let bad = Command::new(env!("CARGO_BIN_EXE_kvdecode")).args(["bench", "--tables", "nope"]).output().unwrap();
     assert!(!bad.status.success());
