@@ -152,6 +152,10 @@ impl AttentionPlan {
 /// 1536 query floats: 14.5 KiB in all, under WebGPU's default 16 KiB) and its value step's 12
 /// pairs per lane allow. 1: the model's heads leave no room for two tokens.
 fn query_tile(g: usize, head_dim: usize) -> usize {
+    // the value step's lanes hold one element (4 dims) of a value each: at most 64 of them
+    if !(4..=256).contains(&head_dim) {
+        return 1;
+    }
     let lane_groups = 64 / (head_dim / 4);
     let mut qt = 16.min(32 / g).min(1536 / (g * head_dim));
     while qt > 1 && (qt * g).div_ceil(lane_groups) > 12 {
