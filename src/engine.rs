@@ -330,8 +330,8 @@ enum Grid {
     Rows(usize),
     /// Matmul over the chunk's tokens (or rows): one thread per `outs` outputs and 4 tokens.
     Matmul { out_rows: usize, per_row: bool, outs: usize },
-    /// Subgroup matmul: one workgroup (one subgroup) per output and 4 tokens.
-    MatmulSubgroup { out_rows: usize, per_row: bool },
+    /// Subgroup and workgroup-reduced matmul: one workgroup per output and 4 tokens.
+    MatmulPerOutput { out_rows: usize, per_row: bool },
     /// Tiled matmul: one workgroup per 32 tokens and 32 weight rows (16 outputs when `gated`).
     MatmulTiled { out_rows: usize, per_row: bool, gated: bool },
     /// One workgroup per chunk row.
@@ -370,7 +370,7 @@ pub fn resolve_matmul(asked: MatmulKernel, gpu: &Gpu) -> Result<MatmulKernel> {
         MatmulKernel::Auto if cpu && sg.is_some_and(|n| n >= 8) => Ok(MatmulKernel::WideSubgroup),
         MatmulKernel::Auto if cpu => Ok(MatmulKernel::Wide),
         MatmulKernel::Auto if sg.is_some() => Ok(MatmulKernel::Subgroup),
-        MatmulKernel::Auto => Ok(MatmulKernel::Portable),
+        MatmulKernel::Auto => Ok(MatmulKernel::Workgroup),
         MatmulKernel::Subgroup if sg.is_none() => Err(Error::Config(format!(
             "matmul: the subgroup kernel needs subgroups of one fixed size, which {} does not offer here \
              (or the device was made portable: GpuOptions::portable / KVDECODE_PORTABLE=1)",
@@ -420,7 +420,7 @@ impl Dispatch {
                 let n = if per_row { rows } else { rows * width };
                 (out_rows.div_ceil(self.wg as usize * outs) as u32, matmul_token_blocks(n), 1)
             }
-            Grid::MatmulSubgroup { out_rows, per_row } => {
+            Grid::MatmulPerOutput { out_rows, per_row } => {
                 let n = if per_row { rows } else { rows * width };
                 let x = out_rows.clamp(1, 65535);
                 (x as u32, out_rows.div_ceil(x) as u32, matmul_token_blocks(n))
@@ -574,6 +574,8 @@ struct Builder<'a> {
     wide_subgroup: bool,
     /// Products of many tokens take the mat-mat kernel (`main_tiled`, the `tiled` variant).
     tiled: bool,
+    /// A workgroup per output sums its lanes in workgroup memory (`main_reduce`, `workgroup`).
+    workgroup_reduce: bool,
     /// Lanes per workgroup of the products without a fused norm (`WG` in matmul.wgsl). With
     /// `wide_subgroup` and 8, a fused norm keeps them too: it sums through shuffles in the one
     /// 8-lane subgroup (inv_rms_lanes8); else a fused norm takes rmsnorm.wgsl's 64 lanes.
@@ -692,7 +694,10 @@ impl Builder<'_> {
                         (Kernel::MatmulInt, Grid::Matmul { out_rows, per_row, outs }, consts)
                     }
                     (Some(sg), _) => {
-                        (Kernel::MatmulSubgroup, Grid::MatmulSubgroup { out_rows, per_row }, vec![("SG", sg as f64)])
+                        (Kernel::MatmulSubgroup, Grid::MatmulPerOutput { out_rows, per_row }, vec![("SG", sg as f64)])
+                    }
+                    _ if self.workgroup_reduce => {
+                        (Kernel::MatmulReduce, Grid::MatmulPerOutput { out_rows, per_row }, vec![])
                     }
                     // one output per thread stages the normed input (`main_normed`); the wide
                     // shape reads it straight from x, each value computed once per 4 outputs
@@ -1261,6 +1266,7 @@ impl Engine {
             },
             wide_subgroup: float_kernel == MatmulKernel::WideSubgroup,
             tiled: float_kernel == MatmulKernel::Tiled,
+            workgroup_reduce: float_kernel == MatmulKernel::Workgroup,
             product_wg: product_wg(float_kernel, gpu),
             attention,
             fusion,

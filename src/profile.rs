@@ -59,12 +59,24 @@ impl Profile {
             | Kernel::MatmulSubgroup
             | Kernel::MatmulWideSubgroup
             | Kernel::MatmulTiled
+            | Kernel::MatmulReduce
             | Kernel::MatmulInt
             | Kernel::Quantize => self.matmul += seconds,
             Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => {
                 self.attention += seconds
             }
-            _ => self.other += seconds,
+            // no catch-all: a new kernel must be given its class
+            Kernel::Embed
+            | Kernel::RmsNorm
+            | Kernel::QkRope
+            | Kernel::KvWrite
+            | Kernel::MlpAct
+            | Kernel::Commit
+            | Kernel::Sample
+            | Kernel::LogitBias
+            | Kernel::EngramGather
+            | Kernel::EngramMix
+            | Kernel::Copy => self.other += seconds,
         }
         self.dispatches += 1;
         self.charge_kernel(kernel.label(), seconds, 1);

@@ -67,6 +67,10 @@ pub enum Kernel {
     /// The mat-mat form of [`Kernel::Matmul`] for steps of many tokens (`matmul.wgsl` +
     /// `matmul_tiled.wgsl`): 32 x 32 tiles staged in workgroup memory, the portable bits.
     MatmulTiled,
+    /// [`Kernel::MatmulSubgroup`]'s shape without subgroups (`matmul.wgsl` + `matmul_reduce.wgsl`):
+    /// a workgroup per output, lanes reading neighbouring weights, their sums in a fixed tree in
+    /// workgroup memory.
+    MatmulReduce,
     /// A plain copy (`copy.wgsl`): the device's copy bandwidth, the bench's yardstick.
     Copy,
     /// Activations quantized per block of 32 to int8 for [`Kernel::MatmulInt`] (`quantize.wgsl`).
@@ -78,7 +82,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 22] = [
+    pub const ALL: [Kernel; 23] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -98,6 +102,7 @@ impl Kernel {
         Kernel::MatmulSubgroup,
         Kernel::MatmulWideSubgroup,
         Kernel::MatmulTiled,
+        Kernel::MatmulReduce,
         Kernel::Copy,
         Kernel::Quantize,
         Kernel::MatmulInt,
@@ -112,6 +117,7 @@ impl Kernel {
             Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
             Kernel::MatmulWideSubgroup => "matmul_subgroup.wgsl main_wide_subgroup",
             Kernel::MatmulTiled => "matmul_tiled.wgsl",
+            Kernel::MatmulReduce => "matmul_reduce.wgsl",
             Kernel::MatmulInt => "matmul_int.wgsl",
             k => k.file(),
         }
@@ -135,6 +141,7 @@ impl Kernel {
             Kernel::EngramMix => "engram_mix.wgsl",
             Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup => "matmul_subgroup.wgsl",
             Kernel::MatmulTiled => "matmul_tiled.wgsl",
+            Kernel::MatmulReduce => "matmul_reduce.wgsl",
             Kernel::Copy => "copy.wgsl",
             Kernel::Quantize => "quantize.wgsl",
             Kernel::MatmulInt => "matmul_int.wgsl",
@@ -147,6 +154,7 @@ impl Kernel {
             Kernel::MatmulSubgroup => "main_subgroup",
             Kernel::MatmulWideSubgroup => "main_wide_subgroup",
             Kernel::MatmulTiled => "main_tiled",
+            Kernel::MatmulReduce => "main_reduce",
             Kernel::AttentionSplitHead => "per_head",
             Kernel::AttentionQueryTiles => "query_tiles",
             Kernel::MatmulNormed => "main_normed",
@@ -203,6 +211,13 @@ impl Kernel {
                     include_str!("../shaders/matmul_int.wgsl")
                 );
             }
+            Kernel::MatmulReduce => {
+                return format!(
+                    "{COMMON}\n{MATMUL}\n{}\n{}",
+                    include_str!("../shaders/matmul_lanes.wgsl"),
+                    include_str!("../shaders/matmul_reduce.wgsl")
+                );
+            }
             // the portable kernel's bindings and helpers, plus the subgroup entry points and
             // their lane hooks
             Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup => {
@@ -222,7 +237,9 @@ impl Kernel {
         match self {
             Kernel::Embed => &[Uniform, Read, Read, ReadWrite],
             Kernel::RmsNorm => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
-            Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulTiled => &[Uniform, Read, Read, ReadWrite, Read],
+            Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulTiled | Kernel::MatmulReduce => {
+                &[Uniform, Read, Read, ReadWrite, Read]
+            }
             Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read, ReadWrite, Read, ReadWrite, Read],
             Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, Read],
             Kernel::Attention => &[Uniform, Read, ReadWrite, Read, Read, Read, Read, Uniform, Read],

@@ -157,7 +157,7 @@ pub enum MatmulKernel {
     /// Picked per adapter: on adapters that are really the CPU (lavapipe, llvmpipe, SwiftShader)
     /// [`MatmulKernel::WideSubgroup`] where the device has subgroups of 8 lanes or more, else
     /// [`MatmulKernel::Wide`]; on GPUs [`MatmulKernel::Subgroup`] where the device has subgroups of
-    /// a fixed size, else [`MatmulKernel::Portable`]. Never the integer-dot variant, whose
+    /// a fixed size, else [`MatmulKernel::Workgroup`]. Never the integer-dot variant, whose
     /// rounding is not the reference's.
     Auto,
     /// One thread per output and 4 tokens (one in steps of fewer than 4 tokens), each summing its
@@ -179,6 +179,10 @@ pub enum MatmulKernel {
     /// One subgroup per output and 4 tokens: the lanes read neighbouring weights and
     /// `subgroupAdd` sums them. Needs the device's `subgroups` feature.
     Subgroup,
+    /// `Subgroup`'s shape without subgroups: one workgroup of 64 lanes per output and 4 tokens,
+    /// the lanes reading neighbouring weights, their sums meeting in one fixed tree in workgroup
+    /// memory. Its own order (not the portable bits), the same for every batch and chunking.
+    Workgroup,
     /// Q8_0, Q4_0 and Q4_1 weights stay integers and meet activations quantized per block of 32
     /// to int8 in `dot4I8Packed` (llama.cpp's scheme); other formats take the `Auto` kernel.
     /// One thread per output and 4 tokens.
@@ -189,12 +193,13 @@ pub enum MatmulKernel {
 
 impl MatmulKernel {
     /// Every variant but `Auto`.
-    pub const ALL: [MatmulKernel; 6] = [
+    pub const ALL: [MatmulKernel; 7] = [
         MatmulKernel::Portable,
         MatmulKernel::Wide,
         MatmulKernel::WideSubgroup,
         MatmulKernel::Tiled,
         MatmulKernel::Subgroup,
+        MatmulKernel::Workgroup,
         MatmulKernel::IntDot,
     ];
 
@@ -207,15 +212,17 @@ impl MatmulKernel {
             MatmulKernel::WideSubgroup => "wide-subgroup",
             MatmulKernel::Tiled => "tiled",
             MatmulKernel::Subgroup => "subgroup",
+            MatmulKernel::Workgroup => "workgroup",
             MatmulKernel::IntDot => "int-dot",
         }
     }
 
-    /// `auto`, `portable`, `wide`, `wide-subgroup`, `tiled`, `subgroup` or `int-dot`.
+    /// `auto`, `portable`, `wide`, `wide-subgroup`, `tiled`, `subgroup`, `workgroup` or `int-dot`.
     pub fn parse(v: &str) -> Result<MatmulKernel> {
         std::iter::once(MatmulKernel::Auto).chain(MatmulKernel::ALL).find(|k| k.name() == v).ok_or_else(|| {
             Error::Config(format!(
-                "KVDECODE_MATMUL={v:?}: expected auto, portable, wide, wide-subgroup, tiled, subgroup or int-dot"
+                "KVDECODE_MATMUL={v:?}: expected auto, portable, wide, wide-subgroup, tiled, subgroup, workgroup or \
+                 int-dot"
             ))
         })
     }

@@ -1,6 +1,6 @@
-//! The product kernels: the subgroup fast path (when the adapter has fixed-size subgroups), the
-//! portable kernel and its `wide` forms agree with each other and with the reference, and `wide`
-//! and `wide-subgroup` give the portable bits. CI also runs the whole suite with
+//! The product kernels: the subgroup fast path (when the adapter has fixed-size subgroups), its
+//! `workgroup` shape without subgroups, the portable kernel and its `wide` forms agree with each
+//! other and with the reference, and `wide` and `wide-subgroup` give the portable bits. CI also runs the whole suite with
 //! KVDECODE_PORTABLE=1.
 
 mod common;
@@ -29,11 +29,18 @@ fn fast_and_portable_paths_agree() {
             e.append(&ids, 15, &[15, 11], None).unwrap()
         };
         let (a, b) = (run(&fast), run(&portable));
+        // the subgroup kernel's shape without subgroups: a workgroup per output, a tree in memory
+        let mut opts = EngineOptions::new(2, 40);
+        opts.matmul = Some(MatmulKernel::Workgroup);
+        let mut e = Engine::new(&portable, &w, opts).unwrap();
+        assert_eq!(e.matmul_kernel(), MatmulKernel::Workgroup);
+        let c = e.append(&ids, 15, &[15, 11], None).unwrap();
         for r in 0..2 {
             let n = [15, 11][r];
             let want = ref_last(&w, &ids[r * 15..r * 15 + n]);
             assert!(max_abs_diff(a.row(r).unwrap(), &want) <= 1e-4);
             assert!(max_abs_diff(b.row(r).unwrap(), &want) <= 1e-4);
+            assert!(max_abs_diff(c.row(r).unwrap(), &want) <= 1e-4, "workgroup row {r}");
             assert!(max_abs_diff(a.row(r).unwrap(), b.row(r).unwrap()) <= 1e-4);
         }
     }
@@ -45,7 +52,11 @@ fn mat_vec_steps_equal_blocked_steps_bit_for_bit() {
     // a token's logits must not change between the two, on every product kernel
     let portable = Gpu::with_options(&GpuOptions { portable: true, ..Default::default() }).unwrap();
     let fast = common::gpu();
-    let mut kernels = vec![(&portable, MatmulKernel::Portable), (&portable, MatmulKernel::Wide)];
+    let mut kernels = vec![
+        (&portable, MatmulKernel::Portable),
+        (&portable, MatmulKernel::Wide),
+        (&portable, MatmulKernel::Workgroup),
+    ];
     if fast.subgroup_size().is_some() {
         kernels.push((&fast, MatmulKernel::Subgroup));
     }

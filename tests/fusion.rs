@@ -93,6 +93,10 @@ fn every_fusion_gives_the_unfused_bits_on_the_portable_kernels() {
                 let (tiled, _) = run_counted(&gpu, &w, f, half, MatmulKernel::Tiled);
                 assert!(tiled == plain, "{name} (f16 K/V: {half}): tiled products with {f:?} changed the logits");
             }
+            // the workgroup-reduced products sum in their own order: fused against their own unfused
+            let (plain, _) = run_counted(&gpu, &w, Fusion::NONE, half, MatmulKernel::Workgroup);
+            let (fused, _) = run_counted(&gpu, &w, Fusion::ALL, half, MatmulKernel::Workgroup);
+            assert!(fused == plain, "{name} (f16 K/V: {half}): fusing changed the workgroup products' logits");
         }
     }
 }
