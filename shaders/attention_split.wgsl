@@ -63,6 +63,12 @@ fn global4(is_v: bool, key_e: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(vec4<u32>(gkv[e], gkv[e + 1u], gkv[e + 2u], gkv[e + 3u]));
 }
 
+// Where the partial state of query head h, partition s, for the group's token t starts in
+// `partials` ((max, sum, 0, 0), then the D / 4 value vec4s): every entry point writes through it.
+fn partial_at(t: u32, h: u32, s: u32) -> u32 {
+    return ((t * H + h) * PARTS + s) * (1u + D / 4u);
+}
+
 // Workgroup (s, kh, t): partition s of kv head kh for token group.token0 + t.
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
@@ -176,16 +182,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     workgroupBarrier();
-    let stride = 1u + d4n;
-    let first = ((n - group.token0) * H + kh * g_n) * PARTS + s;  // head kh * g_n, partition s
     if lane < g_n {
-        partials[(first + lane * PARTS) * stride] = vec4<f32>(run_m[lane], run_l[lane], 0.0, 0.0);
+        partials[partial_at(n - group.token0, kh * g_n + lane, s)] = vec4<f32>(run_m[lane], run_l[lane], 0.0, 0.0);
     }
     for (var k = 0u; k < SLOTS; k++) {
         let slot = lane + k * WG;
         if slot < g_n * d4n {
             let g = slot / d4n;
-            partials[(first + g * PARTS) * stride + 1u + slot % d4n] = acc[k];
+            partials[partial_at(n - group.token0, kh * g_n + g, s) + 1u + slot % d4n] = acc[k];
         }
     }
 }
@@ -235,8 +239,7 @@ fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         l = fma(l, f.y, w);
         for (var i = 0u; i < d4n; i++) { acc_h[i] = fma(vec4<f32>(w), global4(true, at + i * 4u), acc_h[i]); }
     }
-    let stride = 1u + d4n;
-    let at = ((local_n * H + h) * PARTS + s) * stride;
+    let at = partial_at(local_n, h, s);
     partials[at] = vec4<f32>(m, l, 0.0, 0.0);
     for (var i = 0u; i < d4n; i++) { partials[at + 1u + i] = acc_h[i]; }
 }
@@ -249,7 +252,7 @@ fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 // tile's max is order-free; its weights are summed over the keys in position order (`main`'s
 // lane-by-lane sum, one key per lane as TILE == WG); its weighted values per (head, element) are
 // folded over the keys in order, or, where `main` spreads a tile's keys over its spare lanes, in
-// its RANGES ranges, each folded from zero and added in order. A token whose last key lies before
+// its key ranges, each folded from zero and added in order. A token whose last key lies before
 // a tile skips the tile, as `main`'s walk ends there. So a step may take either kernel.
 
 override QT: u32 = 1u;          // tokens per query tile: QT * G <= 32, QT * G * D <= 1536
@@ -417,18 +420,15 @@ fn query_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         }
     }
     // the partial states of the tile's tokens, in `main`'s layout
-    let stride = 1u + d4n;
     if lane < pairs && tile_last[lane / g_n] != NO_WORK {
-        let n = n0 + lane / g_n;
-        let at = (((n - group.token0) * H + kh * g_n + lane % g_n) * PARTS + s) * stride;
+        let at = partial_at(n0 + lane / g_n - group.token0, kh * g_n + lane % g_n, s);
         partials[at] = vec4<f32>(tile_m[lane], tile_l[lane], 0.0, 0.0);
     }
     if sub < subs {
         for (var k = 0u; k < QT_ACC; k++) {
             let pair = sub + k * subs;
             if pair < pairs && tile_last[pair / g_n] != NO_WORK {
-                let n = n0 + pair / g_n;
-                let at = (((n - group.token0) * H + kh * g_n + pair % g_n) * PARTS + s) * stride;
+                let at = partial_at(n0 + pair / g_n - group.token0, kh * g_n + pair % g_n, s);
                 partials[at + 1u + d4] = acc[k];
             }
         }
