@@ -1,4 +1,4 @@
-// Prepended to every kernel by `src/shaders.rs` (the one mechanism for shared WGSL code).
+// Prepended to every kernel by `src/gpu/shaders.rs` (the one mechanism for shared WGSL code).
 // Only types and functions live here: bindings and override constants belong to each kernel.
 
 // Written once per chunk: the shape of the right-padded chunk being appended.
@@ -117,7 +117,7 @@ fn half4(fmt: u32, a: u32, b: u32) -> vec4<f32> {
 }
 
 // Weight formats (`W_FORMAT`): 0 f32 bits, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1,
-// 6 Q4_K, 7 Q6_K. Quantized rows are blocks padded to whole words (see src/quant.rs). Blocks of 32
+// 6 Q4_K, 7 Q6_K. Quantized rows are blocks padded to whole words (see src/model/quant.rs). Blocks of 32
 // weights: word 0 holds the f16 scale (Q4_1: scale | min << 16), then Q8_0 has 8 words of i8 and
 // Q4_0/Q4_1 4 words of nibbles (weights 0..15 in the low nibbles of bytes 0..15, weights 16..31 in
 // the high nibbles). Blocks of 256 (K-quants) are llama.cpp's, word-aligned.

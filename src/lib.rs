@@ -18,32 +18,25 @@
 
 #![warn(missing_docs)]
 
-pub mod batching;
+// The crate in layers, each using only those above it in this list: errors; the model on the
+// host (`model`); reading model files (`io`); the GPU runtime (`gpu`); the K/V cache (`cache`);
+// the engine (`engine`); what runs on top of it (`serve`).
 pub mod cache;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod compat;
-pub mod config;
-pub mod decode;
-pub mod device;
 pub mod engine;
-pub mod engram;
 pub mod error;
-pub mod gguf;
-mod gpu_weights;
-pub mod hf;
-pub mod model_file;
-pub mod npy;
-pub mod profile;
-pub mod quant;
-pub mod reference;
-pub mod rollout;
-pub mod sampling;
-pub mod shaders;
+pub mod gpu;
+pub mod io;
+pub mod model;
+pub mod serve;
+
+// Every module keeps the path it had before the folders (`kvdecode::gguf`, ...).
+pub use engine::{decode, sampling};
+pub use gpu::{device, profile, shaders, variants};
+pub use io::{gguf, hf, model_file, npy, tokenizer};
+pub use model::{config, engram, quant, reference, weights};
+pub use serve::{batching, rollout};
 #[cfg(not(target_arch = "wasm32"))]
-pub mod speculative;
-pub mod tokenizer;
-pub mod variants;
-pub mod weights;
+pub use serve::{compat, speculative};
 
 pub use batching::{Completion, ConstraintFactory, Event, Finish, Request, Scheduler, TokenConstraint};
 pub use cache::{BlockUsage, CacheOptions, KvCache, KvDtype, PromptCacheStats, RowOwner};
@@ -56,7 +49,8 @@ pub use engine::{
     QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
 pub use error::{Error, Result};
-pub use gpu_weights::WeightDtype;
+pub use gpu::kernels::WeightFormat;
+pub use gpu::weights::WeightDtype;
 pub use profile::Profile;
 pub use rollout::{Episode, Rollouts};
 pub use sampling::{argmax, sample_cpu, sample_cpu_full, Sampled, Sampler, TOP_LOGPROBS_MAX};

@@ -2,7 +2,7 @@
 //! its override constants resolved both at their defaults and with every bool flipped on, so a
 //! shader that would break on Metal, DX12 or GL fails here first. No GPU needed.
 
-use kvdecode::shaders::Kernel;
+use kvdecode::shaders::{Bind, Kernel};
 use naga::back::PipelineConstants;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
@@ -174,6 +174,44 @@ fn every_kernel_translates_to_every_backend() {
             translate_all(k, false, Some(v));
             translate_all(k, true, Some(v));
         }
+    }
+}
+
+/// The bind group layouts are made from `Kernel::bindings()`; naga's reflection of each module
+/// says what its WGSL declares. They must agree binding for binding (group 0, in order, uniform
+/// or storage, read-only or read-write), so neither can change without the other.
+#[test]
+fn kernel_bindings_match_the_wgsl_declarations() {
+    use naga::{AddressSpace, StorageAccess};
+    for k in Kernel::ALL {
+        let module = naga::front::wgsl::parse_str(&k.source()).unwrap_or_else(|e| panic!("{}: {e}", k.file()));
+        let mut declared: Vec<(u32, Bind, String)> = module
+            .global_variables
+            .iter()
+            .filter_map(|(_, g)| {
+                let rb = g.binding.as_ref()?;
+                assert_eq!(rb.group, 0, "{}: {:?} is outside group 0", k.file(), g.name);
+                let bind = match g.space {
+                    AddressSpace::Uniform => Bind::Uniform,
+                    AddressSpace::Storage { access } if access.contains(StorageAccess::STORE) => Bind::ReadWrite,
+                    AddressSpace::Storage { .. } => Bind::Read,
+                    other => panic!("{}: {:?} binds {other:?}", k.file(), g.name),
+                };
+                Some((rb.binding, bind, g.name.clone().unwrap_or_default()))
+            })
+            .collect();
+        declared.sort_by_key(|d| d.0);
+        let indices: Vec<u32> = declared.iter().map(|d| d.0).collect();
+        assert_eq!(indices, (0..declared.len() as u32).collect::<Vec<_>>(), "{}: bindings are not 0..n", k.file());
+        let kinds: Vec<Bind> = declared.iter().map(|d| d.1).collect();
+        let names: Vec<&str> = declared.iter().map(|d| d.2.as_str()).collect();
+        assert_eq!(
+            k.bindings(),
+            &kinds[..],
+            "{:?} ({}): Kernel::bindings() disagrees with the WGSL, which declares {names:?}",
+            k,
+            k.file()
+        );
     }
 }
 

@@ -8,9 +8,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig, NormKind};
 use crate::error::{file_err, Error, Result};
-use crate::weights::{LayerWeights, Matrix, ModelWeights, TensorFile};
+use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig, NormKind};
+use crate::model::weights::{LayerWeights, Matrix, ModelWeights, TensorFile};
 
 /// The model families read from Hugging Face directories.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,9 +8,9 @@
 //! tool result that follows it.
 
 use crate::cache::RowOwner;
+use crate::engine::sampling::Sampler;
 use crate::engine::{Engine, Turn, TurnLimit};
 use crate::error::{Error, Result};
-use crate::sampling::Sampler;
 
 /// One row's episode.
 #[derive(Clone, Debug, Default)]

@@ -5,9 +5,9 @@
 use std::path::Path;
 
 use crate::error::Result;
-use crate::gguf::GgufFile;
-use crate::tokenizer::Tokenizer;
-use crate::weights::ModelWeights;
+use crate::io::gguf::GgufFile;
+use crate::io::tokenizer::Tokenizer;
+use crate::model::weights::ModelWeights;
 
 /// A model's weights and, when the files carry one, its tokenizer.
 pub struct LoadedModel {
@@ -28,7 +28,7 @@ pub fn load(path: impl AsRef<Path>, progress: &mut dyn FnMut(usize, usize)) -> R
     if path.is_dir() {
         let tj = path.join("tokenizer.json");
         let tokenizer = if tj.exists() { Some(Tokenizer::from_file(&tj)?) } else { None };
-        Ok(LoadedModel { weights: crate::hf::load_dir(path)?, tokenizer })
+        Ok(LoadedModel { weights: crate::io::hf::load_dir(path)?, tokenizer })
     } else if is_gguf(path) {
         let g = GgufFile::open(path)?;
         Ok(LoadedModel { weights: g.weights_with_progress(progress)?, tokenizer: Some(Tokenizer::from_gguf(&g)?) })

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::{json, Value as Json};
 
 use crate::error::{file_err, Error, Result};
-use crate::gguf::{GgufFile, Value};
+use crate::io::gguf::{GgufFile, Value};
 
 /// A tokenizer with the model's special tokens and chat template.
 pub struct Tokenizer {

@@ -5,8 +5,10 @@
 //! wasm build keeps the types so the engine's recording code is the same.
 #![cfg_attr(target_arch = "wasm32", allow(dead_code))]
 
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
-use crate::shaders::Kernel;
+use crate::gpu::shaders::Kernel;
 
 /// GPU time of one profiled step, per kernel class, in seconds.
 #[derive(Clone, Debug, Default)]
@@ -22,6 +24,9 @@ pub struct Profile {
     /// Per kernel (its WGSL file, `entry` for a second entry point): seconds and dispatches, in
     /// the order the kernels first ran.
     pub kernels: Vec<(&'static str, f64, usize)>,
+    /// Per pipeline variant (its label, as `kv_write_ring_f16`; the names a GPU capture shows):
+    /// seconds and dispatches, in the order the variants first ran.
+    pub variants: Vec<(String, f64, usize)>,
 }
 
 impl Profile {
@@ -39,6 +44,19 @@ impl Profile {
         for &(name, seconds, n) in &o.kernels {
             self.charge_kernel(name, seconds, n);
         }
+        for (label, seconds, n) in &o.variants {
+            self.charge_variant(label, *seconds, *n);
+        }
+    }
+
+    fn charge_variant(&mut self, label: &str, seconds: f64, n: usize) {
+        match self.variants.iter_mut().find(|k| k.0 == label) {
+            Some(k) => {
+                k.1 += seconds;
+                k.2 += n;
+            }
+            None => self.variants.push((label.to_string(), seconds, n)),
+        }
     }
 
     fn charge_kernel(&mut self, name: &'static str, seconds: f64, n: usize) {
@@ -51,7 +69,7 @@ impl Profile {
         }
     }
 
-    fn charge(&mut self, kernel: Kernel, seconds: f64) {
+    fn charge(&mut self, kernel: Kernel, label: &str, seconds: f64) {
         match kernel {
             // quantizing an integer-dot product's input is part of that product
             Kernel::Matmul
@@ -80,6 +98,7 @@ impl Profile {
         }
         self.dispatches += 1;
         self.charge_kernel(kernel.label(), seconds, 1);
+        self.charge_variant(label, seconds, 1);
     }
 }
 
@@ -89,8 +108,8 @@ pub(crate) struct Profiler {
     resolve: wgpu::Buffer,
     read: wgpu::Buffer,
     capacity: usize,
-    /// The kernel of each dispatch timed by the last recorded submit, in order.
-    pub(crate) recorded: Vec<Kernel>,
+    /// The kernel and variant label of each dispatch timed by the last recorded submit, in order.
+    pub(crate) recorded: Vec<(Kernel, Arc<str>)>,
 }
 
 /// Most queries one query set may hold (wgpu's `QUERY_SET_MAX_QUERIES`).
@@ -153,7 +172,7 @@ impl Profiler {
 
     /// The profile of the last submit (blocks until it finished).
     #[cfg(not(target_arch = "wasm32"))]
-    pub(crate) fn read(&self, gpu: &crate::device::Gpu) -> Result<Profile> {
+    pub(crate) fn read(&self, gpu: &crate::gpu::device::Gpu) -> Result<Profile> {
         let n = self.recorded.len().min(self.capacity);
         let mut p = Profile::default();
         if n == 0 {
@@ -176,8 +195,8 @@ impl Profiler {
         };
         self.read.unmap();
         let period = f64::from(gpu.queue.get_timestamp_period()) * 1e-9;
-        for (i, &k) in self.recorded.iter().take(n).enumerate() {
-            p.charge(k, ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period);
+        for (i, (k, label)) in self.recorded.iter().take(n).enumerate() {
+            p.charge(*k, label, ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period);
         }
         Ok(p)
     }

@@ -8,10 +8,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig};
 use crate::error::{file_err, Error, Result};
-use crate::quant::QuantKind;
-use crate::weights::{Half, LayerWeights, Matrix, ModelWeights};
+use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig};
+use crate::model::quant::QuantKind;
+use crate::model::weights::{Half, LayerWeights, Matrix, ModelWeights};
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]

@@ -3,9 +3,9 @@
 //! position), keep the longest agreeing prefix plus the model's own next token, and roll back the
 //! rest. Chunking does not change a bit in this engine, so the output equals plain greedy decoding.
 
+use crate::engine::sampling::argmax;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::sampling::argmax;
 
 /// Counters of one speculative run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -4,15 +4,20 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-const COMMON: &str = include_str!("../shaders/common.wgsl");
-/// The products' bindings and helpers, which every product kernel's module starts with.
-const MATMUL: &str = include_str!("../shaders/matmul.wgsl");
+use crate::gpu::kernels::Specialize;
 
-/// How a kernel binds one buffer.
+const COMMON: &str = include_str!("../../shaders/common.wgsl");
+/// The products' bindings and helpers, which every product kernel's module starts with.
+const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
+
+/// How a kernel binds one buffer (group 0, in binding order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Bind {
+pub enum Bind {
+    /// `var<uniform>`.
     Uniform,
+    /// `var<storage, read>`.
     Read,
+    /// `var<storage, read_write>`.
     ReadWrite,
 }
 use Bind::{Read, ReadWrite, Uniform};
@@ -177,45 +182,45 @@ impl Kernel {
     /// The full WGSL module source: `common.wgsl` followed by the kernel's file.
     pub fn source(self) -> String {
         let body = match self {
-            Kernel::Embed => include_str!("../shaders/embed.wgsl"),
-            Kernel::RmsNorm => include_str!("../shaders/rmsnorm.wgsl"),
+            Kernel::Embed => include_str!("../../shaders/embed.wgsl"),
+            Kernel::RmsNorm => include_str!("../../shaders/rmsnorm.wgsl"),
             // the products without subgroups: matmul.wgsl with its lane hooks (and a variant's entry)
             Kernel::Matmul | Kernel::MatmulNormed => {
-                return format!("{COMMON}\n{MATMUL}\n{}", include_str!("../shaders/matmul_lanes.wgsl"));
+                return format!("{COMMON}\n{MATMUL}\n{}", include_str!("../../shaders/matmul_lanes.wgsl"));
             }
-            Kernel::QkRope => include_str!("../shaders/qk_rope.wgsl"),
-            Kernel::KvWrite => include_str!("../shaders/kv_write.wgsl"),
-            Kernel::Attention => include_str!("../shaders/attention.wgsl"),
+            Kernel::QkRope => include_str!("../../shaders/qk_rope.wgsl"),
+            Kernel::KvWrite => include_str!("../../shaders/kv_write.wgsl"),
+            Kernel::Attention => include_str!("../../shaders/attention.wgsl"),
             Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => {
-                include_str!("../shaders/attention_split.wgsl")
+                include_str!("../../shaders/attention_split.wgsl")
             }
-            Kernel::MlpAct => include_str!("../shaders/mlp_act.wgsl"),
-            Kernel::Commit => include_str!("../shaders/commit.wgsl"),
-            Kernel::Sample => include_str!("../shaders/sample.wgsl"),
-            Kernel::LogitBias => include_str!("../shaders/logit_bias.wgsl"),
-            Kernel::EngramGather => include_str!("../shaders/engram_gather.wgsl"),
-            Kernel::EngramMix => include_str!("../shaders/engram_mix.wgsl"),
-            Kernel::Copy => include_str!("../shaders/copy.wgsl"),
-            Kernel::Quantize => include_str!("../shaders/quantize.wgsl"),
+            Kernel::MlpAct => include_str!("../../shaders/mlp_act.wgsl"),
+            Kernel::Commit => include_str!("../../shaders/commit.wgsl"),
+            Kernel::Sample => include_str!("../../shaders/sample.wgsl"),
+            Kernel::LogitBias => include_str!("../../shaders/logit_bias.wgsl"),
+            Kernel::EngramGather => include_str!("../../shaders/engram_gather.wgsl"),
+            Kernel::EngramMix => include_str!("../../shaders/engram_mix.wgsl"),
+            Kernel::Copy => include_str!("../../shaders/copy.wgsl"),
+            Kernel::Quantize => include_str!("../../shaders/quantize.wgsl"),
             Kernel::MatmulTiled => {
                 return format!(
                     "{COMMON}\n{MATMUL}\n{}\n{}",
-                    include_str!("../shaders/matmul_lanes.wgsl"),
-                    include_str!("../shaders/matmul_tiled.wgsl")
+                    include_str!("../../shaders/matmul_lanes.wgsl"),
+                    include_str!("../../shaders/matmul_tiled.wgsl")
                 );
             }
             Kernel::MatmulInt => {
                 return format!(
                     "{COMMON}\n{MATMUL}\n{}\n{}",
-                    include_str!("../shaders/matmul_lanes.wgsl"),
-                    include_str!("../shaders/matmul_int.wgsl")
+                    include_str!("../../shaders/matmul_lanes.wgsl"),
+                    include_str!("../../shaders/matmul_int.wgsl")
                 );
             }
             Kernel::MatmulReduce => {
                 return format!(
                     "{COMMON}\n{MATMUL}\n{}\n{}",
-                    include_str!("../shaders/matmul_lanes.wgsl"),
-                    include_str!("../shaders/matmul_reduce.wgsl")
+                    include_str!("../../shaders/matmul_lanes.wgsl"),
+                    include_str!("../../shaders/matmul_reduce.wgsl")
                 );
             }
             // the portable kernel's bindings and helpers, plus the subgroup entry points and
@@ -225,15 +230,16 @@ impl Kernel {
                     // naga 30 takes subgroup builtins without `enable subgroups;` (the device
                     // feature gates them); it rejects the directive itself
                     "{COMMON}\n{MATMUL}\n{}",
-                    include_str!("../shaders/matmul_subgroup.wgsl")
+                    include_str!("../../shaders/matmul_subgroup.wgsl")
                 );
             }
         };
         format!("{COMMON}\n{body}")
     }
 
-    /// Binding kinds in binding order (group 0); must match the WGSL declarations.
-    pub(crate) fn bindings(self) -> &'static [Bind] {
+    /// Binding kinds in binding order (group 0), from which the bind group layouts are made;
+    /// `tests/shaders.rs` checks them against naga's reflection of each module.
+    pub fn bindings(self) -> &'static [Bind] {
         match self {
             Kernel::Embed => &[Uniform, Read, Read, ReadWrite],
             Kernel::RmsNorm => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
@@ -271,7 +277,8 @@ impl Kernel {
     }
 }
 
-/// Override constants of one pipeline: name and value (bools as 0/1).
+/// Override constants of one pipeline in the form wgpu takes: name and value (bools as 0/1).
+/// Made only by the typed structs of [`crate::gpu::kernels`].
 pub(crate) type Constants = Vec<(&'static str, f64)>;
 
 /// Whether shader modules keep wgpu's runtime bounds checks: only when the environment variable
@@ -359,8 +366,10 @@ impl Pipelines {
         Pipelines { device: device.clone(), modules, layouts, cache: Mutex::new(HashMap::new()) }
     }
 
-    /// The pipeline of `kernel` specialized with `constants`, built on first use.
-    pub(crate) fn get(&self, kernel: Kernel, constants: &Constants) -> Arc<wgpu::ComputePipeline> {
+    /// The pipeline of `spec`'s kernel specialized with its constants, built on first use and
+    /// labelled with its variant's name.
+    pub(crate) fn get(&self, spec: &dyn Specialize) -> Arc<wgpu::ComputePipeline> {
+        let (kernel, constants) = (spec.kernel(), spec.constants());
         let mut key_consts: Vec<(&'static str, u64)> = constants.iter().map(|(n, v)| (*n, v.to_bits())).collect();
         key_consts.sort();
         let key = (kernel, key_consts);
@@ -369,12 +378,12 @@ impl Pipelines {
             .entry(key)
             .or_insert_with(|| {
                 Arc::new(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(kernel.file()),
+                    label: Some(&spec.label()),
                     layout: Some(&self.layouts[&kernel].1),
                     module: &self.modules[&kernel],
                     entry_point: Some(kernel.entry_point()),
                     compilation_options: wgpu::PipelineCompilationOptions {
-                        constants,
+                        constants: &constants,
                         zero_initialize_workgroup_memory: false,
                     },
                     cache: None,
@@ -388,8 +397,8 @@ impl Pipelines {
         self.cache.lock().map(|c| c.len()).unwrap_or(0)
     }
 
-    /// A bind group of `kernel` over whole buffers, in binding order.
-    pub(crate) fn bind(&self, kernel: Kernel, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+    /// A bind group of `kernel` over whole buffers, in binding order, labelled `label`.
+    pub(crate) fn bind(&self, kernel: Kernel, label: &str, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
         assert_eq!(buffers.len(), kernel.bindings().len(), "{}: binding count", kernel.file());
         let entries: Vec<_> = buffers
             .iter()
@@ -397,7 +406,7 @@ impl Pipelines {
             .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
             .collect();
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.file()),
+            label: Some(label),
             layout: &self.layouts[&kernel].0,
             entries: &entries,
         })

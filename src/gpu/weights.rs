@@ -1,12 +1,13 @@
 //! Model weights on the GPU: matrices split into row parts that each fit one storage binding,
 //! f32 or f16 (packed two per u32), and norm weights with Gemma's `1 + w` folded in.
 
-use crate::config::ModelConfig;
-use crate::device::Gpu;
 use crate::error::{Error, Result};
-use crate::quant::repack_for_gpu;
-use crate::reference::norm_multiplier;
-use crate::weights::{Half, Matrix, ModelWeights};
+use crate::gpu::device::Gpu;
+use crate::gpu::kernels::WeightFormat;
+use crate::model::config::ModelConfig;
+use crate::model::quant::repack_for_gpu;
+use crate::model::reference::norm_multiplier;
+use crate::model::weights::{Half, Matrix, ModelWeights};
 
 /// Element type of matrices on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,17 +28,17 @@ pub(crate) struct MatrixPart {
 /// A matrix `[rows, cols]` on the GPU.
 pub(crate) struct GpuMatrix {
     pub cols: usize,
-    /// The shader's `W_FORMAT`: 0 f32, 1 f16, 5 bf16, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K.
-    pub format: u32,
+    /// How the rows are stored (the shaders' `W_FORMAT`).
+    pub format: WeightFormat,
     pub parts: Vec<MatrixPart>,
 }
 
 /// How a matrix is stored on the GPU: its quantized blocks when the rows are whole blocks, else
 /// 16-bit when it is 16-bit on disk or `dtype` asks, else f32.
 struct Layout<'a> {
-    quant: Option<&'a crate::quant::QuantData>,
+    quant: Option<&'a crate::model::quant::QuantData>,
     half: Option<Half>,
-    format: u32,
+    format: WeightFormat,
     row_bytes: u64,
 }
 
@@ -50,10 +51,12 @@ fn layout(m: &Matrix, dtype: WeightDtype) -> Layout<'_> {
         (None, WeightDtype::F32) => None,
     };
     let (format, row_bytes) = match (quant, half) {
-        (Some(q), _) => (q.kind.gpu_format(), (m.cols / q.kind.block_len() * q.kind.gpu_block_words() * 4) as u64),
-        (None, None) => (0, (m.cols * 4) as u64),
-        (None, Some(Half::F16)) => (1, (m.cols * 2) as u64),
-        (None, Some(Half::BF16)) => (5, (m.cols * 2) as u64),
+        (Some(q), _) => {
+            (WeightFormat::from(q.kind), (m.cols / q.kind.block_len() * q.kind.gpu_block_words() * 4) as u64)
+        }
+        (None, None) => (WeightFormat::F32, (m.cols * 4) as u64),
+        (None, Some(Half::F16)) => (WeightFormat::F16, (m.cols * 2) as u64),
+        (None, Some(Half::BF16)) => (WeightFormat::BF16, (m.cols * 2) as u64),
     };
     Layout { quant, half, format, row_bytes }
 }

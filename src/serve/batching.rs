@@ -19,9 +19,9 @@ use std::time::Duration;
 use web_time::Instant;
 
 use crate::cache::RowOwner;
+use crate::engine::sampling::Sampler;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::sampling::Sampler;
 
 /// One generation request.
 #[derive(Clone, Debug, Default)]
@@ -97,7 +97,7 @@ impl Request {
     /// `"max_tokens"` (default 32), `"temperature"` (0, the default, is greedy), `"top_k"`,
     /// `"top_p"`, `"seed"`, `"stop"` (token ids). Untrusted input: wrong types, unknown keys,
     /// text without a tokenizer and bad sampler values are errors that name the field.
-    pub fn from_json(line: &str, tok: Option<&crate::tokenizer::Tokenizer>) -> Result<Request> {
+    pub fn from_json(line: &str, tok: Option<&crate::io::tokenizer::Tokenizer>) -> Result<Request> {
         if line.len() > Self::MAX_JSON_BYTES {
             return Err(Error::Input(format!(
                 "request of {} bytes is larger than the {} accepted",

@@ -11,9 +11,9 @@
 //!   positions keep their place (later tokens' positions count them) but are never stored.
 
 use crate::cache::KvDtype;
+use crate::engine::sampling::argmax;
 use crate::engine::{Engine, Logits};
 use crate::error::{Error, Result};
-use crate::sampling::argmax;
 
 /// A left-padded, shared-position batch over cache rows.
 pub struct PaddedBatch {

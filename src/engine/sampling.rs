@@ -138,7 +138,7 @@ pub(crate) struct RowSampling {
 }
 
 impl RowSampling {
-    pub(crate) fn new(gpu: &crate::device::Gpu, rows: usize, vocab: usize, slots: usize) -> Result<Self> {
+    pub(crate) fn new(gpu: &crate::gpu::device::Gpu, rows: usize, vocab: usize, slots: usize) -> Result<Self> {
         let words = vocab.div_ceil(32);
         // as many slots as asked, or as one binding holds for every row
         let slots = slots.min((gpu.max_binding() / (rows as u64 * 8)) as usize);
@@ -170,7 +170,7 @@ impl RowSampling {
         &self.entries[row]
     }
 
-    fn upload(&self, gpu: &crate::device::Gpu, row: usize) {
+    fn upload(&self, gpu: &crate::gpu::device::Gpu, row: usize) {
         let e = &self.entries[row];
         let words: Vec<u32> = e.iter().flat_map(|&(t, b)| [t, b.to_bits()]).collect();
         if !words.is_empty() {
@@ -193,7 +193,7 @@ impl RowSampling {
     }
 
     /// Replace `row`'s bias (entries for the same token are summed).
-    pub(crate) fn set_bias(&mut self, gpu: &crate::device::Gpu, row: usize, bias: &[(u32, f32)]) -> Result<()> {
+    pub(crate) fn set_bias(&mut self, gpu: &crate::gpu::device::Gpu, row: usize, bias: &[(u32, f32)]) -> Result<()> {
         let mut merged: Vec<(u32, f32)> = Vec::new();
         for &(t, b) in bias {
             self.check_entry(row, t, b)?;
@@ -215,7 +215,7 @@ impl RowSampling {
     }
 
     /// Add `delta` to `row`'s bias of `token` (a new entry if it has none).
-    pub(crate) fn add_bias(&mut self, gpu: &crate::device::Gpu, row: usize, token: u32, delta: f32) -> Result<()> {
+    pub(crate) fn add_bias(&mut self, gpu: &crate::gpu::device::Gpu, row: usize, token: u32, delta: f32) -> Result<()> {
         self.check_entry(row, token, delta)?;
         let e = &mut self.entries[row];
         let k = match e.iter().position(|x| x.0 == token) {
@@ -245,7 +245,12 @@ impl RowSampling {
     }
 
     /// Allow only the tokens whose bit is set in `allowed` (`ceil(vocab / 32)` words), or all.
-    pub(crate) fn set_mask(&mut self, gpu: &crate::device::Gpu, row: usize, allowed: Option<&[u32]>) -> Result<()> {
+    pub(crate) fn set_mask(
+        &mut self,
+        gpu: &crate::gpu::device::Gpu,
+        row: usize,
+        allowed: Option<&[u32]>,
+    ) -> Result<()> {
         match allowed {
             None => self.masked[row] = false,
             Some(words) => {
@@ -269,7 +274,7 @@ impl RowSampling {
     }
 
     /// No bias and no mask on `rows` (a reset).
-    pub(crate) fn clear(&mut self, gpu: &crate::device::Gpu, rows: &[usize]) {
+    pub(crate) fn clear(&mut self, gpu: &crate::gpu::device::Gpu, rows: &[usize]) {
         for &r in rows {
             if !self.entries[r].is_empty() {
                 self.entries[r].clear();

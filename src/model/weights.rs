@@ -1,12 +1,12 @@
 //! Model weights on the host (f32), seeded random init, and the TinyAgent safetensors format.
-//! Hugging Face checkpoints are in [`crate::hf`].
+//! Hugging Face checkpoints are in [`crate::io::hf`].
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::config::{ModelConfig, NormKind};
 use crate::error::{file_err, Error, Result};
-use crate::quant::{dequantize, QuantData, QuantKind};
+use crate::model::config::{ModelConfig, NormKind};
+use crate::model::quant::{dequantize, QuantData, QuantKind};
 
 /// A dense f32 matrix in PyTorch layout `[rows, cols]` (`rows` = output features).
 #[derive(Clone, Debug, PartialEq)]
@@ -274,7 +274,7 @@ impl ModelWeights {
     /// examples, benchmarks and the browser page run anywhere.
     pub fn demo() -> Self {
         let mut cfg = ModelConfig::tiny_agent(512, 128, 4, 2, 32, 384, 6, 3, 32);
-        cfg.engram = Some(crate::config::EngramConfig {
+        cfg.engram = Some(crate::model::config::EngramConfig {
             layers: vec![1, 4],
             orders: vec![2, 3],
             heads: 2,
@@ -290,7 +290,7 @@ impl ModelWeights {
         let mut w = self.clone();
         let q = |m: &mut Matrix| -> Result<()> {
             if m.cols.is_multiple_of(kind.block_len()) {
-                *m = Matrix::quantized(m.rows, m.cols, kind, crate::quant::quantize(kind, &m.data)?)?;
+                *m = Matrix::quantized(m.rows, m.cols, kind, crate::model::quant::quantize(kind, &m.data)?)?;
             }
             Ok(())
         };

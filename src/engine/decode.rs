@@ -1,9 +1,9 @@
 //! Decoding beyond one append: multi-step windows whose ids stay on the GPU, turns that stop on
 //! their own conditions with exact rollback of what a window decoded past the stop.
 
+use crate::engine::sampling::Sampler;
 use crate::engine::{Engine, Output};
 use crate::error::{Error, Result};
-use crate::sampling::Sampler;
 
 /// When a decoded turn ends.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

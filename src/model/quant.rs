@@ -43,17 +43,6 @@ impl QuantKind {
         }
     }
 
-    /// The shader's `W_FORMAT` (the GPU reads every kind in its blocks).
-    pub(crate) fn gpu_format(self) -> u32 {
-        match self {
-            QuantKind::Q8_0 => 2,
-            QuantKind::Q4_0 => 3,
-            QuantKind::Q4_1 => 4,
-            QuantKind::Q4K => 6,
-            QuantKind::Q6K => 7,
-        }
-    }
-
     /// u32 words per repacked block on the GPU.
     pub(crate) fn gpu_block_words(self) -> usize {
         match self {

@@ -1,7 +1,7 @@
 //! Engram (docs/DESIGN.md, "Engram") on the CPU: n-gram addresses and the module's output. The GPU
 //! twins are `shaders/engram_gather.wgsl` and `shaders/engram_mix.wgsl`.
 
-use crate::config::EngramConfig;
+use crate::model::config::EngramConfig;
 
 /// Address of position `t` for order `n` and head `j`: FNV-1a over the compressed ids
 /// `c[t - n + 1] ..= c[t]`, seeded per head, modulo `rows`. A position before 0 holds token id 0,
@@ -27,8 +27,8 @@ fn rms(x: &[f32], eps: f32) -> Vec<f64> {
 #[allow(clippy::too_many_arguments)]
 pub fn residual(
     e: &EngramConfig,
-    tables: &[crate::weights::Matrix],
-    w_kv: &crate::weights::Matrix,
+    tables: &[crate::model::weights::Matrix],
+    w_kv: &crate::model::weights::Matrix,
     x: &[f32],
     cids: &[u32],
     before_start: u32,

@@ -1,10 +1,10 @@
 //! The CPU reference forward: full recomputation of every position's logits, no cache.
 //! It is the oracle for every GPU path. f32 weights and activations, f64 accumulation.
 
-use crate::cache::KvDtype;
-use crate::config::{MlpKind, ModelConfig, NormKind};
 use crate::error::{Error, Result};
-use crate::weights::{Matrix, ModelWeights};
+use crate::model::config::{MlpKind, ModelConfig, NormKind};
+use crate::model::dtype::KvDtype;
+use crate::model::weights::{Matrix, ModelWeights};
 
 /// RoPE (cos, sin) for positions `0..n_pos`, `[n_pos, head_dim / 2]`, computed in f64.
 /// Shared by the reference and the GPU so both rotate by the same f32 values.
@@ -148,7 +148,9 @@ pub fn forward_with(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> R
     for (li, (lw, spec)) in w.layers.iter().zip(&cfg.layers).enumerate() {
         if let (Some(ew), Some(e)) = (&lw.engram, &cfg.engram) {
             let add: Vec<Vec<f32>> = (0..n)
-                .map(|t| crate::engram::residual(e, &ew.tables, &ew.w_kv, &x[t], &cids, before_start, t, cfg.norm_eps))
+                .map(|t| {
+                    crate::model::engram::residual(e, &ew.tables, &ew.w_kv, &x[t], &cids, before_start, t, cfg.norm_eps)
+                })
                 .collect();
             for (xt, a) in x.iter_mut().zip(add) {
                 for (v, av) in xt.iter_mut().zip(a) {

@@ -4,6 +4,7 @@
 //! products, in rounding), so compare runs made with the same variants.
 
 use crate::error::{Error, Result};
+use crate::gpu::device::Gpu;
 
 /// Kernels fused into their neighbours, each saving a dispatch per layer and step. On the
 /// portable kernels fused and unfused runs give the same bits; the subgroup products sum a fused
@@ -235,5 +236,44 @@ impl MatmulKernel {
             Err(_) if std::env::var("KVDECODE_PORTABLE").is_ok_and(|v| v == "1") => Ok(MatmulKernel::Portable),
             Err(_) => Ok(MatmulKernel::Auto),
         }
+    }
+}
+
+/// The product kernel for `asked` on this device: `Auto` resolved, and a variant the device
+/// cannot run refused by name (what [`crate::Engine::matmul_kernel`] will say).
+pub fn resolve_matmul(asked: MatmulKernel, gpu: &Gpu) -> Result<MatmulKernel> {
+    let sg = gpu.subgroup_size();
+    let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
+    match asked {
+        MatmulKernel::Auto if cpu && sg.is_some_and(|n| n >= 8) => Ok(MatmulKernel::WideSubgroup),
+        MatmulKernel::Auto if cpu => Ok(MatmulKernel::Wide),
+        MatmulKernel::Auto if sg.is_some() => Ok(MatmulKernel::Subgroup),
+        MatmulKernel::Auto => Ok(MatmulKernel::Workgroup),
+        MatmulKernel::Subgroup if sg.is_none() => Err(Error::Config(format!(
+            "matmul: the subgroup kernel needs subgroups of one fixed size, which {} does not offer here \
+             (or the device was made portable: GpuOptions::portable / KVDECODE_PORTABLE=1)",
+            gpu.info.name
+        ))),
+        MatmulKernel::WideSubgroup if sg.is_none_or(|n| n < 8) => Err(Error::Config(format!(
+            "matmul: the wide-subgroup kernel needs subgroups of one fixed size of at least 8 lanes; {} offers {} \
+             (or the device was made portable: GpuOptions::portable / KVDECODE_PORTABLE=1)",
+            gpu.info.name,
+            sg.map_or("none".to_string(), |n| format!("{n}"))
+        ))),
+        k => Ok(k),
+    }
+}
+
+/// Lanes per workgroup of the wide products: 8 on adapters that are really the CPU, where a
+/// workgroup of one SIMD vector spreads a small product (SmolLM2's 576 outputs are 72 threads) over
+/// the cores evenly (9 workgroups instead of 2: `wide`'s products went 78 -> 70 ms a decode step
+/// on lavapipe, 2 cores, when it came in); with subgroups that is one subgroup of exactly 8 lanes.
+/// 64 elsewhere.
+pub(crate) fn product_wg(kernel: MatmulKernel, gpu: &Gpu) -> u32 {
+    let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
+    match kernel {
+        MatmulKernel::Wide if cpu => 8,
+        MatmulKernel::WideSubgroup if cpu && gpu.subgroup_size() == Some(8) => 8,
+        _ => 64,
     }
 }

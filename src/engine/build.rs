@@ -1,0 +1,407 @@
+//! Building an engine: the attention plan, the scratch buffers, the weights and cache on the
+//! GPU, and every dispatch of a chunk (through [`Builder`]), all once.
+
+use std::collections::HashMap;
+
+use crate::cache::KvCache;
+use crate::engine::builder::{Builder, ProductIo};
+use crate::engine::dispatch::Grid;
+use crate::engine::options::{EngineOptions, Stats};
+use crate::engine::sampling::RowSampling;
+use crate::engine::step::RowInfoGpu;
+use crate::engine::{Engine, Scratch, CHUNK};
+use crate::error::{Error, Result};
+use crate::gpu::device::Gpu;
+use crate::gpu::kernels;
+use crate::gpu::shaders::{Kernel, Pipelines};
+use crate::gpu::variants::{product_wg, resolve_matmul, AttentionKernel, Fusion, MatmulKernel};
+use crate::gpu::weights::GpuWeights;
+use crate::model::config::ModelConfig;
+use crate::model::reference::rope_table;
+use crate::model::weights::ModelWeights;
+
+/// How attention runs in one engine: the variant, and for the split one its partition size and
+/// how many tokens one dispatch handles (the partials scratch holds one group of tokens).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AttentionPlan {
+    pub(super) kernel: AttentionKernel,
+    /// Keys per tile inside a partition (scores of one tile sit in workgroup memory).
+    pub(super) tile: usize,
+    /// Positions per partition (a multiple of `tile`).
+    pub(super) span: usize,
+    /// Partitions per query: `ceil(max_len / span)`.
+    pub(super) parts: usize,
+    /// Tokens per query tile (split-group's `query_tiles`, steps of several tokens a row); 1: none.
+    pub(super) query_tile: usize,
+    /// Tokens per dispatch.
+    pub(super) group_tokens: usize,
+    /// Token groups per chunk.
+    pub(super) groups: usize,
+}
+
+/// Most bytes of split-attention partials: one group of tokens at a time.
+const PARTIALS_BYTES: usize = 16 << 20;
+
+impl AttentionPlan {
+    pub(super) fn new(cfg: &ModelConfig, opts: &EngineOptions, gpu: &Gpu, tokens: usize) -> Result<Self> {
+        // a misspelt variant must not quietly become the default
+        if let Ok(v) = std::env::var("KVDECODE_ATTENTION") {
+            if !["auto", "serial", "split-group", "split-head"].contains(&v.as_str()) {
+                return Err(Error::Config(format!(
+                    "KVDECODE_ATTENTION={v:?}: expected auto, serial, split-group or split-head"
+                )));
+            }
+        }
+        let g = cfg.n_heads / cfg.n_kv_heads;
+        let fits = g <= 16 && g * cfg.head_dim <= 1024;
+        let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
+        let kernel = match opts.attention {
+            AttentionKernel::Auto if cpu => AttentionKernel::SplitHead,
+            AttentionKernel::Auto if fits => AttentionKernel::SplitGroup,
+            AttentionKernel::Auto => AttentionKernel::Serial,
+            AttentionKernel::SplitGroup if !fits => {
+                return Err(Error::Config(format!(
+                    "attention: split-group takes at most 16 query heads per kv head and 1024 for heads per kv head x \
+                     head_dim; this model has {g} x {}",
+                    cfg.head_dim
+                )))
+            }
+            k => k,
+        };
+        if !kernel.is_split() || !cfg.layers.iter().any(|l| l.global_group.is_some()) {
+            return Ok(AttentionPlan {
+                kernel: AttentionKernel::Serial,
+                tile: 1,
+                span: 1,
+                parts: 1,
+                query_tile: 1,
+                group_tokens: tokens,
+                groups: 1,
+            });
+        }
+        // Partitions of 64 positions, so even short contexts spread over many workgroups (split-group)
+        // or threads (split-head); split-group folds a partition in tiles of 64 keys, one key per
+        // lane (with tiles of 256 each lane walked 256 values alone: on an H200 the 6-layer demo
+        // model spent 0.71 ms a step in attention at 512 positions, SmolLM2 5.27 ms). At most 64
+        // partitions (longer ones beyond), so the partials stay small and the merge short.
+        let tile = 64;
+        let mut span = tile;
+        while opts.max_len.div_ceil(span) > 64 {
+            span *= 2;
+        }
+        let parts = opts.max_len.div_ceil(span);
+        let per_token = cfg.n_heads * parts * (4 + cfg.head_dim) * 4;
+        let group_tokens = (PARTIALS_BYTES.min(gpu.max_binding() as usize) / per_token).clamp(1, tokens);
+        let query_tile = if kernel == AttentionKernel::SplitGroup { query_tile(g, cfg.head_dim) } else { 1 };
+        Ok(AttentionPlan { kernel, tile, span, parts, query_tile, group_tokens, groups: tokens.div_ceil(group_tokens) })
+    }
+}
+
+/// Tokens per query tile of split-group attention for `g` query heads per kv head of `head_dim`:
+/// as many as `query_tiles`' workgroup memory holds (at most 16 tokens, 32 (token, head) pairs,
+/// 1536 query floats: 14.5 KiB in all, under WebGPU's default 16 KiB) and its value step's 12
+/// pairs per lane allow. 1: the model's heads leave no room for two tokens.
+fn query_tile(g: usize, head_dim: usize) -> usize {
+    // the value step's lanes hold one element (4 dims) of a value each: at most 64 of them
+    if !(4..=256).contains(&head_dim) {
+        return 1;
+    }
+    let lane_groups = 64 / (head_dim / 4);
+    let mut qt = 16.min(32 / g).min(1536 / (g * head_dim));
+    while qt > 1 && (qt * g).div_ceil(lane_groups) > 12 {
+        qt -= 1;
+    }
+    qt.max(1)
+}
+
+/// Words per block of 32 quantized activations (quantize.wgsl): the scale d, d * sum(q), then
+/// the 32 int8 q four to a word.
+const Q8_BLOCK_WORDS: usize = 10;
+
+impl Engine {
+    /// Upload `weights`, allocate the cache and every buffer, and build every pipeline and bind
+    /// group. Nothing is allocated per step after this. An engine the device cannot hold is an
+    /// error naming what it needs (error scopes catch out-of-memory and validation errors during
+    /// creation), never a panic. (Natively this blocks on the scopes; in the browser use
+    /// [`Engine::new_async`], or the first call reports what creation ran into.)
+    pub fn new(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return pollster::block_on(Self::new_async(gpu, weights, opts));
+        #[cfg(target_arch = "wasm32")]
+        Self::build(gpu, weights, opts)
+    }
+
+    /// [`Engine::new`] that awaits the device's verdict on creation (the browser's form).
+    pub async fn new_async(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
+        gpu.check()?;
+        let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let invalid = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let built = Self::build(gpu, weights, opts);
+        let invalid = invalid.pop().await;
+        let oom = oom.pop().await;
+        let engine = built?;
+        let needs = || {
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            format!(
+                "the engine needs {:.1} MiB of weights and {:.1} MiB of K/V cache plus activations",
+                mib(engine.weight_bytes()),
+                mib(engine.cache.nbytes())
+            )
+        };
+        if let Some(e) = oom {
+            return Err(Error::Device(format!(
+                "out of GPU memory creating the engine ({}; use fewer rows, a shorter max_len, 16-bit K/V or \
+                 quantized weights): {e}",
+                needs()
+            )));
+        }
+        if let Some(e) = invalid {
+            return Err(Error::Device(format!("the device refused the engine ({}): {e}", needs())));
+        }
+        gpu.check()?;
+        Ok(engine)
+    }
+
+    /// Build, counting the buffers against the device's memory budget (given back on drop, or
+    /// at once when building fails half-way).
+    pub(super) fn build(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
+        let before = gpu.memory_in_use();
+        match Self::build_parts(gpu, weights, opts) {
+            Ok(mut e) => {
+                e.gpu_bytes = gpu.memory_in_use().saturating_sub(before);
+                Ok(e)
+            }
+            Err(e) => {
+                gpu.release(gpu.memory_in_use().saturating_sub(before));
+                Err(e)
+            }
+        }
+    }
+
+    fn build_parts(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
+        weights.check()?;
+        let cfg = weights.cfg.clone();
+        if let Some(ctx) = cfg.context_len.filter(|&c| opts.max_len > c && !opts.beyond_trained_context) {
+            return Err(Error::Limit(format!(
+                "max_len {} is longer than the model's trained context of {ctx} tokens; use max_len <= {ctx} \
+                 or set EngineOptions::beyond_trained_context to go past it",
+                opts.max_len
+            )));
+        }
+        // what the engine will hold, before anything is allocated (activations are small beside it)
+        let weight_bytes = crate::gpu::weights::bytes_needed(weights, opts.weights);
+        let kv_bytes = KvCache::bytes_needed(&cfg, &opts.cache());
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        gpu.check_budget(
+            weight_bytes.saturating_add(kv_bytes),
+            &format!(
+                "an engine with {:.1} MiB of weights and a {:.1} MiB K/V cache ({} rows x {} positions, {} K/V)",
+                mib(weight_bytes),
+                mib(kv_bytes),
+                opts.rows,
+                opts.max_len,
+                opts.kv.name()
+            ),
+        )?;
+        let cache = KvCache::new(gpu, &cfg, opts.cache())?;
+        let gw = GpuWeights::upload(gpu, weights, opts.weights)?;
+        let rows = opts.rows;
+        let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
+        let engram_width = cfg.engram.as_ref().map_or(0, |e| e.width());
+        let widest =
+            [d, hd, kvd, cfg.mlp.in_factor() * cfg.ffn, engram_width, 2 * d].into_iter().max().unwrap_or(d) * 4;
+        // chunk width: as many tokens per row as fit one binding for the widest activation
+        let chunk = CHUNK.min(gpu.max_binding() as usize / (rows * widest));
+        if chunk == 0 {
+            return Err(Error::Limit(format!(
+                "{rows} rows x {widest} bytes of activations per token exceed one storage binding; use fewer rows"
+            )));
+        }
+        let t = rows * chunk;
+        let attention = AttentionPlan::new(&cfg, &opts, gpu, t)?;
+        let matmul = resolve_matmul(opts.matmul.map_or_else(MatmulKernel::from_env, Ok)?, gpu)?;
+        let mut fusion = match opts.fusion {
+            Some(f) => f,
+            None => Fusion::from_env()?.unwrap_or_else(|| Fusion::auto(&gpu.info, matmul)),
+        };
+        // the integer-dot products read activations quantized by their own dispatch, which reads
+        // the normed input: the norm stays a dispatch of its own
+        fusion.norm &= matmul != MatmulKernel::IntDot;
+        // all-position logits: as many tokens as asked, that one chunk and one binding can hold
+        let all_tokens = opts.all_logits_tokens.min(t).min(gpu.max_binding() as usize / (cfg.vocab * 4)).max(1);
+        let max_window = opts.rollback + 1;
+        let f4 = |n: usize| (n * 4) as u64;
+        let map_read = |label: &str, size: u64| {
+            gpu.buffer(label, size, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST)
+        };
+        let s = Scratch {
+            step: gpu.buffer("step", 16, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST)?,
+            row_info: gpu.storage("row info", (rows * std::mem::size_of::<RowInfoGpu>()) as u64)?,
+            ids: gpu.storage("ids", f4(t))?,
+            x: gpu.storage("x", f4(t * d))?,
+            h: gpu.storage("h", f4(t * d))?,
+            qkv: gpu.storage("q and fresh global kv", f4(t * (hd + kvd)))?,
+            kv_local: gpu.storage("fresh local kv", f4(t * kvd))?,
+            tmp: gpu.storage("tmp", f4(t * d))?,
+            up: gpu.storage("mlp up", f4(t * cfg.mlp.in_factor() * cfg.ffn))?,
+            act: gpu.storage("mlp act", f4(t * cfg.ffn))?,
+            engram_e: gpu.storage("engram lookups", f4(if engram_width > 0 { t * engram_width } else { 4 }))?,
+            engram_kv: gpu.storage("engram k/v", f4(if engram_width > 0 { t * 2 * d } else { 4 }))?,
+            last_h: gpu.storage("last hidden", f4(rows * d))?,
+            logits: gpu.storage("logits", f4(rows * cfg.vocab))?,
+            samplers: gpu.storage("samplers", (rows * 32) as u64)?,
+            sampled: gpu.storage("sampled ids", f4(2 * rows))?,
+            all_logits: gpu.storage("all-position logits", f4(all_tokens * cfg.vocab))?,
+            dummy: gpu.storage("dummy", 16)?,
+            dummy_rw: gpu.storage("dummy output", 16)?,
+            xq: match matmul {
+                MatmulKernel::IntDot => {
+                    gpu.storage("quantized activations", f4(t.max(rows) * (widest / 4).div_ceil(32) * Q8_BLOCK_WORDS))?
+                }
+                _ => gpu.storage("no quantized activations", 16)?,
+            },
+            partials: match attention.kernel.is_split() {
+                true => gpu.storage(
+                    "split attention partials",
+                    f4(attention.group_tokens * cfg.n_heads * attention.parts * (4 + cfg.head_dim)),
+                )?,
+                false => gpu.storage("no partials", 16)?,
+            },
+            token_groups: (0..attention.groups)
+                .map(|g| {
+                    let buf =
+                        gpu.buffer("token group", 16, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST)?;
+                    gpu.queue.write_buffer(
+                        &buf,
+                        0,
+                        bytemuck::cast_slice(&[(g * attention.group_tokens) as u32, 0, 0, 0]),
+                    );
+                    Ok(buf)
+                })
+                .collect::<Result<_>>()?,
+            logits_read: map_read("logits readback", f4(rows * cfg.vocab))?,
+            sampled_read: map_read("sampled readback", f4(2 * rows * max_window))?,
+            all_logits_read: map_read("all-position logits readback", f4(all_tokens * cfg.vocab))?,
+        };
+        let mut rope = HashMap::new();
+        for i in 0..cfg.n_layers() {
+            let theta = cfg.layer_theta(i);
+            if let std::collections::hash_map::Entry::Vacant(e) = rope.entry(theta.to_bits()) {
+                let table = rope_table(theta, cfg.head_dim, opts.max_len);
+                e.insert(gpu.storage_init(&format!("rope theta {theta}"), bytemuck::cast_slice(&table))?);
+            }
+        }
+        let pipelines = Pipelines::new(&gpu.device, matmul == MatmulKernel::IntDot);
+        // the products' float kernel (int-dot: for the formats it does not take, what `Auto` picks)
+        let float_kernel =
+            if matmul == MatmulKernel::IntDot { resolve_matmul(MatmulKernel::Auto, gpu)? } else { matmul };
+        let bld = Builder {
+            subgroup: gpu.subgroup_size().filter(|_| float_kernel == MatmulKernel::Subgroup),
+            int_dot: matmul == MatmulKernel::IntDot,
+            outs_per_thread: if matches!(float_kernel, MatmulKernel::Wide | MatmulKernel::WideSubgroup) {
+                8
+            } else {
+                1
+            },
+            wide_subgroup: float_kernel == MatmulKernel::WideSubgroup,
+            tiled: float_kernel == MatmulKernel::Tiled,
+            workgroup_reduce: float_kernel == MatmulKernel::Workgroup,
+            product_wg: product_wg(float_kernel, gpu),
+            attention,
+            fusion,
+            cfg: &cfg,
+            pipelines: &pipelines,
+            cache: &cache,
+            s: &s,
+            rope: &rope,
+            gw: &gw,
+        };
+        let mut chunk_dispatches = Vec::new();
+        // embedding gather, one dispatch per table part
+        for p in &gw.embed.parts {
+            let spec = kernels::Embed {
+                d,
+                part_start: p.row_start,
+                part_rows: p.rows,
+                format: gw.embed.format,
+                scale: cfg.embed_scale,
+            };
+            chunk_dispatches.push(bld.dispatch(&spec, &[&s.step, &s.ids, &p.buffer, &s.x], Grid::Tokens(d / 4)));
+        }
+        for (i, lw) in gw.layers.iter().enumerate() {
+            chunk_dispatches.extend(bld.layer(i, lw));
+        }
+        // bookkeeping once every layer has read the old ring positions
+        let commit =
+            kernels::Commit { max_len: opts.max_len, ring_slots: cache.ring_slots().max(1), has_ring: cfg.has_local() };
+        chunk_dispatches.push(bld.dispatch(
+            &commit,
+            &[&s.step, &s.row_info, &s.ids, &cache.history, &cache.lpos, &cache.lens],
+            Grid::Tokens(1),
+        ));
+        let final_norm = kernels::RmsNorm {
+            d,
+            eps: cfg.norm_eps,
+            weight: gw.final_norm.is_some(),
+            accumulate: false,
+            quantize: false,
+            gather_last: true,
+        };
+        let mut head_dispatches = vec![bld.dispatch(
+            &final_norm,
+            // no QUANTIZE: rows without tokens keep last_h, and xq is every product's scratch
+            &[&s.step, &s.row_info, &s.x, gw.final_norm.as_ref().unwrap_or(&s.dummy), &s.last_h, &s.dummy_rw],
+            Grid::Rows(Kernel::RmsNorm.workgroup_size() as usize),
+        )];
+        let head = gw.head.as_ref().unwrap_or(&gw.embed);
+        let softcap = cfg.logit_softcap.unwrap_or(0.0);
+        head_dispatches.extend(
+            bld.product(
+                head,
+                ProductIo { per_row: true, softcap, ..ProductIo::new(&s.last_h, d, &s.logits, cfg.vocab) },
+            ),
+        );
+        // all-position logits (speculative verify): final norm of every token into h, LM head
+        let mut all_head_dispatches = vec![bld.norm(&s.x, gw.final_norm.as_ref(), &s.h, false)];
+        all_head_dispatches.extend(bld.product(
+            head,
+            ProductIo { softcap, quantized: bld.norm_quantizes(), ..ProductIo::new(&s.h, d, &s.all_logits, cfg.vocab) },
+        ));
+        let sampling = RowSampling::new(gpu, rows, cfg.vocab, opts.logit_bias_slots)?;
+        let sample_dispatch = bld.dispatch(
+            &kernels::Sample { vocab: cfg.vocab, mask_words: sampling.words },
+            &[&s.step, &s.row_info, &s.samplers, &s.logits, &s.sampled, &sampling.mask, &sampling.top],
+            Grid::WorkgroupPerRow,
+        );
+        let bias_dispatch = bld.dispatch(
+            &kernels::LogitBias { vocab: cfg.vocab, slots: sampling.slots.max(1) },
+            &[&s.step, &s.row_info, &sampling.bias_n, &sampling.bias, &s.logits],
+            Grid::Rows(sampling.slots.max(1)),
+        );
+        Ok(Engine {
+            gpu: gpu.clone(),
+            cfg,
+            pipelines,
+            cache,
+            chunk,
+            s,
+            _weights: gw,
+            _rope: rope,
+            chunk_dispatches,
+            head_dispatches,
+            all_head_dispatches,
+            all_logits_tokens: all_tokens,
+            max_window,
+            sample_dispatch,
+            bias_dispatch,
+            sampling,
+            stats: Stats::default(),
+            profiler: None,
+            profiling: false,
+            gpu_bytes: 0,
+            attention,
+            fusion,
+            matmul,
+        })
+    }
+}

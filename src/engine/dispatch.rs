@@ -1,0 +1,131 @@
+//! One prebuilt dispatch and its grid: how many workgroups it needs for a chunk's shape, the form
+//! it takes for steps of many tokens, and recording it into a pass.
+
+use std::sync::Arc;
+
+use crate::gpu::shaders::Kernel;
+use crate::gpu::variants::{QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS};
+
+/// How many workgroups a dispatch needs, given the chunk shape (R rows, C width).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Grid {
+    /// `k` threads per token of the chunk (R * C tokens), linear.
+    Tokens(usize),
+    /// `k` threads per chunk row, linear.
+    Rows(usize),
+    /// Matmul over the chunk's tokens (or rows): one thread per `outs` outputs and 4 tokens.
+    Matmul { out_rows: usize, per_row: bool, outs: usize },
+    /// Subgroup and workgroup-reduced matmul: one workgroup per output and 4 tokens.
+    MatmulPerOutput { out_rows: usize, per_row: bool },
+    /// Tiled matmul: one workgroup per 32 tokens and 32 weight rows (16 outputs when `gated`).
+    MatmulTiled { out_rows: usize, per_row: bool, gated: bool },
+    /// One workgroup per chunk row.
+    WorkgroupPerRow,
+    /// `per_token` threads per token of token group `group` (`size` tokens per group), linear.
+    TokenGroup { group: usize, size: usize, per_token: usize },
+    /// Split attention's partials: one workgroup per (partition, kv head, token of the group).
+    SplitPartials { group: usize, size: usize, parts: usize, kv_heads: usize },
+    /// The same from query tiles: one workgroup per (partition, kv head, query tile of the group),
+    /// a row's tokens cut into tiles of `tile` from its first.
+    QueryTiles { group: usize, size: usize, parts: usize, kv_heads: usize, tile: usize },
+}
+
+/// A dispatch built once: its pipeline and bind group, its grid, and its variant's label.
+pub(super) struct Dispatch {
+    pub(super) kernel: Kernel,
+    /// The variant's name (`kv_write_ring_f16`), as the pipeline and bind group are labelled.
+    pub(super) label: Arc<str>,
+    pub(super) pipeline: Arc<wgpu::ComputePipeline>,
+    pub(super) bind: wgpu::BindGroup,
+    pub(super) grid: Grid,
+    pub(super) wg: u32,
+    /// The form recorded instead for steps of many tokens, with the same bits, so a step may take
+    /// either: a product's mat-mat kernel (`tiled` variant) from [`TILED_MIN_TOKENS`] tokens on,
+    /// split-group attention's query tiles from [`QUERY_TILE_MIN_WIDTH`] tokens a row on.
+    pub(super) many_tokens: Option<Box<Dispatch>>,
+}
+
+/// Blocks of tokens a matmul dispatch covers: one per 4 tokens, or one per token in steps of
+/// fewer than 4 (`tokens_per_thread` in matmul.wgsl).
+fn matmul_token_blocks(n: usize) -> u32 {
+    (if n < 4 { n } else { n.div_ceil(4) }).max(1) as u32
+}
+
+impl Dispatch {
+    fn workgroups(&self, rows: usize, width: usize) -> (u32, u32, u32) {
+        let linear = |threads: usize| {
+            let groups = threads.div_ceil(self.wg as usize).max(1);
+            let x = groups.min(65535);
+            (x as u32, groups.div_ceil(x) as u32, 1)
+        };
+        match self.grid {
+            Grid::Tokens(k) => linear(rows * width * k),
+            Grid::Rows(k) => linear(rows * k),
+            Grid::Matmul { out_rows, per_row, outs } => {
+                let n = if per_row { rows } else { rows * width };
+                (out_rows.div_ceil(self.wg as usize * outs) as u32, matmul_token_blocks(n), 1)
+            }
+            Grid::MatmulPerOutput { out_rows, per_row } => {
+                let n = if per_row { rows } else { rows * width };
+                let x = out_rows.clamp(1, 65535);
+                (x as u32, out_rows.div_ceil(x) as u32, matmul_token_blocks(n))
+            }
+            Grid::MatmulTiled { out_rows, per_row, gated } => {
+                let n = if per_row { rows } else { rows * width };
+                (out_rows.div_ceil(if gated { 16 } else { 32 }) as u32, n.div_ceil(32).max(1) as u32, 1)
+            }
+            Grid::WorkgroupPerRow => (rows as u32, 1, 1),
+            Grid::TokenGroup { group, size, per_token } => {
+                linear(Self::group_count(rows * width, group, size) * per_token)
+            }
+            Grid::SplitPartials { group, size, parts, kv_heads } => {
+                (parts as u32, kv_heads as u32, Self::group_count(rows * width, group, size) as u32)
+            }
+            Grid::QueryTiles { group, size, parts, kv_heads, tile } => {
+                // the tiles from the one of the group's first token to the one of its last
+                let first = group * size;
+                let last = (first + Self::group_count(rows * width, group, size)).max(first + 1) - 1;
+                let tiles_per_row = width.div_ceil(tile);
+                let tile_of = |n: usize| (n / width) * tiles_per_row + (n % width) / tile;
+                (parts as u32, kv_heads as u32, (tile_of(last) + 1 - tile_of(first)) as u32)
+            }
+        }
+    }
+
+    /// Tokens of `tokens` that fall in token group `group` of `size`.
+    fn group_count(tokens: usize, group: usize, size: usize) -> usize {
+        tokens.saturating_sub(group * size).min(size)
+    }
+
+    /// Whether the dispatch has work in a chunk of `rows x width` tokens (a token group past the
+    /// chunk's tokens is not recorded).
+    pub(super) fn live(&self, rows: usize, width: usize) -> bool {
+        match self.grid {
+            Grid::TokenGroup { group, size, .. }
+            | Grid::SplitPartials { group, size, .. }
+            | Grid::QueryTiles { group, size, .. } => Self::group_count(rows * width, group, size) > 0,
+            _ => true,
+        }
+    }
+
+    /// The dispatch a chunk of `rows x width` tokens records: its form for many tokens where it
+    /// has one and the chunk has enough tokens, else itself.
+    pub(super) fn for_chunk(&self, rows: usize, width: usize) -> &Dispatch {
+        match (&self.many_tokens, self.grid) {
+            (Some(t), Grid::Matmul { per_row, .. })
+                if (if per_row { rows } else { rows * width }) >= TILED_MIN_TOKENS =>
+            {
+                t
+            }
+            (Some(t), Grid::SplitPartials { .. }) if width >= QUERY_TILE_MIN_WIDTH => t,
+            _ => self,
+        }
+    }
+
+    pub(super) fn record(&self, pass: &mut wgpu::ComputePass<'_>, rows: usize, width: usize) {
+        let (x, y, z) = self.workgroups(rows, width);
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind, &[]);
+        pass.dispatch_workgroups(x, y, z);
+    }
+}

@@ -1,0 +1,493 @@
+//! One call's way through the GPU: checks before anything is written, chunks of at most
+//! [`crate::CHUNK`] tokens per row, one encoder and one submit per chunk, and the readback of
+//! logits, sampled ids or all-position logits.
+
+use crate::engine::dispatch::Dispatch;
+use crate::engine::options::Logits;
+use crate::engine::sampling::{Sampled, Sampler, SamplerGpu, TOP_LOGPROBS_MAX};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub(super) struct StepGpu {
+    rows: u32,
+    width: u32,
+    tokens: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub(super) struct RowInfoGpu {
+    cache_row: u32,
+    n_new: u32,
+    pos0: u32,
+    rope_pos0: u32,
+    global_from: u32,
+    _pad: [u32; 3],
+}
+
+impl Engine {
+    /// Feed a right-padded chunk `ids` (`[R, width]`, row-major); chunk row `r` has `n_new[r]` real
+    /// tokens (0 leaves the row untouched). `rows`: the cache rows the chunk rows refer to (a
+    /// sub-batch); `None` means all cache rows in order. Returns the logits at each row's last real
+    /// token. Everything is checked before anything is written: on error no row changes.
+    /// (Blocks until the GPU is done; [`Engine::append_async`] is the same without blocking.)
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn append(&mut self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<Logits> {
+        pollster::block_on(self.append_async(ids, width, n_new, rows))
+    }
+
+    /// [`Engine::append`] that awaits the readback instead of blocking (the browser's form).
+    pub async fn append_async(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+    ) -> Result<Logits> {
+        let mark = self.cache.mark();
+        let any = self.run(ids, width, n_new, rows, None, Output::Logits)?;
+        let mut data = vec![0f32; n_new.len() * self.cfg.vocab];
+        if any {
+            let read = self.read_async(&self.s.logits_read, bytemuck::cast_slice_mut(&mut data)).await;
+            self.undo_if_lost(read, &mark)?;
+        }
+        Ok(Logits { vocab: self.cfg.vocab, data, valid: n_new.iter().map(|&n| n > 0).collect() })
+    }
+
+    /// Like [`Engine::append`], but reads nothing back (prefill and tool results whose logits
+    /// nobody needs): the call returns as soon as the work is submitted.
+    pub fn feed(&mut self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<()> {
+        self.run(ids, width, n_new, rows, None, Output::None).map(|_| ())
+    }
+
+    /// Like [`Engine::append`], but samples on the GPU and reads back only the ids: `samplers[r]`
+    /// picks chunk row `r`'s next token. Rows that received no token give `None`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn append_sample(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Option<u32>>> {
+        Ok(self
+            .append_sample_logprobs(ids, width, n_new, rows, samplers)?
+            .into_iter()
+            .map(|o| o.map(|x| x.0))
+            .collect())
+    }
+
+    /// [`Engine::append_sample`] that also returns each sampled token's log-probability.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn append_sample_logprobs(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Option<(u32, f32)>>> {
+        pollster::block_on(self.append_sample_logprobs_async(ids, width, n_new, rows, samplers))
+    }
+
+    /// [`Engine::append_sample_logprobs`] that awaits the readback instead of blocking.
+    pub async fn append_sample_logprobs_async(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Option<(u32, f32)>>> {
+        let got = self.append_sample_full_async(ids, width, n_new, rows, samplers).await?;
+        Ok(got.into_iter().map(|o| o.map(|s| (s.token, s.logprob))).collect())
+    }
+
+    /// [`Engine::append_sample`] that returns each sampled token with its log-probability and,
+    /// for samplers that ask (`top_logprobs`), the most likely alternatives.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn append_sample_full(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Option<Sampled>>> {
+        pollster::block_on(self.append_sample_full_async(ids, width, n_new, rows, samplers))
+    }
+
+    /// [`Engine::append_sample_full`] that awaits the readback instead of blocking.
+    pub async fn append_sample_full_async(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Option<Sampled>>> {
+        let top = samplers.iter().any(|s| s.top_logprobs > 0);
+        let mark = self.cache.mark();
+        let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Sampled { slot: 0, top })?;
+        let r_n = n_new.len();
+        let mut got = vec![0u32; 2 * r_n];
+        let mut alts = vec![0u32; if top { r_n * TOP_LOGPROBS_MAX as usize * 2 } else { 0 }];
+        if any {
+            let read = self.read_async(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut got)).await;
+            self.undo_if_lost(read, &mark)?;
+            if top {
+                let read = self.read_async(&self.sampling.top_read, bytemuck::cast_slice_mut(&mut alts)).await;
+                self.undo_if_lost(read, &mark)?;
+            }
+        }
+        Ok((0..r_n)
+            .map(|r| {
+                (n_new[r] > 0).then(|| {
+                    let n = samplers[r].top_logprobs as usize;
+                    let at = r * TOP_LOGPROBS_MAX as usize * 2;
+                    let top = (0..n).map(|k| (alts[at + 2 * k], f32::from_bits(alts[at + 2 * k + 1]))).collect();
+                    Sampled { token: got[r], logprob: f32::from_bits(got[r_n + r]), top }
+                })
+            })
+            .collect())
+    }
+
+    /// Validate a call; the error names the row, index or limit.
+    pub(crate) fn check(
+        &self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+    ) -> Result<Vec<usize>> {
+        self.gpu.check()?;
+        let cache_rows: Vec<usize> = match rows {
+            Some(r) => {
+                self.cache.check_rows(r)?;
+                r.to_vec()
+            }
+            None => (0..self.cache.rows()).collect(),
+        };
+        let r_n = cache_rows.len();
+        if n_new.len() != r_n {
+            return Err(Error::Input(format!("n_new has {} entries for {r_n} chunk rows", n_new.len())));
+        }
+        if ids.len() != r_n * width {
+            return Err(Error::Input(format!(
+                "ids has {} entries, expected rows {r_n} x width {width} = {}",
+                ids.len(),
+                r_n * width
+            )));
+        }
+        for (r, (&n, &row)) in n_new.iter().zip(&cache_rows).enumerate() {
+            if n > width {
+                return Err(Error::Input(format!("chunk row {r} (cache row {row}): n_new {n} > width {width}")));
+            }
+            for j in 0..n {
+                let id = ids[r * width + j];
+                if id as usize >= self.cfg.vocab {
+                    return Err(Error::Input(format!(
+                        "chunk row {r} (cache row {row}), token {j}: id {id} is outside the vocabulary ({})",
+                        self.cfg.vocab
+                    )));
+                }
+            }
+            let len = self.cache.position(row);
+            if len + n > self.cache.max_len() {
+                return Err(Error::CacheFull { row, len, n_new: n, max_len: self.cache.max_len() });
+            }
+        }
+        Ok(cache_rows)
+    }
+
+    /// Reserve the global K/V blocks of `n_new[i]` tokens of `cache_rows[i]` (see
+    /// [`KvCache::reserve`]): after every check of a call, before its first submit.
+    pub(crate) fn reserve_blocks(&mut self, cache_rows: &[usize], n_new: &[usize]) -> Result<()> {
+        self.cache.reserve(&self.gpu, cache_rows, n_new)
+    }
+
+    /// Write one chunk's shape, rows and ids, record every dispatch of `out` into one encoder and
+    /// submit it. `n_sub[r]` tokens of chunk row `r` start at `ids[r * stride + start]`; with
+    /// `ids_from_sampled`, the ids are instead last step's sampled ids (one per row, on the GPU).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn submit_chunk(
+        &mut self,
+        cache_rows: &[usize],
+        n_sub: &[usize],
+        ids: &[u32],
+        stride: usize,
+        start: usize,
+        samplers: Option<&[Sampler]>,
+        ids_from_sampled: bool,
+        out: Output,
+    ) {
+        let r_n = cache_rows.len();
+        let c = n_sub.iter().copied().max().unwrap_or(0);
+        let q = &self.gpu.queue;
+        let step = StepGpu { rows: r_n as u32, width: c as u32, tokens: (r_n * c) as u32, _pad: 0 };
+        let info: Vec<RowInfoGpu> = cache_rows
+            .iter()
+            .zip(n_sub)
+            .map(|(&row, &n)| RowInfoGpu {
+                cache_row: row as u32,
+                n_new: n as u32,
+                pos0: self.cache.lens_cpu[row] as u32,
+                rope_pos0: self.cache.position(row) as u32,
+                global_from: self.cache.replay_until[row] as u32,
+                _pad: [0; 3],
+            })
+            .collect();
+        q.write_buffer(&self.s.step, 0, bytemuck::bytes_of(&step));
+        q.write_buffer(&self.s.row_info, 0, bytemuck::cast_slice(&info));
+        if !ids_from_sampled {
+            let mut chunk_ids = vec![0u32; r_n * c];
+            for r in 0..r_n {
+                for j in 0..n_sub[r] {
+                    chunk_ids[r * c + j] = ids[r * stride + start + j];
+                }
+            }
+            q.write_buffer(&self.s.ids, 0, bytemuck::cast_slice(&chunk_ids));
+        }
+        if let Some(sm) = samplers {
+            let g: Vec<SamplerGpu> = sm
+                .iter()
+                .zip(cache_rows)
+                .zip(n_sub)
+                .map(|((s, &row), &n)| {
+                    SamplerGpu::new(s, (self.cache.lens_cpu[row] + n) as u32, self.sampling.masked[row])
+                })
+                .collect();
+            q.write_buffer(&self.s.samplers, 0, bytemuck::cast_slice(&g));
+        }
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chunk") });
+        self.cache.record_pending_copies(&mut enc);
+        if ids_from_sampled {
+            enc.copy_buffer_to_buffer(&self.s.sampled, 0, &self.s.ids, 0, (r_n * 4) as u64);
+        }
+        {
+            let head = match out {
+                Output::AllLogits => &self.all_head_dispatches,
+                _ => &self.head_dispatches,
+            };
+            let mut all: Vec<&Dispatch> = self
+                .chunk_dispatches
+                .iter()
+                .chain(head)
+                .filter(|d| d.live(r_n, c))
+                .map(|d| d.for_chunk(r_n, c))
+                .collect();
+            if samplers.is_some() {
+                if self.sampling.any_bias(cache_rows) {
+                    all.push(&self.bias_dispatch);
+                }
+                all.push(&self.sample_dispatch);
+            }
+            match self.profiler.as_mut().filter(|_| self.profiling) {
+                // profiled: one pass per dispatch, timestamps around each
+                Some(p) => {
+                    for (i, d) in all.iter().enumerate() {
+                        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                            label: Some("profiled"),
+                            timestamp_writes: p.writes(i),
+                        });
+                        d.record(&mut pass, r_n, c);
+                    }
+                    p.recorded = all.iter().map(|d| (d.kernel, d.label.clone())).collect();
+                    p.resolve(&mut enc);
+                }
+                None => {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("chunk"),
+                        timestamp_writes: None,
+                    });
+                    for d in &all {
+                        d.record(&mut pass, r_n, c);
+                    }
+                }
+            }
+            self.stats.dispatches += all.len() as u64;
+        }
+        match out {
+            Output::None => {}
+            Output::Logits => {
+                let bytes = (r_n * self.cfg.vocab * 4) as u64;
+                enc.copy_buffer_to_buffer(&self.s.logits, 0, &self.s.logits_read, 0, bytes);
+            }
+            Output::AllLogits => {
+                let bytes = (r_n * c * self.cfg.vocab * 4) as u64;
+                enc.copy_buffer_to_buffer(&self.s.all_logits, 0, &self.s.all_logits_read, 0, bytes);
+            }
+            Output::Sampled { slot, top } => {
+                let bytes = (r_n * 8) as u64;
+                enc.copy_buffer_to_buffer(&self.s.sampled, 0, &self.s.sampled_read, slot as u64 * bytes, bytes);
+                if top {
+                    let bytes = (r_n * TOP_LOGPROBS_MAX as usize * 8) as u64;
+                    enc.copy_buffer_to_buffer(&self.sampling.top, 0, &self.sampling.top_read, 0, bytes);
+                }
+            }
+        }
+        q.submit([enc.finish()]);
+        self.stats.submits += 1;
+        self.stats.chunks += 1;
+        for (r, &row) in cache_rows.iter().enumerate() {
+            let n = n_sub[r];
+            self.cache.lens_cpu[row] += n;
+            self.cache.written[row] = self.cache.written[row].max(self.cache.lens_cpu[row]);
+            if !ids_from_sampled {
+                self.cache.history_cpu[row].extend_from_slice(&ids[r * stride + start..r * stride + start + n]);
+            }
+            self.cache.register_blocks(row);
+        }
+    }
+
+    /// Split an append into chunks of at most `chunk` tokens per row and submit them; only the
+    /// last chunk copies `out` for readback. Returns whether any row had tokens.
+    pub(super) fn run(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: Option<&[Sampler]>,
+        out: Output,
+    ) -> Result<bool> {
+        let cache_rows = self.check(ids, width, n_new, rows)?;
+        if let Some(samplers) = samplers {
+            if samplers.len() != n_new.len() {
+                return Err(Error::Input(format!("{} samplers for {} chunk rows", samplers.len(), n_new.len())));
+            }
+            for (r, s) in samplers.iter().enumerate() {
+                s.check(r)?;
+            }
+        }
+        let longest = n_new.iter().copied().max().unwrap_or(0);
+        if longest == 0 {
+            return Ok(false);
+        }
+        self.reserve_blocks(&cache_rows, n_new)?;
+        let n_chunks = longest.div_ceil(self.chunk);
+        for ci in 0..n_chunks {
+            let start = ci * self.chunk;
+            let n_sub: Vec<usize> = n_new.iter().map(|&n| n.saturating_sub(start).min(self.chunk)).collect();
+            let last = ci + 1 == n_chunks;
+            self.submit_chunk(
+                &cache_rows,
+                &n_sub,
+                ids,
+                width,
+                start,
+                samplers,
+                false,
+                if last { out } else { Output::None },
+            );
+        }
+        Ok(true)
+    }
+
+    /// Like [`Engine::append`], but returns the logits at every real token of every row
+    /// (`[row][token][vocab]`), for speculative verification. The whole call must fit one chunk:
+    /// at most [`Engine::chunk_width`] tokens per row and `all_logits_tokens` (rows x width) in all.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn append_all_logits(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        pollster::block_on(self.append_all_logits_async(ids, width, n_new, rows))
+    }
+
+    /// [`Engine::append_all_logits`] that awaits the readback instead of blocking.
+    pub async fn append_all_logits_async(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        let longest = n_new.iter().copied().max().unwrap_or(0);
+        if longest > self.chunk || n_new.len() * longest > self.all_logits_tokens {
+            return Err(Error::Limit(format!(
+                "all-position logits for {} rows x {longest} tokens exceed one chunk ({} tokens per row, {} tokens in all)",
+                n_new.len(),
+                self.chunk,
+                self.all_logits_tokens
+            )));
+        }
+        let mark = self.cache.mark();
+        let any = self.run(ids, width, n_new, rows, None, Output::AllLogits)?;
+        let v = self.cfg.vocab;
+        let mut data = vec![0f32; n_new.len() * longest * v];
+        if any {
+            let read = self.read_async(&self.s.all_logits_read, bytemuck::cast_slice_mut(&mut data)).await;
+            self.undo_if_lost(read, &mark)?;
+        }
+        Ok(n_new
+            .iter()
+            .enumerate()
+            .map(|(r, &n)| (0..n).map(|j| data[(r * longest + j) * v..(r * longest + j + 1) * v].to_vec()).collect())
+            .collect())
+    }
+
+    /// Map a readback buffer and copy its first `out.len()` bytes. Natively the map completes
+    /// inside `poll`; in the browser the event loop completes it while this awaits.
+    pub(crate) async fn read_async(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
+        let read = self.read_raw(buf, out).await;
+        // a lost device (or an error the step raised) explains a failed read better than the read
+        self.gpu.check()?;
+        read
+    }
+
+    /// A readback's result; when the device was lost while the step was in flight, first put the
+    /// rows' host-side state back to `mark`. A browser learns of a loss only asynchronously, so a
+    /// step can be submitted to a device that is already gone: it still changes nothing.
+    pub(crate) fn undo_if_lost(&mut self, read: Result<()>, mark: &crate::cache::HostMark) -> Result<()> {
+        if let Err(Error::DeviceLost(_)) = &read {
+            self.cache.restore_host(mark);
+        }
+        read
+    }
+
+    async fn read_raw(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
+        let slice = buf.slice(..out.len() as u64);
+        let (tx, rx) = futures_channel::oneshot::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        self.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))?;
+        rx.await
+            .map_err(|_| Error::Device("readback callback never ran".into()))?
+            .map_err(|e| Error::Device(format!("readback failed: {e}")))?;
+        {
+            let view = slice.get_mapped_range().map_err(|e| Error::Device(format!("readback map: {e}")))?;
+            out.copy_from_slice(&view);
+        }
+        buf.unmap();
+        Ok(())
+    }
+}
+
+/// What a chunk copies out for readback.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Output {
+    None,
+    /// Logits at each row's last real token.
+    Logits,
+    /// Logits at every token of the chunk.
+    AllLogits,
+    /// Sampled ids and their logprobs, into window slot `slot`; with `top`, also the most
+    /// likely alternatives (single steps only).
+    Sampled {
+        slot: usize,
+        top: bool,
+    },
+}

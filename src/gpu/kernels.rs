@@ -1,0 +1,813 @@
+//! Typed override constants: one small struct per kernel, holding what its WGSL module's
+//! `override` declarations take, with a label that names the variant (`kv_write_ring_f16`).
+//! Pipelines and dispatches carry the label, so a GPU capture and the profile table name them.
+//! The pipeline cache keys on the constants these structs produce ([`Specialize::constants`]).
+
+use crate::gpu::shaders::{Constants, Kernel};
+use crate::model::config::MlpKind;
+use crate::model::dtype::KvDtype;
+use crate::model::quant::QuantKind;
+
+/// A kernel specialized by its override constants.
+pub(crate) trait Specialize {
+    /// The kernel (WGSL module and entry point).
+    fn kernel(&self) -> Kernel;
+    /// The override constants in the form pipelines take (bools as 0/1).
+    fn constants(&self) -> Constants;
+    /// A name for the variant: the kernel and what sets it apart.
+    fn label(&self) -> String;
+    /// Threads per workgroup the dispatch grid counts with.
+    fn workgroup_size(&self) -> u32 {
+        self.kernel().workgroup_size()
+    }
+}
+
+/// Collects override constants by kind, so no call site writes a float for a count or a flag.
+#[derive(Default)]
+struct Overrides(Constants);
+
+impl Overrides {
+    fn count(mut self, name: &'static str, v: usize) -> Self {
+        self.0.push((name, v as f64));
+        self
+    }
+    fn float(mut self, name: &'static str, v: f32) -> Self {
+        self.0.push((name, v as f64));
+        self
+    }
+    fn flag(mut self, name: &'static str, v: bool) -> Self {
+        self.0.push((name, if v { 1.0 } else { 0.0 }));
+        self
+    }
+    fn code(mut self, name: &'static str, v: u32) -> Self {
+        self.0.push((name, v as f64));
+        self
+    }
+}
+
+/// How weights are stored on the GPU (`W_FORMAT`; the block decoding lives in `common.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    /// f32 bits.
+    F32,
+    /// IEEE halves, two per word.
+    F16,
+    /// bfloat16, two per word.
+    BF16,
+    /// Blocks of 32: f16 scale, 32 int8.
+    Q8_0,
+    /// Blocks of 32: f16 scale, 32 nibbles.
+    Q4_0,
+    /// Blocks of 32: f16 scale and min, 32 nibbles.
+    Q4_1,
+    /// llama.cpp's K-quant blocks of 256, 4 bits.
+    Q4K,
+    /// llama.cpp's K-quant blocks of 256, 6 bits.
+    Q6K,
+}
+
+impl WeightFormat {
+    /// The shaders' `W_FORMAT` code (common.wgsl).
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            WeightFormat::F32 => 0,
+            WeightFormat::F16 => 1,
+            WeightFormat::Q8_0 => 2,
+            WeightFormat::Q4_0 => 3,
+            WeightFormat::Q4_1 => 4,
+            WeightFormat::BF16 => 5,
+            WeightFormat::Q4K => 6,
+            WeightFormat::Q6K => 7,
+        }
+    }
+
+    /// The name in labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::F16 => "f16",
+            WeightFormat::BF16 => "bf16",
+            WeightFormat::Q8_0 => "q8_0",
+            WeightFormat::Q4_0 => "q4_0",
+            WeightFormat::Q4_1 => "q4_1",
+            WeightFormat::Q4K => "q4_k",
+            WeightFormat::Q6K => "q6_k",
+        }
+    }
+
+    /// Whether the integer-dot products take this format (blocks of 32 with 8-bit or 4-bit
+    /// integers and one scale).
+    pub(crate) fn int_dot(self) -> bool {
+        matches!(self, WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1)
+    }
+}
+
+impl From<QuantKind> for WeightFormat {
+    /// The GPU reads every block format in its own blocks.
+    fn from(kind: QuantKind) -> Self {
+        match kind {
+            QuantKind::Q8_0 => WeightFormat::Q8_0,
+            QuantKind::Q4_0 => WeightFormat::Q4_0,
+            QuantKind::Q4_1 => WeightFormat::Q4_1,
+            QuantKind::Q4K => WeightFormat::Q4K,
+            QuantKind::Q6K => WeightFormat::Q6K,
+        }
+    }
+}
+
+/// `mlp_act` in common.wgsl names the activations by these codes.
+fn act_code(kind: MlpKind) -> u32 {
+    match kind {
+        MlpKind::ReluSquared => 0,
+        MlpKind::SwiGlu => 1,
+        MlpKind::GeluTanhGated => 2,
+    }
+}
+
+fn act_name(kind: MlpKind) -> &'static str {
+    match kind {
+        MlpKind::ReluSquared => "relu2",
+        MlpKind::SwiGlu => "swiglu",
+        MlpKind::GeluTanhGated => "gelu_tanh",
+    }
+}
+
+/// The global K/V pool's addressing: positions per block, block table entries per row.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Paging {
+    pub block_len: usize,
+    pub max_blocks: usize,
+}
+
+impl Paging {
+    fn add(self, o: Overrides) -> Overrides {
+        o.count("BLOCK", self.block_len).count("MAX_BLOCKS", self.max_blocks)
+    }
+}
+
+/// The cache rows one shard's buffers hold.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shard {
+    pub row0: usize,
+    pub rows: usize,
+}
+
+impl Shard {
+    fn add(self, o: Overrides) -> Overrides {
+        o.count("ROW0", self.row0).count("SHARD_ROWS", self.rows)
+    }
+}
+
+/// `embed.wgsl`: gather one part of the embedding table.
+pub(crate) struct Embed {
+    pub d: usize,
+    pub part_start: usize,
+    pub part_rows: usize,
+    pub format: WeightFormat,
+    pub scale: f32,
+}
+
+impl Specialize for Embed {
+    fn kernel(&self) -> Kernel {
+        Kernel::Embed
+    }
+    fn constants(&self) -> Constants {
+        Overrides::default()
+            .count("D", self.d)
+            .count("PART_START", self.part_start)
+            .count("PART_ROWS", self.part_rows)
+            .code("W_FORMAT", self.format.code())
+            .float("EMBED_SCALE", self.scale)
+            .0
+    }
+    fn label(&self) -> String {
+        format!("embed_{}", self.format.name())
+    }
+}
+
+/// `rmsnorm.wgsl`: `out (+)= norm(x) [* w]` per token, or at each row's last token.
+pub(crate) struct RmsNorm {
+    pub d: usize,
+    pub eps: f32,
+    pub weight: bool,
+    pub accumulate: bool,
+    /// Also write the output quantized for the integer-dot products.
+    pub quantize: bool,
+    /// Norm only each row's last real token, into one row per chunk row (the final norm).
+    pub gather_last: bool,
+}
+
+impl Specialize for RmsNorm {
+    fn kernel(&self) -> Kernel {
+        Kernel::RmsNorm
+    }
+    fn constants(&self) -> Constants {
+        Overrides::default()
+            .count("D", self.d)
+            .float("EPS", self.eps)
+            .flag("HAS_WEIGHT", self.weight)
+            .flag("ACCUMULATE", self.accumulate)
+            .flag("QUANTIZE", self.quantize)
+            .flag("GATHER_LAST", self.gather_last)
+            .0
+    }
+    fn label(&self) -> String {
+        let mut l = "rmsnorm".to_string();
+        for (on, s) in [(self.gather_last, "_last"), (self.accumulate, "_add"), (self.quantize, "_quantize")] {
+            if on {
+                l.push_str(s);
+            }
+        }
+        l
+    }
+}
+
+/// How a product kernel's lanes are set: the portable and wide shapes' outputs per thread and
+/// workgroup size, the subgroup kernel's subgroup, or the kernel's own fixed shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lanes {
+    /// The kernel's fixed shape (tiled, workgroup-reduced, one output per thread normed).
+    Fixed,
+    /// `OUTS` outputs per thread in workgroups of `WG`.
+    Threads { outs: usize, wg: u32 },
+    /// One subgroup of `SG` lanes per workgroup.
+    Subgroup(u32),
+}
+
+/// The fused RMS norm of a product's input.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FusedNorm {
+    pub weight: bool,
+    pub eps: f32,
+}
+
+/// `matmul.wgsl` and its variants: `y[n, OUT_OFFSET + o] (+)= x[n, ..K] . W[o]` against one
+/// weight part, with the fused epilogues and prologue a product can take.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Product {
+    pub kernel: Kernel,
+    pub k: usize,
+    pub x_stride: usize,
+    pub out_rows: usize,
+    pub out_stride: usize,
+    pub out_offset: usize,
+    pub format: WeightFormat,
+    pub accumulate: bool,
+    pub softcap: f32,
+    pub per_row: bool,
+    pub norm: Option<FusedNorm>,
+    pub act: Option<MlpKind>,
+    pub lanes: Lanes,
+}
+
+impl Specialize for Product {
+    fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+    fn constants(&self) -> Constants {
+        let mut o = Overrides::default()
+            .count("K", self.k)
+            .count("X_STRIDE", self.x_stride)
+            .count("O_ROWS", self.out_rows)
+            .count("OUT_STRIDE", self.out_stride)
+            .count("OUT_OFFSET", self.out_offset)
+            .code("W_FORMAT", self.format.code())
+            .flag("ACCUMULATE", self.accumulate)
+            .float("SOFTCAP", self.softcap)
+            .flag("PER_ROW", self.per_row);
+        if let Some(n) = self.norm {
+            o = o.flag("NORM", true).flag("NORM_WEIGHT", n.weight).float("EPS", n.eps);
+        }
+        if let Some(act) = self.act {
+            // 0 is "no activation"
+            o = o.code("MLP_ACT", act_code(act) + 1);
+        }
+        match self.lanes {
+            Lanes::Fixed => {}
+            Lanes::Threads { outs, wg } => o = o.count("OUTS", outs).code("WG", wg),
+            Lanes::Subgroup(sg) => o = o.code("SG", sg),
+        }
+        o.0
+    }
+    fn label(&self) -> String {
+        let variant = match (self.kernel, self.lanes) {
+            (Kernel::Matmul, Lanes::Threads { outs, .. }) if outs > 1 => "matmul_wide",
+            (Kernel::Matmul, _) => "matmul",
+            (Kernel::MatmulNormed, _) => "matmul",
+            (Kernel::MatmulSubgroup, _) => "matmul_subgroup",
+            (Kernel::MatmulWideSubgroup, _) => "matmul_wide_subgroup",
+            (Kernel::MatmulTiled, _) => "matmul_tiled",
+            (Kernel::MatmulReduce, _) => "matmul_workgroup",
+            (Kernel::MatmulInt, _) => "matmul_int",
+            _ => "product",
+        };
+        let mut l = format!("{variant}_{}", self.format.name());
+        if self.norm.is_some() {
+            l.push_str("_normed");
+        }
+        if let Some(act) = self.act {
+            l.push('_');
+            l.push_str(act_name(act));
+        }
+        if self.accumulate {
+            l.push_str("_add");
+        }
+        if self.softcap > 0.0 {
+            l.push_str("_softcap");
+        }
+        if self.per_row {
+            l.push_str("_rows");
+        }
+        l
+    }
+    fn workgroup_size(&self) -> u32 {
+        match self.lanes {
+            Lanes::Threads { wg, .. } => wg,
+            Lanes::Subgroup(sg) => sg,
+            Lanes::Fixed => self.kernel.workgroup_size(),
+        }
+    }
+}
+
+impl Product {
+    /// The same product with the mat-mat kernel (`tiled`): one shape, so no lane constants.
+    pub(crate) fn tiled(self) -> Product {
+        Product { kernel: Kernel::MatmulTiled, lanes: Lanes::Fixed, ..self }
+    }
+}
+
+/// `quantize.wgsl`: the first `k` features of each token (or row) quantized per block of 32.
+pub(crate) struct Quantize {
+    pub k: usize,
+    pub x_stride: usize,
+    pub per_row: bool,
+}
+
+impl Specialize for Quantize {
+    fn kernel(&self) -> Kernel {
+        Kernel::Quantize
+    }
+    fn constants(&self) -> Constants {
+        Overrides::default().count("K", self.k).count("X_STRIDE", self.x_stride).flag("PER_ROW", self.per_row).0
+    }
+    fn label(&self) -> String {
+        if self.per_row { "quantize_rows" } else { "quantize" }.into()
+    }
+}
+
+/// `qk_rope.wgsl`: qk-norm and RoPE of the queries and fresh keys, in place, and (fused) the
+/// global pool write of the keys and values.
+pub(crate) struct QkRope {
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Floats per token row of `t`.
+    pub stride: usize,
+    pub qk_norm: bool,
+    pub q_weight: bool,
+    pub eps: f32,
+    /// Key heads after the queries in each row of `t`.
+    pub t_k_heads: usize,
+    /// Key heads at the start of each row of the second key buffer.
+    pub k_heads: usize,
+    pub k_stride: usize,
+    pub k_weight: bool,
+    /// Write `t`'s keys and values to the global pool too (kv_write fused).
+    pub kv_write: Option<(KvDtype, Paging)>,
+}
+
+impl Specialize for QkRope {
+    fn kernel(&self) -> Kernel {
+        Kernel::QkRope
+    }
+    fn constants(&self) -> Constants {
+        let mut o = Overrides::default()
+            .count("HEADS", self.heads)
+            .count("D", self.head_dim)
+            .count("STRIDE", self.stride)
+            .flag("NORM", self.qk_norm)
+            .flag("HAS_WEIGHT", self.q_weight)
+            .float("EPS", self.eps)
+            .count("T_K_HEADS", self.t_k_heads)
+            .count("K_HEADS", self.k_heads)
+            .count("K_STRIDE", self.k_stride)
+            .flag("HAS_K_WEIGHT", self.k_weight);
+        if let Some((kv, paging)) = self.kv_write {
+            o = paging.add(o.flag("KV_WRITE", true).code("KV_FORMAT", kv.format()));
+        }
+        o.0
+    }
+    fn label(&self) -> String {
+        let mut l = if self.qk_norm { "qk_norm_rope" } else { "qk_rope" }.to_string();
+        if let Some((kv, _)) = self.kv_write {
+            l.push_str("_kv_write_");
+            l.push_str(kv.name());
+        }
+        l
+    }
+}
+
+/// `kv_write.wgsl`: scatter fresh K/V into a global pool (through the block tables) or a ring.
+pub(crate) struct KvWrite {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Ring slots plus the scratch slot.
+    pub ring_slots: usize,
+    pub src_stride: usize,
+    pub src_offset: usize,
+    pub ring: bool,
+    pub kv: KvDtype,
+    pub shard: Shard,
+    pub paging: Paging,
+}
+
+impl Specialize for KvWrite {
+    fn kernel(&self) -> Kernel {
+        Kernel::KvWrite
+    }
+    fn constants(&self) -> Constants {
+        let o = Overrides::default()
+            .count("HK", self.kv_heads)
+            .count("D", self.head_dim)
+            .count("RING_SLOTS", self.ring_slots)
+            .count("SRC_STRIDE", self.src_stride)
+            .count("SRC_OFFSET", self.src_offset)
+            .flag("RING", self.ring)
+            .code("KV_FORMAT", self.kv.format());
+        self.paging.add(self.shard.add(o)).0
+    }
+    fn label(&self) -> String {
+        format!("kv_write_{}_{}", if self.ring { "ring" } else { "global" }, self.kv.name())
+    }
+}
+
+/// What both halves of attention share: the heads, the K/V layout of one cache shard, the
+/// partitions of the global keys and the token group a dispatch takes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttentionShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub q_stride: usize,
+    pub kv: KvDtype,
+    pub scale: f32,
+    pub group_tokens: usize,
+    pub span: usize,
+    pub parts: usize,
+    pub shard: Shard,
+    pub paging: Paging,
+}
+
+impl AttentionShape {
+    fn overrides(&self) -> Overrides {
+        let o = Overrides::default()
+            .count("H", self.heads)
+            .count("HK", self.kv_heads)
+            .count("D", self.head_dim)
+            .count("Q_STRIDE", self.q_stride)
+            .code("KV_FORMAT", self.kv.format())
+            .float("SCALE", self.scale)
+            .count("GROUP_TOKENS", self.group_tokens)
+            .count("SPAN", self.span)
+            .count("PARTS", self.parts);
+        self.paging.add(self.shard.add(o))
+    }
+}
+
+/// `attention.wgsl`: serial attention over the global keys, the ring and the fresh local keys;
+/// with `split`, the merge of the partitions [`AttentionSplit`] wrote, then the local keys.
+pub(crate) struct Attention {
+    pub shape: AttentionShape,
+    pub window: usize,
+    pub ring_slots: usize,
+    pub global: bool,
+    pub local: bool,
+    pub split: bool,
+}
+
+impl Specialize for Attention {
+    fn kernel(&self) -> Kernel {
+        Kernel::Attention
+    }
+    fn constants(&self) -> Constants {
+        self.shape
+            .overrides()
+            .count("W", self.window)
+            .count("RING", self.ring_slots)
+            .flag("HAS_GLOBAL", self.global)
+            .flag("HAS_LOCAL", self.local)
+            .flag("SPLIT", self.split)
+            .0
+    }
+    fn label(&self) -> String {
+        let keys = match (self.global, self.local) {
+            (true, true) => "global_local",
+            (true, false) => "global",
+            (false, _) => "local",
+        };
+        let form = if self.split { "attention_merge" } else { "attention" };
+        format!("{form}_{keys}_{}", self.shape.kv.name())
+    }
+}
+
+/// `attention_split.wgsl`: the partitions of the global keys, one workgroup per (partition, kv
+/// head) (`main`), with query tiles (`query_tiles`, `query_tile` tokens), or a thread per
+/// (partition, query head) (`per_head`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttentionSplit {
+    pub kernel: Kernel,
+    pub shape: AttentionShape,
+    /// Keys per tile (split-group and query tiles).
+    pub tile: Option<usize>,
+    /// Tokens per query tile.
+    pub query_tile: Option<usize>,
+}
+
+impl Specialize for AttentionSplit {
+    fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+    fn constants(&self) -> Constants {
+        let mut o = self.shape.overrides();
+        if let Some(t) = self.tile {
+            o = o.count("TILE", t);
+        }
+        if let Some(qt) = self.query_tile {
+            o = o.count("QT", qt);
+        }
+        o.0
+    }
+    fn label(&self) -> String {
+        let form = match self.kernel {
+            Kernel::AttentionSplitHead => "attention_split_head".to_string(),
+            Kernel::AttentionQueryTiles => format!("attention_query_tiles{}", self.query_tile.unwrap_or(1)),
+            _ => "attention_split_group".to_string(),
+        };
+        format!("{form}_{}", self.shape.kv.name())
+    }
+}
+
+/// `mlp_act.wgsl`: the MLP activation as a dispatch of its own.
+pub(crate) struct MlpAct {
+    pub ffn: usize,
+    pub act: MlpKind,
+}
+
+impl Specialize for MlpAct {
+    fn kernel(&self) -> Kernel {
+        Kernel::MlpAct
+    }
+    fn constants(&self) -> Constants {
+        Overrides::default().count("F", self.ffn).code("ACT", act_code(self.act)).0
+    }
+    fn label(&self) -> String {
+        format!("mlp_act_{}", act_name(self.act))
+    }
+}
+
+/// `commit.wgsl`: lens, ring positions and token history at the end of a chunk.
+pub(crate) struct Commit {
+    pub max_len: usize,
+    pub ring_slots: usize,
+    pub has_ring: bool,
+}
+
+impl Specialize for Commit {
+    fn kernel(&self) -> Kernel {
+        Kernel::Commit
+    }
+    fn constants(&self) -> Constants {
+        Overrides::default()
+            .count("MAX_LEN", self.max_len)
+            .count("RING", self.ring_slots)
+            .flag("HAS_RING", self.has_ring)
+            .0
+    }
+    fn label(&self) -> String {
+        "commit".into()
+    }
+}
+
+/// `sample.wgsl`: one workgroup per row samples its next token.
+pub(crate) struct Sample {
+    pub vocab: usize,
+    pub mask_words: usize,
+}
+
+impl Specialize for Sample {
+    fn kernel(&self) -> Kernel {
+        Kernel::Sample
+    }
+    fn constants(&self) -> Constants {
+        Overrides::default().count("V", self.vocab).count("MASK_WORDS", self.mask_words).0
+    }
+    fn label(&self) -> String {
+        "sample".into()
+    }
+}
+
+/// `logit_bias.wgsl`: rows' sparse biases added to their logits.
+pub(crate) struct LogitBias {
+    pub vocab: usize,
+    pub slots: usize,
+}
+
+impl Specialize for LogitBias {
+    fn kernel(&self) -> Kernel {
+        Kernel::LogitBias
+    }
+    fn constants(&self) -> Constants {
+        Overrides::default().count("V", self.vocab).count("SLOTS", self.slots).0
+    }
+    fn label(&self) -> String {
+        "logit_bias".into()
+    }
+}
+
+/// `engram_gather.wgsl`: n-gram addresses from the token history and their table rows.
+pub(crate) struct EngramGather {
+    pub heads: usize,
+    pub orders: usize,
+    pub table_rows: usize,
+    pub dim: usize,
+    pub max_len: usize,
+}
+
+impl Specialize for EngramGather {
+    fn kernel(&self) -> Kernel {
+        Kernel::EngramGather
+    }
+    fn constants(&self) -> Constants {
+        Overrides::default()
+            .count("HEADS", self.heads)
+            .count("N_ORDERS", self.orders)
+            .count("TABLE_ROWS", self.table_rows)
+            .count("DIM", self.dim)
+            .count("MAX_LEN", self.max_len)
+            .0
+    }
+    fn label(&self) -> String {
+        "engram_gather".into()
+    }
+}
+
+/// `engram_mix.wgsl`: the Engram gated residual.
+pub(crate) struct EngramMix {
+    pub d: usize,
+    pub eps: f32,
+}
+
+impl Specialize for EngramMix {
+    fn kernel(&self) -> Kernel {
+        Kernel::EngramMix
+    }
+    fn constants(&self) -> Constants {
+        Overrides::default().count("D", self.d).float("EPS", self.eps).0
+    }
+    fn label(&self) -> String {
+        "engram_mix".into()
+    }
+}
+
+/// `copy.wgsl`: `n4` vec4s copied, the bench's bandwidth yardstick.
+pub(crate) struct Copy {
+    pub n4: usize,
+}
+
+impl Specialize for Copy {
+    fn kernel(&self) -> Kernel {
+        Kernel::Copy
+    }
+    fn constants(&self) -> Constants {
+        Overrides::default().count("N4", self.n4).0
+    }
+    fn label(&self) -> String {
+        "copy".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One of each kernel's constant structs, with every option on somewhere.
+    fn samples() -> Vec<Box<dyn Specialize>> {
+        let paging = Paging { block_len: 16, max_blocks: 8 };
+        let shard = Shard { row0: 0, rows: 4 };
+        let shape = AttentionShape {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            q_stride: 128,
+            kv: KvDtype::F16,
+            scale: 0.25,
+            group_tokens: 64,
+            span: 64,
+            parts: 2,
+            shard,
+            paging,
+        };
+        let product = Product {
+            kernel: Kernel::Matmul,
+            k: 64,
+            x_stride: 64,
+            out_rows: 96,
+            out_stride: 96,
+            out_offset: 0,
+            format: WeightFormat::Q4_1,
+            accumulate: true,
+            softcap: 30.0,
+            per_row: true,
+            norm: Some(FusedNorm { weight: true, eps: 1e-6 }),
+            act: Some(MlpKind::SwiGlu),
+            lanes: Lanes::Threads { outs: 8, wg: 8 },
+        };
+        let split = AttentionSplit { kernel: Kernel::AttentionSplit, shape, tile: Some(64), query_tile: None };
+        vec![
+            Box::new(Embed { d: 64, part_start: 0, part_rows: 100, format: WeightFormat::F16, scale: 8.0 }),
+            Box::new(RmsNorm { d: 64, eps: 1e-6, weight: true, accumulate: true, quantize: true, gather_last: true }),
+            Box::new(product),
+            Box::new(Product { kernel: Kernel::MatmulNormed, lanes: Lanes::Fixed, ..product }),
+            Box::new(Product { kernel: Kernel::MatmulWideSubgroup, ..product }),
+            Box::new(Product { kernel: Kernel::MatmulSubgroup, lanes: Lanes::Subgroup(32), ..product }),
+            Box::new(Product { kernel: Kernel::MatmulReduce, lanes: Lanes::Fixed, ..product }),
+            Box::new(product.tiled()),
+            Box::new(Product { kernel: Kernel::MatmulInt, norm: None, act: None, ..product }),
+            Box::new(Quantize { k: 64, x_stride: 64, per_row: true }),
+            Box::new(QkRope {
+                heads: 4,
+                head_dim: 16,
+                stride: 128,
+                qk_norm: true,
+                q_weight: true,
+                eps: 1e-6,
+                t_k_heads: 2,
+                k_heads: 2,
+                k_stride: 64,
+                k_weight: true,
+                kv_write: Some((KvDtype::BF16, paging)),
+            }),
+            Box::new(KvWrite {
+                kv_heads: 2,
+                head_dim: 16,
+                ring_slots: 9,
+                src_stride: 64,
+                src_offset: 0,
+                ring: true,
+                kv: KvDtype::F16,
+                shard,
+                paging,
+            }),
+            Box::new(Attention { shape, window: 8, ring_slots: 9, global: true, local: true, split: true }),
+            Box::new(split),
+            Box::new(AttentionSplit { kernel: Kernel::AttentionSplitHead, tile: None, ..split }),
+            Box::new(AttentionSplit { kernel: Kernel::AttentionQueryTiles, query_tile: Some(8), ..split }),
+            Box::new(MlpAct { ffn: 64, act: MlpKind::GeluTanhGated }),
+            Box::new(Commit { max_len: 32, ring_slots: 9, has_ring: true }),
+            Box::new(Sample { vocab: 100, mask_words: 4 }),
+            Box::new(LogitBias { vocab: 100, slots: 16 }),
+            Box::new(EngramGather { heads: 2, orders: 2, table_rows: 64, dim: 8, max_len: 32 }),
+            Box::new(EngramMix { d: 64, eps: 1e-6 }),
+            Box::new(Copy { n4: 1024 }),
+        ]
+    }
+
+    /// Every constant a struct sets is an override its module declares, and every override
+    /// without a default is set: a renamed or added `override` in a WGSL file fails here.
+    #[test]
+    fn typed_constants_match_the_wgsl_overrides() {
+        let samples = samples();
+        for kernel in Kernel::ALL {
+            assert!(samples.iter().any(|s| s.kernel() == kernel), "{kernel:?} has no sample here");
+        }
+        for spec in &samples {
+            let kernel = spec.kernel();
+            let module = naga::front::wgsl::parse_str(&kernel.source()).expect("kernels parse");
+            let declared: Vec<(&str, bool)> =
+                module.overrides.iter().filter_map(|(_, o)| Some((o.name.as_deref()?, o.init.is_some()))).collect();
+            let set = spec.constants();
+            for (name, _) in &set {
+                assert!(
+                    declared.iter().any(|d| d.0 == *name),
+                    "{} ({kernel:?}) sets {name}, which {} does not declare",
+                    spec.label(),
+                    kernel.file()
+                );
+            }
+            for (name, _) in declared.iter().filter(|d| !d.1) {
+                assert!(set.iter().any(|c| c.0 == *name), "{} leaves {name} (no default) unset", spec.label());
+            }
+        }
+    }
+
+    #[test]
+    fn labels_name_the_variant() {
+        let labels: Vec<String> = samples().iter().map(|s| s.label()).collect();
+        assert!(labels.contains(&"kv_write_ring_f16".to_string()), "{labels:?}");
+        assert!(labels.contains(&"matmul_wide_q4_1_normed_swiglu_add_softcap_rows".to_string()), "{labels:?}");
+        assert!(labels.contains(&"attention_query_tiles8_f16".to_string()), "{labels:?}");
+        let mut unique = labels.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), labels.len(), "two variants share a label: {labels:?}");
+    }
+}

@@ -1,0 +1,10 @@
+//! The GPU runtime below the engine: the device and its health, weights on the GPU, the WGSL
+//! modules with their typed constants and pipeline cache, the kernel variants picked per adapter,
+//! and the timestamp profiler.
+
+pub mod device;
+pub mod kernels;
+pub mod profile;
+pub mod shaders;
+pub mod variants;
+pub(crate) mod weights;
