@@ -370,9 +370,10 @@ fn profile_table(
                 next = (0..rows).map(|_| Some(rng.below(model.cfg.vocab) as u32)).collect();
             }
             let n = steps as f64;
-            let mut kernels = total.kernels.clone();
-            kernels.sort_by(|a, b| b.1.total_cmp(&a.1));
-            let kernels: Vec<String> = kernels
+            // by pipeline variant: the labels the pipelines carry (`kv_write_ring_f16`)
+            let mut variants = total.variants.clone();
+            variants.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let kernels: Vec<String> = variants
                 .iter()
                 .map(|(name, seconds, count)| format!("{name} {:.3} ms ({:.0}x)", 1e3 * seconds / n, *count as f64 / n))
                 .collect();
@@ -392,7 +393,7 @@ fn profile_table(
         }
     }
     if !per_kernel.is_empty() {
-        println!("\nGPU time per decode step by kernel (ms, dispatches per step), slowest first:\n");
+        println!("\nGPU time per decode step by pipeline variant (ms, dispatches per step), slowest first:\n");
         for line in per_kernel {
             println!("{line}");
         }

@@ -13,7 +13,7 @@ use crate::engine::{Engine, Scratch, CHUNK};
 use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
 use crate::gpu::kernels;
-use crate::gpu::shaders::{Kernel, Pipelines};
+use crate::gpu::shaders::Kernel;
 use crate::gpu::variants::{product_wg, resolve_matmul, AttentionKernel, Fusion, MatmulKernel};
 use crate::gpu::weights::GpuWeights;
 use crate::model::config::ModelConfig;
@@ -291,7 +291,7 @@ impl Engine {
                 e.insert(gpu.storage_init(&format!("rope theta {theta}"), bytemuck::cast_slice(&table))?);
             }
         }
-        let pipelines = Pipelines::new(&gpu.device, matmul == MatmulKernel::IntDot);
+        let pipelines = &gpu.pipelines;
         // the products' float kernel (int-dot: for the formats it does not take, what `Auto` picks)
         let float_kernel =
             if matmul == MatmulKernel::IntDot { resolve_matmul(MatmulKernel::Auto, gpu)? } else { matmul };
@@ -310,7 +310,8 @@ impl Engine {
             attention,
             fusion,
             cfg: &cfg,
-            pipelines: &pipelines,
+            pipelines,
+            built: Default::default(),
             cache: &cache,
             s: &s,
             rope: &rope,
@@ -378,10 +379,11 @@ impl Engine {
             &[&s.step, &s.row_info, &sampling.bias_n, &sampling.bias, &s.logits],
             Grid::Rows(sampling.slots.max(1)),
         );
+        let pipeline_count = bld.built.borrow().len();
         Ok(Engine {
             gpu: gpu.clone(),
             cfg,
-            pipelines,
+            pipeline_count,
             cache,
             chunk,
             s,

@@ -2,6 +2,7 @@
 //! constants of each kernel. [`Builder::layer`] reads as one layer's dispatch order.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::cache::KvCache;
 use crate::engine::build::AttentionPlan;
@@ -79,6 +80,8 @@ impl<'a> BlockInput<'a> {
 pub(super) struct Builder<'a> {
     pub(super) cfg: &'a ModelConfig,
     pub(super) pipelines: &'a Pipelines,
+    /// The distinct pipelines the dispatches built so far use (by address).
+    pub(super) built: std::cell::RefCell<std::collections::HashSet<usize>>,
     pub(super) cache: &'a KvCache,
     pub(super) s: &'a Scratch,
     pub(super) rope: &'a HashMap<u32, wgpu::Buffer>,
@@ -115,9 +118,11 @@ impl Builder<'_> {
     /// built now and labelled with the variant's name.
     pub(super) fn dispatch(&self, spec: &dyn Specialize, buffers: &[&wgpu::Buffer], grid: Grid) -> Dispatch {
         let (kernel, label) = (spec.kernel(), spec.label());
+        let pipeline = self.pipelines.get(spec);
+        self.built.borrow_mut().insert(Arc::as_ptr(&pipeline) as usize);
         Dispatch {
             kernel,
-            pipeline: self.pipelines.get(spec),
+            pipeline,
             bind: self.pipelines.bind(kernel, &label, buffers),
             label: label.into(),
             grid,

@@ -68,8 +68,8 @@ impl Engine {
         let n4 = (bytes / 16) as usize;
         let wg = Kernel::Copy.workgroup_size() as usize;
         let copy = kernels::Copy { n4 };
-        let pipeline = self.pipelines.get(&copy);
-        let bind = self.pipelines.bind(Kernel::Copy, "copy", &[&src, &dst]);
+        let pipeline = self.gpu.pipelines.get(&copy);
+        let bind = self.gpu.pipelines.bind(Kernel::Copy, "copy", &[&src, &dst]);
         let groups = n4.div_ceil(wg);
         let (x, y) = (groups.min(65535), groups.div_ceil(65535));
         let mut best = f64::INFINITY;

@@ -22,7 +22,6 @@ use std::collections::HashMap;
 use crate::cache::{KvCache, RowOwner};
 use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
-use crate::gpu::shaders::Pipelines;
 use crate::gpu::weights::GpuWeights;
 use crate::model::config::ModelConfig;
 use build::AttentionPlan;
@@ -73,7 +72,8 @@ pub(crate) struct Scratch {
 pub struct Engine {
     gpu: Gpu,
     cfg: ModelConfig,
-    pipelines: Pipelines,
+    /// Distinct pipelines this engine's dispatches use.
+    pipeline_count: usize,
     pub(crate) cache: KvCache,
     chunk: usize,
     pub(crate) s: Scratch,
@@ -176,9 +176,10 @@ impl Engine {
         self.max_window
     }
 
-    /// Distinct compute pipelines built.
+    /// Distinct compute pipelines this engine's dispatches use (built once per device: a second
+    /// engine of the same shape shares them).
     pub fn pipeline_count(&self) -> usize {
-        self.pipelines.len()
+        self.pipeline_count
     }
 
     /// Bytes the model's matrices take on the GPU (quantized blocks stay quantized, 16-bit weights

@@ -48,6 +48,8 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     health: Arc<Mutex<Health>>,
     memory: Arc<Mutex<Memory>>,
+    /// The device's shader modules and pipelines, shared by its engines.
+    pub(crate) pipelines: Arc<crate::gpu::shaders::Pipelines>,
 }
 
 /// Bytes of buffers engines hold on this device, against the budget (if any).
@@ -180,7 +182,8 @@ impl Gpu {
             (info.device_type == wgpu::DeviceType::Cpu).then(host_memory_available).flatten().map(|b| b / 10 * 9)
         });
         let memory = Arc::new(Mutex::new(Memory { budget, in_use: 0 }));
-        Ok(Gpu { device, queue, info, limits, health, memory })
+        let pipelines = Arc::new(crate::gpu::shaders::Pipelines::new(&device));
+        Ok(Gpu { device, queue, info, limits, health, memory, pipelines })
     }
 
     /// The budget engines on this device share, in bytes (see [`GpuOptions::memory_budget`]).

@@ -668,7 +668,8 @@ impl Specialize for EngramMix {
     }
 }
 
-/// `copy.wgsl`: `n4` vec4s copied, the bench's bandwidth yardstick.
+/// `copy.wgsl`: `n4` vec4s copied, the bench's bandwidth yardstick (native only).
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 pub(crate) struct Copy {
     pub n4: usize,
 }

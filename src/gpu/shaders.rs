@@ -300,70 +300,84 @@ fn trusted_checks() -> wgpu::ShaderRuntimeChecks {
 
 type Key = (Kernel, Vec<(&'static str, u64)>);
 
-/// Shader modules, bind group layouts and pipelines, each created once per device.
+/// A kernel's shader module and layouts.
+struct KernelObjects {
+    module: wgpu::ShaderModule,
+    bind_layout: wgpu::BindGroupLayout,
+    pipeline_layout: wgpu::PipelineLayout,
+}
+
+/// Shader modules, bind group layouts and pipelines, each created once per device and shared by
+/// every engine on it (a second engine of the same shape compiles nothing). A kernel's module is
+/// made when a pipeline first asks for it, so a device never builds the integer-dot or subgroup
+/// modules unless an engine runs them (`dot4I8Packed` is a WGSL extension not every browser has).
 pub(crate) struct Pipelines {
     device: wgpu::Device,
-    modules: HashMap<Kernel, wgpu::ShaderModule>,
-    layouts: HashMap<Kernel, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>,
+    kernels: Mutex<HashMap<Kernel, Arc<KernelObjects>>>,
     cache: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
 }
 
+impl std::fmt::Debug for Pipelines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.cache.lock().map(|c| c.len()).unwrap_or(0);
+        write!(f, "Pipelines({n} built)")
+    }
+}
+
 impl Pipelines {
-    /// Modules and layouts of every kernel the device can run (the integer-dot ones only with
-    /// `int_dot`).
-    pub(crate) fn new(device: &wgpu::Device, int_dot: bool) -> Self {
-        let mut modules = HashMap::new();
-        let mut layouts = HashMap::new();
-        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
-        let checked = bounds_checked();
-        for k in Kernel::ALL.into_iter().filter(|k| (subgroups || !k.needs_subgroups()) && (int_dot || !k.int_dot())) {
-            let desc = wgpu::ShaderModuleDescriptor {
-                label: Some(k.file()),
-                source: wgpu::ShaderSource::Wgsl(k.source().into()),
-            };
-            let module = if checked {
-                device.create_shader_module(desc)
-            } else {
-                // SAFETY: these are our own shaders, not user input. Every index they compute
-                // stays inside its binding: the host checks rows, positions and lengths against
-                // the buffers' sizes before a step is recorded (`Engine::check`), reads past a
-                // chunk's last token are clamped to it (`row_bases` in matmul.wgsl), and padding
-                // writes a scratch slot or nothing. The whole suite runs these modules on Vulkan
-                // and GL in CI.
-                unsafe { device.create_shader_module_trusted(desc, trusted_checks()) }
-            };
-            modules.insert(k, module);
-            let entries: Vec<_> = k
-                .bindings()
-                .iter()
-                .enumerate()
-                .map(|(i, b)| wgpu::BindGroupLayoutEntry {
-                    binding: i as u32,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: match b {
-                            Uniform => wgpu::BufferBindingType::Uniform,
-                            Read => wgpu::BufferBindingType::Storage { read_only: true },
-                            ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
-                        },
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
+    /// An empty cache for `device`.
+    pub(crate) fn new(device: &wgpu::Device) -> Self {
+        Pipelines { device: device.clone(), kernels: Mutex::new(HashMap::new()), cache: Mutex::new(HashMap::new()) }
+    }
+
+    /// The module and layouts of `k`, made on first use.
+    fn kernel(&self, k: Kernel) -> Arc<KernelObjects> {
+        let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        kernels.entry(k).or_insert_with(|| Arc::new(self.make_kernel(k))).clone()
+    }
+
+    fn make_kernel(&self, k: Kernel) -> KernelObjects {
+        let device = &self.device;
+        let desc =
+            wgpu::ShaderModuleDescriptor { label: Some(k.file()), source: wgpu::ShaderSource::Wgsl(k.source().into()) };
+        let module = if bounds_checked() {
+            device.create_shader_module(desc)
+        } else {
+            // SAFETY: these are our own shaders, not user input. Every index they compute
+            // stays inside its binding: the host checks rows, positions and lengths against
+            // the buffers' sizes before a step is recorded (`Engine::check`), reads past a
+            // chunk's last token are clamped to it (`row_bases` in matmul.wgsl), and padding
+            // writes a scratch slot or nothing. The whole suite runs these modules on Vulkan
+            // and GL in CI.
+            unsafe { device.create_shader_module_trusted(desc, trusted_checks()) }
+        };
+        let entries: Vec<_> = k
+            .bindings()
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: match b {
+                        Uniform => wgpu::BufferBindingType::Uniform,
+                        Read => wgpu::BufferBindingType::Storage { read_only: true },
+                        ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
                     },
-                    count: None,
-                })
-                .collect();
-            let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some(k.file()),
-                entries: &entries,
-            });
-            let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some(k.file()),
-                bind_group_layouts: &[Some(&bgl)],
-                immediate_size: 0,
-            });
-            layouts.insert(k, (bgl, pl));
-        }
-        Pipelines { device: device.clone(), modules, layouts, cache: Mutex::new(HashMap::new()) }
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let bind_layout = device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(k.file()), entries: &entries });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(k.file()),
+            bind_group_layouts: &[Some(&bind_layout)],
+            immediate_size: 0,
+        });
+        KernelObjects { module, bind_layout, pipeline_layout }
     }
 
     /// The pipeline of `spec`'s kernel specialized with its constants, built on first use and
@@ -373,14 +387,15 @@ impl Pipelines {
         let mut key_consts: Vec<(&'static str, u64)> = constants.iter().map(|(n, v)| (*n, v.to_bits())).collect();
         key_consts.sort();
         let key = (kernel, key_consts);
+        let objects = self.kernel(kernel);
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         cache
             .entry(key)
             .or_insert_with(|| {
                 Arc::new(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(&spec.label()),
-                    layout: Some(&self.layouts[&kernel].1),
-                    module: &self.modules[&kernel],
+                    layout: Some(&objects.pipeline_layout),
+                    module: &objects.module,
                     entry_point: Some(kernel.entry_point()),
                     compilation_options: wgpu::PipelineCompilationOptions {
                         constants: &constants,
@@ -390,11 +405,6 @@ impl Pipelines {
                 }))
             })
             .clone()
-    }
-
-    /// Number of distinct pipelines built so far.
-    pub(crate) fn len(&self) -> usize {
-        self.cache.lock().map(|c| c.len()).unwrap_or(0)
     }
 
     /// A bind group of `kernel` over whole buffers, in binding order, labelled `label`.
@@ -407,7 +417,7 @@ impl Pipelines {
             .collect();
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(label),
-            layout: &self.layouts[&kernel].0,
+            layout: &self.kernel(kernel).bind_layout,
             entries: &entries,
         })
     }

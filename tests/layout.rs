@@ -1,0 +1,92 @@
+//! The layout of `src/` is the architecture: folders in layers, each using only the layers below
+//! it (lib.rs lists them), and files a newcomer can read. This reads the sources; no GPU needed.
+
+use std::path::{Path, PathBuf};
+
+/// The layers, lowest first: a module may use its own layer and those before it.
+const LAYERS: [&str; 7] = ["error", "model", "io", "gpu", "cache", "engine", "serve"];
+
+/// The flat paths lib.rs keeps for every module, and the layer each lives in.
+const FLAT: [(&str, &str); 20] = [
+    ("config", "model"),
+    ("weights", "model"),
+    ("reference", "model"),
+    ("engram", "model"),
+    ("quant", "model"),
+    ("gguf", "io"),
+    ("hf", "io"),
+    ("model_file", "io"),
+    ("tokenizer", "io"),
+    ("npy", "io"),
+    ("device", "gpu"),
+    ("shaders", "gpu"),
+    ("variants", "gpu"),
+    ("profile", "gpu"),
+    ("decode", "engine"),
+    ("sampling", "engine"),
+    ("batching", "serve"),
+    ("rollout", "serve"),
+    ("speculative", "serve"),
+    ("compat", "serve"),
+];
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn layer_of(name: &str) -> Option<usize> {
+    let folder = FLAT.iter().find(|f| f.0 == name).map_or(name, |f| f.1);
+    LAYERS.iter().position(|l| *l == folder)
+}
+
+#[test]
+fn no_module_uses_a_layer_above_its_own() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut wrong = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+        if rel == "lib.rs" {
+            continue;
+        }
+        let own = rel.split('/').next().unwrap().trim_end_matches(".rs");
+        let own_layer = layer_of(own).unwrap_or_else(|| panic!("src/{rel}: {own} is in no layer of LAYERS"));
+        let text = std::fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            // what the code uses; a doc link may name anything
+            let code = line.split("//").next().unwrap();
+            for (i, _) in code.match_indices("crate::") {
+                let name: String =
+                    code[i + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                match layer_of(&name) {
+                    Some(l) if l > own_layer => wrong.push(format!("src/{rel}:{}: uses crate::{name}", n + 1)),
+                    Some(_) => {}
+                    None => wrong.push(format!("src/{rel}:{}: crate::{name} is not a module path", n + 1)),
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "imports that run up a layer (order: {LAYERS:?}):\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn no_source_file_is_over_about_800_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .map(|f| (f, std::fs::read_to_string(f).unwrap().lines().count()))
+        .filter(|(_, n)| *n > 850)
+        .map(|(f, n)| format!("{}: {n} lines", f.display()))
+        .collect();
+    assert!(long.is_empty(), "split these by concern: {long:?}");
+}
