@@ -33,7 +33,7 @@ pub mod serve;
 pub use engine::{decode, sampling};
 pub use gpu::{device, profile, shaders, variants};
 pub use io::{gguf, hf, model_file, npy, tokenizer};
-pub use model::{config, engram, quant, reference, weights};
+pub use model::{config, engram, family, quant, reference, weights};
 pub use serve::{batching, rollout};
 #[cfg(not(target_arch = "wasm32"))]
 pub use serve::{compat, speculative};
@@ -49,6 +49,7 @@ pub use engine::{
     QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
 pub use error::{Error, Result};
+pub use family::Family;
 pub use gpu::kernels::WeightFormat;
 pub use gpu::weights::WeightDtype;
 pub use profile::Profile;

@@ -10,8 +10,9 @@ use std::path::Path;
 
 use crate::error::{file_err, Error, Result};
 use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig};
+use crate::model::family::{assemble, tensor_names, Family, Naming, Slot, Tensor};
 use crate::model::quant::QuantKind;
-use crate::model::weights::{Half, LayerWeights, Matrix, ModelWeights};
+use crate::model::weights::{Half, Matrix, ModelWeights};
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -385,6 +386,7 @@ impl GgufFile {
             )));
         }
         let mut c = ModelConfig::llama(vocab, d, heads, kv_heads, head_dim, ffn, layers, theta, eps, tied);
+        c.family = Family::from_gguf_arch(arch).unwrap_or(Family::Llama);
         c.context_len = self
             .get(&p("context_length"))
             .and_then(Value::as_u64)
@@ -439,72 +441,26 @@ impl GgufFile {
 
     /// [`GgufFile::weights`], calling `progress(layers_done, layers)` as layers are read.
     pub fn weights_with_progress(&self, progress: &mut dyn FnMut(usize, usize)) -> Result<ModelWeights> {
+        self.arch()?;
         let cfg = self.config()?;
-        let arch = self.arch()?;
-        let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim);
-        let mut layers = Vec::new();
-        for i in 0..cfg.n_layers() {
-            let b = |s: &str| format!("blk.{i}.{s}.weight");
-            // only llama.cpp's llama converter permutes Q/K rows (qwen3 and gemma3 are stored as
-            // Hugging Face has them)
-            let (mut wq, mut wk) = (self.matrix(&b("attn_q"), hd, d)?, self.matrix(&b("attn_k"), kvd, d)?);
-            if arch == "llama" {
-                wq = unpermute(&wq, cfg.n_heads);
-                wk = unpermute(&wk, cfg.n_kv_heads);
+        let n = cfg.n_layers();
+        let mut done = 0;
+        let w = assemble(&cfg, &tensor_names(&cfg, Naming::Gguf), &mut |t| {
+            if let Some(&(Slot::Layer(i, _), _)) = t.places.first() {
+                while done < i {
+                    done += 1;
+                    progress(done, n);
+                }
             }
-            let wv = self.matrix(&b("attn_v"), kvd, d)?;
-            let kv = Matrix::vstack(&[wk, wv])?;
-            let spec = cfg.layers[i];
-            let opt = |name: &str, n: usize, want: bool| want.then(|| self.vector(&b(name), n)).transpose();
-            let gemma = arch == "gemma3";
-            layers.push(LayerWeights {
-                attn_norm: Some(self.vector(&b("attn_norm"), d)?),
-                wq,
-                q_norm: opt("attn_q_norm", cfg.head_dim, cfg.qk_norm)?,
-                k_norm: opt("attn_k_norm", cfg.head_dim, cfg.qk_norm)?,
-                kv_global: spec.writes_global.then(|| kv.clone()),
-                kv_local: spec.local.then_some(kv),
-                wo: self.matrix(&b("attn_output"), d, hd)?,
-                post_attn_norm: opt("post_attention_norm", d, gemma)?,
-                mlp_norm: Some(self.vector(&b("ffn_norm"), d)?),
-                post_mlp_norm: opt("post_ffw_norm", d, gemma)?,
-                mlp_in: Matrix::vstack(&[
-                    self.matrix(&b("ffn_gate"), cfg.ffn, d)?,
-                    self.matrix(&b("ffn_up"), cfg.ffn, d)?,
-                ])?,
-                mlp_out: self.matrix(&b("ffn_down"), d, cfg.ffn)?,
-                engram: None,
-            });
-            progress(i + 1, cfg.n_layers());
-        }
-        let head = if cfg.tie_embeddings { None } else { Some(self.matrix("output.weight", cfg.vocab, d)?) };
-        let w = ModelWeights {
-            embed: self.matrix("token_embd.weight", cfg.vocab, d)?,
-            final_norm: Some(self.vector("output_norm.weight", d)?),
-            head,
-            layers,
-            cid_map: None,
-            cfg,
-        };
-        w.check()?;
+            match t.shape[..] {
+                [n] => self.vector(&t.name, n).map(Tensor::Vector),
+                [rows, cols] => self.matrix(&t.name, rows, cols).map(Tensor::Matrix),
+                _ => Err(Error::Weights(format!("tensor `{}`: unexpected shape {:?}", t.name, t.shape))),
+            }
+        })?;
+        progress(n, n);
         Ok(w)
     }
-}
-
-/// Undo llama.cpp's Q/K row permutation: GGUF row `h*hd + 2i + j` holds HF row `h*hd + j*hd/2 + i`.
-fn unpermute(m: &Matrix, heads: usize) -> Matrix {
-    let hd = m.rows / heads.max(1);
-    let half = hd / 2;
-    // result row (h, j, i) = gguf row (h, i, j)
-    let order: Vec<usize> = (0..m.rows)
-        .map(|r| {
-            (r / hd) * hd + {
-                let (j, i) = ((r % hd) / half, (r % hd) % half);
-                2 * i + j
-            }
-        })
-        .collect();
-    m.permute_rows(&order)
 }
 
 fn floats(ty: TensorType, b: &[u8]) -> Vec<f32> {

@@ -10,18 +10,10 @@ use serde_json::Value;
 
 use crate::error::{file_err, Error, Result};
 use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig, NormKind};
-use crate::model::weights::{LayerWeights, Matrix, ModelWeights, TensorFile};
+use crate::model::family::{assemble, tensor_names, Naming, Tensor, HF_PREFIXES};
+use crate::model::weights::{ModelWeights, TensorFile};
 
-/// The model families read from Hugging Face directories.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Family {
-    /// Llama, SmolLM, Mistral-style dense models.
-    Llama,
-    /// Qwen3 (qk-norm with weights).
-    Qwen3,
-    /// Gemma 3 text (local/global layers, four norms per layer, `1 + w` norms).
-    Gemma3,
-}
+pub use crate::model::family::Family;
 
 fn get_usize(cfg: &Value, key: &str) -> Result<Option<usize>> {
     match cfg.get(key) {
@@ -131,6 +123,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         .and_then(Value::as_bool)
         .unwrap_or(tie_default);
     let mut c = ModelConfig::llama(vocab, d, heads, kv_heads, head_dim, ffn, n_layers, 10000.0, eps, tied);
+    c.family = family;
     let mut group = 0;
     c.layers = sliding
         .iter()
@@ -146,7 +139,8 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
     c.window = window;
     c.context_len = get_usize(cfg, "max_position_embeddings")?.filter(|&n| n > 0);
     match family {
-        Family::Llama | Family::Qwen3 => {
+        // (no config.json names kvdecode's own family)
+        Family::Llama | Family::Qwen3 | Family::Kvdecode => {
             let theta = rope_theta(cfg, "full_attention", "rope_theta", 10000.0)?;
             c.rope_theta = theta;
             c.rope_theta_local = rope_theta(cfg, "sliding_attention", "rope_theta", theta)?;
@@ -192,7 +186,7 @@ pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
     let dir = dir.as_ref();
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| file_err(&cfg_path, e))?;
-    let (cfg, family) = config_from_json(&text).map_err(|e| file_err(&cfg_path, e))?;
+    let (cfg, _) = config_from_json(&text).map_err(|e| file_err(&cfg_path, e))?;
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| file_err(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -210,76 +204,23 @@ pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
         .collect::<Result<Vec<_>>>()?;
     let find = |name: &str| parsed.iter().find(|f| f.has(name));
     // text weights live under `model.` (text-only checkpoints) or a language-model prefix
-    let prefix = ["model.", "language_model.model.", "model.language_model."]
-        .into_iter()
-        .find(|p| find(&format!("{p}embed_tokens.weight")).is_some())
-        .unwrap_or("model.");
-    let matrix = |name: &str| match find(name) {
-        Some(f) => f.matrix(name),
-        None => Err(Error::Weights(format!("tensor `{name}` is missing"))),
-    };
-    let vector = |name: &str| match find(name) {
-        Some(f) => f.vector(name),
-        None => Err(Error::Weights(format!("tensor `{name}` is missing"))),
-    };
-    let build = || -> Result<ModelWeights> {
-        let mut layers = Vec::new();
-        for (i, spec) in cfg.layers.iter().enumerate() {
-            let p = format!("{prefix}layers.{i}");
-            let kv = Matrix::vstack(&[
-                matrix(&format!("{p}.self_attn.k_proj.weight"))?,
-                matrix(&format!("{p}.self_attn.v_proj.weight"))?,
-            ])?;
-            let gate_up = Matrix::vstack(&[
-                matrix(&format!("{p}.mlp.gate_proj.weight"))?,
-                matrix(&format!("{p}.mlp.up_proj.weight"))?,
-            ])?;
-            let qk = |which: &str| -> Result<Option<Vec<f32>>> {
-                if family == Family::Llama {
-                    Ok(None)
-                } else {
-                    vector(&format!("{p}.self_attn.{which}_norm.weight")).map(Some)
-                }
-            };
-            let gemma = family == Family::Gemma3;
-            layers.push(LayerWeights {
-                attn_norm: Some(vector(&format!("{p}.input_layernorm.weight"))?),
-                wq: matrix(&format!("{p}.self_attn.q_proj.weight"))?,
-                q_norm: qk("q")?,
-                k_norm: qk("k")?,
-                kv_global: spec.writes_global.then(|| kv.clone()),
-                kv_local: spec.local.then_some(kv),
-                wo: matrix(&format!("{p}.self_attn.o_proj.weight"))?,
-                post_attn_norm: if gemma {
-                    Some(vector(&format!("{p}.post_attention_layernorm.weight"))?)
-                } else {
-                    None
-                },
-                mlp_norm: Some(vector(&format!(
-                    "{p}.{}.weight",
-                    if gemma { "pre_feedforward_layernorm" } else { "post_attention_layernorm" }
-                ))?),
-                post_mlp_norm: if gemma {
-                    Some(vector(&format!("{p}.post_feedforward_layernorm.weight"))?)
-                } else {
-                    None
-                },
-                mlp_in: gate_up,
-                mlp_out: matrix(&format!("{p}.mlp.down_proj.weight"))?,
-                engram: None,
-            });
-        }
-        let head = if cfg.tie_embeddings { None } else { Some(matrix("lm_head.weight")?) };
-        let w = ModelWeights {
-            embed: matrix(&format!("{prefix}embed_tokens.weight"))?,
-            final_norm: Some(vector(&format!("{prefix}norm.weight"))?),
-            head,
-            layers,
-            cid_map: None,
-            cfg: cfg.clone(),
+    let prefix =
+        HF_PREFIXES.into_iter().find(|p| find(&format!("{p}embed_tokens.weight")).is_some()).unwrap_or(HF_PREFIXES[0]);
+    let names = tensor_names(&cfg, Naming::HuggingFace(prefix));
+    assemble(&cfg, &names, &mut |t| {
+        let f = find(&t.name).ok_or_else(|| Error::Weights(format!("tensor `{}` is missing", t.name)))?;
+        let value = match t.shape[..] {
+            [_] => Tensor::Vector(f.vector(&t.name)?),
+            _ => Tensor::Matrix(f.matrix(&t.name)?),
         };
-        w.check()?;
-        Ok(w)
-    };
-    build().map_err(|e| file_err(dir, e))
+        let found = match &value {
+            Tensor::Vector(v) => vec![v.len()],
+            Tensor::Matrix(m) => vec![m.rows, m.cols],
+        };
+        if found != t.shape {
+            return Err(Error::Weights(format!("tensor `{}` has shape {found:?}, expected {:?}", t.name, t.shape)));
+        }
+        Ok(value)
+    })
+    .map_err(|e| file_err(dir, e))
 }

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::model::family::Family;
 
 /// What a layer does with the cache.
 ///
@@ -100,6 +101,11 @@ pub struct ModelConfig {
     /// than this unless [`crate::EngineOptions::beyond_trained_context`] is set.
     #[serde(default)]
     pub context_len: Option<usize>,
+    /// The architecture the weights came from: it names their tensors in Hugging Face and GGUF
+    /// files ([`crate::model::family`]). Files written before it existed read as
+    /// [`Family::Kvdecode`], which has kvdecode's names only.
+    #[serde(default)]
+    pub family: Family,
 }
 
 /// The Engram module: hashed n-gram tables whose rows, gated by the hidden state, are added to
@@ -198,6 +204,7 @@ impl ModelConfig {
             tie_embeddings: false,
             engram: None,
             context_len: None,
+            family: Family::Kvdecode,
         }
     }
 
@@ -239,6 +246,7 @@ impl ModelConfig {
             tie_embeddings,
             engram: None,
             context_len: None,
+            family: Family::Llama,
         }
     }
 

@@ -4,8 +4,10 @@
 pub mod config;
 pub mod dtype;
 pub mod engram;
+pub mod family;
 pub mod quant;
 pub mod reference;
 pub mod weights;
 
 pub use dtype::KvDtype;
+pub use family::Family;

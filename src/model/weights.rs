@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::error::{file_err, Error, Result};
 use crate::model::config::{ModelConfig, NormKind};
+use crate::model::family::{assemble, tensor_names, Naming, Tensor};
 use crate::model::quant::{dequantize, QuantData, QuantKind};
 
 /// A dense f32 matrix in PyTorch layout `[rows, cols]` (`rows` = output features).
@@ -459,61 +460,26 @@ impl ModelWeights {
             serde_json::from_str(cfg_json).map_err(|e| Error::Weights(format!("bad `{CONFIG_KEY}` metadata: {e}")))?;
         cfg.validate()?;
         let st = TensorFile::parse(bytes)?;
-        let mut layers = Vec::new();
-        let norm = |name: &str, want: bool| -> Result<Option<Vec<f32>>> {
-            if want {
-                st.vector(name).map(Some)
-            } else {
-                Ok(None)
+        let names = tensor_names(&cfg, Naming::Kvdecode);
+        let mut w = assemble(&cfg, &names, &mut |t| {
+            let value = match t.shape[..] {
+                [_] => Tensor::Vector(st.vector(&t.name)?),
+                // Engram's tensors may carry PyTorch's `.weight` suffix
+                _ => Tensor::Matrix(st.matrix_either(&t.name)?),
+            };
+            let found = match &value {
+                Tensor::Vector(v) => vec![v.len()],
+                Tensor::Matrix(m) => vec![m.rows, m.cols],
+            };
+            if found != t.shape {
+                return Err(Error::Weights(format!("{}: shape {found:?}, expected {:?}", t.name, t.shape)));
             }
-        };
-        let has_w = cfg.norm != NormKind::Plain;
-        for (i, spec) in cfg.layers.iter().enumerate() {
-            let b = format!("blocks.{i}");
-            layers.push(LayerWeights {
-                attn_norm: norm(&format!("{b}.attn_norm.weight"), has_w)?,
-                wq: st.matrix(&format!("{b}.attn.w_q.weight"))?,
-                q_norm: norm(&format!("{b}.attn.q_norm.weight"), has_w && cfg.qk_norm)?,
-                k_norm: norm(&format!("{b}.attn.k_norm.weight"), has_w && cfg.qk_norm)?,
-                kv_global: spec
-                    .writes_global
-                    .then(|| st.matrix(&format!("{b}.attn.w_kv_global.weight")))
-                    .transpose()?,
-                kv_local: spec.local.then(|| st.matrix(&format!("{b}.attn.w_kv_local.weight"))).transpose()?,
-                wo: st.matrix(&format!("{b}.attn.w_o.weight"))?,
-                post_attn_norm: norm(&format!("{b}.post_attn_norm.weight"), has_w && cfg.post_norms)?,
-                mlp_norm: norm(&format!("{b}.mlp_norm.weight"), has_w)?,
-                post_mlp_norm: norm(&format!("{b}.post_mlp_norm.weight"), has_w && cfg.post_norms)?,
-                mlp_in: st.matrix(&format!("{b}.mlp.fc.weight"))?,
-                mlp_out: st.matrix(&format!("{b}.mlp.proj.weight"))?,
-                engram: match &cfg.engram {
-                    Some(e) if e.layers.contains(&i) => {
-                        let mut tables = Vec::new();
-                        for n in &e.orders {
-                            for j in 0..e.heads {
-                                tables.push(st.matrix_either(&format!("{b}.engram.tables.{n}.{j}"))?);
-                            }
-                        }
-                        let w_kv = Matrix::vstack(&[
-                            st.matrix_either(&format!("{b}.engram.w_k"))?,
-                            st.matrix_either(&format!("{b}.engram.w_v"))?,
-                        ])?;
-                        Some(EngramWeights { tables, w_kv })
-                    }
-                    _ => None,
-                },
-            });
+            Ok(value)
+        })?;
+        if st.has("cid_map") {
+            w.cid_map = Some(st.ids("cid_map")?);
+            w.check()?;
         }
-        let cid_map = if st.has("cid_map") { Some(st.ids("cid_map")?) } else { None };
-        let w = ModelWeights {
-            embed: st.matrix("embed.weight")?,
-            head: if cfg.tie_embeddings { None } else { Some(st.matrix("head.weight")?) },
-            final_norm: norm("final_norm.weight", has_w)?,
-            layers,
-            cid_map,
-            cfg,
-        };
-        w.check()?;
         Ok(w)
     }
 
