@@ -8,14 +8,16 @@ venv=${KVDECODE_OPENAI_VENV:-$HOME/.cache/kvdecode/openai-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -c 'import openai, jsonschema' 2>/dev/null || "$venv/bin/pip" install --quiet openai==3.57.0 jsonschema==4.26.0
 bash scripts/fetch-smollm2.sh >/dev/null
-cargo build --release -p kvdecode-cli
+. scripts/cargo-profile.sh
+cargo build --profile "$profile" -p kvdecode-cli
+cli=target/$profile_dir/kvdecode
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 log=$(mktemp)
 tlog=$(mktemp)
-./target/release/kvdecode serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0 --rows 4 --max-len 512 2>"$log" &
+"$cli" serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0 --rows 4 --max-len 512 2>"$log" &
 server=$!
 # a tiny random model whose chat template takes tools (fuzz/seeds), for tool calls
-./target/release/kvdecode serve --model fuzz/seeds/gguf/llama-f32-tools.gguf --port 0 --rows 2 --max-len 1024 2>"$tlog" &
+"$cli" serve --model fuzz/seeds/gguf/llama-f32-tools.gguf --port 0 --rows 2 --max-len 1024 2>"$tlog" &
 tserver=$!
 trap 'kill $server $tserver 2>/dev/null || true; rm -f "$log" "$tlog"' EXIT
 wait_port() {

@@ -39,10 +39,11 @@ echo "== 1. parity tests in headless Chromium (wasm-bindgen-test)"
 
 echo "== 2. the page end to end (playwright-core)"
 bash scripts/web-build.sh
-cargo build --release -p kvdecode-cli
+. scripts/cargo-profile.sh
+cargo build --profile "$profile" -p kvdecode-cli
 echo '{"tokens": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 20}' > "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl"
 # the page decodes with f16 weights and f16 K/V and the portable kernels: the native run too
-expected=$(KVDECODE_PORTABLE=1 ./target/release/kvdecode generate --model demo --prompts "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl" --rows 1 --kv f16 --weights f16 \
+expected=$(KVDECODE_PORTABLE=1 "target/$profile_dir/kvdecode" generate --model demo --prompts "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl" --rows 1 --kv f16 --weights f16 \
   | python3 -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.readline())["tokens"]))')
 echo "native engine (lavapipe): $expected"
 (cd examples/web && EXPECTED="$expected" node e2e.mjs "$root/examples/web/screenshot.png")

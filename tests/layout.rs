@@ -90,3 +90,27 @@ fn no_source_file_is_over_about_800_lines() {
         .collect();
     assert!(long.is_empty(), "split these by concern: {long:?}");
 }
+
+/// The test profiles of `.config/nextest.toml` pick tests by exact name. A renamed test would
+/// quietly drop out of the forced-variant runs (profile `variants`), so every name there must be
+/// a test that exists.
+#[test]
+fn every_test_the_nextest_profiles_name_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = std::fs::read_to_string(root.join(".config/nextest.toml")).unwrap();
+    let mut files = Vec::new();
+    sources(&root.join("tests"), &mut files);
+    sources(&root.join("src"), &mut files);
+    let code: String = files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect();
+    let mut named = 0;
+    for piece in config.split("test(=").skip(1) {
+        let name = &piece[..piece.find(')').expect("test(= closes")];
+        assert!(code.contains(&format!("fn {name}(")), ".config/nextest.toml names `{name}`, which is no test");
+        named += 1;
+    }
+    for piece in config.split("binary(").skip(1) {
+        let name = &piece[..piece.find(')').expect("binary( closes")];
+        assert!(root.join(format!("tests/{name}.rs")).exists(), ".config/nextest.toml names binary `{name}`");
+    }
+    assert!(named > 30, "only {named} tests named: is the config read?");
+}
