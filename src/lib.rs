@@ -33,7 +33,7 @@ pub mod serve;
 pub use engine::{decode, sampling};
 pub use gpu::{device, profile, shaders, variants};
 pub use io::{gguf, hf, model_file, npy, tokenizer};
-pub use model::{config, engram, family, quant, reference, weights};
+pub use model::{config, engram, family, quant, reference, tensor, weights};
 pub use serve::{batching, rollout};
 #[cfg(not(target_arch = "wasm32"))]
 pub use serve::{compat, speculative};
@@ -45,8 +45,8 @@ pub use compat::{PaddedBatch, SequenceCache};
 pub use config::{EngramConfig, LayerSpec, MlpKind, ModelConfig, NormKind};
 pub use device::{Gpu, GpuOptions};
 pub use engine::{
-    AttentionKernel, Engine, EngineOptions, Fusion, Logits, MatmulKernel, Stats, Turn, TurnLimit, CHUNK,
-    QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
+    AttentionKernel, Engine, EngineOptions, Fusion, InFlight, Logits, MatmulKernel, Stats, Turn, TurnLimit,
+    WeightUpdate, CHUNK, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
 pub use error::{Error, Result};
 pub use family::Family;
@@ -55,4 +55,5 @@ pub use gpu::weights::WeightDtype;
 pub use profile::Profile;
 pub use rollout::{Episode, Rollouts};
 pub use sampling::{argmax, sample_cpu, sample_cpu_full, Sampled, Sampler, TOP_LOGPROBS_MAX};
+pub use tensor::{HostDtype, HostTensor};
 pub use weights::{DiskDtype, EngramWeights, Half, LayerWeights, Matrix, ModelWeights, SplitMix64};

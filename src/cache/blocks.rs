@@ -126,6 +126,9 @@ pub(crate) struct BlockPool {
     hashes: Vec<Vec<u64>>,
     /// The prompt cache's index: (shard, chained hash) to block.
     index: HashMap<(usize, u64), u32>,
+    /// Per row, whether its K/V came partly from weights since replaced
+    /// ([`BlockPool::flush_prompt_cache`]): its blocks are never registered, until a reset.
+    stale: Vec<bool>,
     tick: u64,
     stats: PromptCacheStats,
 }
@@ -156,6 +159,7 @@ impl BlockPool {
             prompt_cache: false,
             hashes: vec![Vec::new(); rows],
             index: HashMap::new(),
+            stale: vec![false; rows],
             tick: 0,
             stats: PromptCacheStats::default(),
         }
@@ -187,7 +191,7 @@ impl BlockPool {
     /// tokens (at least its full blocks' worth). A block whose tokens are cached already stays
     /// the row's own (its bits are the same; the cache keeps the first).
     pub(crate) fn register(&mut self, row: usize, tokens: &[u32]) {
-        if !self.prompt_cache {
+        if !self.prompt_cache || self.stale[row] {
             return;
         }
         let b = self.block_len;
@@ -366,6 +370,9 @@ impl BlockPool {
 
     /// Keep only the blocks of `row`'s first `len` positions; returns whether its table changed.
     pub(crate) fn truncate(&mut self, row: usize, len: usize) -> bool {
+        if len == 0 {
+            self.stale[row] = false;
+        }
         let keep = len.div_ceil(self.block_len);
         if self.tables[row].len() <= keep {
             return false;
@@ -424,6 +431,7 @@ impl BlockPool {
                 }
                 self.tables[d] = table;
                 self.hashes[d] = self.hashes[src].clone();
+                self.stale[d] = self.stale[src];
             } else {
                 self.tables[d] = table
                     .iter()
@@ -433,9 +441,36 @@ impl BlockPool {
                         to
                     })
                     .collect();
+                self.stale[d] = self.stale[src];
             }
         }
         Ok(copies)
+    }
+
+    /// Forget every cached block, because the weights that computed their K/V were replaced:
+    /// blocks only the cache held become free, rows keep theirs. With `stale`, rows that hold
+    /// blocks now are stale: what they compute next still attends to the old K/V, so none of
+    /// their blocks is registered again until the row is reset.
+    pub(crate) fn flush_prompt_cache(&mut self, stale: bool) {
+        for s in 0..self.shards.len() {
+            let shard = &mut self.shards[s];
+            shard.evictable.clear();
+            for blk in 0..shard.cached.len() {
+                if shard.cached[blk].take().is_some() {
+                    shard.refs[blk] -= 1;
+                    if shard.refs[blk] == 0 {
+                        shard.free.push(blk as u32);
+                    }
+                }
+            }
+            // lowest index first, as a new pool hands them out
+            shard.free.sort_unstable_by(|a, b| b.cmp(a));
+        }
+        self.index.clear();
+        for (row, table) in self.tables.iter().enumerate() {
+            self.hashes[row].clear();
+            self.stale[row] = stale && !table.is_empty();
+        }
     }
 
     /// A free block, or else the cached block no row holds that was used least recently.
@@ -581,6 +616,35 @@ mod tests {
         }
         p.audit().unwrap();
         assert_eq!(p.usage().free, 6);
+    }
+
+    #[test]
+    fn a_flushed_prompt_cache_frees_its_blocks_and_stale_rows_register_nothing() {
+        // 2 rows in one shard of 6 blocks of 4 positions
+        let mut p = BlockPool::new(2, 16, 2, 6, 4);
+        p.set_prompt_cache(true);
+        let tokens: Vec<u32> = (0..12).collect();
+        p.reserve(&[0], &[0], &[12]).unwrap();
+        p.register(0, &tokens);
+        p.truncate(0, 0); // the cache alone holds the 3 blocks now
+        p.reserve(&[1], &[0], &[8]).unwrap();
+        p.register(1, &tokens[..8]);
+        assert_eq!(p.usage().cached, 3);
+        p.flush_prompt_cache(true);
+        p.audit().unwrap();
+        let u = p.usage();
+        assert_eq!((u.cached, u.used, u.free), (0, 2, 4), "{u:?}");
+        // row 1 holds K/V of the old weights: growing it registers nothing
+        p.reserve(&[1], &[8], &[12]).unwrap();
+        p.register(1, &tokens);
+        assert_eq!(p.usage().cached, 0);
+        assert_eq!(p.adopt(0, &tokens, 0), (0, 0), "nothing to adopt");
+        // a reset row is fresh again
+        p.truncate(1, 0);
+        p.reserve(&[1], &[0], &[8]).unwrap();
+        p.register(1, &tokens[..8]);
+        assert_eq!(p.usage().cached, 2);
+        p.audit().unwrap();
     }
 
     #[test]

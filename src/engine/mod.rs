@@ -16,6 +16,7 @@ mod inspect;
 pub mod options;
 pub mod sampling;
 mod step;
+pub mod update;
 
 use std::collections::HashMap;
 
@@ -34,6 +35,7 @@ pub use crate::gpu::variants::{
 pub use decode::{Turn, TurnLimit};
 pub use options::{EngineOptions, Logits, Stats};
 pub(crate) use step::Output;
+pub use update::{InFlight, WeightUpdate};
 
 /// Most new tokens per row processed in one chunk (bounds activation memory during prefill,
 /// like the seed's CHUNK). Longer appends are split into several chunks, one submit each.
@@ -77,7 +79,9 @@ pub struct Engine {
     pub(crate) cache: KvCache,
     chunk: usize,
     pub(crate) s: Scratch,
-    _weights: GpuWeights,
+    pub(crate) weights: GpuWeights,
+    /// The policy version: 0 at construction, plus one per weight update.
+    weights_version: u64,
     _rope: HashMap<u32, wgpu::Buffer>,
     /// Every dispatch of one chunk up to the final hidden states, in order.
     chunk_dispatches: Vec<Dispatch>,
@@ -112,6 +116,11 @@ impl Drop for Engine {
 }
 
 impl Engine {
+    /// Whether the engine can run: its device is alive.
+    pub(crate) fn ready(&self) -> Result<()> {
+        self.gpu.check()
+    }
+
     /// The model configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
@@ -185,7 +194,7 @@ impl Engine {
     /// Bytes the model's matrices take on the GPU (quantized blocks stay quantized, 16-bit weights
     /// stay 16-bit).
     pub fn weight_bytes(&self) -> u64 {
-        self._weights.matrix_bytes()
+        self.weights.matrix_bytes()
     }
 
     /// Counters since construction.

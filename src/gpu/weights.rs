@@ -5,8 +5,10 @@ use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
 use crate::gpu::kernels::WeightFormat;
 use crate::model::config::ModelConfig;
-use crate::model::quant::repack_for_gpu;
+use crate::model::family::{LayerSlot, Slot};
+use crate::model::quant::{quantize, repack_for_gpu, QuantKind};
 use crate::model::reference::norm_multiplier;
+use crate::model::tensor::{HostDtype, HostTensor};
 use crate::model::weights::{Half, Matrix, ModelWeights};
 
 /// Element type of matrices on the GPU.
@@ -115,6 +117,85 @@ impl GpuMatrix {
     }
 }
 
+impl GpuMatrix {
+    /// The block format of a quantized matrix.
+    fn quant_kind(&self) -> Option<QuantKind> {
+        [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q4K, QuantKind::Q6K]
+            .into_iter()
+            .find(|&k| WeightFormat::from(k) == self.format)
+    }
+
+    /// Bytes of one row as stored.
+    fn row_bytes(&self) -> usize {
+        match (self.format, self.quant_kind()) {
+            (_, Some(k)) => self.cols / k.block_len() * k.gpu_block_words() * 4,
+            (WeightFormat::F32, _) => self.cols * 4,
+            _ => self.cols * 2,
+        }
+    }
+
+    /// Overwrite rows `row0 ..` with the rows of `t` (row `i` from `t`'s row `source(i)`),
+    /// converted to this matrix's format as [`GpuMatrix::upload`] would store them: 16-bit by
+    /// rounding, quantized formats by this crate's quantizer unless `t` already has those blocks.
+    /// `t` has been checked ([`HostTensor::check`]) against `[rows, self.cols]`.
+    /// Returns the bytes written.
+    pub(crate) fn write_rows(&self, gpu: &Gpu, row0: usize, t: &HostTensor, source: &dyn Fn(usize) -> usize) -> u64 {
+        let (n, rb) = (t.rows(), self.row_bytes());
+        let quant = self.quant_kind();
+        // the trainer's common case: the tensor's rows are the stored bytes
+        let same = matches!(
+            (self.format, t.dtype),
+            (WeightFormat::F32, HostDtype::F32)
+                | (WeightFormat::F16, HostDtype::F16)
+                | (WeightFormat::BF16, HostDtype::BF16)
+        );
+        let identity = (0..n).all(|i| source(i) == i);
+        for p in &self.parts {
+            let (a, b) = (row0.max(p.row_start), (row0 + n).min(p.row_start + p.rows));
+            let Some(size) = wgpu::BufferSize::new(((b.max(a) - a) * rb) as u64) else { continue };
+            let Some(mut view) = gpu.queue.write_buffer_with(&p.buffer, ((a - p.row_start) * rb) as u64, size) else {
+                continue; // a validation error: the device's error scope reports it
+            };
+            if same && identity {
+                view.copy_from_slice(&t.bytes[(a - row0) * rb..(b - row0) * rb]);
+                continue;
+            }
+            for r in a..b {
+                let src = source(r - row0);
+                let bytes: Vec<u8> = match (self.format, quant) {
+                    _ if same => t.row_raw(src).to_vec(),
+                    (_, Some(k)) => {
+                        let blocks = match t.dtype {
+                            HostDtype::Quant(have) if have == k => t.row_raw(src).to_vec(),
+                            // whole blocks by construction: quantizing cannot fail
+                            _ => quantize(k, &t.row_f32(src)).unwrap_or_default(),
+                        };
+                        bytemuck::cast_slice(&repack_for_gpu(k, &blocks)).to_vec()
+                    }
+                    (WeightFormat::F32, _) => bytemuck::cast_slice(&t.row_f32(src)).to_vec(),
+                    (WeightFormat::BF16, _) => {
+                        t.row_f32(src).iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect()
+                    }
+                    _ => t.row_f32(src).iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+                };
+                let at = (r - a) * rb;
+                view.slice(at..at + rb).copy_from_slice(&bytes);
+            }
+        }
+        (n * rb) as u64
+    }
+}
+
+/// Where one weight lives on the GPU.
+pub(crate) enum GpuPlace<'a> {
+    /// Rows `row0 ..` of a matrix.
+    Rows { matrix: &'a GpuMatrix, row0: usize },
+    /// A norm's multipliers (`1 + w` for Gemma's norms, see [`norm_multiplier`]).
+    Norm(&'a wgpu::Buffer),
+    /// f32 values at this element offset (Engram tables).
+    Floats { buffer: &'a wgpu::Buffer, offset: usize },
+}
+
 /// A layer's query projection and, on writer layers, its global K/V projection: one matrix
 /// `[wq; kv_global]` (one product a step) when both are stored alike, else apart.
 pub(crate) enum QkvWeights {
@@ -168,6 +249,46 @@ pub(crate) struct GpuWeights {
 }
 
 impl GpuWeights {
+    /// Where rows `row0 ..` of `slot` live (`None`: this engine holds no such weight).
+    pub(crate) fn place(&self, cfg: &ModelConfig, slot: Slot, row0: usize) -> Option<GpuPlace<'_>> {
+        fn rows(matrix: &GpuMatrix, row0: usize) -> GpuPlace<'_> {
+            GpuPlace::Rows { matrix, row0 }
+        }
+        let Slot::Layer(i, s) = slot else {
+            return match slot {
+                Slot::Embed => Some(rows(&self.embed, row0)),
+                Slot::Head => self.head.as_ref().map(|h| rows(h, row0)),
+                _ => self.final_norm.as_ref().map(GpuPlace::Norm),
+            };
+        };
+        let l = self.layers.get(i)?;
+        let hd = cfg.n_heads * cfg.head_dim;
+        Some(match s {
+            LayerSlot::Wq => match &l.qkv {
+                QkvWeights::Fused(m) | QkvWeights::Apart { wq: m, .. } => rows(m, row0),
+            },
+            LayerSlot::KvGlobal => match &l.qkv {
+                QkvWeights::Fused(m) => rows(m, hd + row0),
+                QkvWeights::Apart { kv_global, .. } => rows(kv_global.as_ref()?, row0),
+            },
+            LayerSlot::KvLocal => rows(l.kv_local.as_ref()?, row0),
+            LayerSlot::Wo => rows(&l.wo, row0),
+            LayerSlot::MlpIn => rows(&l.mlp_in, row0),
+            LayerSlot::MlpOut => rows(&l.mlp_out, row0),
+            LayerSlot::EngramKv => rows(&l.engram.as_ref()?.w_kv, row0),
+            LayerSlot::EngramTable(k) => {
+                let e = cfg.engram.as_ref()?;
+                GpuPlace::Floats { buffer: &l.engram.as_ref()?.tables, offset: k * e.table_rows * e.dim }
+            }
+            LayerSlot::AttnNorm => GpuPlace::Norm(l.attn_norm.as_ref()?),
+            LayerSlot::QNorm => GpuPlace::Norm(l.q_norm.as_ref()?),
+            LayerSlot::KNorm => GpuPlace::Norm(l.k_norm.as_ref()?),
+            LayerSlot::PostAttnNorm => GpuPlace::Norm(l.post_attn_norm.as_ref()?),
+            LayerSlot::MlpNorm => GpuPlace::Norm(l.mlp_norm.as_ref()?),
+            LayerSlot::PostMlpNorm => GpuPlace::Norm(l.post_mlp_norm.as_ref()?),
+        })
+    }
+
     /// Bytes of all matrices on the GPU (norm vectors and tables aside).
     pub(crate) fn matrix_bytes(&self) -> u64 {
         let m = |g: &GpuMatrix| g.parts.iter().map(|p| p.buffer.size()).sum::<u64>();

@@ -306,6 +306,11 @@ impl GgufFile {
             .ok_or_else(|| Error::Config(format!("GGUF metadata `{key}` is missing or not an integer")))
     }
 
+    /// The bytes of a tensor of this file's table.
+    pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
+        self.bytes.get(t.range.clone()).unwrap_or_default()
+    }
+
     /// A tensor's info by name.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)

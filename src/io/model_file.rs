@@ -4,9 +4,10 @@
 
 use std::path::Path;
 
-use crate::error::Result;
-use crate::io::gguf::GgufFile;
+use crate::error::{file_err, Error, Result};
+use crate::io::gguf::{GgufFile, TensorType};
 use crate::io::tokenizer::Tokenizer;
+use crate::model::tensor::{HostDtype, HostTensor};
 use crate::model::weights::ModelWeights;
 
 /// A model's weights and, when the files carry one, its tokenizer.
@@ -50,5 +51,79 @@ pub fn load_tokenizer(path: impl AsRef<Path>) -> Result<Option<Tokenizer>> {
         Tokenizer::from_gguf(&GgufFile::open(path)?).map(Some)
     } else {
         Ok(None)
+    }
+}
+
+/// The tensors of a file or directory, read for [`crate::Engine::update_weights_from_path`]: a
+/// safetensors file, a Hugging Face directory (every `*.safetensors` in it) or a GGUF file.
+pub enum TensorFiles {
+    /// Safetensors files' bytes.
+    Safetensors(Vec<(std::path::PathBuf, Vec<u8>)>),
+    /// A parsed GGUF file.
+    Gguf(GgufFile),
+}
+
+impl TensorFiles {
+    /// Read the file or directory at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        if is_gguf(path) {
+            return GgufFile::open(path).map(TensorFiles::Gguf);
+        }
+        let mut files = vec![path.to_path_buf()];
+        if path.is_dir() {
+            files = std::fs::read_dir(path)
+                .map_err(|e| file_err(path, e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                return Err(file_err(path, "no *.safetensors file in the directory"));
+            }
+        }
+        let read = |p: std::path::PathBuf| std::fs::read(&p).map_err(|e| file_err(&p, e)).map(|b| (p, b));
+        files.into_iter().map(read).collect::<Result<_>>().map(TensorFiles::Safetensors)
+    }
+
+    /// Every tensor, as views of the bytes read (GGUF's `[cols, rows]` dims as `[rows, cols]`).
+    pub fn tensors(&self) -> Result<Vec<HostTensor<'_>>> {
+        let mut out = Vec::new();
+        match self {
+            TensorFiles::Gguf(g) => {
+                for t in &g.tensors {
+                    let dtype = match t.ty {
+                        TensorType::F32 => HostDtype::F32,
+                        TensorType::F16 => HostDtype::F16,
+                        TensorType::BF16 => HostDtype::BF16,
+                        TensorType::Quant(k) => HostDtype::Quant(k),
+                    };
+                    let shape = t.dims.iter().rev().copied().collect();
+                    out.push(HostTensor { name: t.name.clone(), shape, dtype, bytes: g.tensor_bytes(t) });
+                }
+            }
+            TensorFiles::Safetensors(files) => {
+                for (path, bytes) in files {
+                    let st = safetensors::SafeTensors::deserialize(bytes)
+                        .map_err(|e| file_err(path, format!("not a valid safetensors file: {e}")))?;
+                    for (name, view) in st.tensors() {
+                        let dtype = match view.dtype() {
+                            safetensors::Dtype::F32 => HostDtype::F32,
+                            safetensors::Dtype::F16 => HostDtype::F16,
+                            safetensors::Dtype::BF16 => HostDtype::BF16,
+                            // Engram's compressed ids are not a weight an update can change
+                            _ if name == "cid_map" => continue,
+                            other => {
+                                return Err(Error::Weights(format!(
+                                    "tensor `{name}` has dtype {other:?}; an update takes F32, F16 or BF16"
+                                )))
+                            }
+                        };
+                        out.push(HostTensor { name, shape: view.shape().to_vec(), dtype, bytes: view.data() });
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 }

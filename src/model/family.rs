@@ -376,6 +376,17 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
     out
 }
 
+/// How `naming`'s norm tensors hold a norm of `cfg`: kvdecode's names hold what the config says;
+/// Hugging Face's Gemma holds `w`, applied as `1 + w`; GGUF files hold the multiplier itself
+/// (llama.cpp's converter adds Gemma's 1); every other family's norms multiply by `w`.
+pub fn naming_norm(cfg: &ModelConfig, naming: Naming) -> NormKind {
+    match naming {
+        Naming::Kvdecode => cfg.norm,
+        Naming::HuggingFace(_) if cfg.family == Family::Gemma3 => NormKind::OnePlusWeight,
+        _ => NormKind::Weight,
+    }
+}
+
 /// Rows of llama.cpp's interleaved RoPE order put back: row `i` of the result is row
 /// `interleaved_source(i)` of the file's tensor.
 pub fn interleaved_source(row: usize, rows: usize, heads: usize) -> usize {
@@ -487,4 +498,66 @@ fn take_matrix(mats: &mut Mats, slot: Slot) -> Result<Option<Matrix>> {
         return Ok(parts.pop());
     }
     Matrix::vstack(&parts).map(Some)
+}
+
+/// The tensors of `w` under `naming`, the inverse of [`assemble`]: each name with its values in
+/// f32 (dequantized), rows in the file's order. What a checkpoint in that naming would hold, for
+/// tests and for pushing weights from one engine's model into another.
+pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>)> {
+    let slot_matrix = |slot: Slot| -> Option<&Matrix> {
+        let Slot::Layer(i, s) = slot else {
+            return match slot {
+                Slot::Embed => Some(&w.embed),
+                Slot::Head => w.head.as_ref(),
+                _ => None,
+            };
+        };
+        let l = w.layers.get(i)?;
+        match s {
+            LayerSlot::Wq => Some(&l.wq),
+            LayerSlot::KvGlobal => l.kv_global.as_ref(),
+            LayerSlot::KvLocal => l.kv_local.as_ref(),
+            LayerSlot::Wo => Some(&l.wo),
+            LayerSlot::MlpIn => Some(&l.mlp_in),
+            LayerSlot::MlpOut => Some(&l.mlp_out),
+            LayerSlot::EngramKv => l.engram.as_ref().map(|e| &e.w_kv),
+            LayerSlot::EngramTable(k) => l.engram.as_ref().and_then(|e| e.tables.get(k)),
+            _ => None,
+        }
+    };
+    let slot_vector = |slot: Slot| -> Option<&Vec<f32>> {
+        let Slot::Layer(i, s) = slot else { return w.final_norm.as_ref() };
+        let l = w.layers.get(i)?;
+        match s {
+            LayerSlot::AttnNorm => l.attn_norm.as_ref(),
+            LayerSlot::QNorm => l.q_norm.as_ref(),
+            LayerSlot::KNorm => l.k_norm.as_ref(),
+            LayerSlot::PostAttnNorm => l.post_attn_norm.as_ref(),
+            LayerSlot::MlpNorm => l.mlp_norm.as_ref(),
+            LayerSlot::PostMlpNorm => l.post_mlp_norm.as_ref(),
+            _ => None,
+        }
+    };
+    let mut out = Vec::new();
+    for t in tensor_names(&w.cfg, naming) {
+        let (slot, row0) = t.places[0];
+        let values = match t.shape[..] {
+            [_] => slot_vector(slot).cloned(),
+            [rows, cols] => slot_matrix(slot).map(|m| {
+                // file row f holds model row g where interleaved_source(g) == f
+                let mut from = (0..rows).collect::<Vec<_>>();
+                if let RowOrder::Interleaved { heads } = t.order {
+                    for g in 0..rows {
+                        from[interleaved_source(g, rows, heads)] = g;
+                    }
+                }
+                from.iter().flat_map(|&g| m.row(row0 + g)[..cols].iter().copied()).collect()
+            }),
+            _ => None,
+        };
+        if let Some(v) = values {
+            out.push((t, v));
+        }
+    }
+    out
 }

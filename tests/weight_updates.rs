@@ -1,0 +1,191 @@
+//! Weights pushed in between steps (`Engine::update_weights`): after an update and a recompute a
+//! row holds, bit for bit, what a fresh engine built from the new weights holds; a subset writes
+//! just what it names; a bad update changes nothing; the prompt cache is flushed.
+
+mod common;
+
+use common::*;
+use kvdecode::family::{tensors_of, Naming};
+use kvdecode::quant::QuantKind;
+use kvdecode::{Engine, EngineOptions, HostTensor, InFlight, ModelConfig, ModelWeights, SplitMix64, WeightDtype};
+
+/// The tensors of `w` under `naming`, as a trainer would hand them over (f32).
+fn named(w: &ModelWeights, naming: Naming) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    tensors_of(w, naming).into_iter().map(|(t, v)| (t.name, t.shape, v)).collect()
+}
+
+fn host(tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<HostTensor<'_>> {
+    tensors.iter().map(|(n, s, v)| HostTensor::f32(n.clone(), s, v)).collect()
+}
+
+/// Three rows: two prompts, the second forked into row 2, each then fed some tokens of its own.
+fn fill(e: &mut Engine, rng: &mut SplitMix64, vocab: usize) -> Vec<Vec<u32>> {
+    let mut seqs: Vec<Vec<u32>> = (0..2).map(|k| (0..19 + 11 * k).map(|_| rng.below(vocab) as u32).collect()).collect();
+    let ids: Vec<u32> = seqs.iter().flat_map(|s| s.iter().copied().chain(std::iter::repeat(0)).take(30)).collect();
+    e.feed(&ids, 30, &[19, 30], Some(&[0, 1])).unwrap();
+    e.fork(1, &[2]).unwrap();
+    seqs.push(seqs[1].clone());
+    for (r, s) in seqs.iter_mut().enumerate() {
+        let more: Vec<u32> = (0..3 + 2 * r).map(|_| rng.below(vocab) as u32).collect();
+        e.feed(&more, more.len(), &[more.len()], Some(&[r])).unwrap();
+        s.extend(more);
+    }
+    seqs
+}
+
+/// Each row's logits after one more token, every row in one step.
+fn next_logits(e: &mut Engine, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let l = e.append(tokens, 1, &vec![1; tokens.len()], None).unwrap();
+    (0..tokens.len()).map(|r| l.row(r).unwrap().to_vec()).collect()
+}
+
+/// A fresh engine of `w` fed `seqs` (row by row, whole).
+fn fresh(w: &ModelWeights, opts: &EngineOptions, seqs: &[Vec<u32>]) -> Engine {
+    let mut e = Engine::new(&gpu(), w, *opts).unwrap();
+    for (r, s) in seqs.iter().enumerate() {
+        e.feed(s, s.len(), &[s.len()], Some(&[r])).unwrap();
+    }
+    e
+}
+
+#[test]
+fn an_update_and_a_recompute_give_the_bits_of_a_fresh_engine() {
+    let s = seed(91);
+    // (case, the engine's weights, the update's weights, what a fresh engine is built from,
+    // the update's naming, the weights' dtype on the GPU)
+    let llama = llama_cfg();
+    let tiny = tiny_agent_cfg();
+    let (l0, l1, t0, t1) = (model(&llama, s), model(&llama, s + 1), model(&tiny, s), model(&tiny, s + 1));
+    let q4 = |w: &ModelWeights| w.quantized(QuantKind::Q4_1).unwrap();
+    let hf = Naming::HuggingFace("model.");
+    let cases: Vec<(&str, ModelWeights, &ModelWeights, ModelWeights, Naming, WeightDtype)> = vec![
+        ("llama f32, HF names", l0.clone(), &l1, l1.clone(), hf, WeightDtype::F32),
+        ("llama f16, GGUF names", l0.clone(), &l1, l1.clone(), Naming::Gguf, WeightDtype::F16),
+        // the engine quantizes the f32 values with the quantizer that made the fresh model
+        ("llama Q4_1, HF names", q4(&l0), &l1, q4(&l1), hf, WeightDtype::F32),
+        ("tiny agent (rings) f32, kvdecode names", t0, &t1, t1.clone(), Naming::Kvdecode, WeightDtype::F32),
+    ];
+    for (case, old, update, new, naming, dtype) in cases {
+        let opts = EngineOptions { weights: dtype, prompt_cache: true, ..EngineOptions::new(3, 64) };
+        let mut rng = SplitMix64(s);
+        let mut e = Engine::new(&gpu(), &old, opts).unwrap();
+        let seqs = fill(&mut e, &mut rng, old.cfg.vocab);
+        let tensors = named(update, naming);
+        let report = e.update_weights(&host(&tensors), InFlight::Recompute).unwrap();
+        assert_eq!(report.version, 1, "{case}");
+        assert_eq!(e.weights_version(), 1, "{case}");
+        assert_eq!(report.rows, vec![0, 1, 2], "{case}");
+        assert_eq!((0..3).map(|r| e.cache().history(r).to_vec()).collect::<Vec<_>>(), seqs, "{case}: histories kept");
+        let next: Vec<u32> = (0..3).map(|_| rng.below(old.cfg.vocab) as u32).collect();
+        let got = next_logits(&mut e, &next);
+        let want = next_logits(&mut fresh(&new, &opts, &seqs), &next);
+        assert_eq!(got, want, "{case}: logits after the recompute differ from a fresh engine's");
+        // and they are the new weights' logits, not the old ones'
+        assert_ne!(got, next_logits(&mut fresh(&old, &opts, &seqs), &next), "{case}");
+    }
+}
+
+#[test]
+fn a_subset_update_writes_just_what_it_names() {
+    let s = seed(92);
+    let cfg = llama_cfg();
+    let (old, other) = (model(&cfg, s), model(&cfg, s + 7));
+    // one tensor whose rows live inside fused matrices: layer 1's v rows of [q; k; v]
+    let name = "model.layers.1.self_attn.v_proj.weight";
+    let tensors: Vec<_> = named(&other, Naming::HuggingFace("model.")).into_iter().filter(|t| t.0 == name).collect();
+    assert_eq!(tensors.len(), 1);
+    let mut want = old.clone();
+    let kvd = cfg.n_kv_heads * cfg.head_dim;
+    let kv = want.layers[1].kv_global.as_mut().unwrap();
+    let cols = kv.cols;
+    kv.data[kvd * cols..].copy_from_slice(&tensors[0].2);
+    let opts = EngineOptions::new(3, 64);
+    let mut rng = SplitMix64(s);
+    let mut e = Engine::new(&gpu(), &old, opts).unwrap();
+    let seqs = fill(&mut e, &mut rng, cfg.vocab);
+    e.update_weights(&host(&tensors), InFlight::Recompute).unwrap();
+    let next = [5, 6, 7];
+    assert_eq!(next_logits(&mut e, &next), next_logits(&mut fresh(&want, &opts, &seqs), &next));
+}
+
+#[test]
+fn a_bad_update_is_named_and_changes_nothing() {
+    let s = seed(93);
+    let cfg = llama_cfg();
+    let (old, new) = (model(&cfg, s), model(&cfg, s + 1));
+    let opts = EngineOptions { prompt_cache: true, ..EngineOptions::new(3, 64) };
+    let mut rng = SplitMix64(s);
+    let mut e = Engine::new(&gpu(), &old, opts).unwrap();
+    let seqs = fill(&mut e, &mut rng, cfg.vocab);
+    let good = named(&new, Naming::HuggingFace("model."));
+    let other_model =
+        named(&model(&ModelConfig::llama(96, 48, 4, 2, 12, 64, 3, 1e4, 1e-6, false), s), Naming::HuggingFace("model."));
+    let wider = named(&model(&ModelConfig { vocab: 97, ..cfg.clone() }, s), Naming::HuggingFace("model."));
+    let mut nan = good.clone();
+    nan[5].2[3] = f32::NAN;
+    let mut inf = good.clone();
+    inf[2].2[0] = f32::INFINITY;
+    let twice = [good[3].clone(), good[3].clone()];
+    let gguf_embed = [named(&new, Naming::Gguf)[0].clone()];
+    let f16_bytes: Vec<u8> = good[1].2.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
+    let bad: Vec<(&str, Vec<HostTensor>, &str)> = vec![
+        (
+            "unknown name",
+            vec![HostTensor::f32("model.layers.9.self_attn.q_proj.weight", &[64, 32], &good[1].2)],
+            "not a weight",
+        ),
+        ("a tensor from another model", host(&other_model), "shape"),
+        ("a wider vocabulary", host(&wider), "shape"),
+        ("a NaN", host(&nan), "not finite"),
+        ("an infinity", host(&inf), "not finite"),
+        ("bytes of the wrong length", vec![HostTensor { bytes: &f16_bytes, ..host(&good)[1].clone() }], "bytes"),
+        ("a name twice", host(&twice), "twice"),
+        ("two names for the same rows", host(&gguf_embed), "both fill"),
+    ];
+    for (case, tensors, says) in bad {
+        // the good tensors first: nothing of them may be written either
+        let mut all = host(&good);
+        all.retain(|t| !tensors.iter().any(|b| b.name == t.name));
+        all.extend(tensors);
+        let err = e.update_weights(&all, InFlight::Recompute).unwrap_err().to_string();
+        assert!(err.contains(says), "{case}: {err}");
+        assert_eq!(e.weights_version(), 0, "{case}");
+    }
+    // untouched: the same bits as a fresh engine of the old weights, and the prompt cache kept
+    let next = [1, 2, 3];
+    assert_eq!(next_logits(&mut e, &next), next_logits(&mut fresh(&old, &opts, &seqs), &next));
+    assert!(e.cache().block_usage().cached > 0);
+}
+
+#[test]
+fn an_update_flushes_the_prompt_cache_and_keep_or_reset_decide_the_rows() {
+    let s = seed(94);
+    let cfg = llama_cfg();
+    let (old, new) = (model(&cfg, s), model(&cfg, s + 1));
+    let opts = EngineOptions { prompt_cache: true, block_len: 8, ..EngineOptions::new(3, 64) };
+    let mut rng = SplitMix64(s);
+    let prompt: Vec<u32> = (0..40).map(|_| rng.below(cfg.vocab) as u32).collect();
+    let mut e = Engine::new(&gpu(), &old, opts).unwrap();
+    e.feed(&prompt, 40, &[40], Some(&[0])).unwrap();
+    assert_eq!(e.reuse_prefix(1, &prompt).unwrap(), 32, "the prompt's full blocks are cached");
+    e.reset(&[1]).unwrap();
+    e.update_weights(&host(&named(&new, Naming::HuggingFace("model."))), InFlight::Keep).unwrap();
+    assert_eq!(e.cache().block_usage().cached, 0, "flushed");
+    assert_eq!(e.reuse_prefix(1, &prompt).unwrap(), 0, "old K/V is never reused");
+    // row 0 kept its K/V (of the old weights): it goes on, and never enters the prompt cache
+    assert_eq!(e.cache().history(0), &prompt[..]);
+    e.feed(&prompt[..16], 16, &[16], Some(&[0])).unwrap();
+    assert_eq!(e.cache().block_usage().cached, 0, "a kept row registers nothing");
+    // new K/V is cached again, and reusing it gives a fresh engine's bits
+    e.feed(&prompt, 40, &[40], Some(&[2])).unwrap();
+    e.reset(&[1]).unwrap();
+    assert_eq!(e.reuse_prefix(1, &prompt).unwrap(), 32);
+    e.feed(&prompt[32..39], 7, &[7], Some(&[1])).unwrap();
+    let got = e.append(&prompt[39..], 1, &[1], Some(&[1])).unwrap().row(0).unwrap().to_vec();
+    let mut f = fresh(&new, &opts, &[prompt[..39].to_vec()]);
+    assert_eq!(got, f.append(&prompt[39..], 1, &[1], Some(&[0])).unwrap().row(0).unwrap());
+    // reset empties every row that held tokens
+    let report = e.update_weights(&host(&named(&old, Naming::HuggingFace("model."))), InFlight::Reset).unwrap();
+    assert_eq!((report.version, report.rows), (2, vec![0, 1, 2]));
+    assert!((0..3).all(|r| e.cache().lens()[r] == 0));
+}
