@@ -11,10 +11,9 @@ want=${want:-0.2.130}
 if [ "$(wasm-bindgen --version 2>/dev/null | cut -d' ' -f2)" != "$want" ]; then
   cargo install wasm-bindgen-cli --version "$want"
 fi
-. scripts/cargo-profile.sh
-(cd examples/web && cargo build --profile "$profile" --lib)
+(cd examples/web && cargo build --release --lib)
 wasm-bindgen --target web --no-typescript --out-dir examples/web/pkg \
-  "target/wasm32-unknown-unknown/$profile_dir/kvdecode_web.wasm"
+  target/wasm32-unknown-unknown/release/kvdecode_web.wasm
 echo "built examples/web/pkg"
 if [ "${1:-}" = "--serve" ]; then
   echo "serving http://localhost:8000 (Chromium: --enable-unsafe-webgpu)"

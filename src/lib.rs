@@ -45,8 +45,8 @@ pub use compat::{PaddedBatch, SequenceCache};
 pub use config::{EngramConfig, LayerSpec, MlpKind, ModelConfig, NormKind};
 pub use device::{Gpu, GpuOptions};
 pub use engine::{
-    AttentionKernel, Engine, EngineOptions, Fusion, InFlight, Logits, MatmulKernel, Stats, Turn, TurnLimit,
-    WeightUpdate, CHUNK, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
+    AttentionKernel, Engine, EngineOptions, Fusion, InFlight, Logits, MatmulKernel, MemoryReport, Sleep, Stats, Turn,
+    TurnLimit, WeightUpdate, CHUNK, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
 pub use error::{Error, Result};
 pub use family::Family;

@@ -7,7 +7,10 @@ mod common;
 use common::*;
 use kvdecode::family::{tensors_of, Naming};
 use kvdecode::quant::QuantKind;
-use kvdecode::{Engine, EngineOptions, HostTensor, InFlight, ModelConfig, ModelWeights, SplitMix64, WeightDtype};
+use kvdecode::{
+    Engine, EngineOptions, Event, HostTensor, InFlight, ModelConfig, ModelWeights, Request, Rollouts, Sampler,
+    Scheduler, Sleep, SplitMix64, TurnLimit, WeightDtype,
+};
 
 /// The tensors of `w` under `naming`, as a trainer would hand them over (f32).
 fn named(w: &ModelWeights, naming: Naming) -> Vec<(String, Vec<usize>, Vec<f32>)> {
@@ -188,4 +191,88 @@ fn an_update_flushes_the_prompt_cache_and_keep_or_reset_decide_the_rows() {
     let report = e.update_weights(&host(&named(&old, Naming::HuggingFace("model."))), InFlight::Reset).unwrap();
     assert_eq!((report.version, report.rows), (2, vec![0, 1, 2]));
     assert!((0..3).all(|r| e.cache().lens()[r] == 0));
+}
+
+#[test]
+fn every_sampled_token_reports_its_weights_version() {
+    let s = seed(95);
+    let cfg = llama_cfg();
+    let (w0, w1) = (model(&cfg, s), model(&cfg, s + 1));
+    let update = named(&w1, Naming::HuggingFace("model."));
+    let mut e = Engine::new(&gpu(), &w0, EngineOptions::new(3, 64)).unwrap();
+    let hot = Sampler { temperature: 1.0, seed: 3, ..Sampler::GREEDY };
+    // turns (engine and rollouts)
+    e.feed(&[1, 2, 3], 3, &[3], Some(&[0])).unwrap();
+    let limits = [TurnLimit { max_new: 4, stop: vec![] }];
+    let t = e.decode_turns(&[0], &[4], &[hot], &limits, 2, &|_, _| false).unwrap();
+    assert_eq!(t[0].weights_version, 0);
+    e.update_weights(&host(&update), InFlight::Keep).unwrap();
+    let t = e.decode_turns(&[0], &[5], &[hot], &limits, 2, &|_, _| false).unwrap();
+    assert_eq!((t[0].tokens.len(), t[0].weights_version), (4, 1));
+    e.reset(&[0]).unwrap();
+    let mut ro = Rollouts::new(&e);
+    ro.start(&mut e, &[1], &[vec![7, 8, 9]], &[hot]).unwrap();
+    let t = ro.decode_turn(&mut e, &[1], &limits, 2).unwrap();
+    assert_eq!(t[0].weights_version, 1);
+    ro.finish(&mut e, 1).unwrap();
+    // a scheduled request in flight across an update kept with `keep`: its tokens before it say
+    // 1, after it 2, in the stream and in the completion
+    let mut sched = Scheduler::new(&e, 8);
+    sched.submit(Request { tokens: vec![3, 4, 5], max_new: 6, sampler: hot, ..Request::default() }).unwrap();
+    let mut streamed = Vec::new();
+    let mut done = Vec::new();
+    let mut on = |ev: Event| match ev {
+        Event::Token { weights_version, .. } => streamed.push(weights_version),
+        Event::Done(c) => done.push(c.clone()),
+    };
+    for _ in 0..3 {
+        sched.step(&mut e, &mut on).unwrap();
+    }
+    e.update_weights(&host(&named(&w0, Naming::HuggingFace("model."))), InFlight::Keep).unwrap();
+    sched.run(&mut e, &mut on).unwrap();
+    let c = &done[0];
+    assert_eq!(c.weights_versions, streamed);
+    assert_eq!(c.weights_versions.len(), c.tokens.len());
+    assert!(c.weights_versions.contains(&1) && c.weights_versions.contains(&2), "{:?}", c.weights_versions);
+    assert!(c.weights_versions.windows(2).all(|v| v[0] <= v[1]));
+}
+
+#[test]
+fn sleep_and_wake_are_exact_and_give_the_memory_back() {
+    let s = seed(96);
+    for cfg in [llama_cfg(), tiny_agent_cfg()] {
+        let w = model(&cfg, s);
+        for what in [Sleep { weights: true, kv: false }, Sleep { weights: false, kv: true }, Sleep::ALL] {
+            let opts = EngineOptions::new(3, 64);
+            let mut rng = SplitMix64(s);
+            let mut e = Engine::new(&gpu(), &w, opts).unwrap();
+            let seqs = fill(&mut e, &mut rng, cfg.vocab);
+            let mut twin = fresh(&w, &opts, &seqs);
+            let before = e.memory_report();
+            e.sleep(what).unwrap();
+            let asleep = e.memory_report();
+            println!("{what:?}: {before:?} -> {asleep:?}");
+            assert!(asleep.engine_bytes < before.engine_bytes, "{what:?}");
+            if let (Some(b), Some(a)) = (before.allocator, asleep.allocator) {
+                assert!(a.0 < b.0, "{what:?}: the allocator still holds {} of {} bytes", a.0, b.0);
+            }
+            assert_eq!(e.asleep(), Some(what));
+            // asleep, every call that needs the GPU is refused and changes nothing
+            let err = e.append(&[1], 1, &[1], Some(&[0])).unwrap_err().to_string();
+            assert!(err.contains("asleep"), "{err}");
+            assert!(e.reset(&[0]).is_err() && e.sleep(what).is_err());
+            assert_eq!(e.cache().history(0), &seqs[0][..]);
+            e.wake().unwrap();
+            let after = e.memory_report();
+            println!("{what:?}: awake again {after:?}");
+            assert_eq!(after.engine_bytes, before.engine_bytes, "{what:?}");
+            let next = [4, 5, 6];
+            assert_eq!(next_logits(&mut e, &next), next_logits(&mut twin, &next), "{what:?}");
+            let hot = [Sampler { temperature: 0.8, seed: 9, ..Sampler::GREEDY }; 3];
+            let limits = vec![TurnLimit { max_new: 6, stop: vec![] }; 3];
+            let a = e.decode_turns(&[0, 1, 2], &[7, 8, 9], &hot, &limits, 3, &|_, _| false).unwrap();
+            let b = twin.decode_turns(&[0, 1, 2], &[7, 8, 9], &hot, &limits, 3, &|_, _| false).unwrap();
+            assert_eq!(a, b, "{what:?}");
+        }
+    }
 }

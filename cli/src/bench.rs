@@ -43,7 +43,9 @@ pub struct Args {
     /// Rows of the attention-variant table.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     attention_rows: Vec<usize>,
-    /// Tables to print: throughput, profile, attention, multistep, prefix.
+    /// Tables to print: throughput, profile, attention, multistep, prefix; and weights (a full
+    /// weight update against `queue.write_buffer` of the same bytes, memory over many updates
+    /// and sleep/wake cycles), which runs only when named.
     #[arg(long, value_delimiter = ',', default_value = "throughput,profile,attention,multistep,prefix")]
     tables: Vec<String>,
     /// Prefix table: tokens of the system prompt every request shares.
@@ -55,6 +57,15 @@ pub struct Args {
     /// Prefix table: rows serving them.
     #[arg(long, default_value_t = 4)]
     prefix_rows: usize,
+    /// Weights table: timed rounds of each (the median is printed).
+    #[arg(long, default_value_t = 5)]
+    weight_rounds: usize,
+    /// Weights table: updates before the memory is read again.
+    #[arg(long, default_value_t = 500)]
+    weight_updates: usize,
+    /// Weights table: sleep/wake cycles before the memory is read again.
+    #[arg(long, default_value_t = 50)]
+    sleep_cycles: usize,
     /// End with one JSON object of the figures (one line), for scripts.
     #[arg(long)]
     json: bool,
@@ -63,10 +74,11 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let (rows_list, ctx_list, steps) = (a.rows.clone(), a.ctx.clone(), a.steps);
     for t in &a.tables {
-        if !["throughput", "profile", "attention", "multistep", "prefix"].contains(&t.as_str()) {
-            return Err(
-                format!("--tables: unknown table {t:?} (throughput, profile, attention, multistep, prefix)").into()
-            );
+        if !["throughput", "profile", "attention", "multistep", "prefix", "weights"].contains(&t.as_str()) {
+            return Err(format!(
+                "--tables: unknown table {t:?} (throughput, profile, attention, multistep, prefix, weights)"
+            )
+            .into());
         }
     }
     let table = |name: &str| a.tables.iter().any(|t| t == name);
@@ -178,6 +190,10 @@ pub fn run(a: Args) -> Result<()> {
             json.insert("prefix_hit_rate".into(), on["hit_rate"].clone());
         }
         json.insert("prefix".into(), rows.into());
+    }
+    if table("weights") {
+        let w = crate::bench_weights::weights_table(&gpu, &model, a.weight_rounds, a.weight_updates, a.sleep_cycles)?;
+        json.insert("weights".into(), w);
     }
     if a.json {
         println!("{}", serde_json::Value::Object(json));

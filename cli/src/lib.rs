@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bench_serve;
+pub mod bench_weights;
 pub mod chat;
 pub mod common;
 pub mod generate;

@@ -3,111 +3,16 @@
 //! under concurrent load, cancellation on disconnect, backpressure and every error case.
 //! The model is a tiny random GGUF with a ChatML template (fuzz/seeds), so tests are fast.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/seeds/gguf/llama-f32-chatml.gguf");
+mod common;
 
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(extra: &[&str]) -> Server {
-    start_with(MODEL, extra)
-}
-
-fn start_model(model: &str) -> Server {
-    start_with(model, &[])
-}
-
-fn start_with(model: &str, extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvdecode"))
-        .args(["serve", "--model", model, "--port", "0"])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start kvdecode serve");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let port = loop {
-        let line = lines.next().expect("the server printed its address").expect("stderr line");
-        if let Some(rest) = line.split("http://127.0.0.1:").nth(1) {
-            break rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
-        }
-    };
-    // keep draining stderr so the server never blocks on it
-    std::thread::spawn(move || for _ in lines {});
-    Server { child, port }
-}
-
-/// One HTTP/1.1 request; returns (status, headers, body).
-fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = raw.split_once("\r\n\r\n").expect("a full response");
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let body =
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.to_string() };
-    (status, head.to_string(), body)
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
-    out
-}
-
-fn post(port: u16, path: &str, body: Value) -> (u16, Value) {
-    let (status, _, body) = http(port, "POST", path, &body.to_string());
-    (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")))
-}
-
-fn chat(port: u16, extra: Value) -> Value {
-    let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 12});
-    for (k, v) in extra.as_object().unwrap() {
-        body[k] = v.clone();
-    }
-    let (status, v) = post(port, "/v1/chat/completions", body);
-    assert_eq!(status, 200, "{v}");
-    v
-}
-
-fn text(v: &Value, i: usize) -> String {
-    let c = &v["choices"][i];
-    c["message"]["content"].as_str().or(c["text"].as_str()).unwrap().to_string()
-}
-
-/// The `data:` payloads of a server-sent event stream.
-fn sse(body: &str) -> Vec<String> {
-    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
-}
+use common::server::*;
 
 #[test]
 fn shapes_streaming_and_the_small_endpoints() {

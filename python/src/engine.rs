@@ -1,7 +1,7 @@
 //! The engine: a KV cache of `rows` rows on the GPU and the calls that feed and decode them.
 
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray2, PyReadonlyArray2};
+use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 
 use crate::model::Model;
@@ -120,18 +120,21 @@ pub struct Turn {
     /// Whether the turn ended on a stop token (else on `max_new`).
     #[pyo3(get)]
     stopped: bool,
+    /// The weights version its tokens were sampled under (`Engine.weights_version` then).
+    #[pyo3(get)]
+    weights_version: u64,
 }
 
 impl From<kvdecode::Turn> for Turn {
     fn from(t: kvdecode::Turn) -> Self {
-        Turn { tokens: t.tokens, logprobs: t.logprobs, stopped: t.stopped }
+        Turn { tokens: t.tokens, logprobs: t.logprobs, stopped: t.stopped, weights_version: t.weights_version }
     }
 }
 
 #[pymethods]
 impl Turn {
     fn __repr__(&self) -> String {
-        format!("Turn(tokens={:?}, stopped={})", self.tokens, self.stopped)
+        format!("Turn(tokens={:?}, stopped={}, weights_version={})", self.tokens, self.stopped, self.weights_version)
     }
 
     fn __len__(&self) -> usize {
@@ -436,6 +439,70 @@ impl Engine {
     #[getter]
     fn kv(&self) -> &'static str {
         self.inner.cache().dtype().name()
+    }
+
+    /// Replace weights in place (`Engine.load_weights` in the Python layer): one
+    /// `(name, dtype, shape, bytes as a 1-D uint8 array)` per tensor; `in_flight` is `"keep"`,
+    /// `"recompute"` or `"reset"`. Returns (version, tensors written, bytes written, names
+    /// ignored). The GIL is released while the weights are checked and uploaded.
+    #[pyo3(signature = (tensors, in_flight="keep"))]
+    fn load_weights(
+        &mut self,
+        py: Python<'_>,
+        tensors: Vec<(String, String, Vec<usize>, PyReadonlyArray1<'_, u8>)>,
+        in_flight: &str,
+    ) -> PyResult<(u64, usize, u64, Vec<String>)> {
+        let mode = kvdecode::InFlight::parse(in_flight).map_err(to_py)?;
+        let mut host = Vec::with_capacity(tensors.len());
+        for (name, dtype, shape, data) in &tensors {
+            let dtype = kvdecode::HostDtype::parse(dtype).map_err(|e| invalid(format!("tensor `{name}`: {e}")))?;
+            let bytes =
+                data.as_slice().map_err(|_| invalid(format!("tensor `{name}`: its bytes are not contiguous")))?;
+            host.push(kvdecode::HostTensor { name: name.clone(), shape: shape.clone(), dtype, bytes });
+        }
+        let e = &mut self.inner;
+        let r = py.detach(|| e.update_weights(&host, mode)).map_err(to_py)?;
+        Ok((r.version, r.tensors, r.bytes, r.ignored))
+    }
+
+    /// Replace weights from a file or directory (safetensors, a Hugging Face directory, GGUF).
+    #[pyo3(signature = (path, in_flight="keep"))]
+    fn load_weights_from_path(&mut self, py: Python<'_>, path: std::path::PathBuf, in_flight: &str) -> PyResult<u64> {
+        let mode = kvdecode::InFlight::parse(in_flight).map_err(to_py)?;
+        let e = &mut self.inner;
+        py.detach(|| e.update_weights_from_path(&path, mode)).map(|r| r.version).map_err(to_py)
+    }
+
+    /// The policy version: 0 for the weights the engine was built with, plus one per update.
+    #[getter]
+    fn weights_version(&self) -> u64 {
+        self.inner.weights_version()
+    }
+
+    /// Release the GPU memory of the weights and/or the K/V cache, keeping them on the host.
+    #[pyo3(signature = (weights=true, kv=true))]
+    fn sleep(&mut self, py: Python<'_>, weights: bool, kv: bool) -> PyResult<()> {
+        let e = &mut self.inner;
+        py.detach(|| e.sleep(kvdecode::Sleep { weights, kv })).map_err(to_py)
+    }
+
+    /// Bring back what `sleep` released.
+    fn wake(&mut self, py: Python<'_>) -> PyResult<()> {
+        let e = &mut self.inner;
+        py.detach(|| e.wake()).map_err(to_py)
+    }
+
+    /// `(weights, kv)` released by `sleep`, or `None` when awake.
+    #[getter]
+    fn asleep(&self) -> Option<(bool, bool)> {
+        self.inner.asleep().map(|s| (s.weights, s.kv))
+    }
+
+    /// Device memory: this engine's buffers, every engine's on the device, and wgpu's allocator
+    /// (allocated, reserved) where the backend reports it.
+    fn memory_report(&self) -> (u64, u64, Option<(u64, u64)>) {
+        let r = self.inner.memory_report();
+        (r.engine_bytes, r.device_bytes, r.allocator)
     }
 
     fn __repr__(&self) -> String {

@@ -74,6 +74,27 @@ impl Model {
         Ok(Model { weights: Arc::new(weights), tokenizer: None })
     }
 
+    /// The weights by name, as f32 numpy arrays: `naming` is `"kvdecode"` (every model), `"hf"`
+    /// (Hugging Face names) or `"gguf"` (GGUF names; Llama's q and k rows in llama.cpp's order),
+    /// the latter two for the families that have them. What `Engine.load_weights` takes.
+    #[pyo3(signature = (naming="kvdecode"))]
+    fn state_dict<'py>(&self, py: Python<'py>, naming: &str) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        use kvdecode::family::Naming;
+        let naming = match naming {
+            "kvdecode" => Naming::Kvdecode,
+            "hf" => Naming::HuggingFace("model."),
+            "gguf" => Naming::Gguf,
+            other => return Err(invalid(format!("naming {other:?}: expected kvdecode, hf or gguf"))),
+        };
+        let out = pyo3::types::PyDict::new(py);
+        for (t, values) in kvdecode::family::tensors_of(&self.weights, naming) {
+            let array = numpy::ndarray::ArrayD::from_shape_vec(t.shape.clone(), values)
+                .map_err(|e| invalid(format!("tensor `{}`: {e}", t.name)))?;
+            out.set_item(t.name, array.into_pyarray(py))?;
+        }
+        Ok(out)
+    }
+
     /// The tokenizer, or `None` (kvdecode safetensors files and the demo model have none).
     #[getter]
     fn tokenizer(&self, py: Python<'_>) -> Option<Py<Tokenizer>> {

@@ -19,6 +19,9 @@ pub struct Completion {
     /// Log-probability of each generated id.
     #[pyo3(get)]
     logprobs: Vec<f32>,
+    /// The weights version each id was sampled under (`Engine.weights_version` then).
+    #[pyo3(get)]
+    weights_versions: Vec<u64>,
     /// Why it ended: `"stop"`, `"length"`, `"cancelled"` or `"constraint_error"`.
     #[pyo3(get)]
     finish: &'static str,
@@ -40,6 +43,7 @@ impl From<&kvdecode::Completion> for Completion {
             id: c.id,
             tokens: c.tokens.clone(),
             logprobs: c.logprobs.clone(),
+            weights_versions: c.weights_versions.clone(),
             finish: match c.finish {
                 Finish::Stop => "stop",
                 Finish::Length => "length",
@@ -72,18 +76,24 @@ pub struct Token {
     /// Its log-probability.
     #[pyo3(get)]
     logprob: f32,
+    /// The weights version it was sampled under.
+    #[pyo3(get)]
+    weights_version: u64,
 }
 
 #[pymethods]
 impl Token {
     fn __repr__(&self) -> String {
-        format!("Token(id={}, token={}, logprob={})", self.id, self.token, self.logprob)
+        format!(
+            "Token(id={}, token={}, logprob={}, weights_version={})",
+            self.id, self.token, self.logprob, self.weights_version
+        )
     }
 }
 
 /// What one step reported, in order (built with the GIL released, turned into objects after).
 enum Reported {
-    Token(usize, u32, f32),
+    Token(usize, u32, f32, u64),
     Done(kvdecode::Completion),
 }
 
@@ -184,8 +194,8 @@ impl Scheduler {
             .detach(|| {
                 let mut reported = Vec::new();
                 let (_, more) = sched.step(e, &mut |ev| match ev {
-                    kvdecode::Event::Token { id, token, logprob, .. } => {
-                        reported.push(Reported::Token(id, token, logprob))
+                    kvdecode::Event::Token { id, token, logprob, weights_version, .. } => {
+                        reported.push(Reported::Token(id, token, logprob, weights_version))
                     }
                     kvdecode::Event::Done(c) => reported.push(Reported::Done(c.clone())),
                 })?;
@@ -195,7 +205,9 @@ impl Scheduler {
         let events = reported
             .into_iter()
             .map(|r| match r {
-                Reported::Token(id, token, logprob) => Ok(Py::new(py, Token { id, token, logprob })?.into_any()),
+                Reported::Token(id, token, logprob, weights_version) => {
+                    Ok(Py::new(py, Token { id, token, logprob, weights_version })?.into_any())
+                }
                 Reported::Done(c) => Ok(Py::new(py, Completion::from(&c))?.into_any()),
             })
             .collect::<PyResult<_>>()?;

@@ -360,3 +360,49 @@ def test_paged_kv_forks_share_blocks_and_the_prompt_cache_hits(demo):
     assert np.array_equal(got, want), "a prompt-cache hit changed the logits"
     lookups, looked_up, found, _ = a.prompt_cache_stats()
     assert (lookups, found) == (1, 32) and looked_up == len(mine)
+
+
+def test_load_weights_recompute_equals_a_fresh_engine_and_versions_rise():
+    """Weights pushed in by name (a state_dict of numpy arrays, f32 and f16): after a recompute
+    the logits equal a fresh engine's of the new model, bit for bit; a bad tensor changes nothing."""
+    old, new = kvdecode.Model.random(seed=3), kvdecode.Model.random(seed=4)
+    tokens = np.arange(2, 14, dtype=np.int64).reshape(2, 6)
+    engine = kvdecode.Engine(old, rows=2, max_len=32)
+    engine.append(tokens)
+    assert engine.weights_version == 0
+    bad = dict(new.state_dict())
+    name = next(iter(bad))
+    bad[name] = bad[name][:-1]
+    with pytest.raises(kvdecode.ModelFileError, match=name):
+        engine.load_weights(bad, in_flight="recompute")
+    assert engine.weights_version == 0
+    assert engine.load_weights(new.state_dict().items(), in_flight="recompute") == 1
+    fresh = kvdecode.Engine(new, rows=2, max_len=32)
+    fresh.append(tokens)
+    nxt = np.array([[3], [4]])
+    assert np.array_equal(engine.append(nxt), fresh.append(nxt))
+    # 16-bit host data is taken too; every turn says which version sampled it
+    half = {k: v.astype(np.float16) for k, v in old.state_dict().items()}
+    assert engine.load_weights(half) == 2
+    turns = engine.decode_turns([0, 1], [5, 6], max_new=3)
+    assert [t.weights_version for t in turns] == [2, 2]
+
+
+def test_sleep_and_wake_are_exact(demo):
+    engine = kvdecode.Engine(demo, rows=2, max_len=64)
+    twin = kvdecode.Engine(demo, rows=2, max_len=64)
+    ids = np.arange(1, 21, dtype=np.int64).reshape(2, 10)
+    engine.append(ids)
+    twin.append(ids)
+    before = engine.memory_report()
+    engine.sleep()
+    asleep = engine.memory_report()
+    print(f"memory: {before} -> {asleep}")
+    assert engine.asleep == (True, True)
+    assert asleep["engine"] < before["engine"]
+    with pytest.raises(kvdecode.InvalidInput, match="asleep"):
+        engine.append(ids[:, :1])
+    engine.wake()
+    assert engine.memory_report()["engine"] == before["engine"]
+    nxt = np.array([[7], [8]])
+    assert np.array_equal(engine.append(nxt), twin.append(nxt))

@@ -632,6 +632,22 @@ impl KvCache {
         }
     }
 
+    /// Every GPU buffer of the cache, in a fixed order ([`crate::Engine::sleep`] releases and
+    /// replaces them).
+    pub(crate) fn buffers_mut(&mut self) -> Vec<&mut wgpu::Buffer> {
+        let mut out: Vec<&mut wgpu::Buffer> = self.global.iter_mut().flatten().collect();
+        out.extend(self.ring.iter_mut().flatten().flatten());
+        out.extend([
+            &mut self.block_tables,
+            &mut self.lpos,
+            &mut self.lens,
+            &mut self.history,
+            &mut self.row_stage,
+            &mut self.block_stage,
+        ]);
+        out
+    }
+
     /// Check a list of cache rows: in range and not repeated. Names the offending row.
     pub(crate) fn check_rows(&self, rows: &[usize]) -> Result<()> {
         let mut seen = vec![false; self.rows];

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use crate::cache::KvCache;
 use crate::engine::builder::{Builder, ProductIo};
-use crate::engine::dispatch::Grid;
+use crate::engine::dispatch::{Dispatch, Grid};
 use crate::engine::options::{EngineOptions, Stats};
 use crate::engine::sampling::RowSampling;
 use crate::engine::step::RowInfoGpu;
@@ -291,112 +291,38 @@ impl Engine {
                 e.insert(gpu.storage_init(&format!("rope theta {theta}"), bytemuck::cast_slice(&table))?);
             }
         }
-        let pipelines = &gpu.pipelines;
-        // the products' float kernel (int-dot: for the formats it does not take, what `Auto` picks)
-        let float_kernel =
-            if matmul == MatmulKernel::IntDot { resolve_matmul(MatmulKernel::Auto, gpu)? } else { matmul };
-        let bld = Builder {
-            subgroup: gpu.subgroup_size().filter(|_| float_kernel == MatmulKernel::Subgroup),
-            int_dot: matmul == MatmulKernel::IntDot,
-            outs_per_thread: if matches!(float_kernel, MatmulKernel::Wide | MatmulKernel::WideSubgroup) {
-                8
-            } else {
-                1
-            },
-            wide_subgroup: float_kernel == MatmulKernel::WideSubgroup,
-            tiled: float_kernel == MatmulKernel::Tiled,
-            workgroup_reduce: float_kernel == MatmulKernel::Workgroup,
-            product_wg: product_wg(float_kernel, gpu),
-            attention,
-            fusion,
+        let sampling = RowSampling::new(gpu, rows, cfg.vocab, opts.logit_bias_slots)?;
+        let d = build_dispatches(&DispatchInputs {
+            gpu,
             cfg: &cfg,
-            pipelines,
-            built: Default::default(),
+            max_len: opts.max_len,
+            matmul,
+            fusion,
+            attention,
             cache: &cache,
             s: &s,
             rope: &rope,
             gw: &gw,
-        };
-        let mut chunk_dispatches = Vec::new();
-        // embedding gather, one dispatch per table part
-        for p in &gw.embed.parts {
-            let spec = kernels::Embed {
-                d,
-                part_start: p.row_start,
-                part_rows: p.rows,
-                format: gw.embed.format,
-                scale: cfg.embed_scale,
-            };
-            chunk_dispatches.push(bld.dispatch(&spec, &[&s.step, &s.ids, &p.buffer, &s.x], Grid::Tokens(d / 4)));
-        }
-        for (i, lw) in gw.layers.iter().enumerate() {
-            chunk_dispatches.extend(bld.layer(i, lw));
-        }
-        // bookkeeping once every layer has read the old ring positions
-        let commit =
-            kernels::Commit { max_len: opts.max_len, ring_slots: cache.ring_slots().max(1), has_ring: cfg.has_local() };
-        chunk_dispatches.push(bld.dispatch(
-            &commit,
-            &[&s.step, &s.row_info, &s.ids, &cache.history, &cache.lpos, &cache.lens],
-            Grid::Tokens(1),
-        ));
-        let final_norm = kernels::RmsNorm {
-            d,
-            eps: cfg.norm_eps,
-            weight: gw.final_norm.is_some(),
-            accumulate: false,
-            quantize: false,
-            gather_last: true,
-        };
-        let mut head_dispatches = vec![bld.dispatch(
-            &final_norm,
-            // no QUANTIZE: rows without tokens keep last_h, and xq is every product's scratch
-            &[&s.step, &s.row_info, &s.x, gw.final_norm.as_ref().unwrap_or(&s.dummy), &s.last_h, &s.dummy_rw],
-            Grid::Rows(Kernel::RmsNorm.workgroup_size() as usize),
-        )];
-        let head = gw.head.as_ref().unwrap_or(&gw.embed);
-        let softcap = cfg.logit_softcap.unwrap_or(0.0);
-        head_dispatches.extend(
-            bld.product(
-                head,
-                ProductIo { per_row: true, softcap, ..ProductIo::new(&s.last_h, d, &s.logits, cfg.vocab) },
-            ),
-        );
-        // all-position logits (speculative verify): final norm of every token into h, LM head
-        let mut all_head_dispatches = vec![bld.norm(&s.x, gw.final_norm.as_ref(), &s.h, false)];
-        all_head_dispatches.extend(bld.product(
-            head,
-            ProductIo { softcap, quantized: bld.norm_quantizes(), ..ProductIo::new(&s.h, d, &s.all_logits, cfg.vocab) },
-        ));
-        let sampling = RowSampling::new(gpu, rows, cfg.vocab, opts.logit_bias_slots)?;
-        let sample_dispatch = bld.dispatch(
-            &kernels::Sample { vocab: cfg.vocab, mask_words: sampling.words },
-            &[&s.step, &s.row_info, &s.samplers, &s.logits, &s.sampled, &sampling.mask, &sampling.top],
-            Grid::WorkgroupPerRow,
-        );
-        let bias_dispatch = bld.dispatch(
-            &kernels::LogitBias { vocab: cfg.vocab, slots: sampling.slots.max(1) },
-            &[&s.step, &s.row_info, &sampling.bias_n, &sampling.bias, &s.logits],
-            Grid::Rows(sampling.slots.max(1)),
-        );
-        let pipeline_count = bld.built.borrow().len();
+            sampling: &sampling,
+        })?;
         Ok(Engine {
             gpu: gpu.clone(),
             cfg,
-            pipeline_count,
+            pipeline_count: d.pipelines,
             cache,
             chunk,
             s,
             weights: gw,
             weights_version: 0,
+            slept: None,
             _rope: rope,
-            chunk_dispatches,
-            head_dispatches,
-            all_head_dispatches,
+            chunk_dispatches: d.chunk,
+            head_dispatches: d.head,
+            all_head_dispatches: d.all_head,
             all_logits_tokens: all_tokens,
             max_window,
-            sample_dispatch,
-            bias_dispatch,
+            sample_dispatch: d.sample,
+            bias_dispatch: d.bias,
             sampling,
             stats: Stats::default(),
             profiler: None,
@@ -407,4 +333,125 @@ impl Engine {
             matmul,
         })
     }
+}
+
+/// What the dispatches are made of: the engine's buffers and the variants it picked.
+pub(super) struct DispatchInputs<'a> {
+    pub(super) gpu: &'a Gpu,
+    pub(super) cfg: &'a ModelConfig,
+    pub(super) max_len: usize,
+    pub(super) matmul: MatmulKernel,
+    pub(super) fusion: Fusion,
+    pub(super) attention: AttentionPlan,
+    pub(super) cache: &'a KvCache,
+    pub(super) s: &'a Scratch,
+    pub(super) rope: &'a HashMap<u32, wgpu::Buffer>,
+    pub(super) gw: &'a GpuWeights,
+    pub(super) sampling: &'a RowSampling,
+}
+
+/// Every dispatch of an engine.
+pub(super) struct Dispatches {
+    pub(super) chunk: Vec<Dispatch>,
+    pub(super) head: Vec<Dispatch>,
+    pub(super) all_head: Vec<Dispatch>,
+    pub(super) sample: Dispatch,
+    pub(super) bias: Dispatch,
+    /// Distinct pipelines among them.
+    pub(super) pipelines: usize,
+}
+
+/// Build every dispatch of a chunk, the head and sampling over `inputs`' buffers: once in
+/// `Engine::new`, and again when [`Engine::wake`] brings back buffers that were released (the
+/// pipelines come from the device's cache; only bind groups are new).
+pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
+    let DispatchInputs { gpu, cfg, max_len, matmul, fusion, attention, cache, s, rope, gw, sampling } = *inputs;
+    let d = cfg.d_model;
+    let pipelines = &gpu.pipelines;
+    // the products' float kernel (int-dot: for the formats it does not take, what `Auto` picks)
+    let float_kernel = if matmul == MatmulKernel::IntDot { resolve_matmul(MatmulKernel::Auto, gpu)? } else { matmul };
+    let bld = Builder {
+        subgroup: gpu.subgroup_size().filter(|_| float_kernel == MatmulKernel::Subgroup),
+        int_dot: matmul == MatmulKernel::IntDot,
+        outs_per_thread: if matches!(float_kernel, MatmulKernel::Wide | MatmulKernel::WideSubgroup) { 8 } else { 1 },
+        wide_subgroup: float_kernel == MatmulKernel::WideSubgroup,
+        tiled: float_kernel == MatmulKernel::Tiled,
+        workgroup_reduce: float_kernel == MatmulKernel::Workgroup,
+        product_wg: product_wg(float_kernel, gpu),
+        attention,
+        fusion,
+        cfg,
+        pipelines,
+        built: Default::default(),
+        cache,
+        s,
+        rope,
+        gw,
+    };
+    let mut chunk_dispatches = Vec::new();
+    // embedding gather, one dispatch per table part
+    for p in &gw.embed.parts {
+        let spec = kernels::Embed {
+            d,
+            part_start: p.row_start,
+            part_rows: p.rows,
+            format: gw.embed.format,
+            scale: cfg.embed_scale,
+        };
+        chunk_dispatches.push(bld.dispatch(&spec, &[&s.step, &s.ids, &p.buffer, &s.x], Grid::Tokens(d / 4)));
+    }
+    for (i, lw) in gw.layers.iter().enumerate() {
+        chunk_dispatches.extend(bld.layer(i, lw));
+    }
+    // bookkeeping once every layer has read the old ring positions
+    let commit = kernels::Commit { max_len, ring_slots: cache.ring_slots().max(1), has_ring: cfg.has_local() };
+    chunk_dispatches.push(bld.dispatch(
+        &commit,
+        &[&s.step, &s.row_info, &s.ids, &cache.history, &cache.lpos, &cache.lens],
+        Grid::Tokens(1),
+    ));
+    let final_norm = kernels::RmsNorm {
+        d,
+        eps: cfg.norm_eps,
+        weight: gw.final_norm.is_some(),
+        accumulate: false,
+        quantize: false,
+        gather_last: true,
+    };
+    let mut head_dispatches = vec![bld.dispatch(
+        &final_norm,
+        // no QUANTIZE: rows without tokens keep last_h, and xq is every product's scratch
+        &[&s.step, &s.row_info, &s.x, gw.final_norm.as_ref().unwrap_or(&s.dummy), &s.last_h, &s.dummy_rw],
+        Grid::Rows(Kernel::RmsNorm.workgroup_size() as usize),
+    )];
+    let head = gw.head.as_ref().unwrap_or(&gw.embed);
+    let softcap = cfg.logit_softcap.unwrap_or(0.0);
+    head_dispatches.extend(
+        bld.product(head, ProductIo { per_row: true, softcap, ..ProductIo::new(&s.last_h, d, &s.logits, cfg.vocab) }),
+    );
+    // all-position logits (speculative verify): final norm of every token into h, LM head
+    let mut all_head_dispatches = vec![bld.norm(&s.x, gw.final_norm.as_ref(), &s.h, false)];
+    all_head_dispatches.extend(bld.product(
+        head,
+        ProductIo { softcap, quantized: bld.norm_quantizes(), ..ProductIo::new(&s.h, d, &s.all_logits, cfg.vocab) },
+    ));
+    let sample_dispatch = bld.dispatch(
+        &kernels::Sample { vocab: cfg.vocab, mask_words: sampling.words },
+        &[&s.step, &s.row_info, &s.samplers, &s.logits, &s.sampled, &sampling.mask, &sampling.top],
+        Grid::WorkgroupPerRow,
+    );
+    let bias_dispatch = bld.dispatch(
+        &kernels::LogitBias { vocab: cfg.vocab, slots: sampling.slots.max(1) },
+        &[&s.step, &s.row_info, &sampling.bias_n, &sampling.bias, &s.logits],
+        Grid::Rows(sampling.slots.max(1)),
+    );
+    let pipeline_count = bld.built.borrow().len();
+    Ok(Dispatches {
+        chunk: chunk_dispatches,
+        head: head_dispatches,
+        all_head: all_head_dispatches,
+        sample: sample_dispatch,
+        bias: bias_dispatch,
+        pipelines: pipeline_count,
+    })
 }

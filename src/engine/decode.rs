@@ -23,6 +23,9 @@ pub struct Turn {
     pub logprobs: Vec<f32>,
     /// Whether the turn ended on a stop token (else on `max_new`).
     pub stopped: bool,
+    /// The weights version every token was sampled under ([`Engine::weights_version`]: a turn
+    /// is decoded in calls that hold the engine, so no update lands inside one).
+    pub weights_version: u64,
 }
 
 impl Engine {
@@ -172,7 +175,7 @@ impl Engine {
             return Err(Error::Input(format!("decode_turns: {} rows, {} limits", rows.len(), limits.len())));
         }
         let window = window.clamp(1, self.max_window);
-        let mut out: Vec<Turn> = vec![Turn::default(); rows.len()];
+        let mut out: Vec<Turn> = vec![Turn { weights_version: self.weights_version(), ..Turn::default() }; rows.len()];
         let mut live: Vec<usize> = (0..rows.len()).filter(|&i| limits[i].max_new > 0).collect();
         let mut feed: Vec<u32> = first.to_vec();
         while !live.is_empty() {

@@ -41,7 +41,7 @@ impl Engine {
         }
         let p = self.profiler.as_ref().expect("made above");
         let got = p.read(&self.gpu);
-        self.gpu.check()?;
+        self.ready()?;
         got
     }
 
@@ -89,7 +89,7 @@ impl Engine {
             self.gpu.queue.submit([enc.finish()]);
             best = best.min(p.read(&self.gpu)?.total());
         }
-        self.gpu.check()?;
+        self.ready()?;
         Ok(2.0 * bytes as f64 / best)
     }
 

@@ -15,6 +15,7 @@ mod dispatch;
 mod inspect;
 pub mod options;
 pub mod sampling;
+pub mod sleep;
 mod step;
 pub mod update;
 
@@ -34,6 +35,7 @@ pub use crate::gpu::variants::{
 };
 pub use decode::{Turn, TurnLimit};
 pub use options::{EngineOptions, Logits, Stats};
+pub use sleep::{MemoryReport, Sleep};
 pub(crate) use step::Output;
 pub use update::{InFlight, WeightUpdate};
 
@@ -82,6 +84,8 @@ pub struct Engine {
     pub(crate) weights: GpuWeights,
     /// The policy version: 0 at construction, plus one per weight update.
     weights_version: u64,
+    /// What [`Engine::sleep`] released and keeps on the host (`None`: awake).
+    slept: Option<sleep::Slept>,
     _rope: HashMap<u32, wgpu::Buffer>,
     /// Every dispatch of one chunk up to the final hidden states, in order.
     chunk_dispatches: Vec<Dispatch>,
@@ -116,8 +120,11 @@ impl Drop for Engine {
 }
 
 impl Engine {
-    /// Whether the engine can run: its device is alive.
+    /// Whether the engine can run: its device is alive and it is awake.
     pub(crate) fn ready(&self) -> Result<()> {
+        if let Some(what) = self.asleep() {
+            return Err(Error::Input(format!("the engine is asleep ({what:?} released); call wake() first")));
+        }
         self.gpu.check()
     }
 
@@ -204,7 +211,7 @@ impl Engine {
 
     /// Empty these cache rows (new sequences start there).
     pub fn reset(&mut self, rows: &[usize]) -> Result<()> {
-        self.gpu.check()?;
+        self.ready()?;
         self.cache.reset(&self.gpu, rows)?;
         self.sampling.clear(&self.gpu, rows);
         Ok(())
@@ -212,7 +219,7 @@ impl Engine {
 
     /// Remove the last `n[i]` tokens of `rows[i]` exactly (see [`KvCache::rollback`]).
     pub fn rollback(&mut self, rows: &[usize], n: &[usize]) -> Result<()> {
-        self.gpu.check()?;
+        self.ready()?;
         self.cache.rollback(&self.gpu, rows, n)
     }
 
@@ -251,7 +258,7 @@ impl Engine {
     /// Advance the positions of `rows[i]` by `n[i]` without storing anything: padding that no later
     /// query sees (see [`KvCache::skip`]).
     pub fn skip(&mut self, rows: &[usize], n: &[usize]) -> Result<()> {
-        self.gpu.check()?;
+        self.ready()?;
         self.cache.skip(rows, n)
     }
 
@@ -264,7 +271,7 @@ impl Engine {
     /// range, a bad id, more than `max_len`) changes nothing; a pool out of blocks leaves the row
     /// holding the prefix it kept.
     pub fn continue_row(&mut self, row: usize, tokens: &[u32]) -> Result<usize> {
-        self.gpu.check()?;
+        self.ready()?;
         self.cache.check_rows(&[row])?;
         let Some((_, head)) = tokens.split_last() else {
             return Err(Error::Input(format!("row {row}: continue_row needs at least one token")));
@@ -321,7 +328,7 @@ impl Engine {
     /// it; a prefix shorter than that is not reused. 0 when nothing is reused. Errors when the
     /// row is out of range or not empty; nothing changes then.
     pub fn reuse_prefix(&mut self, row: usize, prompt: &[u32]) -> Result<usize> {
-        self.gpu.check()?;
+        self.ready()?;
         let (start, end) = self.cache.adopt_prefix(&self.gpu, row, prompt)?;
         if end > start {
             self.cache.replay_until[row] = end;
@@ -341,7 +348,7 @@ impl Engine {
     /// The destinations' sampling state (logit bias, token mask) is cleared, not copied: each
     /// fork samples with what its caller sets.
     pub fn fork(&mut self, src: usize, dst: &[usize]) -> Result<()> {
-        self.gpu.check()?;
+        self.ready()?;
         self.cache.fork(&self.gpu, src, dst)?;
         self.sampling.clear(&self.gpu, dst);
         Ok(())

@@ -164,7 +164,7 @@ impl Engine {
         n_new: &[usize],
         rows: Option<&[usize]>,
     ) -> Result<Vec<usize>> {
-        self.gpu.check()?;
+        self.ready()?;
         let cache_rows: Vec<usize> = match rows {
             Some(r) => {
                 self.cache.check_rows(r)?;
@@ -453,7 +453,7 @@ impl Engine {
         read
     }
 
-    async fn read_raw(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
+    pub(super) async fn read_raw(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
         let slice = buf.slice(..out.len() as u64);
         let (tx, rx) = futures_channel::oneshot::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {

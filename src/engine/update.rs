@@ -185,6 +185,14 @@ impl Engine {
         })
     }
 
+    /// Forget every block the prompt cache holds (blocks rows hold stay theirs, and rows keep
+    /// registering new ones): later prompts are computed afresh.
+    pub fn reset_prefix_cache(&mut self) -> Result<()> {
+        self.ready()?;
+        self.cache.blocks.flush_prompt_cache(false);
+        Ok(())
+    }
+
     /// [`Engine::update_weights`] from a file: a safetensors file (Hugging Face or kvdecode
     /// names), a Hugging Face directory (every `*.safetensors` in it) or a GGUF file (quantized
     /// tensors taken as their blocks). Every tensor in it is an update.

@@ -289,6 +289,40 @@ impl GpuWeights {
         })
     }
 
+    /// Every GPU buffer of the weights, in a fixed order ([`crate::Engine::sleep`] releases and
+    /// replaces them).
+    pub(crate) fn buffers_mut(&mut self) -> Vec<&mut wgpu::Buffer> {
+        fn parts(m: &mut GpuMatrix) -> impl Iterator<Item = &mut wgpu::Buffer> {
+            m.parts.iter_mut().map(|p| &mut p.buffer)
+        }
+        let mut out: Vec<&mut wgpu::Buffer> = parts(&mut self.embed).collect();
+        out.extend(self.head.iter_mut().flat_map(parts));
+        out.extend(self.final_norm.iter_mut());
+        out.extend([&mut self.cid_map, &mut self.engram_orders]);
+        for l in &mut self.layers {
+            match &mut l.qkv {
+                QkvWeights::Fused(m) => out.extend(parts(m)),
+                QkvWeights::Apart { wq, kv_global } => {
+                    out.extend(parts(wq));
+                    out.extend(kv_global.iter_mut().flat_map(parts));
+                }
+            }
+            out.extend(l.kv_local.iter_mut().flat_map(parts));
+            out.extend(parts(&mut l.wo));
+            out.extend(parts(&mut l.mlp_in));
+            out.extend(parts(&mut l.mlp_out));
+            for n in [&mut l.attn_norm, &mut l.q_norm, &mut l.k_norm, &mut l.post_attn_norm, &mut l.mlp_norm] {
+                out.extend(n.iter_mut());
+            }
+            out.extend(l.post_mlp_norm.iter_mut());
+            if let Some(e) = &mut l.engram {
+                out.push(&mut e.tables);
+                out.extend(parts(&mut e.w_kv));
+            }
+        }
+        out
+    }
+
     /// Bytes of all matrices on the GPU (norm vectors and tables aside).
     pub(crate) fn matrix_bytes(&self) -> u64 {
         let m = |g: &GpuMatrix| g.parts.iter().map(|p| p.buffer.size()).sum::<u64>();

@@ -177,6 +177,9 @@ pub struct Completion {
     pub logprobs: Vec<f32>,
     /// Per generated token, the most likely alternatives (when the sampler asks for them).
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// Per generated token, the weights version it was sampled under: a request in flight
+    /// across an update kept with [`crate::InFlight::Keep`] has tokens of both.
+    pub weights_versions: Vec<u64>,
     /// Why it ended.
     pub finish: Finish,
     /// What went wrong, when `finish` is [`Finish::ConstraintError`].
@@ -198,6 +201,8 @@ pub enum Event<'a> {
         logprob: f32,
         /// The most likely alternatives, when the request's sampler asks for them.
         top: &'a [(u32, f32)],
+        /// The weights version it was sampled under.
+        weights_version: u64,
     },
     /// A request finished.
     Done(&'a Completion),
@@ -218,6 +223,7 @@ struct Active {
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     top_logprobs: Vec<Vec<(u32, f32)>>,
+    weights_versions: Vec<u64>,
     /// Members of a group that wait for this row's prefill, then fork from it (row, request).
     followers: Vec<(usize, Queued)>,
     /// Tokens generated so far (presence / frequency penalties).
@@ -247,6 +253,7 @@ impl Active {
             tokens: Vec::new(),
             logprobs: Vec::new(),
             top_logprobs: Vec::new(),
+            weights_versions: Vec::new(),
             followers,
             seen: Default::default(),
             submitted,
@@ -285,6 +292,7 @@ impl Active {
             tokens: self.tokens,
             logprobs: self.logprobs,
             top_logprobs: self.top_logprobs,
+            weights_versions: self.weights_versions,
             finish,
             error: None,
         }
@@ -392,6 +400,7 @@ impl Scheduler {
                     tokens: Vec::new(),
                     logprobs: Vec::new(),
                     top_logprobs: Vec::new(),
+                    weights_versions: Vec::new(),
                     finish: Finish::Cancelled,
                     error: None,
                     stats: RequestStats { prompt_tokens, total_time: submitted.elapsed(), ..Default::default() },
@@ -619,9 +628,11 @@ impl Scheduler {
             let got = got.expect("every row that finished its prompt appended tokens");
             let token = got.token;
             a.first_token.get_or_insert_with(|| a.submitted.elapsed());
-            on_event(Event::Token { id: a.id, token, logprob: got.logprob, top: &got.top });
+            let weights_version = engine.weights_version();
+            on_event(Event::Token { id: a.id, token, logprob: got.logprob, top: &got.top, weights_version });
             a.tokens.push(token);
             a.logprobs.push(got.logprob);
+            a.weights_versions.push(weights_version);
             if a.req.sampler.top_logprobs > 0 {
                 a.top_logprobs.push(got.top);
             }

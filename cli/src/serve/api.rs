@@ -590,6 +590,8 @@ fn completion_prompt(v: Option<Value>, tok: &Tokenizer) -> Result<Vec<u32>, ApiE
 #[derive(Default)]
 pub struct ChoiceText {
     pub tokens: Vec<u32>,
+    /// The weights versions its tokens were sampled under, in order, each once.
+    pub versions: Vec<u64>,
     pub logprobs: Vec<Sampled>,
     pub text: String,
     /// Bytes of `text` already released.
@@ -642,6 +644,9 @@ impl ChoiceText {
         if self.finish.is_none() {
             self.finish = Some(match finish {
                 kvdecode::Finish::Length => "length",
+                // ended by the server (an update with mode `abort`): a client that went away
+                // or matched a stop string never sees this
+                kvdecode::Finish::Cancelled => "abort",
                 _ => "stop",
             });
         }

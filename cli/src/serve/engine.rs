@@ -2,15 +2,17 @@
 //! takes jobs from a bounded channel (the HTTP side's backpressure), and sends each job's tokens
 //! back through the job's own channel. A job whose receiver is gone (its client disconnected) or
 //! whose handler asked to stop a choice (a stop string matched) is cancelled at once, freeing its
-//! rows for the queue.
+//! rows for the queue. Admin commands (new weights, pause, resume, prompt-cache reset) come
+//! through the same channel and are answered through their own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvdecode::{Engine, Event, Finish, Request, Sampled, Sampler, Scheduler};
-use tokio::sync::mpsc;
+use kvdecode::{Engine, Event, Finish, InFlight, Request, Sampled, Sampler, Scheduler};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
 
@@ -27,10 +29,37 @@ pub struct Job {
 /// What the engine thread reports about a job.
 #[derive(Debug)]
 pub enum JobEvent {
-    Token { choice: usize, sampled: Sampled },
+    Token { choice: usize, sampled: Sampled, weights_version: u64 },
     Done { choice: usize, finish: Finish },
     Error(String),
 }
+
+/// What reaches the engine thread.
+pub enum Msg {
+    Job(Job),
+    Admin(Admin, oneshot::Sender<std::result::Result<Value, String>>),
+}
+
+/// What requests in flight do when new weights arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateMode {
+    /// They finish on the old weights; requests that arrive meanwhile wait for the new ones.
+    Wait,
+    /// They end now (finish reason `abort`).
+    Abort,
+    /// They go on from their K/V with the new weights (their responses report both versions).
+    Keep,
+}
+
+/// An admin command.
+pub enum Admin {
+    Weights { path: std::path::PathBuf, mode: UpdateMode },
+    Pause,
+    Resume,
+    ResetPrefixCache,
+}
+
+type Reply = oneshot::Sender<std::result::Result<Value, String>>;
 
 struct Running {
     job: Arc<JobHandle>,
@@ -44,62 +73,73 @@ struct JobHandle {
     first_token: AtomicBool,
 }
 
+/// The engine thread's state besides the engine and the scheduler.
+struct Loop {
+    sched: Scheduler,
+    running: HashMap<usize, Running>,
+    last_token: HashMap<usize, Instant>,
+    /// Prompt-cache hit tokens and preemptions already added to the counters.
+    reported: (usize, usize),
+    /// `POST /v1/pause`: no step runs until `/v1/resume`.
+    paused: bool,
+    /// An update (mode `wait`) waiting for the requests in flight to finish.
+    waiting: Option<(std::path::PathBuf, Reply)>,
+    /// Jobs that arrived while an update waits: they run on the new weights.
+    held: Vec<Job>,
+    metrics: Arc<Metrics>,
+}
+
 /// The engine thread's loop; returns when every sender is gone or the device fails.
-pub fn run(mut engine: Engine, prefill_chunk: usize, mut jobs: mpsc::Receiver<Job>, metrics: Arc<Metrics>) {
-    let mut sched = Scheduler::new(&engine, prefill_chunk);
-    let mut running: HashMap<usize, Running> = HashMap::new();
-    let mut last_token: HashMap<usize, Instant> = HashMap::new();
-    // prompt-cache hit tokens and preemptions already added to the counters
-    let mut reported = (0, 0);
+pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>, metrics: Arc<Metrics>) {
+    let mut l = Loop {
+        sched: Scheduler::new(&engine, prefill_chunk),
+        running: HashMap::new(),
+        last_token: HashMap::new(),
+        reported: (0, 0),
+        paused: false,
+        waiting: None,
+        held: Vec::new(),
+        metrics,
+    };
     loop {
-        // take new jobs: wait when there is nothing to do, else only what is already there
+        if l.running.is_empty() {
+            if let Some((path, reply)) = l.waiting.take() {
+                l.metrics.update_waiting.set(0);
+                l.update(&mut engine, &path, InFlight::Keep, reply);
+                for job in std::mem::take(&mut l.held) {
+                    l.submit(job);
+                }
+            }
+        }
+        // take new messages: wait when there is nothing to step, else only what is already there
         let mut new = Vec::new();
-        if running.is_empty() {
-            match jobs.blocking_recv() {
-                Some(j) => new.push(j),
+        if l.running.is_empty() || l.paused {
+            match rx.blocking_recv() {
+                Some(m) => new.push(m),
                 None => return,
             }
         }
-        while let Ok(j) = jobs.try_recv() {
-            new.push(j);
+        while let Ok(m) = rx.try_recv() {
+            new.push(m);
         }
-        for job in new {
-            let handle = Arc::new(JobHandle {
-                events: job.events,
-                stop: job.stop,
-                received: job.received,
-                first_token: AtomicBool::new(false),
-            });
-            match sched.submit_group(job.request, &job.samplers) {
-                Ok(ids) => {
-                    for (choice, id) in ids.into_iter().enumerate() {
-                        running.insert(id, Running { job: handle.clone(), choice });
-                    }
-                }
-                Err(e) => {
-                    let _ = handle.events.send(JobEvent::Error(e.to_string()));
-                }
+        for m in new {
+            match m {
+                Msg::Job(job) if l.waiting.is_some() => l.held.push(job),
+                Msg::Job(job) => l.submit(job),
+                Msg::Admin(cmd, reply) => l.admin(&mut engine, cmd, reply),
             }
         }
-        // cancel what nobody waits for any more
-        let gone: Vec<usize> = running
-            .iter()
-            .filter(|(_, r)| r.job.events.is_closed() || r.job.stop[r.choice].load(Ordering::Relaxed))
-            .map(|(&id, _)| id)
-            .collect();
-        for id in gone {
-            if let Some(r) = running.remove(&id) {
-                sched.cancel(&mut engine, id);
-                last_token.remove(&id);
-                let _ = r.job.events.send(JobEvent::Done { choice: r.choice, finish: Finish::Cancelled });
-                metrics.cancelled.inc();
-            }
+        l.cancel_gone(&mut engine);
+        l.metrics.queue_depth.set(l.sched.queued() as u64 + rx.len() as u64 + l.held.len() as u64);
+        l.metrics.rows_in_use.set(l.sched.active() as u64);
+        report_memory(&engine, &l.sched, &l.metrics, &mut l.reported);
+        if l.paused || l.running.is_empty() {
+            continue;
         }
-        metrics.queue_depth.set(sched.queued() as u64 + jobs.len() as u64);
-        metrics.rows_in_use.set(sched.active() as u64);
-        report_memory(&engine, &sched, &metrics, &mut reported);
-        let step = sched.step(&mut engine, &mut |ev| match ev {
-            Event::Token { id, token, logprob, top } => {
+        let version = engine.weights_version();
+        let (running, last_token, metrics) = (&mut l.running, &mut l.last_token, &l.metrics);
+        let step = l.sched.step(&mut engine, &mut |ev| match ev {
+            Event::Token { id, token, logprob, top, weights_version } => {
                 if let Some(r) = running.get(&id) {
                     let now = Instant::now();
                     if !r.job.first_token.swap(true, Ordering::Relaxed) {
@@ -110,7 +150,7 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut jobs: mpsc::Receiver<Jo
                     }
                     metrics.completion_tokens.inc();
                     let sampled = Sampled { token, logprob, top: top.to_vec() };
-                    let _ = r.job.events.send(JobEvent::Token { choice: r.choice, sampled });
+                    let _ = r.job.events.send(JobEvent::Token { choice: r.choice, sampled, weights_version });
                 }
             }
             Event::Done(c) => {
@@ -124,21 +164,113 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut jobs: mpsc::Receiver<Jo
                 }
             }
         });
-        report_memory(&engine, &sched, &metrics, &mut reported);
+        debug_assert_eq!(version, engine.weights_version(), "no update lands inside a step");
+        report_memory(&engine, &l.sched, &l.metrics, &mut l.reported);
         if let Err(e) = step {
             // the device failed: every job gets the error, and the server reports itself unhealthy
             let msg = format!("the engine failed: {e}");
-            for (_, r) in running.drain() {
+            for (_, r) in l.running.drain() {
                 let _ = r.job.events.send(JobEvent::Error(msg.clone()));
             }
-            metrics.healthy.store(false, Ordering::Relaxed);
-            *metrics.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
+            l.metrics.healthy.store(false, Ordering::Relaxed);
+            *l.metrics.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
             // keep answering queued jobs with the error until the process is restarted
-            while let Some(j) = jobs.blocking_recv() {
-                let _ = j.events.send(JobEvent::Error(e.to_string()));
+            while let Some(m) = rx.blocking_recv() {
+                match m {
+                    Msg::Job(j) => {
+                        let _ = j.events.send(JobEvent::Error(e.to_string()));
+                    }
+                    Msg::Admin(_, reply) => {
+                        let _ = reply.send(Err(e.to_string()));
+                    }
+                }
             }
             return;
         }
+    }
+}
+
+impl Loop {
+    fn submit(&mut self, job: Job) {
+        let handle = Arc::new(JobHandle {
+            events: job.events,
+            stop: job.stop,
+            received: job.received,
+            first_token: AtomicBool::new(false),
+        });
+        match self.sched.submit_group(job.request, &job.samplers) {
+            Ok(ids) => {
+                for (choice, id) in ids.into_iter().enumerate() {
+                    self.running.insert(id, Running { job: handle.clone(), choice });
+                }
+            }
+            Err(e) => {
+                let _ = handle.events.send(JobEvent::Error(e.to_string()));
+            }
+        }
+    }
+
+    /// Cancel what nobody waits for any more.
+    fn cancel_gone(&mut self, engine: &mut Engine) {
+        let gone: Vec<usize> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.job.events.is_closed() || r.job.stop[r.choice].load(Ordering::Relaxed))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.cancel(engine, id);
+        }
+    }
+
+    fn cancel(&mut self, engine: &mut Engine, id: usize) {
+        if let Some(r) = self.running.remove(&id) {
+            self.sched.cancel(engine, id);
+            self.last_token.remove(&id);
+            let _ = r.job.events.send(JobEvent::Done { choice: r.choice, finish: Finish::Cancelled });
+            self.metrics.cancelled.inc();
+        }
+    }
+
+    fn admin(&mut self, engine: &mut Engine, cmd: Admin, reply: Reply) {
+        match cmd {
+            Admin::Pause | Admin::Resume => {
+                self.paused = matches!(cmd, Admin::Pause);
+                let _ = reply.send(Ok(json!({"paused": self.paused, "weights_version": engine.weights_version()})));
+            }
+            Admin::ResetPrefixCache => {
+                let r = engine.reset_prefix_cache().map(|_| json!({"reset": true})).map_err(|e| e.to_string());
+                let _ = reply.send(r);
+            }
+            Admin::Weights { .. } if self.waiting.is_some() => {
+                let _ = reply.send(Err("an update is already waiting for the requests in flight".into()));
+            }
+            // past a pause too: the requests finish once resumed
+            Admin::Weights { path, mode: UpdateMode::Wait } if !self.running.is_empty() => {
+                self.metrics.update_waiting.set(1);
+                self.waiting = Some((path, reply));
+            }
+            Admin::Weights { path, mode: UpdateMode::Abort } => {
+                for id in self.running.keys().copied().collect::<Vec<_>>() {
+                    self.cancel(engine, id);
+                }
+                self.update(engine, &path, InFlight::Reset, reply);
+            }
+            Admin::Weights { path, .. } => self.update(engine, &path, InFlight::Keep, reply),
+        }
+    }
+
+    fn update(&mut self, engine: &mut Engine, path: &std::path::Path, in_flight: InFlight, reply: Reply) {
+        let t0 = Instant::now();
+        let r = engine.update_weights_from_path(path, in_flight);
+        let r = r.map(|u| {
+            self.metrics.weights_version.set(u.version);
+            json!({
+                "weights_version": u.version, "tensors": u.tensors, "bytes": u.bytes,
+                "ignored": u.ignored, "seconds": t0.elapsed().as_secs_f64(),
+            })
+        });
+        let _ = reply.send(r.map_err(|e| e.to_string()));
     }
 }
 

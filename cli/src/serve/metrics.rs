@@ -26,7 +26,7 @@ impl Gauge {
     pub fn set(&self, v: u64) {
         self.0.store(v, Ordering::Relaxed);
     }
-    fn get(&self) -> u64 {
+    pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 }
@@ -91,6 +91,8 @@ pub struct Metrics {
     pub kv_tokens_capacity: Gauge,
     pub kv_blocks_in_use: Gauge,
     pub kv_blocks_cached: Gauge,
+    pub weights_version: Gauge,
+    pub update_waiting: Gauge,
     pub time_to_first_token: Histogram,
     pub time_per_output_token: Histogram,
     pub healthy: AtomicBool,
@@ -116,6 +118,8 @@ impl Metrics {
             kv_tokens_capacity: Gauge::default(),
             kv_blocks_in_use: Gauge::default(),
             kv_blocks_cached: Gauge::default(),
+            weights_version: Gauge::default(),
+            update_waiting: Gauge::default(),
             time_to_first_token: Histogram::new(LATENCY),
             time_per_output_token: Histogram::new(LATENCY),
             healthy: AtomicBool::new(true),
@@ -173,6 +177,16 @@ impl Metrics {
             ("kvdecode_kv_tokens_capacity", "Tokens the K/V cache holds in all.", &self.kv_tokens_capacity),
             ("kvdecode_kv_blocks_in_use", "Global K/V blocks held by running generations.", &self.kv_blocks_in_use),
             ("kvdecode_kv_blocks_cached", "Global K/V blocks kept by the prompt cache.", &self.kv_blocks_cached),
+            (
+                "kvdecode_weights_version",
+                "The weights version (0 at start, plus one per update).",
+                &self.weights_version,
+            ),
+            (
+                "kvdecode_update_waiting",
+                "1 while new weights wait for the requests in flight (POST /v1/weights, mode wait).",
+                &self.update_waiting,
+            ),
         ];
         for (name, help, g) in gauges {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", g.get());

@@ -17,6 +17,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
 use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,7 +29,7 @@ use tokio::sync::mpsc;
 
 use crate::common::{load_model, EngineArgs, Result};
 use api::{ApiError, ChoiceText, Gen, Kind, Limits};
-use engine::{Job, JobEvent};
+use engine::{Admin, Job, JobEvent, Msg, UpdateMode};
 use metrics::Metrics;
 
 #[derive(clap::Args)]
@@ -64,6 +65,11 @@ pub struct Args {
     /// --web examples/web).
     #[arg(long)]
     web: Option<std::path::PathBuf>,
+    /// Every endpoint but /health then needs `Authorization: Bearer KEY` (401 otherwise), and
+    /// the admin endpoints exist: POST /v1/weights, /v1/pause, /v1/resume,
+    /// /v1/reset_prefix_cache.
+    #[arg(long, env = "KVDECODE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -73,7 +79,9 @@ struct App {
     tok: Tokenizer,
     /// llguidance's view of the vocabulary (or why it could not be built).
     guide: std::result::Result<guide::Guide, String>,
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Msg>,
+    /// `--api-key`: what `Authorization: Bearer` must carry.
+    api_key: Option<String>,
     metrics: Arc<Metrics>,
     limits: Limits,
     max_body: usize,
@@ -107,6 +115,7 @@ pub fn run(a: Args) -> Result<()> {
         tok,
         guide,
         jobs: jobs_tx,
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         metrics,
         limits: Limits { max_len, max_n: a.rows, max_tokens: a.max_tokens.unwrap_or(max_len) },
         max_body: a.max_body,
@@ -114,18 +123,27 @@ pub fn run(a: Args) -> Result<()> {
         seeds: AtomicU64::new(now.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
         next_id: AtomicU64::new(1),
     });
-    let mut router = Router::new()
-        .route("/health", get(health))
+    let mut guarded = Router::new()
         .route("/metrics", get(metrics_text))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/chat/completions", post(chat_completions));
+    if app.api_key.is_some() {
+        guarded = guarded
+            .route("/v1/weights", post(update_weights))
+            .route("/v1/pause", post(pause))
+            .route("/v1/resume", post(resume))
+            .route("/v1/reset_prefix_cache", post(reset_prefix_cache));
+    }
+    if let Some(dir) = &a.web {
+        guarded = guarded.fallback_service(tower_http::services::ServeDir::new(dir));
+    }
+    let router = guarded
+        .layer(axum::middleware::from_fn_with_state(app.clone(), authorize))
+        .route("/health", get(health))
         // bodies are read (and bounded) by the handlers, which answer in OpenAI's error shape
         .layer(DefaultBodyLimit::disable())
         .with_state(app.clone());
-    if let Some(dir) = &a.web {
-        router = router.fallback_service(tower_http::services::ServeDir::new(dir));
-    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse()?;
@@ -145,6 +163,87 @@ pub fn run(a: Args) -> Result<()> {
             .await?;
         Ok::<(), Box<dyn std::error::Error>>(())
     })
+}
+
+/// With `--api-key`, a request must carry `Authorization: Bearer KEY`; the key is compared in
+/// constant time (subtle), so the time taken says nothing about how much of a guess was right.
+async fn authorize(State(app): State<Arc<App>>, req: HttpRequest, next: Next) -> Response {
+    use subtle::ConstantTimeEq;
+    let Some(key) = &app.api_key else { return next.run(req).await };
+    let given = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+        return next.run(req).await;
+    }
+    app.metrics.client_errors.inc();
+    let msg = if given.is_empty() {
+        "this server needs an API key: send `Authorization: Bearer <key>`"
+    } else {
+        "the API key is not valid"
+    };
+    let body =
+        json!({"error": {"message": msg, "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}});
+    (StatusCode::UNAUTHORIZED, [(axum::http::header::WWW_AUTHENTICATE, "Bearer")], Json(body)).into_response()
+}
+
+/// Send an admin command to the engine thread and answer with what it says.
+async fn admin(app: &App, cmd: Admin) -> Response {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if app.jobs.send(Msg::Admin(cmd, tx)).await.is_err() {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped").into_response();
+    }
+    match rx.await {
+        Ok(Ok(v)) => Json(v).into_response(),
+        Ok(Err(e)) => ApiError::bad("", e).into_response(),
+        Err(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the command").into_response(),
+    }
+}
+
+/// `POST /v1/weights {"path": ..., "mode": "wait" | "abort" | "keep"}`: load new weights from a
+/// file on the server's disk (safetensors, a Hugging Face directory or GGUF with the model's
+/// shapes) and answer with the new version. `wait` (the default): requests in flight finish on
+/// the old weights while new ones queue; `abort`: they end now (finish reason `abort`); `keep`:
+/// they go on from their K/V with the new weights.
+async fn update_weights(State(app): State<Arc<App>>, req: HttpRequest) -> Response {
+    let body = match read_body(req.into_body(), app.max_body).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return ApiError::bad("", format!("the body is not JSON: {e}")).into_response(),
+    };
+    let Some(path) = v.get("path").and_then(Value::as_str) else {
+        return ApiError::bad("path", "`path` (a file on the server's disk) is required").into_response();
+    };
+    let mode = match v.get("mode").and_then(Value::as_str).unwrap_or("wait") {
+        "wait" => UpdateMode::Wait,
+        "abort" => UpdateMode::Abort,
+        "keep" => UpdateMode::Keep,
+        other => {
+            return ApiError::bad("mode", format!("`mode` {other:?}: expected wait, abort or keep")).into_response()
+        }
+    };
+    admin(&app, Admin::Weights { path: path.into(), mode }).await
+}
+
+/// `POST /v1/pause`: no step runs (requests keep their rows; new ones queue) until `/v1/resume`.
+async fn pause(State(app): State<Arc<App>>) -> Response {
+    admin(&app, Admin::Pause).await
+}
+
+/// `POST /v1/resume`.
+async fn resume(State(app): State<Arc<App>>) -> Response {
+    admin(&app, Admin::Resume).await
+}
+
+/// `POST /v1/reset_prefix_cache`: forget every block the prompt cache holds.
+async fn reset_prefix_cache(State(app): State<Arc<App>>) -> Response {
+    admin(&app, Admin::ResetPrefixCache).await
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
@@ -224,7 +323,7 @@ async fn run_gen(app: Arc<App>, g: Gen) -> std::result::Result<Response, ApiErro
         stop: stop.clone(),
         received: Instant::now(),
     };
-    match app.jobs.try_send(job) {
+    match app.jobs.try_send(Msg::Job(job)) {
         Ok(()) => {}
         Err(mpsc::error::TrySendError::Full(_)) => {
             let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "the server's queue is full; retry shortly");
@@ -268,6 +367,30 @@ impl Output {
         }
     }
 
+    /// The weights versions the choices' tokens were sampled under (the server's version now
+    /// when none was sampled yet), each once, in order.
+    fn versions(&self, choices: &[ChoiceText]) -> Vec<u64> {
+        let mut v: Vec<u64> = choices.iter().flat_map(|c| c.versions.iter().copied()).collect();
+        v.sort_unstable();
+        v.dedup();
+        if v.is_empty() {
+            v.push(self.app.metrics.weights_version.get());
+        }
+        v
+    }
+
+    /// Every response and chunk says which weights made it: `system_fingerprint` names the
+    /// version, `weights_version` is its number (a response that spans an update made with mode
+    /// `keep` reports its first version, and all of them in `weights_versions`).
+    fn stamp(&self, v: &mut Value, choices: &[ChoiceText]) {
+        let versions = self.versions(choices);
+        v["system_fingerprint"] = json!(format!("kvdecode-weights-v{}", versions[0]));
+        v["weights_version"] = json!(versions[0]);
+        if versions.len() > 1 {
+            v["weights_versions"] = json!(versions);
+        }
+    }
+
     fn usage(&self, generated: usize) -> Value {
         let p = self.g.prompt.len();
         json!({"prompt_tokens": p, "completion_tokens": generated, "total_tokens": p + generated})
@@ -281,8 +404,11 @@ impl Output {
         ev: JobEvent,
     ) -> std::result::Result<Option<(usize, String, bool)>, ApiError> {
         match ev {
-            JobEvent::Token { choice, sampled } => {
+            JobEvent::Token { choice, sampled, weights_version } => {
                 let c = &mut choices[choice];
+                if c.versions.last() != Some(&weights_version) {
+                    c.versions.push(weights_version);
+                }
                 let was_done = c.finish.is_some();
                 // tokens still in flight after a stop string are not part of the answer
                 *generated += usize::from(!was_done);
@@ -357,18 +483,21 @@ impl Output {
             })
             .collect();
         self.app.metrics.ok.inc();
-        Ok(Json(json!({
+        let mut v = json!({
             "id": self.id, "object": self.object(false), "created": self.created, "model": self.app.model,
-            "choices": list, "usage": self.usage(generated), "system_fingerprint": null,
-        }))
-        .into_response())
+            "choices": list, "usage": self.usage(generated),
+        });
+        self.stamp(&mut v, &choices);
+        Ok(Json(v).into_response())
     }
 
-    fn chunk(&self, choices: Value, usage: Option<Value>) -> SseEvent {
+    /// One server-sent event; `of` is the choices so far (its versions stamp the chunk).
+    fn chunk(&self, choices: Value, usage: Option<Value>, of: &[ChoiceText]) -> SseEvent {
         let mut v = json!({
             "id": self.id, "object": self.object(true), "created": self.created, "model": self.app.model,
-            "choices": choices, "system_fingerprint": null,
+            "choices": choices,
         });
+        self.stamp(&mut v, of);
         if self.g.include_usage {
             v["usage"] = usage.unwrap_or(Value::Null);
         }
@@ -390,7 +519,7 @@ impl Output {
             if self.g.kind == Kind::Chat {
                 for i in 0..n {
                     let c = json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
-                    if sse_tx.send(Ok(self.chunk(c, None))).await.is_err() {
+                    if sse_tx.send(Ok(self.chunk(c, None, &choices))).await.is_err() {
                         return;
                     }
                 }
@@ -424,7 +553,7 @@ impl Output {
                         let delta = json!([{"index": i, "delta": message, "logprobs": lp, "finish_reason": null}]);
                         let last = json!([{"index": i, "delta": {}, "logprobs": null, "finish_reason": finish}]);
                         for ch in [delta, last] {
-                            if sse_tx.send(Ok(self.chunk(ch, None))).await.is_err() {
+                            if sse_tx.send(Ok(self.chunk(ch, None, &choices))).await.is_err() {
                                 return;
                             }
                         }
@@ -441,7 +570,7 @@ impl Output {
                         }
                         Kind::Completion => json!([{"index": i, "text": text, "logprobs": lp, "finish_reason": null}]),
                     };
-                    if sse_tx.send(Ok(self.chunk(delta, None))).await.is_err() {
+                    if sse_tx.send(Ok(self.chunk(delta, None, &choices))).await.is_err() {
                         return;
                     }
                 }
@@ -452,14 +581,14 @@ impl Output {
                             json!([{"index": i, "text": "", "logprobs": null, "finish_reason": c.finish}])
                         }
                     };
-                    if sse_tx.send(Ok(self.chunk(last, None))).await.is_err() {
+                    if sse_tx.send(Ok(self.chunk(last, None, &choices))).await.is_err() {
                         return;
                     }
                 }
             }
             if self.g.include_usage {
                 let u = self.usage(generated);
-                if sse_tx.send(Ok(self.chunk(json!([]), Some(u)))).await.is_err() {
+                if sse_tx.send(Ok(self.chunk(json!([]), Some(u), &choices))).await.is_err() {
                     return;
                 }
             }

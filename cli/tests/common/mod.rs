@@ -1,5 +1,9 @@
 //! What the command's tests share: run `kvdecode` with `--json` and read its figures.
 
+#![allow(dead_code)]
+
+pub mod server;
+
 use std::process::Command;
 
 /// Run `kvdecode args...`, require success, and return its whole stdout and its last line parsed

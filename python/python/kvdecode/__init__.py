@@ -86,6 +86,24 @@ def _as_numpy(x: Any, what: str) -> np.ndarray:
     return a
 
 
+def _host_tensor(name: str, t: Any) -> Tuple[str, str, List[int], np.ndarray]:
+    """A weight as (name, dtype, shape, its bytes as a 1-D uint8 array), without a copy where
+    the source is contiguous. torch is not imported: bfloat16, which numpy lacks, is read through
+    the tensor's own ``view``."""
+    if type(t).__module__.startswith("torch"):
+        if t.device.type != "cpu":
+            raise InvalidInput(f"invalid input: tensor `{name}`: on {t.device}, expected a CPU tensor")
+        t = t.detach().contiguous()
+        dtype = str(t.dtype)
+        shape = list(t.shape)
+        import torch  # already imported by whoever made the tensor
+
+        raw = t.reshape(-1).view(torch.uint8).numpy()
+        return name, dtype, shape, raw
+    a = np.ascontiguousarray(_as_numpy(t, f"tensor `{name}`"))
+    return name, a.dtype.name, list(a.shape), a.reshape(-1).view(np.uint8)
+
+
 def _int_array(x: Any, what: str, ndim: Tuple[int, ...]) -> np.ndarray:
     a = _as_numpy(x, what)
     if a.ndim not in ndim:
@@ -188,6 +206,12 @@ class Model:
     def config(self) -> dict:
         """The model's configuration (layers, heads, window, RoPE, ...)."""
         return json.loads(self._m.config_json)
+
+    def state_dict(self, naming: str = "kvdecode") -> Dict[str, np.ndarray]:
+        """The weights by name as float32 arrays, what :meth:`Engine.load_weights` takes.
+        ``naming``: ``"kvdecode"`` (every model), ``"hf"`` or ``"gguf"`` (Hugging Face and GGUF
+        names, for the families that have them)."""
+        return dict(self._m.state_dict(naming))
 
     @property
     def vocab(self) -> int:
@@ -379,6 +403,63 @@ class Engine:
     def kv(self) -> str:
         """K/V storage type."""
         return self._e.kv
+
+    def load_weights(self, weights: Any, in_flight: str = "keep") -> int:
+        """Replace weights in place, between steps, as a training loop does after each optimizer
+        step; returns the new :attr:`weights_version`.
+
+        Args:
+            weights: a ``state_dict()`` (any mapping of name to tensor) or an iterable of
+                ``(name, tensor)`` pairs; CPU torch tensors in float32, bfloat16 or float16, or
+                numpy arrays. Names as in the model's file: Hugging Face
+                (``model.layers.3.self_attn.q_proj.weight``), GGUF (``blk.3.attn_q.weight``) or
+                kvdecode's. A subset updates just those tensors; a tied model's
+                ``lm_head.weight`` and RoPE's ``inv_freq`` buffers are ignored.
+            in_flight: rows holding tokens ``"keep"`` their K/V (partial rollouts: the versions
+                of their tokens say so), are ``"recompute"``-d under the new weights (they then
+                hold what a fresh engine would), or are ``"reset"``.
+
+        Everything is checked before anything is written: an unknown name, a wrong shape or
+        dtype, or a value that is not finite raises :class:`ModelFileError` naming the tensor and
+        changes nothing. The prompt cache is flushed. The GIL is released during the upload.
+        """
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        tensors = [_host_tensor(str(name), t) for name, t in items]
+        version, _, _, _ = self._e.load_weights(tensors, in_flight)
+        return version
+
+    def load_weights_from_path(self, path: Union[str, os.PathLike], in_flight: str = "keep") -> int:
+        """:meth:`load_weights` from a file: safetensors, a Hugging Face directory or GGUF with
+        this model's shapes. Returns the new :attr:`weights_version`."""
+        return self._e.load_weights_from_path(os.fspath(path), in_flight)
+
+    @property
+    def weights_version(self) -> int:
+        """0 for the weights the engine was built with, plus one per :meth:`load_weights`; every
+        :class:`Turn`, :class:`Token` and :class:`Completion` carries the version it was sampled
+        under."""
+        return self._e.weights_version
+
+    def sleep(self, weights: bool = True, kv: bool = True) -> None:
+        """Release the GPU memory of the weights and/or the K/V cache (kept on the host) while a
+        trainer uses the GPU; every call that needs the GPU raises until :meth:`wake`."""
+        self._e.sleep(weights=weights, kv=kv)
+
+    def wake(self) -> None:
+        """Bring back what :meth:`sleep` released; decoding continues exactly where it stopped."""
+        self._e.wake()
+
+    @property
+    def asleep(self) -> Optional[Tuple[bool, bool]]:
+        """``(weights, kv)`` released by :meth:`sleep`, or ``None`` when awake."""
+        return self._e.asleep
+
+    def memory_report(self) -> Dict[str, Any]:
+        """Device memory in bytes: ``engine`` (this engine's buffers), ``device`` (every engine on
+        the device) and ``allocator`` (wgpu's allocated and reserved bytes, where the backend
+        reports them, else ``None``)."""
+        engine, device_bytes, allocator = self._e.memory_report()
+        return {"engine": engine, "device": device_bytes, "allocator": allocator}
 
     def __repr__(self) -> str:
         return repr(self._e)

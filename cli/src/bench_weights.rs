@@ -1,0 +1,126 @@
+//! `kvdecode bench --tables weights`: a trainer's weight push (every tensor, f16, by name) timed
+//! against its floor, `queue.write_buffer` of the same bytes in the same calls, in one run; then
+//! memory (RSS and wgpu's allocator) across many updates and sleep/wake cycles.
+
+use std::time::Instant;
+
+use kvdecode::family::{tensors_of, Naming};
+use kvdecode::{Engine, EngineOptions, Family, Gpu, HostDtype, HostTensor, InFlight, ModelWeights, Sleep, WeightDtype};
+use serde_json::json;
+
+use crate::common::Result;
+
+/// Resident memory of this process, in bytes (Linux; 0 elsewhere).
+fn rss() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .map_or(0, |pages| pages * 4096)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn wait(gpu: &Gpu) -> Result<()> {
+    gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| format!("waiting for the GPU: {e}"))?;
+    Ok(())
+}
+
+/// Time full updates of `model`'s shape (random f16 weights) against `queue.write_buffer` of the
+/// same bytes, `rounds` times each, interleaved; then `updates` more updates and `cycles`
+/// sleep/wake cycles, with the memory before and after.
+pub fn weights_table(
+    gpu: &Gpu,
+    model: &ModelWeights,
+    rounds: usize,
+    updates: usize,
+    cycles: usize,
+) -> Result<serde_json::Value> {
+    let w = ModelWeights::random(&model.cfg, 5)?;
+    let naming = if w.cfg.family == Family::Kvdecode { Naming::Kvdecode } else { Naming::HuggingFace("model.") };
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = tensors_of(&w, naming)
+        .into_iter()
+        .map(|(t, v)| (t.name, t.shape, v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect()))
+        .collect();
+    let host: Vec<HostTensor> = tensors
+        .iter()
+        .map(|(name, shape, bytes)| HostTensor {
+            name: name.clone(),
+            shape: shape.clone(),
+            dtype: HostDtype::F16,
+            bytes,
+        })
+        .collect();
+    let bytes: u64 = tensors.iter().map(|t| t.2.len() as u64).sum();
+    let params: usize = tensors.iter().map(|t| t.1.iter().product::<usize>()).sum();
+    let mut e = Engine::new(gpu, &w, EngineOptions { weights: WeightDtype::F16, ..EngineOptions::new(2, 64) })?;
+    drop(w);
+    let largest = tensors.iter().map(|t| t.2.len()).max().unwrap_or(4).next_multiple_of(4) as u64;
+    let scratch = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("bench: write_buffer floor"),
+        size: largest,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let (mut update_ms, mut floor_ms) = (Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        let t = Instant::now();
+        e.update_weights(&host, InFlight::Keep)?;
+        wait(gpu)?;
+        let u = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        for (_, _, b) in &tensors {
+            // the floor: the same bytes, one write per tensor (4-byte aligned as WebGPU asks)
+            gpu.queue.write_buffer(&scratch, 0, &b[..b.len() / 4 * 4]);
+        }
+        gpu.queue.submit([]);
+        wait(gpu)?;
+        let f = t.elapsed().as_secs_f64() * 1e3;
+        if round > 0 {
+            // round 0 warms the allocator's staging memory up
+            update_ms.push(u);
+            floor_ms.push(f);
+        }
+    }
+    let (u, f) = (median(update_ms), median(floor_ms));
+    println!(
+        "\n| weights update ({params} parameters, f16, {} tensors by name) | ms | MB/s | x floor |",
+        tensors.len()
+    );
+    println!("|---|---:|---:|---:|");
+    println!("| update_weights (checked, written in place) | {u:.1} | {:.0} | {:.2}x |", bytes as f64 / u / 1e3, u / f);
+    println!("| queue.write_buffer of the same bytes (floor) | {f:.1} | {:.0} | 1.00x |", bytes as f64 / f / 1e3);
+    // memory across many updates and sleep/wake cycles
+    let alloc = |e: &Engine| e.memory_report().allocator.map_or(0, |a| a.0);
+    let start = (rss(), alloc(&e));
+    for _ in 0..updates {
+        e.update_weights(&host, InFlight::Keep)?;
+    }
+    wait(gpu)?;
+    let after_updates = (rss(), alloc(&e));
+    for _ in 0..cycles {
+        e.sleep(Sleep::ALL)?;
+        e.wake()?;
+    }
+    wait(gpu)?;
+    let after_cycles = (rss(), alloc(&e));
+    let mib = |b: u64| b as f64 / 1048576.0;
+    println!("\n| memory | RSS MiB | allocator MiB |");
+    println!("|---|---:|---:|");
+    for (what, (r, a)) in [
+        ("start", start),
+        (&*format!("after {updates} updates"), after_updates),
+        (&*format!("after {cycles} sleep/wake"), after_cycles),
+    ] {
+        println!("| {what} | {:.1} | {:.1} |", mib(r), mib(a));
+    }
+    Ok(json!({
+        "parameters": params, "bytes": bytes, "tensors": tensors.len(),
+        "update_ms": u, "floor_ms": f, "ratio": u / f,
+        "rss_bytes": [start.0, after_updates.0, after_cycles.0],
+        "allocator_bytes": [start.1, after_updates.1, after_cycles.1],
+        "updates": updates, "sleep_wake_cycles": cycles,
+    }))
+}

@@ -1,0 +1,206 @@
+//! `kvdecode serve --api-key`: every endpoint but /health needs the key, and the admin endpoints
+//! (new weights, pause, resume, prompt-cache reset) exist; every response says which weights
+//! made it. The model is the tiny random GGUF of the other server tests.
+
+mod common;
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::server::*;
+use kvdecode::weights::DiskDtype;
+use serde_json::{json, Value};
+
+const KEY: &str = "sekret-key-1";
+
+fn auth(key: &str) -> String {
+    format!("Authorization: Bearer {key}\r\n")
+}
+
+/// POST with the key; (status, JSON body).
+fn post_key(port: u16, path: &str, body: Value) -> (u16, Value) {
+    let (status, _, body) = http_with(port, "POST", path, &body.to_string(), &auth(KEY));
+    (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")))
+}
+
+/// New random weights of the test model's shape in a safetensors file (kvdecode's names).
+fn other_weights(dir: &std::path::Path, seed: u64) -> String {
+    let w = kvdecode::gguf::GgufFile::open(MODEL).unwrap().weights().unwrap();
+    let path = dir.join(format!("weights-{seed}.safetensors"));
+    kvdecode::ModelWeights::random(&w.cfg, seed).unwrap().save_safetensors(&path, DiskDtype::F32).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn request(i: usize) -> Value {
+    json!({"model": "m", "messages": [{"role": "user", "content": format!("question number {i}")}],
+           "max_tokens": 16, "temperature": 0, "logit_bias": {"0": -100, "1": -100}})
+}
+
+#[test]
+fn the_api_key_guards_every_endpoint_but_health() {
+    let s = start(&["--api-key", KEY]);
+    let body = request(0).to_string();
+    assert_eq!(http(s.port, "GET", "/health", "").0, 200, "/health stays open");
+    for (headers, what) in
+        [(String::new(), "no key"), (auth("sekret-key-2"), "a wrong key"), (auth(""), "an empty key")]
+    {
+        for (method, path, b) in
+            [("POST", "/v1/chat/completions", body.as_str()), ("GET", "/v1/models", ""), ("GET", "/metrics", "")]
+        {
+            let (status, head, out) = http_with(s.port, method, path, b, &headers);
+            assert_eq!(status, 401, "{what} on {path}: {out}");
+            assert!(head.to_ascii_lowercase().contains("www-authenticate: bearer"), "{head}");
+            let v: Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
+        }
+        let (status, _, _) = http_with(s.port, "POST", "/v1/pause", "{}", &headers);
+        assert_eq!(status, 401, "{what} on an admin endpoint");
+    }
+    let (status, v) = post_key(s.port, "/v1/chat/completions", request(0));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["weights_version"].as_u64(), v["system_fingerprint"].as_str()),
+        (Some(0), Some("kvdecode-weights-v0"))
+    );
+    // without --api-key there are no admin endpoints, and the key comes from the environment too
+    let open = start(&[]);
+    assert_eq!(http(open.port, "POST", "/v1/pause", "{}").0, 404);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvdecode"));
+    child.env("KVDECODE_API_KEY", KEY);
+    let env_server = start_command(child, MODEL, &[]);
+    assert_eq!(http(env_server.port, "GET", "/v1/models", "").0, 401);
+    assert_eq!(http_with(env_server.port, "GET", "/v1/models", "", &auth(KEY)).0, 200);
+}
+
+/// A gauge or counter of `/metrics`.
+fn metric(port: u16, name: &str) -> u64 {
+    let (_, _, m) = http_with(port, "GET", "/metrics", "", &auth(KEY));
+    m.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap().parse().unwrap()
+}
+
+/// Poll `/metrics` until `ok` holds (the server's state, not a sleep, orders the test's steps).
+fn until(port: u16, what: &str, ok: impl Fn(&dyn Fn(&str) -> u64) -> bool) {
+    let t0 = std::time::Instant::now();
+    while !ok(&|name: &str| metric(port, name)) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the server never got to: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn an_update_while_sixteen_requests_run_gives_each_response_one_version() {
+    let dir = std::env::temp_dir().join(format!("kvdecode-serve-admin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let new = other_weights(&dir, 77);
+    let s = start(&["--api-key", KEY, "--rows", "4"]);
+    let port = s.port;
+    let (tx, rx) = mpsc::channel();
+    let send = |i: usize, tx: mpsc::Sender<(usize, Value)>| {
+        std::thread::spawn(move || {
+            let (status, v) = post_key(port, "/v1/chat/completions", request(i));
+            assert_eq!(status, 200, "{v}");
+            tx.send((i, v)).unwrap();
+        })
+    };
+    // 16 requests in flight (held by a pause so none can finish early), then an update with mode
+    // wait (the default), then 8 more while it waits
+    post_key(port, "/v1/pause", json!({}));
+    let mut threads: Vec<_> = (0..16).map(|i| send(i, tx.clone())).collect();
+    let in_server = |m: &dyn Fn(&str) -> u64| m("kvdecode_queue_depth") + m("kvdecode_rows_in_use");
+    until(port, "16 requests in flight", |m| in_server(m) == 16);
+    let update = std::thread::spawn(move || post_key(port, "/v1/weights", json!({"path": new})));
+    until(port, "the update waiting", |m| m("kvdecode_update_waiting") == 1);
+    threads.extend((16..24).map(|i| send(i, tx.clone())));
+    until(port, "8 more queued", |m| in_server(m) == 24);
+    post_key(port, "/v1/resume", json!({}));
+    let (status, v) = update.join().unwrap();
+    assert_eq!((status, v["weights_version"].as_u64()), (200, Some(1)), "{v}");
+    for t in threads {
+        t.join().unwrap();
+    }
+    drop(tx);
+    let mut got: Vec<(usize, Value)> = rx.iter().collect();
+    got.sort_by_key(|g| g.0);
+    let version = |v: &Value| {
+        assert!(v.get("weights_versions").is_none(), "one version per response: {v}");
+        v["weights_version"].as_u64().unwrap()
+    };
+    let versions: Vec<u64> = got.iter().map(|(_, v)| version(v)).collect();
+    assert_eq!(versions, [[0; 16].as_slice(), &[1; 8]].concat(), "the 16 in flight finish on the old weights");
+    // each equals the same request alone on its version's weights: first the new ones (the
+    // server holds them now), then the old ones (loaded back as version 2)
+    for (want_version, path) in [(1, None), (0, Some(MODEL))] {
+        if let Some(p) = path {
+            let (status, v) = post_key(port, "/v1/weights", json!({"path": p}));
+            assert_eq!((status, v["weights_version"].as_u64()), (200, Some(2)), "{v}");
+        }
+        for (i, v) in got.iter().filter(|(_, v)| version(v) == want_version) {
+            let (_, alone) = post_key(port, "/v1/chat/completions", request(*i));
+            assert_eq!(text(&alone, 0), text(v, 0), "request {i} on version {want_version}'s weights");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pause_resume_keep_abort_and_the_prompt_cache_reset() {
+    let dir = std::env::temp_dir().join(format!("kvdecode-serve-pause-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let new = other_weights(&dir, 78);
+    let s = start(&["--api-key", KEY, "--rows", "2", "--max-len", "1024"]);
+    let port = s.port;
+    // paused, a request waits; resumed, it answers
+    assert_eq!(post_key(port, "/v1/pause", json!({})).1["paused"], true);
+    let (tx, rx) = mpsc::channel();
+    let waiting = std::thread::spawn(move || tx.send(post_key(port, "/v1/chat/completions", request(1))).unwrap());
+    until(port, "the request in", |m| m("kvdecode_queue_depth") + m("kvdecode_rows_in_use") == 1);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(rx.try_recv().is_err(), "a paused server answered");
+    assert_eq!(post_key(port, "/v1/resume", json!({})).1["paused"], false);
+    waiting.join().unwrap();
+    assert_eq!(rx.recv().unwrap().0, 200);
+    // keep: a streamed answer in flight across the update goes on, its later chunks say version 1
+    let long = json!({"model": "m", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 600,
+                      "temperature": 0, "stream": true, "logit_bias": {"0": -100, "1": -100}});
+    let streamed =
+        std::thread::spawn(move || http_with(port, "POST", "/v1/chat/completions", &long.to_string(), &auth(KEY)));
+    let done = metric(port, "kvdecode_completion_tokens_total");
+    until(port, "some tokens of the long answer", |m| m("kvdecode_completion_tokens_total") >= done + 5);
+    post_key(port, "/v1/pause", json!({}));
+    let (status, v) = post_key(port, "/v1/weights", json!({"path": new, "mode": "keep"}));
+    assert_eq!((status, v["weights_version"].as_u64()), (200, Some(1)), "{v}");
+    post_key(port, "/v1/resume", json!({}));
+    let (status, _, body) = streamed.join().unwrap();
+    assert_eq!(status, 200);
+    let chunks: Vec<Value> =
+        sse(&body).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+    let first = chunks.iter().find_map(|c| c["weights_version"].as_u64()).unwrap();
+    let last = chunks.last().unwrap();
+    assert_eq!(first, 0);
+    assert_eq!(last["weights_versions"], json!([0, 1]), "{last}");
+    // abort: the answer in flight ends now, with finish reason `abort`
+    let long = json!({"model": "m", "prompt": "count", "max_tokens": 900, "temperature": 0,
+                      "logit_bias": {"0": -100, "1": -100}});
+    let aborted = std::thread::spawn(move || post_key(port, "/v1/completions", long));
+    let done = metric(port, "kvdecode_completion_tokens_total");
+    until(port, "some tokens of the long answer", |m| m("kvdecode_completion_tokens_total") >= done + 5);
+    let (status, v) = post_key(port, "/v1/weights", json!({"path": MODEL, "mode": "abort"}));
+    assert_eq!((status, v["weights_version"].as_u64()), (200, Some(2)), "{v}");
+    let (status, v) = aborted.join().unwrap();
+    assert_eq!((status, v["choices"][0]["finish_reason"].as_str()), (200, Some("abort")), "{v}");
+    // the prompt cache: a repeated prompt is cached, a reset forgets it
+    for _ in 0..2 {
+        post_key(port, "/v1/chat/completions", request(5));
+    }
+    assert!(metric(port, "kvdecode_kv_blocks_cached") > 0);
+    assert_eq!(post_key(port, "/v1/reset_prefix_cache", json!({})).1["reset"], true);
+    assert_eq!(metric(port, "kvdecode_kv_blocks_cached"), 0);
+    assert_eq!(metric(port, "kvdecode_weights_version"), 2);
+    // bad admin requests are named
+    let (status, v) = post_key(port, "/v1/weights", json!({"path": "/no/such/file.safetensors"}));
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("/no/such/file"), "{v}");
+    let (status, v) = post_key(port, "/v1/weights", json!({"path": MODEL, "mode": "later"}));
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("mode")), "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,326 @@
+"""GRPO that learns: a small Llama-shaped PyTorch policy learns to reverse a string of digits,
+with kvdecode running the rollouts and taking the new weights after every optimizer step.
+
+Each step:
+  1. kvdecode runs the rollouts in GRPO groups: each prompt prefilled once and forked into
+     ``--group`` rows, sampled at ``--temperature`` with per-token log-probabilities;
+  2. PyTorch scores them (reward: the share of digits in the right place), computes the GRPO loss
+     (group-normalised advantages times the log-probabilities, teacher-forced) and takes an Adam
+     step; the same forward gives the trainer's log-probabilities of the sampled tokens, so the
+     training-inference mismatch |logp_engine - logp_trainer| is measured on every token;
+  3. ``engine.load_weights(policy.state_dict())`` pushes the new weights in, by their Hugging Face
+     names, and the next step samples from them (every turn reports its weights version).
+
+It prints per step the mean reward, rollout tokens/s, weight-sync ms and the mismatch (mean and
+max), and writes a PNG of reward and mismatch per step (matplotlib).
+
+    python python/examples/grpo.py                      # f32 weights and K/V: exact mismatch
+    python python/examples/grpo.py --dtype bf16         # 16-bit engine, f32 trainer
+    python python/examples/grpo.py --ray 2              # rollouts on 2 Ray actors
+    python python/examples/grpo.py --steps 20 --check   # what the tests run
+
+With ``--ray N`` the groups are split over N Ray actors that each own an engine and get the
+weights through Ray's object store; on the first step the driver also runs every group on an
+engine of its own and checks that the episodes are identical.
+"""
+
+import argparse
+import json
+import math
+import os
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import kvdecode
+
+DIGITS, EQ, EOS, BOS, VOCAB = 10, 10, 11, 12, 16
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, d, heads, kv_heads, head_dim):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = torch.nn.Linear(d, heads * head_dim, bias=False)
+        self.k_proj = torch.nn.Linear(d, kv_heads * head_dim, bias=False)
+        self.v_proj = torch.nn.Linear(d, kv_heads * head_dim, bias=False)
+        self.o_proj = torch.nn.Linear(heads * head_dim, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        rep = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        return self.o_proj((att @ v).transpose(1, 2).reshape(b, t, -1))
+
+
+def rope(x, cos, sin):
+    """Rotate halves (Hugging Face's `rotate_half` layout, as kvdecode rotates)."""
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., h:], x[..., :h]], dim=-1) * sin
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.weight, self.eps = torch.nn.Parameter(torch.ones(d)), eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, d, ffn):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(d, ffn, bias=False)
+        self.up_proj = torch.nn.Linear(d, ffn, bias=False)
+        self.down_proj = torch.nn.Linear(ffn, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.self_attn = Attention(c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"],
+                                   c["head_dim"])
+        self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.mlp = Mlp(c["hidden_size"], c["intermediate_size"])
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Inner(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.layers = torch.nn.ModuleList(Layer(c) for _ in range(c["num_hidden_layers"]))
+        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+
+
+class Policy(torch.nn.Module):
+    """A Llama (Hugging Face names: `model.layers.0.self_attn.q_proj.weight`, ...)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.model = Inner(c)
+        self.lm_head = torch.nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
+        for p in self.parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02 if p.shape[0] != c["vocab_size"] else 0.1)
+
+    def forward(self, ids):
+        t, hd = ids.shape[1], self.c["head_dim"]
+        inv = 1.0 / (self.c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+        ang = torch.outer(torch.arange(t, dtype=torch.float64), inv)
+        cos, sin = [torch.cat([f(ang), f(ang)], -1).float() for f in (torch.cos, torch.sin)]
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.model.norm(x))
+
+
+def config(args):
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": VOCAB,
+            "hidden_size": args.d_model, "intermediate_size": 2 * args.d_model, "num_hidden_layers": args.layers,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": args.d_model // 4,
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 64,
+            "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "float32"}
+
+
+def save_hf(policy, path):
+    """A Hugging Face directory kvdecode loads (config.json + model.safetensors)."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(policy.c, f)
+    save_file({k: v.detach().contiguous() for k, v in policy.state_dict().items()},
+              os.path.join(path, "model.safetensors"))
+
+
+def make_engine(model_dir, rows, dtype):
+    return kvdecode.Engine(kvdecode.load(model_dir), rows=rows, max_len=32, kv=dtype,
+                           weights="f32" if dtype == "f32" else "f16", prompt_cache=False)
+
+
+def run_groups(engine, groups, n_digits, temperature):
+    """Each group: its prompt prefilled once and forked into one row per seed; one turn each.
+    Returns one episode per (group, seed): (group id, seed, tokens, logprobs, weights version)."""
+    ro, out, pending = kvdecode.Rollouts(engine), [], list(groups)
+    while pending:
+        wave, used = [], 0
+        while pending and used + len(pending[0]["seeds"]) <= engine.rows:
+            g = pending.pop(0)
+            wave.append((g, list(range(used, used + len(g["seeds"])))))
+            used += len(g["seeds"])
+        for g, rows in wave:
+            samplers = [kvdecode.Sampler(temperature, seed=s) for s in g["seeds"]]
+            ro.start([rows[0]], [g["prompt"]], sampler=samplers[0])
+            ro.fork(rows[0], rows[1:], sampler=samplers[1:])
+        all_rows = [r for _, rows in wave for r in rows]
+        ro.decode_turn(all_rows, max_new=n_digits + 1, stop=[EOS])
+        for g, rows in wave:
+            for r, seed in zip(rows, g["seeds"]):
+                t = ro.finish(r)[0]
+                out.append((g["id"], seed, list(t.tokens), list(t.logprobs), t.weights_version))
+    return out
+
+
+def reward(prompt, tokens, n_digits):
+    want = prompt[1:1 + n_digits][::-1]
+    return sum(int(i < len(tokens) and tokens[i] == d) for i, d in enumerate(want)) / n_digits
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per step")
+    ap.add_argument("--group", type=int, default=8, help="samples per prompt (GRPO group)")
+    ap.add_argument("--digits", type=int, default=3)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
+                    help="the engine's weights and K/V (the trainer is f32)")
+    ap.add_argument("--ray", type=int, default=0, help="rollouts on this many Ray actors")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", default="grpo.png")
+    ap.add_argument("--json", help="write every step's figures here")
+    ap.add_argument("--check", action="store_true",
+                    help="fail unless the reward rises and (f32) the mismatch stays within 1e-5 mean, 1e-3 max")
+    args = ap.parse_args()
+    print(f"seed {args.seed}")
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    policy = Policy(config(args))
+    opt = torch.optim.Adam(policy.parameters(), lr=args.lr)
+    rows = args.prompts * args.group
+    tmp = tempfile.mkdtemp(prefix="kvdecode-grpo-")
+    save_hf(policy, tmp)
+    engine = make_engine(tmp, rows, args.dtype)
+    actors = []
+    if args.ray:
+        import ray
+
+        ray.init(num_cpus=max(2, args.ray), include_dashboard=False, log_to_driver=False)
+
+        @ray.remote
+        class Worker:
+            def __init__(self, model_dir, rows, dtype):
+                self.engine = make_engine(model_dir, rows, dtype)
+
+            def rollout(self, state, groups, n_digits, temperature):
+                self.engine.load_weights(state, in_flight="reset")
+                return run_groups(self.engine, groups, n_digits, temperature)
+
+        per = -(-args.prompts // args.ray)
+        actors = [Worker.remote(tmp, per * args.group, args.dtype) for _ in range(args.ray)]
+    print(f"kvdecode on {kvdecode.device()}; policy {sum(p.numel() for p in policy.parameters())} parameters, "
+          f"{args.prompts} prompts x {args.group} samples per step, engine {args.dtype}")
+    print("| step | reward | rollout tok/s | weight sync ms | mean abs dlogp | max abs dlogp | version |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    history, sync_ms = [], 0.0
+    all_d = []
+    for step in range(args.steps):
+        prompts = [[BOS] + rng.integers(0, DIGITS, args.digits).tolist() + [EQ] for _ in range(args.prompts)]
+        groups = [{"id": i, "prompt": p, "seeds": [int(s) for s in rng.integers(0, 2**31, args.group)]}
+                  for i, p in enumerate(prompts)]
+        t0 = time.perf_counter()
+        if actors:
+            state = {k: v.detach().numpy() for k, v in policy.state_dict().items()}
+            ref = ray.put(state)  # once in the object store, read by every actor
+            per = -(-len(groups) // len(actors))
+            parts = [groups[i * per:(i + 1) * per] for i in range(len(actors))]
+            futures = [a.rollout.remote(ref, p, args.digits, args.temperature) for a, p in zip(actors, parts) if p]
+            episodes = [e for part in ray.get(futures) for e in part]
+            if step == 0:
+                alone = run_groups(engine, groups, args.digits, args.temperature)
+                same = sorted(e[:4] for e in episodes) == sorted(e[:4] for e in alone)
+                assert same, "the Ray actors' episodes differ from one engine's"
+                print("Ray: every episode equals the single engine's")
+        else:
+            episodes = run_groups(engine, groups, args.digits, args.temperature)
+        rollout_s = time.perf_counter() - t0
+        n_tokens = sum(len(e[2]) for e in episodes)
+        versions = {e[4] for e in episodes}
+        assert versions == {step} or actors, f"step {step}: sampled under weights versions {versions}"
+        # the trainer: teacher-forced log-probabilities of the sampled tokens, then the GRPO loss
+        seqs = [prompts[g] + toks for g, _, toks, _, _ in episodes]
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [EOS] * (width - len(s)) for s in seqs])
+        logp_all = F.log_softmax(policy(ids)[:, :-1].float() / args.temperature, dim=-1)
+        plen = args.digits + 2
+        logps, deltas, adv = [], [], []
+        rewards = np.array([reward(prompts[g], toks, args.digits) for g, _, toks, _, _ in episodes])
+        for i, (g, _, toks, lps, _) in enumerate(episodes):
+            group = rewards[[j for j, e in enumerate(episodes) if e[0] == g]]
+            a = (rewards[i] - group.mean()) / (group.std() + 1e-4)
+            for k, (t, lp) in enumerate(zip(toks, lps)):
+                trainer = logp_all[i, plen - 1 + k, t]
+                logps.append(trainer)
+                adv.append(a)
+                deltas.append(abs(lp - trainer.item()))
+        all_d.extend(deltas)
+        loss = -(torch.stack(logps) * torch.tensor(adv, dtype=torch.float32)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        # the new weights into the engine, by their Hugging Face names
+        t1 = time.perf_counter()
+        if not actors:
+            engine.load_weights(policy.state_dict(), in_flight="reset")
+        sync_ms = (time.perf_counter() - t1) * 1e3
+        rec = {"step": step, "reward": float(rewards.mean()), "rollout_tok_s": n_tokens / rollout_s,
+               "sync_ms": sync_ms, "mismatch_mean": float(np.mean(deltas)), "mismatch_max": float(np.max(deltas)),
+               "version": step}
+        history.append(rec)
+        print(f"| {step} | {rec['reward']:.3f} | {rec['rollout_tok_s']:.0f} | {sync_ms:.2f} | "
+              f"{rec['mismatch_mean']:.2e} | {rec['mismatch_max']:.2e} | {step} |", flush=True)
+    start = np.mean([h["reward"] for h in history[:5]])
+    end = np.mean([h["reward"] for h in history[-5:]])
+    mean_d, max_d = float(np.mean(all_d)), float(np.max(all_d))
+    print(f"reward {start:.3f} -> {end:.3f} (first and last 5 steps); mismatch over {len(all_d)} sampled tokens: "
+          f"mean {mean_d:.2e}, max {max_d:.2e}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"steps": history, "mismatch_mean": mean_d, "mismatch_max": max_d}, f)
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+        a.plot([h["reward"] for h in history])
+        a.set(xlabel="step", ylabel="mean reward", title=f"reverse {args.digits} digits (GRPO)", ylim=(0, 1))
+        b.semilogy([h["mismatch_mean"] for h in history], label="mean")
+        b.semilogy([h["mismatch_max"] for h in history], label="max")
+        b.set(xlabel="step", ylabel="|logp engine - logp trainer|", title=f"mismatch ({args.dtype} engine)")
+        b.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+        print(f"wrote {args.plot}")
+    if args.check:
+        assert end > start + 0.1, f"the reward did not rise: {start:.3f} -> {end:.3f}"
+        if args.dtype == "f32":
+            assert mean_d <= 1e-5 and max_d <= 1e-3, f"mismatch mean {mean_d:.2e}, max {max_d:.2e}"
+        print("check passed")
+
+
+if __name__ == "__main__":
+    main()
