@@ -57,13 +57,19 @@ pub fn weights_table(
     let params: usize = tensors.iter().map(|t| t.1.iter().product::<usize>()).sum();
     let mut e = Engine::new(gpu, &w, EngineOptions { weights: WeightDtype::F16, ..EngineOptions::new(2, 64) })?;
     drop(w);
-    let largest = tensors.iter().map(|t| t.2.len()).max().unwrap_or(4).next_multiple_of(4) as u64;
-    let scratch = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("bench: write_buffer floor"),
-        size: largest,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
+    // the floor writes the same bytes into buffers of the same sizes (as much fresh memory on
+    // both sides as the update touches)
+    let scratch: Vec<wgpu::Buffer> = tensors
+        .iter()
+        .map(|t| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bench: write_buffer floor"),
+                size: (t.2.len() as u64).next_multiple_of(4).max(4),
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })
+        .collect();
     let (mut update_ms, mut floor_ms) = (Vec::new(), Vec::new());
     for round in 0..=rounds {
         let t = Instant::now();
@@ -71,9 +77,9 @@ pub fn weights_table(
         wait(gpu)?;
         let u = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
-        for (_, _, b) in &tensors {
+        for ((_, _, b), dst) in tensors.iter().zip(&scratch) {
             // the floor: the same bytes, one write per tensor (4-byte aligned as WebGPU asks)
-            gpu.queue.write_buffer(&scratch, 0, &b[..b.len() / 4 * 4]);
+            gpu.queue.write_buffer(dst, 0, &b[..b.len() / 4 * 4]);
         }
         gpu.queue.submit([]);
         wait(gpu)?;

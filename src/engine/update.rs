@@ -15,7 +15,7 @@ use crate::model::family::{
     interleaved_source, naming_norm, tensor_names, Naming, RowOrder, Slot, TensorName, HF_PREFIXES,
 };
 use crate::model::reference::norm_multiplier;
-use crate::model::tensor::HostTensor;
+use crate::model::tensor::{HostDtype, HostTensor};
 
 /// What an update does to the rows that hold tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -73,6 +73,41 @@ fn name_index(cfg: &ModelConfig) -> HashMap<String, (TensorName, NormKind)> {
     index
 }
 
+/// Every value of `tensors` finite, checked in slices of about 4 MiB spread over the CPU's
+/// threads (a trainer's push is checked at memory speed, not one core's): the first bad element,
+/// in tensor order, is the error.
+fn check_values(tensors: &[&HostTensor]) -> Result<()> {
+    const SLICE: usize = 4 << 20;
+    let mut work = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let n = t.elements();
+        // quantized tensors are checked whole, by dequantizing them
+        let step = match t.dtype {
+            HostDtype::Quant(_) => n.max(1),
+            _ => (SLICE / (t.bytes.len() / n.max(1)).max(1)).max(1),
+        };
+        work.extend((0..n).step_by(step).map(|a| (i, a..(a + step).min(n))));
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(work.len().max(1));
+    #[cfg(target_arch = "wasm32")]
+    let threads = 1;
+    let run = |k: usize| -> Option<((usize, usize), Error)> {
+        let mut mine = work.iter().skip(k).step_by(threads);
+        mine.find_map(|(i, r)| tensors[*i].check_values(r.clone()).err().map(|e| ((*i, r.start), e)))
+    };
+    let mut bad: Vec<((usize, usize), Error)> = if threads > 1 {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads).map(|k| s.spawn(move || run(k))).collect();
+            handles.into_iter().filter_map(|h| h.join().ok().flatten()).collect()
+        })
+    } else {
+        run(0).into_iter().collect()
+    };
+    bad.sort_by_key(|b| b.0);
+    bad.into_iter().next().map_or(Ok(()), |(_, e)| Err(e))
+}
+
 /// Names a trainer's `state_dict()` carries that are not weights of their own.
 fn ignorable(cfg: &ModelConfig, name: &str) -> bool {
     let tied_head = cfg.tie_embeddings && ["lm_head.weight", "output.weight", "head.weight"].contains(&name);
@@ -100,8 +135,9 @@ impl Engine {
     /// wrong shape or byte length, or a value that is not finite is an error naming the tensor,
     /// and the engine is unchanged. Then the version rises, the prompt cache is flushed (its K/V
     /// came from the old weights), and rows holding tokens are kept, recomputed or reset as
-    /// `in_flight` says. No pipeline, bind group or buffer is created; the writes go through the
-    /// queue's staging memory with the next submit.
+    /// `in_flight` says. No pipeline, bind group or buffer is created; the values are checked on
+    /// every CPU thread first, then written through the queue's staging memory, which reaches the
+    /// GPU with the next submit.
     pub fn update_weights(&mut self, tensors: &[HostTensor], in_flight: InFlight) -> Result<WeightUpdate> {
         self.ready()?;
         let index = name_index(&self.cfg);
@@ -126,7 +162,7 @@ impl Engine {
                     example.unwrap_or_default()
                 )));
             };
-            t.check(&spec.shape)?;
+            t.check_shape(&spec.shape)?;
             for &(slot, row0) in &spec.places {
                 if let Some(other) = filled.insert((slot, row0), &t.name) {
                     return Err(Error::Weights(format!(
@@ -143,6 +179,7 @@ impl Engine {
             }
             plan.push((t, spec, *norm));
         }
+        check_values(&plan.iter().map(|p| p.0).collect::<Vec<_>>())?;
         let mut bytes = 0;
         for (t, spec, norm) in &plan {
             let source = |i: usize| match spec.order {

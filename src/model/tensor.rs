@@ -83,6 +83,17 @@ impl<'a> HostTensor<'a> {
     /// Check the tensor against the shape its name has in the model: dims, byte length, whole
     /// blocks, and that every value is finite. The error names the tensor.
     pub fn check(&self, want: &[usize]) -> Result<()> {
+        self.check_shape(want)?;
+        self.check_values(0..self.elements())
+    }
+
+    /// Elements in the tensor (its bytes hold that many once [`HostTensor::check_shape`] passed).
+    pub(crate) fn elements(&self) -> usize {
+        self.rows() * self.cols()
+    }
+
+    /// [`HostTensor::check`] without the values: dims, byte length, whole blocks.
+    pub(crate) fn check_shape(&self, want: &[usize]) -> Result<()> {
         let name = &self.name;
         if self.shape != want {
             return Err(Error::Weights(format!("tensor `{name}`: shape {:?}, this model's is {want:?}", self.shape)));
@@ -104,19 +115,30 @@ impl<'a> HostTensor<'a> {
                 len.map_or("more than memory holds".into(), |n| n.to_string())
             )));
         }
-        let bad = match self.dtype {
-            // an exponent of all ones is an infinity or a NaN
-            HostDtype::F32 => self.bytes.chunks_exact(4).position(|b| b[3] & 0x7f == 0x7f && b[2] & 0x80 != 0),
-            HostDtype::F16 => self.bytes.chunks_exact(2).position(|b| b[1] & 0x7c == 0x7c),
-            HostDtype::BF16 => self.bytes.chunks_exact(2).position(|b| b[1] & 0x7f == 0x7f && b[0] & 0x80 != 0),
+        Ok(())
+    }
+
+    /// That the elements in `range` are finite (quantized tensors: all of them, whatever the
+    /// range says); the error names the tensor and the element. The shape has been checked.
+    pub(crate) fn check_values(&self, range: std::ops::Range<usize>) -> Result<()> {
+        // an exponent of all ones is an infinity or a NaN
+        let (mask, size) = match self.dtype {
+            HostDtype::F32 => (0x7f80_0000, 4),
+            HostDtype::F16 => (0x7c00, 2),
+            HostDtype::BF16 => (0x7f80, 2),
             HostDtype::Quant(k) => {
-                dequantize(k, self.bytes, self.rows() * self.cols())?.iter().position(|v| !v.is_finite())
+                let bad = dequantize(k, self.bytes, self.elements())?.iter().position(|v| !v.is_finite());
+                return bad.map_or(Ok(()), |i| self.not_finite(i));
             }
         };
-        match bad {
-            Some(i) => Err(Error::Weights(format!("tensor `{name}`: element {i} is not finite"))),
+        match first_all_ones(&self.bytes[range.start * size..range.end * size], mask, size) {
+            Some(i) => self.not_finite(range.start + i),
             None => Ok(()),
         }
+    }
+
+    fn not_finite(&self, i: usize) -> Result<()> {
+        Err(Error::Weights(format!("tensor `{}`: element {i} is not finite", self.name)))
     }
 
     /// The raw bytes of row `r`.
@@ -140,5 +162,74 @@ impl<'a> HostTensor<'a> {
     /// Every value as f32 (vectors).
     pub(crate) fn values_f32(&self) -> Vec<f32> {
         (0..self.rows()).flat_map(|r| self.row_f32(r)).collect()
+    }
+}
+
+/// The index of the first little-endian element of `size` bytes (2 or 4) whose bits under `mask`
+/// are all set, if any. Eight bytes at a time: a trainer's push is checked at memory speed.
+fn first_all_ones(bytes: &[u8], mask: u32, size: usize) -> Option<usize> {
+    let (lanes, lane_bits) = (8 / size, 8 * size as u32);
+    let (mut m, mut low, mut high) = (0u64, 0u64, 0u64);
+    for lane in 0..lanes as u32 {
+        m |= (mask as u64) << (lane * lane_bits);
+        low |= 1 << (lane * lane_bits);
+        high |= 1 << (lane * lane_bits + lane_bits - 1);
+    }
+    let words = bytes.chunks_exact(8);
+    let tail = words.remainder();
+    for (i, w) in words.enumerate() {
+        // a lane of `(w & m) ^ m` is zero exactly where the element has every masked bit
+        let x = (u64::from_le_bytes(w.try_into().unwrap_or([0; 8])) & m) ^ m;
+        if x.wrapping_sub(low) & !x & high != 0 {
+            let element = |k: usize| {
+                let b = &w[k * size..(k + 1) * size];
+                let v = if size == 2 {
+                    u16::from_le_bytes([b[0], b[1]]) as u32
+                } else {
+                    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                };
+                v & mask == mask
+            };
+            return (0..lanes).find(|&k| element(k)).map(|k| i * lanes + k);
+        }
+    }
+    let start = (bytes.len() - tail.len()) / size;
+    tail.chunks_exact(size)
+        .position(|b| {
+            let v = if size == 2 {
+                u16::from_le_bytes([b[0], b[1]]) as u32
+            } else {
+                u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+            };
+            v & mask == mask
+        })
+        .map(|k| start + k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_finite_values_are_found_where_they_are() {
+        let f32s: Vec<f32> = (0..37).map(|i| i as f32 * 0.5 - 3.0).collect();
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0, 1, 5, 31, 32, 36] {
+                let mut v = f32s.clone();
+                v[at] = bad;
+                assert_eq!(first_all_ones(bytemuck::cast_slice(&v), 0x7f80_0000, 4), Some(at));
+                let h: Vec<u8> = v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect();
+                assert_eq!(first_all_ones(&h, 0x7c00, 2), Some(at));
+                let b: Vec<u8> = v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect();
+                assert_eq!(first_all_ones(&b, 0x7f80, 2), Some(at));
+            }
+        }
+        // the largest finite values and subnormals are finite
+        let edge = [f32::MAX, f32::MIN, 1e-40, -0.0];
+        assert_eq!(first_all_ones(bytemuck::cast_slice(&edge), 0x7f80_0000, 4), None);
+        let h: Vec<u8> =
+            [65504.0f32, -65504.0, 6e-8, 0.0].iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect();
+        assert_eq!(first_all_ones(&h, 0x7c00, 2), None);
+        assert_eq!(first_all_ones(bytemuck::cast_slice(&f32s), 0x7f80_0000, 4), None);
     }
 }
