@@ -98,35 +98,35 @@ pub fn weights_table(
     println!("|---|---:|---:|---:|");
     println!("| update_weights (checked, written in place) | {u:.1} | {:.0} | {:.2}x |", bytes as f64 / u / 1e3, u / f);
     println!("| queue.write_buffer of the same bytes (floor) | {f:.1} | {:.0} | 1.00x |", bytes as f64 / f / 1e3);
-    // memory across many updates and sleep/wake cycles
+    // memory across many updates and sleep/wake cycles: read at the start, then after each
+    // quarter of the updates and of the cycles (flat: a plateau, not a climb)
     let alloc = |e: &Engine| e.memory_report().allocator.map_or(0, |a| a.0);
-    let start = (rss(), alloc(&e));
-    for _ in 0..updates {
+    let mut marks = vec![("start".to_string(), rss(), alloc(&e))];
+    for k in 1..=updates {
         e.update_weights(&host, InFlight::Keep)?;
+        if k % updates.div_ceil(4).max(1) == 0 || k == updates {
+            wait(gpu)?;
+            marks.push((format!("after {k} updates"), rss(), alloc(&e)));
+        }
     }
-    wait(gpu)?;
-    let after_updates = (rss(), alloc(&e));
-    for _ in 0..cycles {
+    for k in 1..=cycles {
         e.sleep(Sleep::ALL)?;
         e.wake()?;
+        if k % cycles.div_ceil(4).max(1) == 0 || k == cycles {
+            wait(gpu)?;
+            marks.push((format!("after {k} sleep/wake"), rss(), alloc(&e)));
+        }
     }
-    wait(gpu)?;
-    let after_cycles = (rss(), alloc(&e));
     let mib = |b: u64| b as f64 / 1048576.0;
     println!("\n| memory | RSS MiB | allocator MiB |");
     println!("|---|---:|---:|");
-    for (what, (r, a)) in [
-        ("start", start),
-        (&*format!("after {updates} updates"), after_updates),
-        (&*format!("after {cycles} sleep/wake"), after_cycles),
-    ] {
-        println!("| {what} | {:.1} | {:.1} |", mib(r), mib(a));
+    for (what, r, a) in &marks {
+        println!("| {what} | {:.1} | {:.1} |", mib(*r), mib(*a));
     }
     Ok(json!({
         "parameters": params, "bytes": bytes, "tensors": tensors.len(),
         "update_ms": u, "floor_ms": f, "ratio": u / f,
-        "rss_bytes": [start.0, after_updates.0, after_cycles.0],
-        "allocator_bytes": [start.1, after_updates.1, after_cycles.1],
+        "memory": marks.iter().map(|(what, r, a)| json!({"at": what, "rss_bytes": r, "allocator_bytes": a})).collect::<Vec<_>>(),
         "updates": updates, "sleep_wake_cycles": cycles,
     }))
 }
