@@ -17,7 +17,7 @@ max), and writes a PNG of reward and mismatch per step (matplotlib).
     python python/examples/grpo.py                      # f32 weights and K/V: exact mismatch
     python python/examples/grpo.py --dtype bf16         # 16-bit engine, f32 trainer
     python python/examples/grpo.py --ray 2              # rollouts on 2 Ray actors
-    python python/examples/grpo.py --steps 20 --check   # what the tests run
+    python python/examples/grpo.py --steps 40 --check   # what the tests run
 
 With ``--ray N`` the groups are split over N Ray actors that each own an engine and get the
 weights through Ray's object store; on the first step the driver also runs every group on an
@@ -141,20 +141,22 @@ def config(args):
             "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "float32"}
 
 
-def save_hf(policy, path):
-    """A Hugging Face directory kvdecode loads (config.json + model.safetensors)."""
+def save_hf(policy, path, dtype):
+    """A Hugging Face directory kvdecode loads (config.json + model.safetensors), its tensors in
+    `dtype`: kvdecode keeps 16-bit weights 16-bit on the GPU, and later updates are stored so."""
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(policy.c, f)
-    save_file({k: v.detach().contiguous() for k, v in policy.state_dict().items()},
+    t = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    save_file({k: v.detach().to(t).contiguous() for k, v in policy.state_dict().items()},
               os.path.join(path, "model.safetensors"))
 
 
 def make_engine(model_dir, rows, dtype):
-    return kvdecode.Engine(kvdecode.load(model_dir), rows=rows, max_len=32, kv=dtype,
-                           weights="f32" if dtype == "f32" else "f16", prompt_cache=False)
+    # weights as the directory holds them (f32, f16 or bf16), K/V in the same type
+    return kvdecode.Engine(kvdecode.load(model_dir), rows=rows, max_len=32, kv=dtype, prompt_cache=False)
 
 
 def run_groups(engine, groups, n_digits, temperature):
@@ -187,20 +189,23 @@ def reward(prompt, tokens, n_digits):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--prompts", type=int, default=16, help="prompts per step")
     ap.add_argument("--group", type=int, default=8, help="samples per prompt (GRPO group)")
-    ap.add_argument("--digits", type=int, default=3)
+    ap.add_argument("--digits", type=int, default=2)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
-                    help="the engine's weights and K/V (the trainer is f32)")
+                    help="the engine's weights and K/V (the trainer is f32; 16-bit weights are the "
+                    "trainer's rounded as the update is written)")
     ap.add_argument("--ray", type=int, default=0, help="rollouts on this many Ray actors")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default="grpo.png")
     ap.add_argument("--json", help="write every step's figures here")
+    ap.add_argument("--save-dir", help="keep the initial policy here as a Hugging Face directory "
+                    "(kvdecode bench --model DIR --tables weights times its updates)")
     ap.add_argument("--check", action="store_true",
                     help="fail unless the reward rises and (f32) the mismatch stays within 1e-5 mean, 1e-3 max")
     args = ap.parse_args()
@@ -210,8 +215,8 @@ def main():
     policy = Policy(config(args))
     opt = torch.optim.Adam(policy.parameters(), lr=args.lr)
     rows = args.prompts * args.group
-    tmp = tempfile.mkdtemp(prefix="kvdecode-grpo-")
-    save_hf(policy, tmp)
+    tmp = args.save_dir or tempfile.mkdtemp(prefix="kvdecode-grpo-")
+    save_hf(policy, tmp, args.dtype)
     engine = make_engine(tmp, rows, args.dtype)
     actors = []
     if args.ray:
@@ -225,8 +230,10 @@ def main():
                 self.engine = make_engine(model_dir, rows, dtype)
 
             def rollout(self, state, groups, n_digits, temperature):
+                t = time.perf_counter()
                 self.engine.load_weights(state, in_flight="reset")
-                return run_groups(self.engine, groups, n_digits, temperature)
+                sync_ms = (time.perf_counter() - t) * 1e3
+                return run_groups(self.engine, groups, n_digits, temperature), sync_ms
 
         per = -(-args.prompts // args.ray)
         actors = [Worker.remote(tmp, per * args.group, args.dtype) for _ in range(args.ray)]
@@ -244,10 +251,14 @@ def main():
         if actors:
             state = {k: v.detach().numpy() for k, v in policy.state_dict().items()}
             ref = ray.put(state)  # once in the object store, read by every actor
+            put_ms = (time.perf_counter() - t0) * 1e3
             per = -(-len(groups) // len(actors))
             parts = [groups[i * per:(i + 1) * per] for i in range(len(actors))]
             futures = [a.rollout.remote(ref, p, args.digits, args.temperature) for a, p in zip(actors, parts) if p]
-            episodes = [e for part in ray.get(futures) for e in part]
+            got = ray.get(futures)
+            episodes = [e for part, _ in got for e in part]
+            # the weights' trip: into the object store, then the slowest actor's load
+            sync_ms = put_ms + max(ms for _, ms in got)
             if step == 0:
                 alone = run_groups(engine, groups, args.digits, args.temperature)
                 same = sorted(e[:4] for e in episodes) == sorted(e[:4] for e in alone)
@@ -281,10 +292,10 @@ def main():
         loss.backward()
         opt.step()
         # the new weights into the engine, by their Hugging Face names
-        t1 = time.perf_counter()
         if not actors:
+            t1 = time.perf_counter()
             engine.load_weights(policy.state_dict(), in_flight="reset")
-        sync_ms = (time.perf_counter() - t1) * 1e3
+            sync_ms = (time.perf_counter() - t1) * 1e3
         rec = {"step": step, "reward": float(rewards.mean()), "rollout_tok_s": n_tokens / rollout_s,
                "sync_ms": sync_ms, "mismatch_mean": float(np.mean(deltas)), "mismatch_max": float(np.max(deltas)),
                "version": step}

@@ -314,6 +314,7 @@ impl Engine {
             s,
             weights: gw,
             weights_version: 0,
+            names: None,
             slept: None,
             _rope: rope,
             chunk_dispatches: d.chunk,

@@ -84,6 +84,8 @@ pub struct Engine {
     pub(crate) weights: GpuWeights,
     /// The policy version: 0 at construction, plus one per weight update.
     weights_version: u64,
+    /// The weights' names in every naming ([`Engine::update_weights`] builds it once).
+    names: Option<update::NameIndex>,
     /// What [`Engine::sleep`] released and keeps on the host (`None`: awake).
     slept: Option<sleep::Slept>,
     _rope: HashMap<u32, wgpu::Buffer>,

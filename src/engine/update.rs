@@ -60,8 +60,11 @@ pub struct WeightUpdate {
     pub rows: Vec<usize>,
 }
 
+/// Every name of a model's weights, in every naming, with how its norms hold their values.
+pub(crate) type NameIndex = HashMap<String, (TensorName, NormKind)>;
+
 /// Every name this model's weights have, in every naming, with how its norms hold their values.
-fn name_index(cfg: &ModelConfig) -> HashMap<String, (TensorName, NormKind)> {
+pub(crate) fn name_index(cfg: &ModelConfig) -> NameIndex {
     let namings = [Naming::Kvdecode, Naming::Gguf].into_iter().chain(HF_PREFIXES.map(Naming::HuggingFace));
     let mut index = HashMap::new();
     for naming in namings {
@@ -88,8 +91,13 @@ fn check_values(tensors: &[&HostTensor]) -> Result<()> {
         };
         work.extend((0..n).step_by(step).map(|a| (i, a..(a + step).min(n))));
     }
+    // a thread per 8 MiB at most: spawning one costs about 0.2 ms here, as long as checking
+    // 1.5 MiB takes
     #[cfg(not(target_arch = "wasm32"))]
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(work.len().max(1));
+    let threads = {
+        let bytes: usize = tensors.iter().map(|t| t.bytes.len()).sum();
+        std::thread::available_parallelism().map_or(1, |n| n.get()).min(bytes >> 23).max(1)
+    };
     #[cfg(target_arch = "wasm32")]
     let threads = 1;
     let run = |k: usize| -> Option<((usize, usize), Error)> {
@@ -140,7 +148,14 @@ impl Engine {
     /// GPU with the next submit.
     pub fn update_weights(&mut self, tensors: &[HostTensor], in_flight: InFlight) -> Result<WeightUpdate> {
         self.ready()?;
-        let index = name_index(&self.cfg);
+        // every naming's names, built at the first update and kept (the map never changes)
+        let index = self.names.take().unwrap_or_else(|| name_index(&self.cfg));
+        let result = self.update_with(&index, tensors, in_flight);
+        self.names = Some(index);
+        result
+    }
+
+    fn update_with(&mut self, index: &NameIndex, tensors: &[HostTensor], in_flight: InFlight) -> Result<WeightUpdate> {
         let mut seen = HashSet::new();
         let mut filled: HashMap<(Slot, usize), &str> = HashMap::new();
         let mut plan = Vec::new();
