@@ -119,3 +119,22 @@ def test_gil_released_while_the_gpu_works(demo):
     print(f"append took {took * 1e3:.0f} ms; the main thread's longest pause {longest * 1e3:.1f} ms")
     assert took > 0.1, "the append is too short to tell"
     assert longest < took / 2, "the main thread was blocked while the GPU worked"
+
+
+def test_tokens_and_completions_carry_the_weights_version():
+    """A request in flight across `load_weights(..., in_flight="keep")`: its streamed tokens and
+    its completion say which weights sampled each token."""
+    old, new = kvdecode.Model.random(seed=5), kvdecode.Model.random(seed=6)
+    engine = kvdecode.Engine(old, rows=2, max_len=64)
+    sched = kvdecode.Scheduler(engine)
+    sched.submit([3, 4, 5], max_new=8, sampler=kvdecode.Sampler(1.0, seed=3))
+    streamed, done = [], []
+    for _ in range(3):
+        for ev in sched.step():
+            (streamed if isinstance(ev, kvdecode.Token) else done).append(ev)
+    assert engine.load_weights(new.state_dict(), in_flight="keep") == 1
+    for ev in sched.stream():
+        (streamed if isinstance(ev, kvdecode.Token) else done).append(ev)
+    versions = [t.weights_version for t in streamed]
+    assert done[0].weights_versions == versions and len(versions) == len(done[0].tokens)
+    assert versions[0] == 0 and versions[-1] == 1, versions

@@ -47,6 +47,7 @@ pub struct MemoryReport {
 }
 
 /// Bytes read back per copy: buffers are copied through a staging buffer of this size.
+#[cfg(not(target_arch = "wasm32"))]
 const STAGE: u64 = 64 << 20;
 
 impl Engine {

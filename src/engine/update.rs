@@ -63,7 +63,7 @@ pub struct WeightUpdate {
 /// Every name of a model's weights, in every naming, with how its norms hold their values.
 pub(crate) type NameIndex = HashMap<String, (TensorName, NormKind)>;
 
-/// Every name this model's weights have, in every naming, with how its norms hold their values.
+/// The [`NameIndex`] of `cfg`'s weights.
 pub(crate) fn name_index(cfg: &ModelConfig) -> NameIndex {
     let namings = [Naming::Kvdecode, Naming::Gguf].into_iter().chain(HF_PREFIXES.map(Naming::HuggingFace));
     let mut index = HashMap::new();
@@ -92,7 +92,7 @@ fn check_values(tensors: &[&HostTensor]) -> Result<()> {
         work.extend((0..n).step_by(step).map(|a| (i, a..(a + step).min(n))));
     }
     // a thread per 8 MiB at most: spawning one costs about 0.2 ms here, as long as checking
-    // 1.5 MiB takes
+    // 1.5 MiB does
     #[cfg(not(target_arch = "wasm32"))]
     let threads = {
         let bytes: usize = tensors.iter().map(|t| t.bytes.len()).sum();
