@@ -31,6 +31,7 @@ override NORM: bool = false;       // read RMS-norm(x) (over K) instead of x
 override NORM_WEIGHT: bool = false; // the norm has a weight (norm_w)
 override EPS: f32 = 1e-6;          // the norm's epsilon
 override MLP_ACT: u32 = 0u;        // 0: none; else mlp_act(MLP_ACT - 1, gate, up) of common.wgsl
+override BIAS: bool = false;       // y = x W^T + bias (Qwen2's q/k/v projections)
 override WG: u32 = 64u;            // lanes per workgroup: 64 with NORM (NORM_LANES), but for inv_rms_lanes8
 override OUTS: u32 = 1u;           // `main`: outputs per thread, 1 or a multiple of 8 (wide: 8, see wide_outputs)
 
@@ -39,6 +40,7 @@ override OUTS: u32 = 1u;           // `main`: outputs per thread, 1 or a multipl
 @group(0) @binding(2) var<storage, read> w: array<u32>;         // [O_ROWS, K] in W_FORMAT
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;   // [N, OUT_STRIDE]
 @group(0) @binding(4) var<storage, read> norm_w: array<vec4<f32>>; // [K] (read with NORM_WEIGHT)
+@group(0) @binding(5) var<storage, read> bias: array<f32>;      // [O_ROWS] (read with BIAS)
 
 // main_normed: the normalized input of the workgroup's tokens, a tile of k4 at a time (16 KiB).
 const STAGE: u32 = 1024u;
@@ -199,14 +201,15 @@ fn gated() -> bool {
     return MLP_ACT >= 2u;
 }
 
-// Write output column o of tokens n0 .. n0 + tokens - 1 (those that exist), with softcap and
-// residual.
+// Write output column o of tokens n0 .. n0 + tokens - 1 (those that exist), with bias, softcap
+// and residual.
 fn store4(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, tokens: u32) {
     for (var t = 0u; t < tokens; t++) {
         let n = n0 + t;
         if n >= n_total { break; }
         let i = n * OUT_STRIDE + OUT_OFFSET + o;
         var v = acc[t];
+        if BIAS { v += bias[o]; }
         if SOFTCAP > 0.0 { v = SOFTCAP * safe_tanh(v / SOFTCAP); }
         if ACCUMULATE { v += y[i]; }
         y[i] = v;

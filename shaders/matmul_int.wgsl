@@ -7,7 +7,7 @@
 // result never depends on the batch, nor on OUTS.
 // Rounding the activations costs llama.cpp-like accuracy, hence opt-in.
 
-@group(0) @binding(5) var<storage, read> xq: array<u32>;  // [N, K / 32, Q8_BLOCK_WORDS] (quantize.wgsl)
+@group(0) @binding(6) var<storage, read> xq: array<u32>;  // [N, K / 32, Q8_BLOCK_WORDS] (quantize.wgsl)
 
 // acc plus one block's contribution, from the integer sum s of its products (weights as int8, Q4
 // nibbles as 0..15), the weights' (scale, min) dm, the token's scale dx and d_x sum(x_q) sx.

@@ -13,6 +13,7 @@ override HEADS: u32;               // query heads at the start of each row of t
 override D: u32;                   // head_dim (even)
 override STRIDE: u32;              // floats per token row of t
 override NORM: bool = false;       // qk-norm before RoPE
+override ROTATE: bool = true;      // false: a NoPE layer (SmolLM3), norm and pool write only
 override HAS_WEIGHT: bool = false; // qk-norm of the queries has a weight [D]
 override EPS: f32 = 1e-6;
 // Keys in the same dispatch (a layer's queries and fresh keys are rotated together): T_K_HEADS
@@ -32,7 +33,7 @@ override WG: u32 = 64u;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;      // [R]
 @group(0) @binding(2) var<storage, read_write> t: array<f32>;       // [R * C, STRIDE]
 @group(0) @binding(3) var<storage, read> weight: array<f32>;        // [D] (unused without HAS_WEIGHT)
-@group(0) @binding(4) var<storage, read> rope: array<vec2<f32>>;    // [max_len, D/2] (cos, sin)
+@group(0) @binding(4) var<storage, read> rope: array<vec2<f32>>;    // [max_len, D/2] (cos, sin) (read with ROTATE)
 @group(0) @binding(5) var<storage, read_write> t_k: array<f32>;     // [R * C, K_STRIDE] (unused without K_HEADS)
 @group(0) @binding(6) var<storage, read> k_weight: array<f32>;      // [D] (unused without HAS_K_WEIGHT)
 @group(0) @binding(7) var<storage, read_write> cache: array<u32>;   // [shard blocks, 2, T_K_HEADS, BLOCK, D] (KV_WRITE)
@@ -126,10 +127,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                 a *= weight[i];
                 b *= weight[i + half];
             }
-            let cs = rope[pos * half + i];
-            // explicit fma: see dot_fma in common.wgsl
-            lo[p] = fma(a, cs.x, -(b * cs.y));
-            hi[p] = fma(b, cs.x, a * cs.y);
+            if ROTATE {
+                let cs = rope[pos * half + i];
+                // explicit fma: see dot_fma in common.wgsl
+                lo[p] = fma(a, cs.x, -(b * cs.y));
+                hi[p] = fma(b, cs.x, a * cs.y);
+            } else {
+                lo[p] = a;
+                hi[p] = b;
+            }
             store(in_tk, base + i, lo[p]);
             store(in_tk, base + i + half, hi[p]);
         }

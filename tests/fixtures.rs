@@ -1,7 +1,10 @@
 //! Against outputs of independent implementations, committed under `tests/fixtures/` and made by
 //! `scripts/fixtures/make.sh`:
-//! - `hf/{llama,qwen3,gemma3}`: Hugging Face transformers on tiny random models of each family
-//!   (full and incremental logits, greedy generation, a left-padded batch);
+//! - `hf/{family}`: Hugging Face transformers on tiny random models of each family (full and
+//!   incremental logits, greedy generation, a left-padded batch): Llama, Qwen3 and Gemma 3 over 48
+//!   positions; Qwen2 (biases, YaRN), Llama 3.1's RoPE scaling, Mistral (every layer slides over
+//!   40 keys) and SmolLM3 (a NoPE layer, linear RoPE scaling) over 300, past the scaled RoPE's
+//!   original context of 128 and seven times round the window;
 //! - `seed-tinyagent`: the TinyAgent layout with Engram (`cid_map[0] != 0`) under a random schedule
 //!   of ragged appends, sub-batches and resets, by full recomputation in PyTorch (the seed's own
 //!   `append` agrees with it to about 2e-6; see the fixture's meta.json).
@@ -13,7 +16,12 @@ use std::path::PathBuf;
 use common::*;
 use kvdecode::{npy, reference, Engine, EngineOptions, ModelWeights};
 
-const FAMILIES: [&str; 3] = ["llama", "qwen3", "gemma3"];
+const FAMILIES: [&str; 7] = ["llama", "qwen3", "gemma3", "qwen2", "llama3", "mistral", "smollm3"];
+
+/// Cache positions for a fixture's longest sequence.
+fn max_len(tokens: usize) -> usize {
+    tokens.next_multiple_of(16).max(64)
+}
 
 fn fixture_dir(name: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
@@ -44,7 +52,7 @@ fn logits_full_and_incremental(family: &str) {
     // the GPU engine: all tokens as one append (last logits), then teacher-forced: prefill 16,
     // then single-token steps, every position checked against both of transformers' outputs
     let gpu = gpu();
-    let mut engine = Engine::new(&gpu, &w, EngineOptions::new(1, 64)).unwrap();
+    let mut engine = Engine::new(&gpu, &w, EngineOptions::new(1, max_len(n))).unwrap();
     let out = engine.append(&tokens, n, &[n], None).unwrap();
     let d_last = max_abs_diff(out.row(0).unwrap(), &full[(n - 1) * v..]);
     assert!(d_last <= 1e-4, "{family}: {n}-token append vs logits_full[{}]: {d_last}", n - 1);
@@ -70,7 +78,7 @@ fn greedy_generation(family: &str) {
     let (dir, w) = load(family);
     let ids = npy::read(dir.join("generate_ids.npy")).unwrap().to_u32().unwrap();
     let gpu = gpu();
-    let mut engine = Engine::new(&gpu, &w, EngineOptions::new(1, 64)).unwrap();
+    let mut engine = Engine::new(&gpu, &w, EngineOptions::new(1, max_len(ids.len()))).unwrap();
     let greedy = [kvdecode::Sampler::GREEDY];
     let mut next = engine.append_sample(&ids[..16], 16, &[16], None, &greedy).unwrap()[0].unwrap();
     let mut got = Vec::new();
@@ -93,7 +101,7 @@ fn left_padded_batch(family: &str) {
     let v = w.cfg.vocab;
     let pad_lens: Vec<usize> = (0..b).map(|r| mask[r * t..(r + 1) * t].iter().filter(|&&m| m == 0).count()).collect();
     let gpu = gpu();
-    let mut engine = Engine::new(&gpu, &w, EngineOptions::new(4, 64)).unwrap();
+    let mut engine = Engine::new(&gpu, &w, EngineOptions::new(4, max_len(gen_len))).unwrap();
     // rows 3, 0, 1 on purpose: the batch is any set of cache rows
     let rows = [3usize, 0, 1];
     let mut batch = kvdecode::PaddedBatch::new(&mut engine, &rows, &pad_lens).unwrap();
@@ -142,7 +150,7 @@ fn hf_left_padded_batch() {
 
 #[test]
 fn hf_trained_context_is_read() {
-    for (f, want) in [("llama", 256), ("qwen3", 512), ("gemma3", 1024)] {
+    for (f, want) in [("llama", 256), ("qwen3", 512), ("gemma3", 1024), ("qwen2", 512), ("llama3", 512)] {
         assert_eq!(load(f).1.cfg.context_len, Some(want), "{f}: max_position_embeddings");
     }
 }

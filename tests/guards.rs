@@ -65,11 +65,17 @@ fn overflow_and_bad_input_change_nothing() {
 #[test]
 fn rows_are_independent_bitwise() {
     // row 0 decodes the same tokens in two engines; in the second, the other rows are reset,
-    // prefilled, decoded and sub-batched around it. Row 0's logits must be bit-identical.
-    let w = model(&tiny_agent_cfg(), 22);
+    // prefilled, decoded and sub-batched around it. Row 0's logits must be bit-identical. The seed's
+    // layout, and the newer families' switches (biases, NoPE, scaled RoPE).
+    for cfg in [tiny_agent_cfg(), families_cfg()] {
+        rows_are_independent_bitwise_for(&model(&cfg, 22));
+    }
+}
+
+fn rows_are_independent_bitwise_for(w: &kvdecode::ModelWeights) {
     let seq: Vec<u32> = (0..20).map(|i| (i * 13 + 5) % 96).collect();
-    let mut alone = engine(&w, 1, 32);
-    let mut busy = engine(&w, 4, 32);
+    let mut alone = engine(w, 1, 32);
+    let mut busy = engine(w, 4, 32);
     let a = alone.append(&seq[..9], 9, &[9], None).unwrap();
     let mut ids = vec![0u32; 4 * 12];
     ids[..9].copy_from_slice(&seq[..9]);

@@ -153,8 +153,8 @@ fn llama_config_forms_and_unknown_architectures() {
     b["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 500000.0});
     assert_eq!(config_from_json(&a.to_string()).unwrap().0, config_from_json(&b.to_string()).unwrap().0);
     let mut scaled = base("llama");
-    scaled["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0});
-    assert!(format!("{}", config_from_json(&scaled.to_string()).unwrap_err()).contains("rope_type \"llama3\""));
+    scaled["rope_scaling"] = json!({"rope_type": "dynamic", "factor": 8.0});
+    assert!(format!("{}", config_from_json(&scaled.to_string()).unwrap_err()).contains("rope_type \"dynamic\""));
     let mut other = base("mamba");
     other["architectures"] = json!(["MambaForCausalLM"]);
     let e = format!("{}", config_from_json(&other.to_string()).unwrap_err());
@@ -186,4 +186,98 @@ fn qwen3_and_gemma3_gguf_match_reference() {
         assert!(max_abs_diff(&a, &b) <= 1e-5, "{arch}: {}", max_abs_diff(&a, &b));
         decode_against_reference(&back, 1e-4);
     }
+}
+
+#[test]
+fn qwen2_smollm3_and_llama3_gguf_match_reference() {
+    use common::gguf_writer::{write_arch, Store};
+    use kvdecode::model::rope::{Rope, RopeScaling};
+    // Qwen2 with biases and YaRN
+    let mut q = base("qwen2");
+    q["rope_scaling"] = json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16});
+    q["rope_theta"] = json!(1000000.0);
+    // SmolLM3: every fourth layer NoPE (llama.cpp's rule; its GGUF says nothing about it)
+    let mut s = base("smollm3");
+    s["num_hidden_layers"] = json!(8);
+    // Llama 3.1's scaling, which GGUF files carry as per-pair divisors (rope_freqs.weight)
+    let mut l = base("llama");
+    l["rope_parameters"] = json!({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 16});
+    for (cfg, arch) in [(q, "qwen2"), (s, "smollm3"), (l, "llama")] {
+        let (c, _) = config_from_json(&cfg.to_string()).unwrap();
+        let w = model(&c, 144).quantized(kvdecode::quant::QuantKind::Q8_0).unwrap();
+        let mut written = w.clone();
+        if let Some(RopeScaling::Llama3 { .. }) = &c.rope_scaling {
+            // what llama.cpp's converter stores: the default frequency over the scaled one
+            let scaled = Rope { theta: c.rope_theta, scaling: c.rope_scaling.clone() }.frequencies(c.head_dim).0;
+            let plain = Rope { theta: c.rope_theta, scaling: None }.frequencies(c.head_dim).0;
+            let divisors = plain.iter().zip(&scaled).map(|(p, s)| (p / s) as f32).collect();
+            written.cfg.rope_scaling = Some(RopeScaling::Divisors(divisors));
+        }
+        let bytes = write_arch(&written, Store::Blocks, arch, Vec::new());
+        let back = kvdecode::gguf::GgufFile::parse(bytes).unwrap().weights().unwrap();
+        assert_eq!(back.cfg.layers, w.cfg.layers, "{arch}");
+        assert_eq!(back.cfg.nope_layers, w.cfg.nope_layers, "{arch}");
+        assert_eq!(back.cfg.qkv_bias, w.cfg.qkv_bias, "{arch}");
+        // the same model: the same reference logits (Llama 3.1's divisors are f32-rounded)
+        let seq: Vec<u32> = (0..40).map(|i| (i * 11 + 5) % 96).collect();
+        let a = kvdecode::reference::forward(&w, &seq).unwrap();
+        let b = kvdecode::reference::forward(&back, &seq).unwrap();
+        assert!(max_abs_diff(&a, &b) <= 1e-4, "{arch}: {}", max_abs_diff(&a, &b));
+        decode_against_reference(&back, 1e-4);
+    }
+}
+
+#[test]
+fn newer_family_configs_read_as_transformers_reads_them() {
+    use kvdecode::model::rope::RopeScaling;
+    // Qwen2: biases; the window from max_window_layers on, only with use_sliding_window
+    let mut q = base("qwen2");
+    q["sliding_window"] = json!(8);
+    q["max_window_layers"] = json!(2);
+    let (c, fam) = config_from_json(&q.to_string()).unwrap();
+    assert_eq!(fam, Family::Qwen2);
+    assert!(c.qkv_bias && !c.has_local(), "no window without use_sliding_window");
+    q["use_sliding_window"] = json!(true);
+    let (c, _) = config_from_json(&q.to_string()).unwrap();
+    assert_eq!(c.layers.iter().map(|l| l.local).collect::<Vec<_>>(), [false, false, true, true]);
+    assert_eq!(c.window, 8);
+    // legacy rope_scaling wins over rope_parameters; YaRN's defaults
+    q["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 1e4});
+    q["rope_scaling"] = json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32});
+    let (c, _) = config_from_json(&q.to_string()).unwrap();
+    match c.rope_scaling {
+        Some(RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, attention_factor, truncate }) => {
+            assert_eq!((factor, original_context, beta_fast, beta_slow, truncate), (4.0, 32, 32.0, 1.0, true));
+            assert!((attention_factor - (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
+        }
+        ref other => panic!("{other:?}"),
+    }
+    // Mistral: every layer slides when the window is set, none when it is null
+    let mut m = base("mistral");
+    m["sliding_window"] = json!(6);
+    let (c, fam) = config_from_json(&m.to_string()).unwrap();
+    assert_eq!(fam, Family::Llama);
+    assert!(c.layers.iter().all(|l| l.local && l.global_group.is_none()) && c.window == 6);
+    m["sliding_window"] = serde_json::Value::Null;
+    assert!(!config_from_json(&m.to_string()).unwrap().0.has_local());
+    // SmolLM3: no_rope_layers flags (1 rotates), or every fourth by default; tied by default
+    let mut s = base("smollm3");
+    s.as_object_mut().unwrap().remove("tie_word_embeddings");
+    let (c, fam) = config_from_json(&s.to_string()).unwrap();
+    assert_eq!((fam, c.nope_layers.clone(), c.tie_embeddings, c.rope_theta), (Family::SmolLM3, vec![3], true, 2e6));
+    s["no_rope_layers"] = json!([0, 1, 1, 0]);
+    assert_eq!(config_from_json(&s.to_string()).unwrap().0.nope_layers, [0, 3]);
+    s["no_rope_layers"] = json!([0, 1]);
+    assert!(format!("{}", config_from_json(&s.to_string()).unwrap_err()).contains("2 no_rope_layers for 4 layers"));
+    // what is still unsupported names the key and its value
+    let mut bad = base("llama");
+    bad["rope_scaling"] = json!({"rope_type": "longrope", "factor": 2.0});
+    assert!(format!("{}", config_from_json(&bad.to_string()).unwrap_err()).contains("rope_type \"longrope\""));
+    bad["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0});
+    assert!(format!("{}", config_from_json(&bad.to_string()).unwrap_err()).contains("needs `low_freq_factor`"));
+    let mut biased = base("llama");
+    biased["attention_bias"] = json!(true);
+    assert!(format!("{}", config_from_json(&biased.to_string()).unwrap_err()).contains("attention_bias=true"));
 }

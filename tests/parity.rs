@@ -91,6 +91,14 @@ fn llama_random_schedules_match_reference() {
 }
 
 #[test]
+fn families_random_schedules_match_reference() {
+    // biases in every product variant, a NoPE layer, scaled RoPE, a ring beside global layers
+    let s = seed(14);
+    let w = model(&families_cfg(), s);
+    random_schedule(&w, 3, 40, 40, s, 1e-4);
+}
+
+#[test]
 fn chunks_longer_than_chunk_and_ring_match_reference() {
     // max_len above CHUNK so one append is split into several submits, and the ring (W = 5)
     // wraps dozens of times

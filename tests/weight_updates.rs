@@ -59,6 +59,8 @@ fn an_update_and_a_recompute_give_the_bits_of_a_fresh_engine() {
     let llama = llama_cfg();
     let tiny = tiny_agent_cfg();
     let (l0, l1, t0, t1) = (model(&llama, s), model(&llama, s + 1), model(&tiny, s), model(&tiny, s + 1));
+    let fam = families_cfg();
+    let (f0, f1) = (model(&fam, s), model(&fam, s + 1));
     let q4 = |w: &ModelWeights| w.quantized(QuantKind::Q4_1).unwrap();
     let hf = Naming::HuggingFace("model.");
     let cases: Vec<(&str, ModelWeights, &ModelWeights, ModelWeights, Naming, WeightDtype)> = vec![
@@ -67,6 +69,8 @@ fn an_update_and_a_recompute_give_the_bits_of_a_fresh_engine() {
         // the engine quantizes the f32 values with the quantizer that made the fresh model
         ("llama Q4_1, HF names", q4(&l0), &l1, q4(&l1), hf, WeightDtype::F32),
         ("tiny agent (rings) f32, kvdecode names", t0, &t1, t1.clone(), Naming::Kvdecode, WeightDtype::F32),
+        // q/k/v biases (fused beside q, and in the rings' K/V), a NoPE layer, scaled RoPE
+        ("qwen2-style f16, HF names", f0, &f1, f1.clone(), hf, WeightDtype::F16),
     ];
     for (case, old, update, new, naming, dtype) in cases {
         let opts = EngineOptions { weights: dtype, prompt_cache: true, ..EngineOptions::new(3, 64) };
@@ -109,6 +113,21 @@ fn a_subset_update_writes_just_what_it_names() {
     e.update_weights(&host(&tensors), InFlight::Recompute).unwrap();
     let next = [5, 6, 7];
     assert_eq!(next_logits(&mut e, &next), next_logits(&mut fresh(&want, &opts, &seqs), &next));
+
+    // a bias whose elements sit inside a fused bias: layer 0's k bias of [q; k; v] (GGUF name)
+    let cfg = families_cfg();
+    let (old, other) = (model(&cfg, s), model(&cfg, s + 7));
+    let tensors: Vec<_> = named(&other, Naming::Gguf).into_iter().filter(|t| t.0 == "blk.0.attn_k.bias").collect();
+    assert_eq!(tensors.len(), 1);
+    let mut want = old.clone();
+    let kvd = cfg.n_kv_heads * cfg.head_dim;
+    want.layers[0].kv_bias.as_mut().unwrap()[..kvd].copy_from_slice(&other.layers[0].kv_bias.as_ref().unwrap()[..kvd]);
+    let mut e = Engine::new(&gpu(), &old, opts).unwrap();
+    let seqs = fill(&mut e, &mut SplitMix64(s), cfg.vocab);
+    e.update_weights(&host(&tensors), InFlight::Recompute).unwrap();
+    let got = next_logits(&mut e, &next);
+    assert_eq!(got, next_logits(&mut fresh(&want, &opts, &seqs), &next));
+    assert_ne!(got, next_logits(&mut fresh(&old, &opts, &seqs), &next), "the bias changed nothing");
 }
 
 #[test]

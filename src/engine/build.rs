@@ -1,8 +1,6 @@
 //! Building an engine: the attention plan, the scratch buffers, the weights and cache on the
 //! GPU, and every dispatch of a chunk (through [`Builder`]), all once.
 
-use std::collections::HashMap;
-
 use crate::cache::KvCache;
 use crate::engine::builder::{Builder, ProductIo};
 use crate::engine::dispatch::{Dispatch, Grid};
@@ -17,7 +15,7 @@ use crate::gpu::shaders::Kernel;
 use crate::gpu::variants::{product_wg, resolve_matmul, AttentionKernel, Fusion, MatmulKernel};
 use crate::gpu::weights::GpuWeights;
 use crate::model::config::ModelConfig;
-use crate::model::reference::rope_table;
+use crate::model::rope::Rope;
 use crate::model::weights::ModelWeights;
 
 /// How attention runs in one engine: the variant, and for the split one its partition size and
@@ -283,14 +281,7 @@ impl Engine {
             sampled_read: map_read("sampled readback", f4(2 * rows * max_window))?,
             all_logits_read: map_read("all-position logits readback", f4(all_tokens * cfg.vocab))?,
         };
-        let mut rope = HashMap::new();
-        for i in 0..cfg.n_layers() {
-            let theta = cfg.layer_theta(i);
-            if let std::collections::hash_map::Entry::Vacant(e) = rope.entry(theta.to_bits()) {
-                let table = rope_table(theta, cfg.head_dim, opts.max_len);
-                e.insert(gpu.storage_init(&format!("rope theta {theta}"), bytemuck::cast_slice(&table))?);
-            }
-        }
+        let rope = RopeTables::new(gpu, &cfg, opts.max_len)?;
         let sampling = RowSampling::new(gpu, rows, cfg.vocab, opts.logit_bias_slots)?;
         let d = build_dispatches(&DispatchInputs {
             gpu,
@@ -346,7 +337,7 @@ pub(super) struct DispatchInputs<'a> {
     pub(super) attention: AttentionPlan,
     pub(super) cache: &'a KvCache,
     pub(super) s: &'a Scratch,
-    pub(super) rope: &'a HashMap<u32, wgpu::Buffer>,
+    pub(super) rope: &'a RopeTables,
     pub(super) gw: &'a GpuWeights,
     pub(super) sampling: &'a RowSampling,
 }
@@ -455,4 +446,43 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
         bias: bias_dispatch,
         pipelines: pipeline_count,
     })
+}
+
+/// The RoPE (cos, sin) tables `[max_len, head_dim / 2]`: one buffer per distinct [`Rope`] of the
+/// layers, and the one each layer reads.
+pub(crate) struct RopeTables {
+    buffers: Vec<wgpu::Buffer>,
+    /// Per layer: index into `buffers` (`None`: a NoPE layer).
+    of_layer: Vec<Option<usize>>,
+}
+
+impl RopeTables {
+    fn new(gpu: &Gpu, cfg: &ModelConfig, max_len: usize) -> Result<Self> {
+        let mut made: Vec<Rope> = Vec::new();
+        let mut tables = RopeTables { buffers: Vec::new(), of_layer: Vec::new() };
+        for i in 0..cfg.n_layers() {
+            let Some(rope) = cfg.layer_rope(i) else {
+                tables.of_layer.push(None);
+                continue;
+            };
+            let k = match made.iter().position(|r| *r == rope) {
+                Some(k) => k,
+                None => {
+                    let table = rope.table(cfg.head_dim, max_len);
+                    let label =
+                        format!("rope theta {}{}", rope.theta, if rope.scaling.is_some() { " scaled" } else { "" });
+                    tables.buffers.push(gpu.storage_init(&label, bytemuck::cast_slice(&table))?);
+                    made.push(rope);
+                    made.len() - 1
+                }
+            };
+            tables.of_layer.push(Some(k));
+        }
+        Ok(tables)
+    }
+
+    /// The table layer `i` rotates by (`None`: it rotates nothing).
+    pub(super) fn layer(&self, i: usize) -> Option<&wgpu::Buffer> {
+        self.of_layer[i].map(|k| &self.buffers[k])
+    }
 }

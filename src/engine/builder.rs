@@ -1,7 +1,6 @@
 //! The per-layer builder: every dispatch of a chunk, built once at `Engine::new` from the typed
 //! constants of each kernel. [`Builder::layer`] reads as one layer's dispatch order.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::cache::KvCache;
@@ -84,7 +83,7 @@ pub(super) struct Builder<'a> {
     pub(super) built: std::cell::RefCell<std::collections::HashSet<usize>>,
     pub(super) cache: &'a KvCache,
     pub(super) s: &'a Scratch,
-    pub(super) rope: &'a HashMap<u32, wgpu::Buffer>,
+    pub(super) rope: &'a super::build::RopeTables,
     pub(super) gw: &'a GpuWeights,
     /// Subgroup size of the matmul fast path (`None`: the portable kernel).
     pub(super) subgroup: Option<u32>,
@@ -247,14 +246,16 @@ impl Builder<'_> {
                     per_row,
                     norm: io.norm.map(|weight| kernels::FusedNorm { weight: weight.is_some(), eps: self.cfg.norm_eps }),
                     act: io.act,
+                    bias: p.bias.is_some(),
                     lanes,
                 };
                 let norm_w = io.norm.flatten().unwrap_or(&self.s.dummy);
+                let bias = p.bias.as_ref().unwrap_or(&self.s.dummy);
                 if int_dot {
                     let s = self.s;
-                    return self.dispatch(&spec, &[&s.step, &s.dummy, &p.buffer, io.y, &s.dummy, &s.xq], grid);
+                    return self.dispatch(&spec, &[&s.step, &s.dummy, &p.buffer, io.y, &s.dummy, bias, &s.xq], grid);
                 }
-                let buffers = [&self.s.step, io.x, &p.buffer, io.y, norm_w];
+                let buffers = [&self.s.step, io.x, &p.buffer, io.y, norm_w, bias];
                 // `tiled`: the mat-mat form beside the portable one
                 let tiled = self.tiled.then(|| {
                     Box::new(self.dispatch(&spec.tiled(), &buffers, Grid::MatmulTiled { out_rows, per_row, gated }))
@@ -284,7 +285,7 @@ impl Builder<'_> {
         keys: Option<(&wgpu::Buffer, usize)>,
         q_norm: Option<&wgpu::Buffer>,
         k_norm: Option<&wgpu::Buffer>,
-        theta: f32,
+        table: Option<&wgpu::Buffer>,
         pool: Option<&wgpu::Buffer>,
     ) -> Dispatch {
         let c = self.cfg;
@@ -296,6 +297,7 @@ impl Builder<'_> {
             head_dim: c.head_dim,
             stride,
             qk_norm: c.qk_norm,
+            rotate: table.is_some(),
             q_weight: q_norm.is_some(),
             eps: c.norm_eps,
             t_k_heads: t_keys,
@@ -311,7 +313,7 @@ impl Builder<'_> {
                 &self.s.row_info,
                 t,
                 q_norm.unwrap_or(&self.s.dummy),
-                &self.rope[&theta.to_bits()],
+                table.unwrap_or(&self.s.dummy),
                 keys.map_or(&self.s.dummy_rw, |k| k.0),
                 k_norm.unwrap_or(&self.s.dummy),
                 pool.unwrap_or(&self.s.dummy_rw),
@@ -465,7 +467,6 @@ impl Builder<'_> {
         let (c, s, cache) = (self.cfg, self.s, self.cache);
         let spec = c.layers[i];
         let (hd, kvd) = (c.n_heads * c.head_dim, 2 * c.n_kv_heads * c.head_dim);
-        let theta = c.layer_theta(i);
         let mut out = Vec::new();
         // 0. Engram layers: n-gram lookup (addresses from the token history), gated residual
         if let (Some(ge), Some(e)) = (&lw.engram, &c.engram) {
@@ -532,7 +533,16 @@ impl Builder<'_> {
         let keys = local.then_some((&s.kv_local, kvd));
         let pool =
             writes.filter(|g| self.fusion.kv_write && g.len() == 1 && c.head_dim.is_multiple_of(4)).map(|g| &g[0]);
-        out.push(self.rope(&s.qkv, qkv, t_keys, keys, lw.q_norm.as_ref(), lw.k_norm.as_ref(), theta, pool));
+        out.push(self.rope(
+            &s.qkv,
+            qkv,
+            t_keys,
+            keys,
+            lw.q_norm.as_ref(),
+            lw.k_norm.as_ref(),
+            self.rope.layer(i),
+            pool,
+        ));
         if let (Some(g), None) = (writes, pool) {
             out.extend(self.kv_write((&s.qkv, qkv, hd), g, false));
         }

@@ -19,8 +19,6 @@ pub mod sleep;
 mod step;
 pub mod update;
 
-use std::collections::HashMap;
-
 use crate::cache::{KvCache, RowOwner};
 use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
@@ -88,7 +86,7 @@ pub struct Engine {
     names: Option<update::NameIndex>,
     /// What [`Engine::sleep`] released and keeps on the host (`None`: awake).
     slept: Option<sleep::Slept>,
-    _rope: HashMap<u32, wgpu::Buffer>,
+    _rope: build::RopeTables,
     /// Every dispatch of one chunk up to the final hidden states, in order.
     chunk_dispatches: Vec<Dispatch>,
     /// Final norm at each row's last token, then the LM head parts.

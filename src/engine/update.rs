@@ -119,7 +119,8 @@ fn check_values(tensors: &[&HostTensor]) -> Result<()> {
 /// Names a trainer's `state_dict()` carries that are not weights of their own.
 fn ignorable(cfg: &ModelConfig, name: &str) -> bool {
     let tied_head = cfg.tie_embeddings && ["lm_head.weight", "output.weight", "head.weight"].contains(&name);
-    tied_head || name.ends_with("rotary_emb.inv_freq")
+    // RoPE's frequencies are the config's, not weights (GGUF's Llama 3.1 factors included)
+    tied_head || name.ends_with("rotary_emb.inv_freq") || name == "rope_freqs.weight"
 }
 
 impl Engine {
@@ -204,6 +205,9 @@ impl Engine {
             for &(slot, row0) in &spec.places {
                 match self.weights.place(&self.cfg, slot, row0) {
                     Some(GpuPlace::Rows { matrix, row0 }) => bytes += matrix.write_rows(&self.gpu, row0, t, &source),
+                    Some(GpuPlace::Bias { matrix, row0 }) => {
+                        bytes += matrix.write_bias(&self.gpu, row0, &t.values_f32(), &source)
+                    }
                     Some(GpuPlace::Norm(buffer)) => {
                         let values = norm_multiplier(*norm, &t.values_f32());
                         self.gpu.queue.write_buffer(buffer, 0, bytemuck::cast_slice(&values));

@@ -257,6 +257,8 @@ pub(crate) struct Product {
     pub per_row: bool,
     pub norm: Option<FusedNorm>,
     pub act: Option<MlpKind>,
+    /// Add the part's bias (binding 5).
+    pub bias: bool,
     pub lanes: Lanes,
 }
 
@@ -274,7 +276,8 @@ impl Specialize for Product {
             .code("W_FORMAT", self.format.code())
             .flag("ACCUMULATE", self.accumulate)
             .float("SOFTCAP", self.softcap)
-            .flag("PER_ROW", self.per_row);
+            .flag("PER_ROW", self.per_row)
+            .flag("BIAS", self.bias);
         if let Some(n) = self.norm {
             o = o.flag("NORM", true).flag("NORM_WEIGHT", n.weight).float("EPS", n.eps);
         }
@@ -308,6 +311,9 @@ impl Specialize for Product {
         if let Some(act) = self.act {
             l.push('_');
             l.push_str(act_name(act));
+        }
+        if self.bias {
+            l.push_str("_bias");
         }
         if self.accumulate {
             l.push_str("_add");
@@ -363,6 +369,8 @@ pub(crate) struct QkRope {
     /// Floats per token row of `t`.
     pub stride: usize,
     pub qk_norm: bool,
+    /// Rotate (false on NoPE layers).
+    pub rotate: bool,
     pub q_weight: bool,
     pub eps: f32,
     /// Key heads after the queries in each row of `t`.
@@ -385,6 +393,7 @@ impl Specialize for QkRope {
             .count("D", self.head_dim)
             .count("STRIDE", self.stride)
             .flag("NORM", self.qk_norm)
+            .flag("ROTATE", self.rotate)
             .flag("HAS_WEIGHT", self.q_weight)
             .float("EPS", self.eps)
             .count("T_K_HEADS", self.t_k_heads)
@@ -397,7 +406,13 @@ impl Specialize for QkRope {
         o.0
     }
     fn label(&self) -> String {
-        let mut l = if self.qk_norm { "qk_norm_rope" } else { "qk_rope" }.to_string();
+        let mut l = match (self.qk_norm, self.rotate) {
+            (true, true) => "qk_norm_rope",
+            (false, true) => "qk_rope",
+            (true, false) => "qk_norm",
+            (false, false) => "qk_nope",
+        }
+        .to_string();
         if let Some((kv, _)) = self.kv_write {
             l.push_str("_kv_write_");
             l.push_str(kv.name());
@@ -720,6 +735,7 @@ mod tests {
             per_row: true,
             norm: Some(FusedNorm { weight: true, eps: 1e-6 }),
             act: Some(MlpKind::SwiGlu),
+            bias: true,
             lanes: Lanes::Threads { outs: 8, wg: 8 },
         };
         let split = AttentionSplit { kernel: Kernel::AttentionSplit, shape, tile: Some(64), query_tile: None };
@@ -739,6 +755,7 @@ mod tests {
                 head_dim: 16,
                 stride: 128,
                 qk_norm: true,
+                rotate: false,
                 q_weight: true,
                 eps: 1e-6,
                 t_k_heads: 2,
@@ -804,7 +821,7 @@ mod tests {
     fn labels_name_the_variant() {
         let labels: Vec<String> = samples().iter().map(|s| s.label()).collect();
         assert!(labels.contains(&"kv_write_ring_f16".to_string()), "{labels:?}");
-        assert!(labels.contains(&"matmul_wide_q4_1_normed_swiglu_add_softcap_rows".to_string()), "{labels:?}");
+        assert!(labels.contains(&"matmul_wide_q4_1_normed_swiglu_bias_add_softcap_rows".to_string()), "{labels:?}");
         assert!(labels.contains(&"attention_query_tiles8_f16".to_string()), "{labels:?}");
         let mut unique = labels.clone();
         unique.sort();

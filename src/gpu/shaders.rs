@@ -244,7 +244,7 @@ impl Kernel {
             Kernel::Embed => &[Uniform, Read, Read, ReadWrite],
             Kernel::RmsNorm => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
             Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulTiled | Kernel::MatmulReduce => {
-                &[Uniform, Read, Read, ReadWrite, Read]
+                &[Uniform, Read, Read, ReadWrite, Read, Read]
             }
             Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read, ReadWrite, Read, ReadWrite, Read],
             Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, Read],
@@ -258,11 +258,11 @@ impl Kernel {
             Kernel::LogitBias => &[Uniform, Read, Read, Read, ReadWrite],
             Kernel::EngramGather => &[Uniform, Read, Read, Read, Read, Read, Read, ReadWrite],
             Kernel::EngramMix => &[Uniform, Read, Read, ReadWrite],
-            Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup => &[Uniform, Read, Read, ReadWrite, Read],
+            Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup => &[Uniform, Read, Read, ReadWrite, Read, Read],
             Kernel::Copy => &[Read, ReadWrite],
             Kernel::Quantize => &[Uniform, Read, ReadWrite],
-            // matmul.wgsl's five (x and norm_w unused), then the quantized input
-            Kernel::MatmulInt => &[Uniform, Read, Read, ReadWrite, Read, Read],
+            // matmul.wgsl's six (x and norm_w unused), then the quantized input
+            Kernel::MatmulInt => &[Uniform, Read, Read, ReadWrite, Read, Read, Read],
         }
     }
 

@@ -23,6 +23,8 @@ pub enum WeightDtype {
 /// One row-range of a matrix in its own buffer.
 pub(crate) struct MatrixPart {
     pub buffer: wgpu::Buffer,
+    /// The bias of these rows, f32 (the product adds it), when the matrix has one.
+    pub bias: Option<wgpu::Buffer>,
     pub row_start: usize,
     pub rows: usize,
 }
@@ -76,6 +78,9 @@ pub(crate) fn bytes_needed(w: &ModelWeights, dtype: WeightDtype) -> u64 {
             .into_iter()
             .map(v)
             .sum::<u64>();
+        // the K/V bias once per K/V matrix
+        let kv_matrices = l.kv_global.iter().chain(&l.kv_local).count() as u64;
+        total += v(&l.q_bias) + kv_matrices * v(&l.kv_bias);
         if let Some(e) = &l.engram {
             total += m(&e.w_kv) + e.tables.iter().map(|t| t.data.len() as u64 * 4).sum::<u64>();
         }
@@ -86,6 +91,17 @@ pub(crate) fn bytes_needed(w: &ModelWeights, dtype: WeightDtype) -> u64 {
 impl GpuMatrix {
     /// Upload `m` (see [`layout`]), split into row parts that each fit one binding.
     pub(crate) fn upload(gpu: &Gpu, label: &str, m: &Matrix, dtype: WeightDtype) -> Result<Self> {
+        Self::upload_with_bias(gpu, label, m, None, dtype)
+    }
+
+    /// [`GpuMatrix::upload`] with a bias of `m.rows` values, added by every product.
+    pub(crate) fn upload_with_bias(
+        gpu: &Gpu,
+        label: &str,
+        m: &Matrix,
+        bias: Option<&[f32]>,
+        dtype: WeightDtype,
+    ) -> Result<Self> {
         let Layout { quant, half, format, row_bytes } = layout(m, dtype);
         let rows_per_part = (gpu.max_binding() / row_bytes.max(1)) as usize;
         if rows_per_part == 0 {
@@ -110,7 +126,14 @@ impl GpuMatrix {
                 }
             };
             let buffer = gpu.storage_init(&format!("{label} rows {start}..{}", start + rows), &bytes)?;
-            parts.push(MatrixPart { buffer, row_start: start, rows });
+            let bias = match bias {
+                Some(b) => Some(gpu.storage_init(
+                    &format!("{label} bias {start}..{}", start + rows),
+                    bytemuck::cast_slice(&b[start..start + rows]),
+                )?),
+                None => None,
+            };
+            parts.push(MatrixPart { buffer, bias, row_start: start, rows });
             start += rows;
         }
         Ok(GpuMatrix { cols: m.cols, format, parts })
@@ -184,12 +207,27 @@ impl GpuMatrix {
         }
         (n * rb) as u64
     }
+
+    /// Overwrite the bias of rows `row0 ..` with `values` (element `i` from `values[source(i)]`).
+    /// Returns the bytes written.
+    pub(crate) fn write_bias(&self, gpu: &Gpu, row0: usize, values: &[f32], source: &dyn Fn(usize) -> usize) -> u64 {
+        let n = values.len();
+        for p in &self.parts {
+            let (a, b) = (row0.max(p.row_start), (row0 + n).min(p.row_start + p.rows));
+            let Some(bias) = p.bias.as_ref().filter(|_| a < b) else { continue };
+            let part: Vec<f32> = (a..b).map(|r| values[source(r - row0)]).collect();
+            gpu.queue.write_buffer(bias, ((a - p.row_start) * 4) as u64, bytemuck::cast_slice(&part));
+        }
+        n as u64 * 4
+    }
 }
 
 /// Where one weight lives on the GPU.
 pub(crate) enum GpuPlace<'a> {
     /// Rows `row0 ..` of a matrix.
     Rows { matrix: &'a GpuMatrix, row0: usize },
+    /// The bias of rows `row0 ..` of a matrix.
+    Bias { matrix: &'a GpuMatrix, row0: usize },
     /// A norm's multipliers (`1 + w` for Gemma's norms, see [`norm_multiplier`]).
     Norm(&'a wgpu::Buffer),
     /// f32 values at this element offset (Engram tables).
@@ -286,6 +324,18 @@ impl GpuWeights {
             LayerSlot::PostAttnNorm => GpuPlace::Norm(l.post_attn_norm.as_ref()?),
             LayerSlot::MlpNorm => GpuPlace::Norm(l.mlp_norm.as_ref()?),
             LayerSlot::PostMlpNorm => GpuPlace::Norm(l.post_mlp_norm.as_ref()?),
+            // the engine's q/K/V bias: where its matrices' rows are
+            LayerSlot::QBias | LayerSlot::KvBias => {
+                let (matrix, row0) = match (&l.qkv, s) {
+                    (QkvWeights::Fused(m), LayerSlot::QBias) | (QkvWeights::Apart { wq: m, .. }, LayerSlot::QBias) => {
+                        (m, row0)
+                    }
+                    (QkvWeights::Fused(m), _) if cfg.layers[i].writes_global => (m, hd + row0),
+                    (QkvWeights::Apart { kv_global: Some(m), .. }, _) => (m, row0),
+                    _ => (l.kv_local.as_ref()?, row0),
+                };
+                matrix.parts.iter().any(|p| p.bias.is_some()).then_some(GpuPlace::Bias { matrix, row0 })?
+            }
         })
     }
 
@@ -293,7 +343,7 @@ impl GpuWeights {
     /// replaces them).
     pub(crate) fn buffers_mut(&mut self) -> Vec<&mut wgpu::Buffer> {
         fn parts(m: &mut GpuMatrix) -> impl Iterator<Item = &mut wgpu::Buffer> {
-            m.parts.iter_mut().map(|p| &mut p.buffer)
+            m.parts.iter_mut().flat_map(|p| std::iter::once(&mut p.buffer).chain(p.bias.as_mut()))
         }
         let mut out: Vec<&mut wgpu::Buffer> = parts(&mut self.embed).collect();
         out.extend(self.head.iter_mut().flat_map(parts));
@@ -344,16 +394,21 @@ impl GpuWeights {
                 .transpose()
         };
         let mat = |label: String, m: &Matrix| GpuMatrix::upload(gpu, &label, m, dtype);
+        let biased =
+            |label: String, m: &Matrix, bias: Option<&[f32]>| GpuMatrix::upload_with_bias(gpu, &label, m, bias, dtype);
         let mut layers = Vec::new();
         for (i, l) in w.layers.iter().enumerate() {
             let p = |s: &str| format!("layer {i} {s}");
+            let (q_bias, kv_bias) = (l.q_bias.as_deref(), l.kv_bias.as_deref());
             let qkv = match &l.kv_global {
                 Some(kv) if layout(&l.wq, dtype).format == layout(kv, dtype).format => {
-                    QkvWeights::Fused(mat(p("wq + kv_global"), &Matrix::vstack(&[l.wq.clone(), kv.clone()])?)?)
+                    let bias = q_bias.zip(kv_bias).map(|(q, kv)| [q, kv].concat());
+                    let m = Matrix::vstack(&[l.wq.clone(), kv.clone()])?;
+                    QkvWeights::Fused(biased(p("wq + kv_global"), &m, bias.as_deref())?)
                 }
                 kv => QkvWeights::Apart {
-                    wq: mat(p("wq"), &l.wq)?,
-                    kv_global: kv.as_ref().map(|m| mat(p("kv_global"), m)).transpose()?,
+                    wq: biased(p("wq"), &l.wq, q_bias)?,
+                    kv_global: kv.as_ref().map(|m| biased(p("kv_global"), m, kv_bias)).transpose()?,
                 },
             };
             layers.push(GpuLayer {
@@ -361,7 +416,7 @@ impl GpuWeights {
                 qkv,
                 q_norm: norm(p("q_norm"), &l.q_norm)?,
                 k_norm: norm(p("k_norm"), &l.k_norm)?,
-                kv_local: l.kv_local.as_ref().map(|m| mat(p("kv_local"), m)).transpose()?,
+                kv_local: l.kv_local.as_ref().map(|m| biased(p("kv_local"), m, kv_bias)).transpose()?,
                 wo: mat(p("wo"), &l.wo)?,
                 post_attn_norm: norm(p("post_attn_norm"), &l.post_attn_norm)?,
                 mlp_norm: norm(p("mlp_norm"), &l.mlp_norm)?,

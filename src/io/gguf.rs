@@ -12,6 +12,7 @@ use crate::error::{file_err, Error, Result};
 use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig};
 use crate::model::family::{assemble, tensor_names, Family, Naming, Slot, Tensor};
 use crate::model::quant::QuantKind;
+use crate::model::rope::{yarn_mscale, RopeScaling};
 use crate::model::weights::{Half, Matrix, ModelWeights};
 
 /// A metadata value.
@@ -348,7 +349,8 @@ impl GgufFile {
         Ok(floats(t.ty, &self.bytes[t.range.clone()]))
     }
 
-    /// The model config from the metadata (architectures `llama`, `qwen3`, `gemma3`).
+    /// The model config from the metadata (architectures `llama`, `qwen2`, `qwen3`, `smollm3`,
+    /// `gemma3`), and RoPE's per-pair factors from `rope_freqs.weight` where present.
     pub fn config(&self) -> Result<ModelConfig> {
         let arch = self.arch()?;
         let p = |k: &str| format!("{arch}.{k}");
@@ -390,7 +392,17 @@ impl GgufFile {
                 self.tensors.len()
             )));
         }
+        if let Some(rot) = self.get(&p("rope.dimension_count")).and_then(Value::as_u64) {
+            if rot as usize != head_dim {
+                return Err(Error::Config(format!(
+                    "{}: {rot} rotated dimensions of head_dim {head_dim}: partial rotary is not supported",
+                    p("rope.dimension_count")
+                )));
+            }
+        }
         let mut c = ModelConfig::llama(vocab, d, heads, kv_heads, head_dim, ffn, layers, theta, eps, tied);
+        c.rope_scaling = self.rope_scaling(arch, head_dim)?;
+        c.rope_scaling_local = c.rope_scaling.clone();
         c.family = Family::from_gguf_arch(arch).unwrap_or(Family::Llama);
         c.context_len = self
             .get(&p("context_length"))
@@ -398,7 +410,10 @@ impl GgufFile {
             .filter(|&n| n > 0 && n <= u32::MAX as u64)
             .map(|n| n as usize);
         match arch {
+            "qwen2" => c.qkv_bias = true,
             "qwen3" => c.qk_norm = true,
+            // llama.cpp's SmolLM3: every fourth layer rotates nothing (no key says so)
+            "smollm3" => c.nope_layers = (0..layers).filter(|i| (i + 1) % 4 == 0).collect(),
             "gemma3" => {
                 // llama.cpp's Gemma 3: every 6th layer global, the rest a sliding window with RoPE
                 // base 1e4; norms stored as 1 + w already (the converter adds the 1), so plain `w`
@@ -414,6 +429,7 @@ impl GgufFile {
                 }
                 c.window = window;
                 c.rope_theta_local = 10000.0;
+                c.rope_scaling_local = None;
                 c.qk_norm = true;
                 c.post_norms = true;
                 c.mlp = MlpKind::GeluTanhGated;
@@ -427,13 +443,57 @@ impl GgufFile {
         Ok(c)
     }
 
+    /// RoPE scaling as llama.cpp reads it: `rope.scaling.type` (`none`, `linear`, `yarn`; linear when
+    /// only a factor is given) with `rope.scaling.factor`, or `rope_freqs.weight` (Llama 3.1's
+    /// per-pair divisors). YaRN takes llama.cpp's constants (beta 32 and 1, rounded ramp ends) and
+    /// `rope.scaling.attn_factor` on top of its usual `0.1 ln(factor) + 1`.
+    fn rope_scaling(&self, arch: &str, head_dim: usize) -> Result<Option<RopeScaling>> {
+        let p = |k: &str| format!("{arch}.{k}");
+        let factor = self.get(&p("rope.scaling.factor")).and_then(Value::as_f64).filter(|&f| f != 0.0 && f != 1.0);
+        let kind = self.get(&p("rope.scaling.type")).and_then(Value::as_str);
+        let scaling = match (kind, factor) {
+            (None | Some("none"), None) | (Some("linear"), None) => None,
+            (None | Some("linear"), Some(f)) => Some(RopeScaling::Linear { factor: f as f32 }),
+            (Some("yarn"), Some(f)) => {
+                let original = self
+                    .get(&p("rope.scaling.original_context_length"))
+                    .or_else(|| self.get(&p("context_length")))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0) as usize;
+                let attn = self.get(&p("rope.scaling.attn_factor")).and_then(Value::as_f64).unwrap_or(1.0);
+                Some(RopeScaling::Yarn {
+                    factor: f as f32,
+                    original_context: original,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                    attention_factor: (yarn_mscale(f, 1.0) * attn) as f32,
+                    truncate: true,
+                })
+            }
+            (Some(k), _) => {
+                return Err(Error::Config(format!(
+                    "{}: {k:?}{} is not supported (none, linear, yarn)",
+                    p("rope.scaling.type"),
+                    if factor.is_none() { " without a factor" } else { "" }
+                )))
+            }
+        };
+        if self.tensor("rope_freqs.weight").is_some() {
+            if scaling.is_some() {
+                return Err(Error::Config("rope_freqs.weight together with rope.scaling is not supported".into()));
+            }
+            return Ok(Some(RopeScaling::Divisors(self.vector("rope_freqs.weight", head_dim / 2)?)));
+        }
+        Ok(scaling)
+    }
+
     /// The architecture, if supported.
     fn arch(&self) -> Result<&str> {
         let arch = self.get("general.architecture").and_then(Value::as_str).unwrap_or("");
         match arch {
-            "llama" | "qwen3" | "gemma3" => Ok(arch),
+            "llama" | "qwen2" | "qwen3" | "smollm3" | "gemma3" => Ok(arch),
             _ => Err(Error::Config(format!(
-                "GGUF architecture {arch:?} is not supported (supported: llama, qwen3, gemma3)"
+                "GGUF architecture {arch:?} is not supported (supported: llama, qwen2, qwen3, smollm3, gemma3)"
             ))),
         }
     }

@@ -1,8 +1,10 @@
 //! Hugging Face checkpoints: a directory with `config.json` and one or more `*.safetensors`, for
-//! the Llama (`llama`), Qwen3 (`qwen3`) and Gemma 3 (`gemma3_text`, or `gemma3` with a
-//! `text_config`) families. Config forms of older and newer transformers versions are read:
-//! `rope_theta` or `rope_parameters` (flat or per layer type), `layer_types` or
-//! `sliding_window_pattern`. Any other architecture is a clear error naming it.
+//! the Llama (`llama`, Llama 3.x included), Mistral (`mistral`), Qwen2 and 2.5 (`qwen2`), Qwen3
+//! (`qwen3`), SmolLM3 (`smollm3`) and Gemma 3 (`gemma3_text`, or `gemma3` with a `text_config`)
+//! families. Config forms of older and newer transformers versions are read: `rope_theta` and
+//! `rope_scaling`, or `rope_parameters` (flat or per layer type), with RoPE scaling of types
+//! `linear`, `llama3` and `yarn`; `layer_types` or each family's window keys. Any other
+//! architecture, or a key outside what is supported, is a clear error naming it.
 
 use std::path::Path;
 
@@ -11,6 +13,7 @@ use serde_json::Value;
 use crate::error::{file_err, Error, Result};
 use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig, NormKind};
 use crate::model::family::{assemble, tensor_names, Naming, Tensor, HF_PREFIXES};
+use crate::model::rope::{yarn_mscale, RopeScaling};
 use crate::model::weights::{ModelWeights, TensorFile};
 
 pub use crate::model::family::Family;
@@ -34,24 +37,121 @@ fn get_f32(cfg: &Value, key: &str) -> Option<f32> {
     cfg.get(key).and_then(Value::as_f64).map(|v| v as f32)
 }
 
-/// RoPE base for a layer type: `rope_parameters` (flat, or keyed by layer type as transformers 5
-/// writes for Gemma 3), else the legacy top-level keys.
-fn rope_theta(cfg: &Value, layer_type: &str, legacy_key: &str, default: f32) -> Result<f32> {
-    let params = cfg.get("rope_parameters").or_else(|| cfg.get("rope_scaling")).filter(|p| !p.is_null());
-    let scoped = params.and_then(|p| p.get(layer_type)).filter(|p| p.is_object());
-    let flat =
-        params.filter(|p| p.get("rope_theta").is_some() || p.get("rope_type").is_some() || p.get("type").is_some());
-    for p in [scoped, flat].into_iter().flatten() {
-        if let Some(kind) = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str) {
-            if kind != "default" {
-                return Err(Error::Config(format!("config.json: rope_type {kind:?} is not supported (only default)")));
-            }
-        }
-        if let Some(t) = get_f32(p, "rope_theta") {
-            return Ok(t);
-        }
+/// The RoPE parameters that apply to a layer type: legacy `rope_scaling` when set (it wins, as
+/// transformers reads it), else `rope_parameters`, each flat or keyed by layer type (transformers 5
+/// writes Gemma 3's per type). `None`: neither says anything for this type.
+fn rope_params<'a>(cfg: &'a Value, layer_type: &str) -> Option<&'a Value> {
+    let params = [cfg.get("rope_scaling"), cfg.get("rope_parameters")]
+        .into_iter()
+        .flatten()
+        .find(|p| p.is_object() && p.as_object().is_some_and(|o| !o.is_empty()))?;
+    match params.get(layer_type) {
+        Some(scoped) if scoped.is_object() => Some(scoped),
+        // keyed by layer type, but not this one
+        _ if params.get("full_attention").is_some() || params.get("sliding_attention").is_some() => None,
+        _ => Some(params),
     }
-    Ok(get_f32(cfg, legacy_key).unwrap_or(default))
+}
+
+fn param_f32(p: &Value, key: &str) -> Result<Option<f32>> {
+    match p.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(|x| Some(x as f32))
+            .ok_or_else(|| Error::Config(format!("config.json: rope `{key}` must be a number, got {v}"))),
+    }
+}
+
+fn need_param(p: &Value, kind: &str, key: &str) -> Result<f32> {
+    param_f32(p, key)?.ok_or_else(|| Error::Config(format!("config.json: rope_type {kind:?} needs `{key}`")))
+}
+
+/// A layer type's RoPE: its base (`legacy_key` at the top level when the parameters name none)
+/// and its scaling, if any. `scaled`: whether flat (not per-type) parameters' scaling applies to
+/// this layer type (Gemma 3 scales only its global layers).
+fn rope(
+    cfg: &Value,
+    layer_type: &str,
+    legacy_key: &str,
+    default: f32,
+    scaled: bool,
+) -> Result<(f32, Option<RopeScaling>)> {
+    let scoped = cfg
+        .get("rope_parameters")
+        .or_else(|| cfg.get("rope_scaling"))
+        .and_then(|p| p.get(layer_type))
+        .is_some_and(Value::is_object);
+    let params = rope_params(cfg, layer_type);
+    let theta = match params.map(|p| param_f32(p, "rope_theta")).transpose()?.flatten() {
+        Some(t) if scoped || scaled => t,
+        _ => get_f32(cfg, legacy_key).unwrap_or(default),
+    };
+    let Some(p) = params.filter(|_| scoped || scaled) else { return Ok((theta, None)) };
+    let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let original = |key: &str| -> Result<usize> {
+        match get_usize(p, key)?.or(get_usize(cfg, "max_position_embeddings")?) {
+            Some(n) if n > 0 => Ok(n),
+            _ => Err(Error::Config(format!("config.json: rope_type {kind:?} needs `{key}`"))),
+        }
+    };
+    let scaling = match kind {
+        "default" => None,
+        "linear" => Some(RopeScaling::Linear { factor: need_param(p, kind, "factor")? }),
+        "llama3" => Some(RopeScaling::Llama3 {
+            factor: need_param(p, kind, "factor")?,
+            low_freq_factor: need_param(p, kind, "low_freq_factor")?,
+            high_freq_factor: need_param(p, kind, "high_freq_factor")?,
+            original_context: original("original_max_position_embeddings")?,
+        }),
+        "yarn" => {
+            let factor = need_param(p, kind, "factor")?;
+            // transformers' default: 0.1 ln(factor) + 1, or the ratio of two such with mscales
+            let attention_factor = match param_f32(p, "attention_factor")? {
+                Some(a) => a,
+                None => match (param_f32(p, "mscale")?, param_f32(p, "mscale_all_dim")?) {
+                    (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                        (yarn_mscale(factor as f64, m as f64) / yarn_mscale(factor as f64, all as f64)) as f32
+                    }
+                    _ => yarn_mscale(factor as f64, 1.0) as f32,
+                },
+            };
+            Some(RopeScaling::Yarn {
+                factor,
+                original_context: original("original_max_position_embeddings")?,
+                beta_fast: param_f32(p, "beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: param_f32(p, "beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0),
+                attention_factor,
+                truncate: p.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            })
+        }
+        _ => {
+            return Err(Error::Config(format!(
+                "config.json: rope_type {kind:?} is not supported (default, linear, llama3, yarn)"
+            )))
+        }
+    };
+    if let Some(s) = &scaling {
+        // (Divisors, the one kind that needs it, never comes from config.json)
+        s.validate(0).map_err(|e| Error::Config(format!("config.json: {e}")))?;
+    }
+    Ok((theta, scaling))
+}
+
+fn layer_type_flags(cfg: &Value, n_layers: usize) -> Result<Option<Vec<bool>>> {
+    let Some(types) = cfg.get("layer_types").and_then(Value::as_array) else { return Ok(None) };
+    if types.len() != n_layers {
+        return Err(Error::Config(format!("config.json: {} layer_types for {n_layers} layers", types.len())));
+    }
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            Some("sliding_attention") => Ok(true),
+            Some("full_attention") => Ok(false),
+            _ => Err(Error::Config(format!("config.json: unknown layer type {t}"))),
+        })
+        .collect::<Result<_>>()
+        .map(Some)
 }
 
 /// Parse a Hugging Face `config.json` into a [`ModelConfig`] and its family.
@@ -59,8 +159,11 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
     let root: Value = serde_json::from_str(text).map_err(|e| Error::Config(format!("config.json: {e}")))?;
     let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or("");
     let (cfg, family) = match model_type {
-        "llama" => (&root, Family::Llama),
+        // Mistral is Llama with a window: the same tensor names, in HF and in GGUF
+        "llama" | "mistral" => (&root, Family::Llama),
+        "qwen2" => (&root, Family::Qwen2),
         "qwen3" => (&root, Family::Qwen3),
+        "smollm3" => (&root, Family::SmolLM3),
         "gemma3_text" => (&root, Family::Gemma3),
         "gemma3" => match root.get("text_config") {
             Some(t) if t.is_object() => (t, Family::Gemma3),
@@ -69,12 +172,14 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         _ => {
             let arch = root.get("architectures").map(|a| a.to_string()).unwrap_or_default();
             return Err(Error::Config(format!(
-                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, qwen3, gemma3"
+                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma3"
             )));
         }
     };
-    if cfg.get("attention_bias").and_then(Value::as_bool) == Some(true) {
-        return Err(Error::Config("config.json: attention_bias=true is not supported".into()));
+    for key in ["attention_bias", "mlp_bias"] {
+        if cfg.get(key).and_then(Value::as_bool) == Some(true) {
+            return Err(Error::Config(format!("config.json: {key}=true is not supported for {model_type}")));
+        }
     }
     let d = need_usize(cfg, "hidden_size")?;
     let heads = need_usize(cfg, "num_attention_heads")?;
@@ -93,30 +198,56 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
             ("intermediate_size", ffn),
         ],
     )?;
-    // which layers slide: `layer_types` (newer), else Gemma 3's `sliding_window_pattern`
-    let sliding: Vec<bool> = match cfg.get("layer_types").and_then(Value::as_array) {
-        Some(types) => {
-            if types.len() != n_layers {
-                return Err(Error::Config(format!("config.json: {} layer_types for {n_layers} layers", types.len())));
+    // SmolLM3's NoPE layers: `no_rope_layers[i]` is 1 where layer i rotates (default: all but
+    // every `no_rope_layer_interval`-th)
+    let rotates: Vec<bool> = match (family, cfg.get("no_rope_layers").and_then(Value::as_array)) {
+        (Family::SmolLM3, Some(flags)) => {
+            if flags.len() != n_layers {
+                return Err(Error::Config(format!(
+                    "config.json: {} no_rope_layers for {n_layers} layers",
+                    flags.len()
+                )));
             }
-            types
+            flags
                 .iter()
-                .map(|t| match t.as_str() {
-                    Some("sliding_attention") => Ok(true),
-                    Some("full_attention") => Ok(false),
-                    _ => Err(Error::Config(format!("config.json: unknown layer type {t}"))),
+                .map(|f| match f.as_u64() {
+                    Some(0) => Ok(false),
+                    Some(1) => Ok(true),
+                    _ => Err(Error::Config(format!("config.json: no_rope_layers holds {f}, expected 0 or 1"))),
                 })
                 .collect::<Result<_>>()?
         }
-        None if family == Family::Gemma3 => {
-            let pattern = get_usize(cfg, "sliding_window_pattern")?.unwrap_or(6).max(1);
-            (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
+        (Family::SmolLM3, None) => {
+            let every = get_usize(cfg, "no_rope_layer_interval")?.unwrap_or(4).max(1);
+            (0..n_layers).map(|i| (i + 1) % every != 0).collect()
         }
-        None => vec![false; n_layers],
+        _ => vec![true; n_layers],
+    };
+    // which layers slide: `layer_types` (newer), else each family's own keys
+    let window_key = get_usize(cfg, "sliding_window")?;
+    let use_window = cfg.get("use_sliding_window").and_then(Value::as_bool).unwrap_or(false);
+    let sliding: Vec<bool> = match layer_type_flags(cfg, n_layers)? {
+        Some(flags) => flags,
+        None => match family {
+            Family::Gemma3 => {
+                let pattern = get_usize(cfg, "sliding_window_pattern")?.unwrap_or(6).max(1);
+                (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
+            }
+            // Mistral: every layer, when the window is set
+            Family::Llama => vec![model_type == "mistral" && window_key.is_some(); n_layers],
+            // Qwen2: layers from `max_window_layers` on, when `use_sliding_window`
+            Family::Qwen2 => {
+                let from = get_usize(cfg, "max_window_layers")?.unwrap_or(28);
+                (0..n_layers).map(|i| use_window && window_key.is_some() && i >= from).collect()
+            }
+            // SmolLM3: its NoPE layers, when `use_sliding_window`
+            Family::SmolLM3 => rotates.iter().map(|&r| use_window && window_key.is_some() && !r).collect(),
+            _ => vec![false; n_layers],
+        },
     };
     let window = if sliding.iter().any(|&s| s) { need_usize(cfg, "sliding_window")? } else { 0 };
     let eps = get_f32(cfg, "rms_norm_eps").unwrap_or(1e-6);
-    let tie_default = family == Family::Gemma3;
+    let tie_default = matches!(family, Family::Gemma3 | Family::SmolLM3);
     let tied = cfg
         .get("tie_word_embeddings")
         .or_else(|| root.get("tie_word_embeddings"))
@@ -137,18 +268,23 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         })
         .collect();
     c.window = window;
+    c.nope_layers = (0..n_layers).filter(|&i| !rotates[i]).collect();
     c.context_len = get_usize(cfg, "max_position_embeddings")?.filter(|&n| n > 0);
     match family {
         // (no config.json names kvdecode's own family)
-        Family::Llama | Family::Qwen3 | Family::Kvdecode => {
-            let theta = rope_theta(cfg, "full_attention", "rope_theta", 10000.0)?;
-            c.rope_theta = theta;
-            c.rope_theta_local = rope_theta(cfg, "sliding_attention", "rope_theta", theta)?;
+        Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 | Family::Kvdecode => {
+            let default = if family == Family::SmolLM3 { 2_000_000.0 } else { 10000.0 };
+            (c.rope_theta, c.rope_scaling) = rope(cfg, "full_attention", "rope_theta", default, true)?;
+            (c.rope_theta_local, c.rope_scaling_local) =
+                rope(cfg, "sliding_attention", "rope_theta", c.rope_theta, true)?;
             c.qk_norm = family == Family::Qwen3;
+            c.qkv_bias = family == Family::Qwen2;
         }
         Family::Gemma3 => {
-            c.rope_theta = rope_theta(cfg, "full_attention", "rope_theta", 1_000_000.0)?;
-            c.rope_theta_local = rope_theta(cfg, "sliding_attention", "rope_local_base_freq", 10000.0)?;
+            (c.rope_theta, c.rope_scaling) = rope(cfg, "full_attention", "rope_theta", 1_000_000.0, true)?;
+            // flat parameters scale the global layers only; local ones have their own base
+            (c.rope_theta_local, c.rope_scaling_local) =
+                rope(cfg, "sliding_attention", "rope_local_base_freq", 10000.0, false)?;
             c.norm = NormKind::OnePlusWeight;
             c.qk_norm = true;
             c.post_norms = true;

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::family::Family;
+use crate::model::rope::{Rope, RopeScaling};
 
 /// What a layer does with the cache.
 ///
@@ -83,6 +84,19 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     /// RoPE base of local-only layers (Gemma 3 uses 1e4 there, 1e6 on global layers).
     pub rope_theta_local: f32,
+    /// How RoPE is stretched on layers that read a global K/V (Llama 3.1, YaRN, linear).
+    #[serde(default)]
+    pub rope_scaling: Option<RopeScaling>,
+    /// How RoPE is stretched on local-only layers.
+    #[serde(default)]
+    pub rope_scaling_local: Option<RopeScaling>,
+    /// Layers that rotate nothing (SmolLM3's NoPE layers): their queries and keys carry no
+    /// position.
+    #[serde(default)]
+    pub nope_layers: Vec<usize>,
+    /// The query, key and value projections add a bias (Qwen2).
+    #[serde(default)]
+    pub qkv_bias: bool,
     /// MLP kind.
     pub mlp: MlpKind,
     /// Embeddings are multiplied by this (Gemma: `sqrt(d_model)`).
@@ -197,6 +211,10 @@ impl ModelConfig {
             post_norms: false,
             rope_theta: 10000.0,
             rope_theta_local: 10000.0,
+            rope_scaling: None,
+            rope_scaling_local: None,
+            nope_layers: Vec::new(),
+            qkv_bias: false,
             mlp: MlpKind::ReluSquared,
             embed_scale: 1.0,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
@@ -239,6 +257,10 @@ impl ModelConfig {
             post_norms: false,
             rope_theta,
             rope_theta_local: rope_theta,
+            rope_scaling: None,
+            rope_scaling_local: None,
+            nope_layers: Vec::new(),
+            qkv_bias: false,
             mlp: MlpKind::SwiGlu,
             embed_scale: 1.0,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
@@ -265,12 +287,15 @@ impl ModelConfig {
         self.layers.iter().any(|l| l.local)
     }
 
-    /// RoPE base of layer `i` (global layers use `rope_theta`, local-only ones `rope_theta_local`).
-    pub fn layer_theta(&self, i: usize) -> f32 {
-        if self.layers[i].global_group.is_some() {
-            self.rope_theta
+    /// RoPE of layer `i` (global layers use `rope_theta` and `rope_scaling`, local-only ones
+    /// their `_local` twins; `None` for a NoPE layer).
+    pub fn layer_rope(&self, i: usize) -> Option<Rope> {
+        if self.nope_layers.contains(&i) {
+            None
+        } else if self.layers[i].global_group.is_some() {
+            Some(Rope { theta: self.rope_theta, scaling: self.rope_scaling.clone() })
         } else {
-            self.rope_theta_local
+            Some(Rope { theta: self.rope_theta_local, scaling: self.rope_scaling_local.clone() })
         }
     }
 
@@ -311,6 +336,15 @@ impl ModelConfig {
         }
         if !(self.rope_theta > 1.0 && self.rope_theta_local > 1.0) {
             return err("rope theta must be > 1".into());
+        }
+        for s in [&self.rope_scaling, &self.rope_scaling_local].into_iter().flatten() {
+            s.validate(self.head_dim)?;
+        }
+        if let Some(i) = self.layers.iter().position(|l| self.qkv_bias && l.writes_global && l.local) {
+            return err(format!("layer {i} has two K/V projections; qkv_bias supports one per layer"));
+        }
+        if let Some(&l) = self.nope_layers.iter().find(|&&l| l >= self.layers.len()) {
+            return err(format!("NoPE layer {l} does not exist ({} layers)", self.layers.len()));
         }
         if let Some(c) = self.logit_softcap {
             if !(c > 0.0 && c.is_finite()) {

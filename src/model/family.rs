@@ -30,6 +30,10 @@ pub enum Family {
     Qwen3,
     /// Gemma 3 text (local/global layers, four norms per layer, `1 + w` norms).
     Gemma3,
+    /// Qwen2 and Qwen2.5 (Llama with q/k/v biases).
+    Qwen2,
+    /// SmolLM3 (Llama's tensors, NoPE layers).
+    SmolLM3,
 }
 
 /// What one per-layer tensor of a checkpoint fills (the rows of a fused matrix, or a whole
@@ -62,6 +66,12 @@ pub enum Part {
     Up,
     /// Down projection.
     Down,
+    /// Bias of the query projection.
+    QBias,
+    /// Bias of the key projection: the first half of the K/V bias.
+    KBias,
+    /// Bias of the value projection: its second half.
+    VBias,
 }
 
 /// One row of a family's table: what a per-layer tensor fills, its Hugging Face name after
@@ -105,6 +115,21 @@ const QWEN3: &[LayerTensor] = &[
     t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
 ];
 
+const QWEN2: &[LayerTensor] = &[
+    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
+    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    t(Part::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Part::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Part::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
+    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
+    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+];
+
 // Gemma's `post_attention_layernorm` is the norm of the attention output, not the MLP's input.
 const GEMMA3: &[LayerTensor] = &[
     t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
@@ -132,9 +157,10 @@ impl Family {
     pub fn layer_tensors(self) -> &'static [LayerTensor] {
         match self {
             Family::Kvdecode => &[],
-            Family::Llama => LLAMA,
+            Family::Llama | Family::SmolLM3 => LLAMA,
             Family::Qwen3 => QWEN3,
             Family::Gemma3 => GEMMA3,
+            Family::Qwen2 => QWEN2,
         }
     }
 
@@ -145,17 +171,21 @@ impl Family {
             Family::Llama => Some("llama"),
             Family::Qwen3 => Some("qwen3"),
             Family::Gemma3 => Some("gemma3"),
+            Family::Qwen2 => Some("qwen2"),
+            Family::SmolLM3 => Some("smollm3"),
         }
     }
 
     /// The family of a GGUF `general.architecture`.
     pub fn from_gguf_arch(arch: &str) -> Option<Self> {
-        [Family::Llama, Family::Qwen3, Family::Gemma3].into_iter().find(|f| f.gguf_arch() == Some(arch))
+        [Family::Llama, Family::Qwen3, Family::Gemma3, Family::Qwen2, Family::SmolLM3]
+            .into_iter()
+            .find(|f| f.gguf_arch() == Some(arch))
     }
 
     /// llama.cpp's converter stores this family's Q and K rows interleaved for its RoPE.
     fn gguf_interleaves_qk(self) -> bool {
-        self == Family::Llama
+        matches!(self, Family::Llama | Family::SmolLM3)
     }
 }
 
@@ -187,6 +217,10 @@ pub enum LayerSlot {
     KvGlobal,
     /// `kv_local` (`[k; v]`).
     KvLocal,
+    /// `q_bias`.
+    QBias,
+    /// `kv_bias` (`[k; v]`).
+    KvBias,
     /// `wo`.
     Wo,
     /// `post_attn_norm`.
@@ -218,14 +252,14 @@ pub enum RowOrder {
     },
 }
 
-/// One named tensor of a checkpoint and the rows it fills.
+/// One named tensor of a checkpoint and the rows it fills (a vector's elements are its rows).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorName {
     /// The name in the file.
     pub name: String,
     /// `[rows, cols]` of a matrix, `[n]` of a vector.
     pub shape: Vec<usize>,
-    /// Rows `row0 .. row0 + shape[0]` of each slot (a vector fills its slot whole).
+    /// Rows `row0 .. row0 + shape[0]` of each slot.
     pub places: Vec<(Slot, usize)>,
     /// How the rows are ordered in the file.
     pub order: RowOrder,
@@ -274,6 +308,7 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
             .filter_map(|(has, s)| has.then_some(s))
             .collect();
         let norm = |on: bool, s: LayerSlot| if has_w && on { vec![(slot(s), 0)] } else { vec![] };
+        let bias = |s: Slot, row0: usize| if cfg.qkv_bias { vec![(s, row0)] } else { vec![] };
         if naming == Naming::Kvdecode {
             let b = format!("blocks.{i}");
             push(format!("{b}.attn_norm.weight"), vec![d], norm(true, LayerSlot::AttnNorm), RowOrder::AsIs);
@@ -307,6 +342,8 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                 );
             }
             push(format!("{b}.attn.w_o.weight"), vec![d, hd], whole(slot(LayerSlot::Wo)), RowOrder::AsIs);
+            push(format!("{b}.attn.w_q.bias"), vec![hd], bias(slot(LayerSlot::QBias), 0), RowOrder::AsIs);
+            push(format!("{b}.attn.w_kv.bias"), vec![2 * kvd], bias(slot(LayerSlot::KvBias), 0), RowOrder::AsIs);
             push(
                 format!("{b}.post_attn_norm.weight"),
                 vec![d],
@@ -365,6 +402,9 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                 Part::Gate => (vec![cfg.ffn, d], whole(slot(LayerSlot::MlpIn)), RowOrder::AsIs),
                 Part::Up => (vec![cfg.ffn, d], vec![(slot(LayerSlot::MlpIn), cfg.ffn)], RowOrder::AsIs),
                 Part::Down => (vec![d, cfg.ffn], whole(slot(LayerSlot::MlpOut)), RowOrder::AsIs),
+                Part::QBias => (vec![hd], bias(slot(LayerSlot::QBias), 0), interleaved(cfg.n_heads)),
+                Part::KBias => (vec![kvd], bias(slot(LayerSlot::KvBias), 0), interleaved(cfg.n_kv_heads)),
+                Part::VBias => (vec![kvd], bias(slot(LayerSlot::KvBias), kvd), RowOrder::AsIs),
             };
             push(name, shape, places, order);
         }
@@ -413,7 +453,7 @@ pub fn assemble(
     read: &mut dyn FnMut(&TensorName) -> Result<Tensor>,
 ) -> Result<ModelWeights> {
     let mut mats = Mats::new();
-    let mut vecs: BTreeMap<Slot, Vec<f32>> = BTreeMap::new();
+    let mut vec_parts: BTreeMap<Slot, Vec<(usize, Vec<f32>)>> = BTreeMap::new();
     for t in names {
         match read(t)? {
             Tensor::Matrix(m) => {
@@ -428,11 +468,30 @@ pub fn assemble(
                 }
             }
             Tensor::Vector(v) => {
-                for &(slot, _) in &t.places {
-                    vecs.insert(slot, v.clone());
+                let v = match t.order {
+                    RowOrder::AsIs => v,
+                    RowOrder::Interleaved { heads } => {
+                        (0..v.len()).map(|r| v[interleaved_source(r, v.len(), heads)]).collect()
+                    }
+                };
+                for &(slot, row0) in &t.places {
+                    vec_parts.entry(slot).or_default().push((row0, v.clone()));
                 }
             }
         }
+    }
+    // a vector from its parts, in row order (the K/V bias from k's and v's)
+    let mut vecs: BTreeMap<Slot, Vec<f32>> = BTreeMap::new();
+    for (slot, mut parts) in vec_parts {
+        parts.sort_by_key(|p| p.0);
+        let mut v = Vec::new();
+        for (row0, p) in parts {
+            if row0 != v.len() {
+                return Err(Error::Weights(format!("{slot:?}: no tensor fills elements {}..{row0}", v.len())));
+            }
+            v.extend(p);
+        }
+        vecs.insert(slot, v);
     }
     let need = |mats: &mut Mats, slot: Slot| {
         take_matrix(mats, slot)?.ok_or_else(|| Error::Weights(format!("{slot:?}: no tensor fills it")))
@@ -458,6 +517,8 @@ pub fn assemble(
             k_norm: vecs.remove(&s(LayerSlot::KNorm)),
             kv_global: take_matrix(&mut mats, s(LayerSlot::KvGlobal))?,
             kv_local: take_matrix(&mut mats, s(LayerSlot::KvLocal))?,
+            q_bias: vecs.remove(&s(LayerSlot::QBias)),
+            kv_bias: vecs.remove(&s(LayerSlot::KvBias)),
             wo: need(&mut mats, s(LayerSlot::Wo))?,
             post_attn_norm: vecs.remove(&s(LayerSlot::PostAttnNorm)),
             mlp_norm: vecs.remove(&s(LayerSlot::MlpNorm)),
@@ -535,6 +596,8 @@ pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>
             LayerSlot::PostAttnNorm => l.post_attn_norm.as_ref(),
             LayerSlot::MlpNorm => l.mlp_norm.as_ref(),
             LayerSlot::PostMlpNorm => l.post_mlp_norm.as_ref(),
+            LayerSlot::QBias => l.q_bias.as_ref(),
+            LayerSlot::KvBias => l.kv_bias.as_ref(),
             _ => None,
         }
     };
@@ -542,7 +605,15 @@ pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>
     for t in tensor_names(&w.cfg, naming) {
         let (slot, row0) = t.places[0];
         let values = match t.shape[..] {
-            [_] => slot_vector(slot).cloned(),
+            [n] => slot_vector(slot).and_then(|v| v.get(row0..row0 + n)).map(|v| {
+                let mut from = (0..n).collect::<Vec<_>>();
+                if let RowOrder::Interleaved { heads } = t.order {
+                    for g in 0..n {
+                        from[interleaved_source(g, n, heads)] = g;
+                    }
+                }
+                from.iter().map(|&g| v[g]).collect()
+            }),
             [rows, cols] => slot_matrix(slot).map(|m| {
                 // file row f holds model row g where interleaved_source(g) == f
                 let mut from = (0..rows).collect::<Vec<_>>();

@@ -7,6 +7,7 @@ pub mod engram;
 pub mod family;
 pub mod quant;
 pub mod reference;
+pub mod rope;
 pub mod tensor;
 pub mod weights;
 

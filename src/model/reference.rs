@@ -4,21 +4,13 @@
 use crate::error::{Error, Result};
 use crate::model::config::{MlpKind, ModelConfig, NormKind};
 use crate::model::dtype::KvDtype;
+use crate::model::rope::Rope;
 use crate::model::weights::{Matrix, ModelWeights};
 
-/// RoPE (cos, sin) for positions `0..n_pos`, `[n_pos, head_dim / 2]`, computed in f64.
-/// Shared by the reference and the GPU so both rotate by the same f32 values.
+/// RoPE (cos, sin) of plain RoPE with base `theta` for positions `0..n_pos`, `[n_pos,
+/// head_dim / 2]` ([`Rope::table`]).
 pub fn rope_table(theta: f32, head_dim: usize, n_pos: usize) -> Vec<[f32; 2]> {
-    let half = head_dim / 2;
-    let mut out = Vec::with_capacity(n_pos * half);
-    for p in 0..n_pos {
-        for i in 0..half {
-            let inv = (theta as f64).powf(-(2.0 * i as f64) / head_dim as f64);
-            let a = p as f64 * inv;
-            out.push([a.cos() as f32, a.sin() as f32]);
-        }
-    }
-    out
+    Rope { theta, scaling: None }.table(head_dim, n_pos)
 }
 
 /// The multiplier a stored norm weight stands for under `kind`.
@@ -85,26 +77,39 @@ pub fn round_kv(kv: Option<KvDtype>, x: f32) -> f32 {
     }
 }
 
+/// `m x (+ bias)`.
+fn project(m: &Matrix, bias: Option<&[f32]>, x: &[f32]) -> Vec<f32> {
+    let mut y = matvec(m, x);
+    for (y, b) in y.iter_mut().zip(bias.unwrap_or(&[])) {
+        *y += b;
+    }
+    y
+}
+
+#[allow(clippy::too_many_arguments)]
 fn project_kv(
     cfg: &ModelConfig,
     w: &Matrix,
+    bias: Option<&[f32]>,
     k_norm: Option<&[f32]>,
     h: &[Vec<f32>],
-    rope_t: &[[f32; 2]],
+    rope_t: Option<&[[f32; 2]]>,
     kv_type: Option<KvDtype>,
 ) -> Kv {
     let (hk, d) = (cfg.n_kv_heads, cfg.head_dim);
     let half = d / 2;
     let mut kv = Kv { k: Vec::new(), v: Vec::new() };
     for (t, ht) in h.iter().enumerate() {
-        let out = matvec(w, ht);
+        let out = project(w, bias, ht);
         let mut k = out[..hk * d].to_vec();
         for head in k.chunks_mut(d) {
             if cfg.qk_norm {
                 let n = rms_norm(head, k_norm, cfg.norm, cfg.norm_eps);
                 head.copy_from_slice(&n);
             }
-            rope(head, &rope_t[t * half..(t + 1) * half]);
+            if let Some(r) = rope_t {
+                rope(head, &r[t * half..(t + 1) * half]);
+            }
         }
         kv.k.push(k.iter().map(|&x| round_kv(kv_type, x)).collect());
         kv.v.push(out[hk * d..].iter().map(|&x| round_kv(kv_type, x)).collect());
@@ -158,26 +163,29 @@ pub fn forward_with(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> R
                 }
             }
         }
-        let rope_t = rope_table(cfg.layer_theta(li), d, n.max(1));
+        let rope_t = cfg.layer_rope(li).map(|r| r.table(d, n.max(1)));
+        let rope_t = rope_t.as_deref();
         let h: Vec<Vec<f32>> =
             x.iter().map(|xt| rms_norm(xt, lw.attn_norm.as_deref(), cfg.norm, cfg.norm_eps)).collect();
         if spec.writes_global {
-            let kv =
-                project_kv(cfg, lw.kv_global.as_ref().expect("checked"), lw.k_norm.as_deref(), &h, &rope_t, opts.kv);
-            groups.push(kv);
+            let kv_global = lw.kv_global.as_ref().expect("checked");
+            groups.push(project_kv(cfg, kv_global, lw.kv_bias.as_deref(), lw.k_norm.as_deref(), &h, rope_t, opts.kv));
         }
         let local = spec.local.then(|| {
-            project_kv(cfg, lw.kv_local.as_ref().expect("checked"), lw.k_norm.as_deref(), &h, &rope_t, opts.kv)
+            let kv_local = lw.kv_local.as_ref().expect("checked");
+            project_kv(cfg, kv_local, lw.kv_bias.as_deref(), lw.k_norm.as_deref(), &h, rope_t, opts.kv)
         });
         let global = spec.global_group.map(|g| &groups[g]);
         for t in 0..n {
-            let mut q = matvec(&lw.wq, &h[t]);
+            let mut q = project(&lw.wq, lw.q_bias.as_deref(), &h[t]);
             for head in q.chunks_mut(d) {
                 if cfg.qk_norm {
                     let nq = rms_norm(head, lw.q_norm.as_deref(), cfg.norm, cfg.norm_eps);
                     head.copy_from_slice(&nq);
                 }
-                rope(head, &rope_t[t * half..(t + 1) * half]);
+                if let Some(r) = rope_t {
+                    rope(head, &r[t * half..(t + 1) * half]);
+                }
             }
             let mut y = vec![0f32; h_n * d];
             for head in 0..h_n {

@@ -121,6 +121,11 @@ pub struct LayerWeights {
     pub kv_global: Option<Matrix>,
     /// Fused K/V projection into this layer's ring (local layers).
     pub kv_local: Option<Matrix>,
+    /// Bias of the query projection `[n_heads * head_dim]` (Qwen2).
+    pub q_bias: Option<Vec<f32>>,
+    /// Bias of the K/V projection `[2 * n_kv_heads * head_dim]`, `[k; v]` as the matrices' rows
+    /// (both matrices of a layer that has two).
+    pub kv_bias: Option<Vec<f32>>,
     /// Output projection `[d_model, n_heads * head_dim]`.
     pub wo: Matrix,
     /// Gemma: norm of the attention output before the residual add.
@@ -245,10 +250,15 @@ impl ModelWeights {
                 NormKind::OnePlusWeight => Some((0..n).map(|_| 0.2 * rng.normal()).collect()),
             }
         };
+        // biases from a generator of their own, so models without them draw as before
+        let mut rng = SplitMix64(seed ^ 0x00B1_A5E5);
+        let mut bias = |n: usize| cfg.qkv_bias.then(|| (0..n).map(|_| 0.5 * rng.normal()).collect::<Vec<f32>>());
         let mut layers = Vec::new();
         for ((wq, kv_global, kv_local, wo, mlp_in, mlp_out), engram) in layer_mats.into_iter().zip(engrams) {
             let qk = cfg.qk_norm;
             layers.push(LayerWeights {
+                q_bias: bias(hd),
+                kv_bias: bias(kvd),
                 attn_norm: norm(d),
                 wq,
                 q_norm: if qk { norm(cfg.head_dim) } else { None },
@@ -366,7 +376,7 @@ impl ModelWeights {
             (Some(v), true) => Err(Error::Weights(format!("{name}: length {}, expected {n}", v.len()))),
             (None, false) => Ok(()),
             (None, true) => Err(Error::Weights(format!("{name}: missing"))),
-            (Some(_), false) => Err(Error::Weights(format!("{name}: present but the config has no such norm"))),
+            (Some(_), false) => Err(Error::Weights(format!("{name}: present but the config has none"))),
         };
         let has_w = c.norm != NormKind::Plain;
         shape("embed", &self.embed, c.vocab, d)?;
@@ -396,6 +406,8 @@ impl ModelWeights {
             vec(&p("k_norm"), &l.k_norm, c.head_dim, has_w && c.qk_norm)?;
             vec(&p("post_attn_norm"), &l.post_attn_norm, d, has_w && c.post_norms)?;
             vec(&p("post_mlp_norm"), &l.post_mlp_norm, d, has_w && c.post_norms)?;
+            vec(&p("q_bias"), &l.q_bias, hd, c.qkv_bias)?;
+            vec(&p("kv_bias"), &l.kv_bias, kvd, c.qkv_bias)?;
             shape(&p("wq"), &l.wq, hd, d)?;
             shape(&p("wo"), &l.wo, d, hd)?;
             shape(&p("mlp_in"), &l.mlp_in, c.mlp.in_factor() * c.ffn, d)?;
@@ -557,6 +569,8 @@ impl ModelWeights {
             v(named_ref, format!("{b}.post_attn_norm.weight"), &l.post_attn_norm);
             v(named_ref, format!("{b}.mlp_norm.weight"), &l.mlp_norm);
             v(named_ref, format!("{b}.post_mlp_norm.weight"), &l.post_mlp_norm);
+            v(named_ref, format!("{b}.attn.w_q.bias"), &l.q_bias);
+            v(named_ref, format!("{b}.attn.w_kv.bias"), &l.kv_bias);
         }
         let mut encoded: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> =
             named.into_iter().map(|(n, s, d)| (n, s, dtype.encode(d), dtype.st())).collect();

@@ -2,6 +2,7 @@
 //! permutation, matrices as their quantized blocks (or F32 / F16), norms as F32.
 #![allow(dead_code)]
 
+use kvdecode::model::rope::RopeScaling;
 use kvdecode::quant::QuantKind;
 use kvdecode::{Matrix, ModelWeights};
 
@@ -48,8 +49,10 @@ pub fn write_llama_with(w: &ModelWeights, store: Store, extra: Vec<(&str, Meta)>
     write_arch(w, store, "llama", extra)
 }
 
-/// GGUF bytes of a `llama`, `qwen3` or `gemma3` model, as llama.cpp's converter writes them:
-/// Q/K rows permuted for llama only, Gemma norms stored as `1 + w`, Gemma's sliding window.
+/// GGUF bytes of a `llama`, `qwen2`, `qwen3`, `smollm3` or `gemma3` model, as llama.cpp's
+/// converter writes them: Q/K rows (and biases) permuted for llama and smollm3, Gemma norms stored
+/// as `1 + w`, Gemma's sliding window, RoPE scaling as `rope.scaling.*` keys (linear, YaRN) or
+/// `rope_freqs.weight` (per-pair divisors).
 pub fn write_arch(w: &ModelWeights, store: Store, arch: &str, extra: Vec<(&str, Meta)>) -> Vec<u8> {
     let c = &w.cfg;
     let key = |k: &str| -> &'static str { Box::leak(format!("{arch}.{k}").into_boxed_str()) };
@@ -65,6 +68,18 @@ pub fn write_arch(w: &ModelWeights, store: Store, arch: &str, extra: Vec<(&str, 
         (key("vocab_size"), Meta::U32(c.vocab as u32)),
         (key("attention.key_length"), Meta::U32(c.head_dim as u32)),
     ];
+    match &c.rope_scaling {
+        Some(RopeScaling::Linear { factor }) => {
+            meta.push((key("rope.scaling.type"), Meta::Str("linear")));
+            meta.push((key("rope.scaling.factor"), Meta::F32(*factor)));
+        }
+        Some(RopeScaling::Yarn { factor, original_context, .. }) => {
+            meta.push((key("rope.scaling.type"), Meta::Str("yarn")));
+            meta.push((key("rope.scaling.factor"), Meta::F32(*factor)));
+            meta.push((key("rope.scaling.original_context_length"), Meta::U32(*original_context as u32)));
+        }
+        _ => {}
+    }
     if arch == "gemma3" {
         meta.push((key("attention.sliding_window"), Meta::U32(c.window as u32)));
         if let Some(s) = c.logit_softcap {
@@ -94,6 +109,7 @@ pub fn write_arch(w: &ModelWeights, store: Store, arch: &str, extra: Vec<(&str, 
         tensors.push((name, vec![m.cols as u64, m.rows as u64], ty, bytes));
     };
     let kvd = c.n_kv_heads * c.head_dim;
+    let permuted = arch == "llama" || arch == "smollm3";
     mat("token_embd.weight".into(), &w.embed);
     if let Some(h) = &w.head {
         mat("output.weight".into(), h);
@@ -120,7 +136,7 @@ pub fn write_arch(w: &ModelWeights, store: Store, arch: &str, extra: Vec<(&str, 
             out
         };
         let (k, v) = if kv.quant.is_some() { (split(kv, 0, kvd), split(kv, kvd, kvd)) } else { (k, v) };
-        if arch == "llama" {
+        if permuted {
             mat(format!("blk.{i}.attn_q.weight"), &permute(&l.wq, c.n_heads));
             mat(format!("blk.{i}.attn_k.weight"), &permute(&k, c.n_kv_heads));
         } else {
@@ -135,7 +151,24 @@ pub fn write_arch(w: &ModelWeights, store: Store, arch: &str, extra: Vec<(&str, 
     }
     let mut vecs: Vec<(String, Vec<f32>)> =
         vec![("output_norm.weight".into(), shift(w.final_norm.as_ref().expect("norm")))];
+    if let Some(RopeScaling::Divisors(d)) = &c.rope_scaling {
+        vecs.push(("rope_freqs.weight".into(), d.clone()));
+    }
+    // a vector in the rows order of its matrix
+    let permute_vec = |v: &[f32], heads: usize| -> Vec<f32> {
+        let m = Matrix { rows: v.len(), cols: 1, data: v.to_vec(), quant: None, half: None };
+        if permuted {
+            permute(&m, heads).data
+        } else {
+            v.to_vec()
+        }
+    };
     for (i, l) in w.layers.iter().enumerate() {
+        if let (Some(q), Some(kv)) = (&l.q_bias, &l.kv_bias) {
+            vecs.push((format!("blk.{i}.attn_q.bias"), permute_vec(q, c.n_heads)));
+            vecs.push((format!("blk.{i}.attn_k.bias"), permute_vec(&kv[..kvd], c.n_kv_heads)));
+            vecs.push((format!("blk.{i}.attn_v.bias"), kv[kvd..].to_vec()));
+        }
         vecs.push((format!("blk.{i}.attn_norm.weight"), shift(l.attn_norm.as_ref().expect("norm"))));
         vecs.push((format!("blk.{i}.ffn_norm.weight"), shift(l.mlp_norm.as_ref().expect("norm"))));
         for (name, v) in [

@@ -24,6 +24,32 @@ pub fn llama_cfg() -> ModelConfig {
     ModelConfig::llama(96, 32, 4, 2, 8, 48, 3, 10000.0, 1e-6, false)
 }
 
+/// The switches of the newer families at once: q/k/v biases (Qwen2), a NoPE layer (SmolLM3),
+/// YaRN on the global layers and linear scaling on the local ones, global and sliding layers
+/// alternating (window 5).
+pub fn families_cfg() -> ModelConfig {
+    use kvdecode::model::config::LayerSpec;
+    use kvdecode::model::rope::RopeScaling;
+    let mut c = ModelConfig::llama(96, 32, 4, 2, 8, 48, 4, 10000.0, 1e-6, true);
+    let local = LayerSpec { global_group: None, writes_global: false, local: true };
+    let global = |g| LayerSpec { global_group: Some(g), writes_global: true, local: false };
+    c.layers = vec![global(0), local, global(1), local];
+    c.window = 5;
+    c.qkv_bias = true;
+    c.nope_layers = vec![2];
+    c.rope_scaling = Some(RopeScaling::Yarn {
+        factor: 4.0,
+        original_context: 16,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 1.1386,
+        truncate: true,
+    });
+    c.rope_scaling_local = Some(RopeScaling::Linear { factor: 2.0 });
+    c.family = kvdecode::Family::Qwen2;
+    c
+}
+
 pub fn model(cfg: &ModelConfig, seed: u64) -> ModelWeights {
     ModelWeights::random(cfg, seed).expect("random weights")
 }
