@@ -26,6 +26,7 @@ override HAS_GLOBAL: bool = true;
 override HAS_LOCAL: bool = false;
 override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
 override SCALE: f32;
+override ATTN_SOFTCAP: f32 = 0.0; // > 0: scores become ATTN_SOFTCAP * tanh(score / ATTN_SOFTCAP) (Gemma 2)
 override ROW0: u32 = 0u;        // first cache row held by the bound cache shard
 override SHARD_ROWS: u32 = 0xffffffffu;  // cache rows in the shard (caches over one binding are split by rows)
 override SPLIT: bool = false;
@@ -77,7 +78,7 @@ fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
         }
         s = dot_fma(q[i], k, s);
     }
-    let f = softmax_fold(s, m);
+    let f = softmax_fold(softcap_score(ATTN_SOFTCAP, s), m);
     if f.y != 1.0 {
         for (var i = 0u; i < d4n; i++) { acc[i] *= f.y; }
     }

@@ -20,6 +20,7 @@ override BLOCK: u32 = 16u;      // positions per block of the global pool
 override MAX_BLOCKS: u32 = 1u;  // block table entries per row
 override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
 override SCALE: f32;
+override ATTN_SOFTCAP: f32 = 0.0; // > 0: scores become ATTN_SOFTCAP * tanh(score / ATTN_SOFTCAP) (Gemma 2)
 override TILE: u32 = 64u;       // keys per tile: a multiple of WG, G * TILE <= 1024
 override SPAN: u32;             // positions per partition: a multiple of TILE
 override PARTS: u32;            // partitions per query: ceil(max_len / SPAN)
@@ -112,6 +113,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let at = key_at(row, kh, t0 + i);
                 var dot_sum = 0.0;
                 for (var c = 0u; c < d4n; c++) { dot_sum = dot_fma(qs[g * d4n + c], global4(false, at + c * 4u), dot_sum); }
+                dot_sum = softcap_score(ATTN_SOFTCAP, dot_sum);
                 score[g * TILE + i] = dot_sum;
                 lane_max = max(lane_max, dot_sum);
             }
@@ -230,7 +232,7 @@ fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         let at = key_at(info.cache_row, kh, t);
         var sc = 0.0;
         for (var i = 0u; i < d4n; i++) { sc = dot_fma(q[i], global4(false, at + i * 4u), sc); }
-        let f = softmax_fold(sc, m);
+        let f = softmax_fold(softcap_score(ATTN_SOFTCAP, sc), m);
         if f.y != 1.0 {
             for (var i = 0u; i < d4n; i++) { acc_h[i] *= f.y; }
         }
@@ -344,7 +346,7 @@ fn query_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 let key = global4(false, at + c * 4u);
                 for (var k = 0u; k < pairs; k++) { dots[k] = dot_fma(tile_q[k * d4n + c], key, dots[k]); }
             }
-            for (var k = 0u; k < pairs; k++) { tile_p[k * TILE + lane] = dots[k]; }
+            for (var k = 0u; k < pairs; k++) { tile_p[k * TILE + lane] = softcap_score(ATTN_SOFTCAP, dots[k]); }
         }
         workgroupBarrier();
         // 2. lane k, pair k: the tile's max, the rescale, the weights and their sum in key order

@@ -91,6 +91,12 @@ fn safe_tanh(x: f32) -> f32 {
     return tanh(clamp(x, -15.0, 15.0));
 }
 
+// Gemma 2's attention-logit softcap on a (scaled) score: cap * tanh(score / cap); cap 0 is none.
+fn softcap_score(cap: f32, score: f32) -> f32 {
+    if cap > 0.0 { return cap * safe_tanh(score / cap); }
+    return score;
+}
+
 // The MLP activation between the up and down projections, for one feature: `act` 0 relu(g)^2 (the
 // seed's TinyAgent; `u` unused), 1 silu(g) * u (SwiGLU), 2 gelu_tanh(g) * u (Gemma). One
 // expression for mlp_act.wgsl and the product that fuses it, so both give the same bits.

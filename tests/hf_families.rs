@@ -189,7 +189,7 @@ fn qwen3_and_gemma3_gguf_match_reference() {
 }
 
 #[test]
-fn qwen2_smollm3_and_llama3_gguf_match_reference() {
+fn qwen2_smollm3_llama3_and_gemma2_gguf_match_reference() {
     use common::gguf_writer::{write_arch, Store};
     use kvdecode::model::rope::{Rope, RopeScaling};
     // Qwen2 with biases and YaRN
@@ -204,7 +204,12 @@ fn qwen2_smollm3_and_llama3_gguf_match_reference() {
     l["rope_parameters"] = json!({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                   "original_max_position_embeddings": 16});
-    for (cfg, arch) in [(q, "qwen2"), (s, "smollm3"), (l, "llama")] {
+    // Gemma 2: even layers slide, an attention softcap small enough to bend these scores
+    let mut g = base("gemma2");
+    g["sliding_window"] = json!(4);
+    g["attn_logit_softcapping"] = json!(3.0);
+    g["tie_word_embeddings"] = json!(true);
+    for (cfg, arch) in [(q, "qwen2"), (s, "smollm3"), (l, "llama"), (g, "gemma2")] {
         let (c, _) = config_from_json(&cfg.to_string()).unwrap();
         let w = model(&c, 144).quantized(kvdecode::quant::QuantKind::Q8_0).unwrap();
         let mut written = w.clone();
@@ -220,6 +225,7 @@ fn qwen2_smollm3_and_llama3_gguf_match_reference() {
         assert_eq!(back.cfg.layers, w.cfg.layers, "{arch}");
         assert_eq!(back.cfg.nope_layers, w.cfg.nope_layers, "{arch}");
         assert_eq!(back.cfg.qkv_bias, w.cfg.qkv_bias, "{arch}");
+        assert_eq!(back.cfg.attn_softcap, w.cfg.attn_softcap, "{arch}");
         // the same model: the same reference logits (Llama 3.1's divisors are f32-rounded)
         let seq: Vec<u32> = (0..40).map(|i| (i * 11 + 5) % 96).collect();
         let a = kvdecode::reference::forward(&w, &seq).unwrap();
@@ -271,6 +277,18 @@ fn newer_family_configs_read_as_transformers_reads_them() {
     assert_eq!(config_from_json(&s.to_string()).unwrap().0.nope_layers, [0, 3]);
     s["no_rope_layers"] = json!([0, 1]);
     assert!(format!("{}", config_from_json(&s.to_string()).unwrap_err()).contains("2 no_rope_layers for 4 layers"));
+    // Gemma 2: alternating windows, transformers' softcap defaults (an explicit null turns one off)
+    let mut g = base("gemma2");
+    g["sliding_window"] = json!(6);
+    let (c, fam) = config_from_json(&g.to_string()).unwrap();
+    assert_eq!(fam, Family::Gemma2);
+    assert_eq!(c.layers.iter().map(|l| l.local).collect::<Vec<_>>(), [true, false, true, false]);
+    assert_eq!(
+        (c.attn_softcap, c.logit_softcap, c.qk_norm, c.norm),
+        (Some(50.0), Some(30.0), false, NormKind::OnePlusWeight)
+    );
+    g["final_logit_softcapping"] = serde_json::Value::Null;
+    assert_eq!(config_from_json(&g.to_string()).unwrap().0.logit_softcap, None);
     // what is still unsupported names the key and its value
     let mut bad = base("llama");
     bad["rope_scaling"] = json!({"rope_type": "longrope", "factor": 2.0});

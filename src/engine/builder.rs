@@ -387,6 +387,7 @@ impl Builder<'_> {
                 q_stride: self.qkv_stride(),
                 kv: cache.dtype(),
                 scale: c.attn_scale,
+                softcap: c.attn_softcap.unwrap_or(0.0),
                 group_tokens: size,
                 span: plan.span,
                 parts: plan.parts,

@@ -465,6 +465,8 @@ pub(crate) struct AttentionShape {
     pub q_stride: usize,
     pub kv: KvDtype,
     pub scale: f32,
+    /// Gemma 2's attention-logit softcap (0: none).
+    pub softcap: f32,
     pub group_tokens: usize,
     pub span: usize,
     pub parts: usize,
@@ -481,6 +483,7 @@ impl AttentionShape {
             .count("Q_STRIDE", self.q_stride)
             .code("KV_FORMAT", self.kv.format())
             .float("SCALE", self.scale)
+            .float("ATTN_SOFTCAP", self.softcap)
             .count("GROUP_TOKENS", self.group_tokens)
             .count("SPAN", self.span)
             .count("PARTS", self.parts);
@@ -716,6 +719,7 @@ mod tests {
             q_stride: 128,
             kv: KvDtype::F16,
             scale: 0.25,
+            softcap: 50.0,
             group_tokens: 64,
             span: 64,
             parts: 2,

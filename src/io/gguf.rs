@@ -350,7 +350,7 @@ impl GgufFile {
     }
 
     /// The model config from the metadata (architectures `llama`, `qwen2`, `qwen3`, `smollm3`,
-    /// `gemma3`), and RoPE's per-pair factors from `rope_freqs.weight` where present.
+    /// `gemma2`, `gemma3`), and RoPE's per-pair factors from `rope_freqs.weight` where present.
     pub fn config(&self) -> Result<ModelConfig> {
         let arch = self.arch()?;
         let p = |k: &str| format!("{arch}.{k}");
@@ -414,13 +414,16 @@ impl GgufFile {
             "qwen3" => c.qk_norm = true,
             // llama.cpp's SmolLM3: every fourth layer rotates nothing (no key says so)
             "smollm3" => c.nope_layers = (0..layers).filter(|i| (i + 1) % 4 == 0).collect(),
-            "gemma3" => {
+            "gemma3" | "gemma2" => {
                 // llama.cpp's Gemma 3: every 6th layer global, the rest a sliding window with RoPE
-                // base 1e4; norms stored as 1 + w already (the converter adds the 1), so plain `w`
+                // base 1e4; Gemma 2: even layers slide, one RoPE; norms stored as 1 + w already
+                // (the converter adds the 1), so plain `w`
+                let gemma2 = arch == "gemma2";
                 let window = self.need_u(&p("attention.sliding_window"))?;
+                let period = if gemma2 { 2 } else { 6 };
                 let mut group = 0;
                 for (i, l) in c.layers.iter_mut().enumerate() {
-                    *l = if (i + 1) % 6 == 0 {
+                    *l = if (i + 1) % period == 0 {
                         group += 1;
                         LayerSpec { global_group: Some(group - 1), writes_global: true, local: false }
                     } else {
@@ -428,14 +431,22 @@ impl GgufFile {
                     };
                 }
                 c.window = window;
-                c.rope_theta_local = 10000.0;
-                c.rope_scaling_local = None;
-                c.qk_norm = true;
+                if !gemma2 {
+                    c.rope_theta_local = 10000.0;
+                    c.rope_scaling_local = None;
+                }
+                c.qk_norm = !gemma2;
                 c.post_norms = true;
                 c.mlp = MlpKind::GeluTanhGated;
                 c.embed_scale = (d as f32).sqrt();
-                c.attn_scale = (head_dim as f32).powf(-0.5);
-                c.logit_softcap = self.get(&p("final_logit_softcapping")).and_then(Value::as_f64).map(|v| v as f32);
+                // llama.cpp: Gemma 2 27B (46 layers) scales by (d / heads)^-0.5, others by head_dim's
+                let scale_dim = if gemma2 && layers == 46 { d / heads } else { head_dim };
+                c.attn_scale = (scale_dim as f32).powf(-0.5);
+                let softcap = |key: &str, default: Option<f64>| {
+                    self.get(&p(key)).and_then(Value::as_f64).or(default).map(|v| v as f32)
+                };
+                c.logit_softcap = softcap("final_logit_softcapping", gemma2.then_some(30.0));
+                c.attn_softcap = if gemma2 { softcap("attn_logit_softcapping", Some(50.0)) } else { None };
             }
             _ => {}
         }
@@ -491,9 +502,9 @@ impl GgufFile {
     fn arch(&self) -> Result<&str> {
         let arch = self.get("general.architecture").and_then(Value::as_str).unwrap_or("");
         match arch {
-            "llama" | "qwen2" | "qwen3" | "smollm3" | "gemma3" => Ok(arch),
+            "llama" | "qwen2" | "qwen3" | "smollm3" | "gemma2" | "gemma3" => Ok(arch),
             _ => Err(Error::Config(format!(
-                "GGUF architecture {arch:?} is not supported (supported: llama, qwen2, qwen3, smollm3, gemma3)"
+                "GGUF architecture {arch:?} is not supported (supported: llama, qwen2, qwen3, smollm3, gemma2, gemma3)"
             ))),
         }
     }

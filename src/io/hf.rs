@@ -1,7 +1,7 @@
 //! Hugging Face checkpoints: a directory with `config.json` and one or more `*.safetensors`, for
 //! the Llama (`llama`, Llama 3.x included), Mistral (`mistral`), Qwen2 and 2.5 (`qwen2`), Qwen3
-//! (`qwen3`), SmolLM3 (`smollm3`) and Gemma 3 (`gemma3_text`, or `gemma3` with a `text_config`)
-//! families. Config forms of older and newer transformers versions are read: `rope_theta` and
+//! (`qwen3`), SmolLM3 (`smollm3`), Gemma 2 (`gemma2`) and Gemma 3 (`gemma3_text`, or `gemma3` with a
+//! `text_config`) families. Config forms of older and newer transformers versions are read: `rope_theta` and
 //! `rope_scaling`, or `rope_parameters` (flat or per layer type), with RoPE scaling of types
 //! `linear`, `llama3` and `yarn`; `layer_types` or each family's window keys. Any other
 //! architecture, or a key outside what is supported, is a clear error naming it.
@@ -164,6 +164,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         "qwen2" => (&root, Family::Qwen2),
         "qwen3" => (&root, Family::Qwen3),
         "smollm3" => (&root, Family::SmolLM3),
+        "gemma2" => (&root, Family::Gemma2),
         "gemma3_text" => (&root, Family::Gemma3),
         "gemma3" => match root.get("text_config") {
             Some(t) if t.is_object() => (t, Family::Gemma3),
@@ -172,7 +173,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         _ => {
             let arch = root.get("architectures").map(|a| a.to_string()).unwrap_or_default();
             return Err(Error::Config(format!(
-                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma3"
+                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3"
             )));
         }
     };
@@ -229,8 +230,10 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
     let sliding: Vec<bool> = match layer_type_flags(cfg, n_layers)? {
         Some(flags) => flags,
         None => match family {
-            Family::Gemma3 => {
-                let pattern = get_usize(cfg, "sliding_window_pattern")?.unwrap_or(6).max(1);
+            // Gemma 3: five local layers, then a global one; Gemma 2: they alternate
+            Family::Gemma3 | Family::Gemma2 => {
+                let default = if family == Family::Gemma2 { 2 } else { 6 };
+                let pattern = get_usize(cfg, "sliding_window_pattern")?.unwrap_or(default).max(1);
                 (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
             }
             // Mistral: every layer, when the window is set
@@ -247,7 +250,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
     };
     let window = if sliding.iter().any(|&s| s) { need_usize(cfg, "sliding_window")? } else { 0 };
     let eps = get_f32(cfg, "rms_norm_eps").unwrap_or(1e-6);
-    let tie_default = matches!(family, Family::Gemma3 | Family::SmolLM3);
+    let tie_default = matches!(family, Family::Gemma3 | Family::Gemma2 | Family::SmolLM3);
     let tied = cfg
         .get("tie_word_embeddings")
         .or_else(|| root.get("tie_word_embeddings"))
@@ -280,21 +283,30 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
             c.qk_norm = family == Family::Qwen3;
             c.qkv_bias = family == Family::Qwen2;
         }
-        Family::Gemma3 => {
-            (c.rope_theta, c.rope_scaling) = rope(cfg, "full_attention", "rope_theta", 1_000_000.0, true)?;
-            // flat parameters scale the global layers only; local ones have their own base
-            (c.rope_theta_local, c.rope_scaling_local) =
-                rope(cfg, "sliding_attention", "rope_local_base_freq", 10000.0, false)?;
+        Family::Gemma3 | Family::Gemma2 => {
+            let gemma2 = family == Family::Gemma2;
+            (c.rope_theta, c.rope_scaling) =
+                rope(cfg, "full_attention", "rope_theta", if gemma2 { 10000.0 } else { 1_000_000.0 }, true)?;
+            // Gemma 3: flat parameters scale the global layers only, local ones have their own
+            // base; Gemma 2: one RoPE for both
+            (c.rope_theta_local, c.rope_scaling_local) = if gemma2 {
+                (c.rope_theta, c.rope_scaling.clone())
+            } else {
+                rope(cfg, "sliding_attention", "rope_local_base_freq", 10000.0, false)?
+            };
             c.norm = NormKind::OnePlusWeight;
-            c.qk_norm = true;
+            c.qk_norm = !gemma2;
             c.post_norms = true;
             c.mlp = MlpKind::GeluTanhGated;
             c.embed_scale = (d as f32).sqrt();
             c.attn_scale = get_f32(cfg, "query_pre_attn_scalar").unwrap_or(head_dim as f32).powf(-0.5);
-            c.logit_softcap = get_f32(cfg, "final_logit_softcapping");
-            if get_f32(cfg, "attn_logit_softcapping").is_some() {
-                return Err(Error::Config("config.json: attn_logit_softcapping is not supported".into()));
-            }
+            // Gemma2Config's defaults are 30 and 50 (an explicit null turns them off)
+            let softcap = |key: &str, default: Option<f32>| match cfg.get(key) {
+                None => default,
+                Some(v) => v.as_f64().map(|c| c as f32),
+            };
+            c.logit_softcap = softcap("final_logit_softcapping", gemma2.then_some(30.0));
+            c.attn_softcap = softcap("attn_logit_softcapping", gemma2.then_some(50.0));
             let act = cfg
                 .get("hidden_activation")
                 .or_else(|| cfg.get("hidden_act"))
@@ -302,12 +314,12 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
                 .unwrap_or("gelu_pytorch_tanh");
             if act != "gelu_pytorch_tanh" {
                 return Err(Error::Config(format!(
-                    "config.json: hidden_activation {act:?} is not supported for gemma3"
+                    "config.json: hidden_activation {act:?} is not supported for {model_type}"
                 )));
             }
         }
     }
-    if family != Family::Gemma3 {
+    if !matches!(family, Family::Gemma3 | Family::Gemma2) {
         let act = cfg.get("hidden_act").and_then(Value::as_str).unwrap_or("silu");
         if act != "silu" {
             return Err(Error::Config(format!("config.json: hidden_act {act:?} is not supported (silu)")));

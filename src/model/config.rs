@@ -105,6 +105,9 @@ pub struct ModelConfig {
     pub attn_scale: f32,
     /// Final logits become `c * tanh(logits / c)` when set.
     pub logit_softcap: Option<f32>,
+    /// Attention scores (after scaling) become `c * tanh(score / c)` when set (Gemma 2).
+    #[serde(default)]
+    pub attn_softcap: Option<f32>,
     /// The LM head shares the embedding matrix.
     pub tie_embeddings: bool,
     /// The Engram n-gram memory (docs/DESIGN.md, "Engram") on some layers.
@@ -219,6 +222,7 @@ impl ModelConfig {
             embed_scale: 1.0,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             logit_softcap: Some(15.0),
+            attn_softcap: None,
             tie_embeddings: false,
             engram: None,
             context_len: None,
@@ -265,6 +269,7 @@ impl ModelConfig {
             embed_scale: 1.0,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             logit_softcap: None,
+            attn_softcap: None,
             tie_embeddings,
             engram: None,
             context_len: None,
@@ -349,6 +354,11 @@ impl ModelConfig {
         if let Some(c) = self.logit_softcap {
             if !(c > 0.0 && c.is_finite()) {
                 return err(format!("logit_softcap {c} must be positive"));
+            }
+        }
+        if let Some(c) = self.attn_softcap {
+            if !(c > 0.0 && c.is_finite()) {
+                return err(format!("attn_softcap {c} must be positive"));
             }
         }
         if !(self.attn_scale > 0.0 && self.attn_scale.is_finite()) {

@@ -34,6 +34,8 @@ pub enum Family {
     Qwen2,
     /// SmolLM3 (Llama's tensors, NoPE layers).
     SmolLM3,
+    /// Gemma 2 (Gemma 3's tensors less the qk-norms; attention-logit softcap).
+    Gemma2,
 }
 
 /// What one per-layer tensor of a checkpoint fills (the rows of a fused matrix, or a whole
@@ -152,6 +154,17 @@ const GEMMA3: &[LayerTensor] = &[
 pub const HF_PREFIXES: [&str; 3] = ["model.", "language_model.model.", "model.language_model."];
 
 impl Family {
+    /// Every family.
+    pub const ALL: [Family; 7] = [
+        Family::Kvdecode,
+        Family::Llama,
+        Family::Qwen2,
+        Family::Qwen3,
+        Family::SmolLM3,
+        Family::Gemma2,
+        Family::Gemma3,
+    ];
+
     /// The family's per-layer tensors (empty for [`Family::Kvdecode`], which has only kvdecode's
     /// names).
     pub fn layer_tensors(self) -> &'static [LayerTensor] {
@@ -159,7 +172,8 @@ impl Family {
             Family::Kvdecode => &[],
             Family::Llama | Family::SmolLM3 => LLAMA,
             Family::Qwen3 => QWEN3,
-            Family::Gemma3 => GEMMA3,
+            // (Gemma 2 has no qk-norm: its config lists none of those rows)
+            Family::Gemma3 | Family::Gemma2 => GEMMA3,
             Family::Qwen2 => QWEN2,
         }
     }
@@ -173,14 +187,13 @@ impl Family {
             Family::Gemma3 => Some("gemma3"),
             Family::Qwen2 => Some("qwen2"),
             Family::SmolLM3 => Some("smollm3"),
+            Family::Gemma2 => Some("gemma2"),
         }
     }
 
     /// The family of a GGUF `general.architecture`.
     pub fn from_gguf_arch(arch: &str) -> Option<Self> {
-        [Family::Llama, Family::Qwen3, Family::Gemma3, Family::Qwen2, Family::SmolLM3]
-            .into_iter()
-            .find(|f| f.gguf_arch() == Some(arch))
+        Family::ALL.into_iter().find(|f| f.gguf_arch() == Some(arch))
     }
 
     /// llama.cpp's converter stores this family's Q and K rows interleaved for its RoPE.
@@ -422,7 +435,7 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
 pub fn naming_norm(cfg: &ModelConfig, naming: Naming) -> NormKind {
     match naming {
         Naming::Kvdecode => cfg.norm,
-        Naming::HuggingFace(_) if cfg.family == Family::Gemma3 => NormKind::OnePlusWeight,
+        Naming::HuggingFace(_) if matches!(cfg.family, Family::Gemma3 | Family::Gemma2) => NormKind::OnePlusWeight,
         _ => NormKind::Weight,
     }
 }

@@ -195,7 +195,11 @@ pub fn forward_with(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> R
                 let mut keys: Vec<(f64, &Kv, usize)> = Vec::new();
                 let score = |kv: &Kv, s: usize| -> f64 {
                     let k = &kv.k[s][kh * d..(kh + 1) * d];
-                    qh.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * cfg.attn_scale as f64
+                    let s = qh.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * cfg.attn_scale as f64;
+                    match cfg.attn_softcap {
+                        Some(c) => c as f64 * (s / c as f64).tanh(),
+                        None => s,
+                    }
                 };
                 if let Some(g) = global {
                     keys.extend((0..=t).filter(|&s| visible(t, s)).map(|s| (score(g, s), g, s)));

@@ -80,14 +80,17 @@ pub fn write_arch(w: &ModelWeights, store: Store, arch: &str, extra: Vec<(&str, 
         }
         _ => {}
     }
-    if arch == "gemma3" {
+    let gemma = arch == "gemma3" || arch == "gemma2";
+    if gemma {
         meta.push((key("attention.sliding_window"), Meta::U32(c.window as u32)));
         if let Some(s) = c.logit_softcap {
             meta.push((key("final_logit_softcapping"), Meta::F32(s)));
         }
+        if let Some(s) = c.attn_softcap {
+            meta.push((key("attn_logit_softcapping"), Meta::F32(s)));
+        }
     }
     meta.extend(extra);
-    let gemma = arch == "gemma3";
     let shift = |v: &Vec<f32>| -> Vec<f32> { v.iter().map(|x| if gemma { x + 1.0 } else { *x }).collect() };
     // (name, dims, type id, bytes)
     let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = Vec::new();

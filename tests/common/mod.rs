@@ -26,7 +26,7 @@ pub fn llama_cfg() -> ModelConfig {
 
 /// The switches of the newer families at once: q/k/v biases (Qwen2), a NoPE layer (SmolLM3),
 /// YaRN on the global layers and linear scaling on the local ones, global and sliding layers
-/// alternating (window 5).
+/// alternating (window 5), an attention-logit softcap (Gemma 2).
 pub fn families_cfg() -> ModelConfig {
     use kvdecode::model::config::LayerSpec;
     use kvdecode::model::rope::RopeScaling;
@@ -46,6 +46,7 @@ pub fn families_cfg() -> ModelConfig {
         truncate: true,
     });
     c.rope_scaling_local = Some(RopeScaling::Linear { factor: 2.0 });
+    c.attn_softcap = Some(3.0);
     c.family = kvdecode::Family::Qwen2;
     c
 }
