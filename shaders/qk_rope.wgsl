@@ -13,6 +13,7 @@ override HEADS: u32;               // query heads at the start of each row of t
 override D: u32;                   // head_dim (even)
 override STRIDE: u32;              // floats per token row of t
 override NORM: bool = false;       // qk-norm before RoPE
+override NORM_WHOLE: bool = false; // the qk-norm spans all heads of its kind in the token (OLMo 2), weights [heads * D]
 override ROTATE: bool = true;      // false: a NoPE layer (SmolLM3), norm and pool write only
 override HAS_WEIGHT: bool = false; // qk-norm of the queries has a weight [D]
 override EPS: f32 = 1e-6;
@@ -32,10 +33,10 @@ override WG: u32 = 64u;
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;      // [R]
 @group(0) @binding(2) var<storage, read_write> t: array<f32>;       // [R * C, STRIDE]
-@group(0) @binding(3) var<storage, read> weight: array<f32>;        // [D] (unused without HAS_WEIGHT)
+@group(0) @binding(3) var<storage, read> weight: array<f32>;        // [D], [HEADS * D] with NORM_WHOLE (unused without HAS_WEIGHT)
 @group(0) @binding(4) var<storage, read> rope: array<vec2<f32>>;    // [max_len, D/2] (cos, sin) (read with ROTATE)
 @group(0) @binding(5) var<storage, read_write> t_k: array<f32>;     // [R * C, K_STRIDE] (unused without K_HEADS)
-@group(0) @binding(6) var<storage, read> k_weight: array<f32>;      // [D] (unused without HAS_K_WEIGHT)
+@group(0) @binding(6) var<storage, read> k_weight: array<f32>;      // [D], [K heads * D] with NORM_WHOLE (unused without HAS_K_WEIGHT)
 @group(0) @binding(7) var<storage, read_write> cache: array<u32>;   // [shard blocks, 2, T_K_HEADS, BLOCK, D] (KV_WRITE)
 @group(0) @binding(8) var<storage, read> block_table: array<u32>;   // [rows, MAX_BLOCKS] (KV_WRITE)
 
@@ -107,10 +108,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let in_tk = head >= HEADS + T_K_HEADS;
     let base = select(n * STRIDE + head * D, n * K_STRIDE + (head - HEADS - T_K_HEADS) * D, in_tk);
     var inv = 1.0;
+    // NORM_WHOLE: the heads of this one's kind (t's queries, t's keys, t_k's keys) and its place
+    // among them; the weight of element i of this head is at w_at + i
+    var first_head = head;
+    var kind_heads = 1u;
+    if NORM_WHOLE {
+        if head < HEADS {
+            first_head = 0u;
+            kind_heads = HEADS;
+        } else if !in_tk {
+            first_head = HEADS;
+            kind_heads = T_K_HEADS;
+        } else {
+            first_head = HEADS + T_K_HEADS;
+            kind_heads = K_HEADS;
+        }
+    }
+    let w_at = (head - first_head) * D;
     if NORM {
         var ss = 0.0;
-        for (var d = 0u; d < D; d++) { let v = load(in_tk, base + d); ss = fma(v, v, ss); }
-        inv = inverseSqrt(ss / f32(D) + EPS);
+        let kind_base = base - w_at;  // the kind's first element in this token's row
+        for (var d = 0u; d < kind_heads * D; d++) { let v = load(in_tk, kind_base + d); ss = fma(v, v, ss); }
+        inv = inverseSqrt(ss / f32(kind_heads * D) + EPS);
     }
     let pooled = to_pool && is_key && !in_tk;
     for (var i0 = first; i0 < end; i0 += pp) {
@@ -121,11 +140,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             var a = load(in_tk, base + i) * inv;
             var b = load(in_tk, base + i + half) * inv;
             if NORM && is_key && HAS_K_WEIGHT {
-                a *= k_weight[i];
-                b *= k_weight[i + half];
+                a *= k_weight[w_at + i];
+                b *= k_weight[w_at + i + half];
             } else if NORM && !is_key && HAS_WEIGHT {
-                a *= weight[i];
-                b *= weight[i + half];
+                a *= weight[w_at + i];
+                b *= weight[w_at + i + half];
             }
             if ROTATE {
                 let cs = rope[pos * half + i];

@@ -66,8 +66,8 @@ fn overflow_and_bad_input_change_nothing() {
 fn rows_are_independent_bitwise() {
     // row 0 decodes the same tokens in two engines; in the second, the other rows are reset,
     // prefilled, decoded and sub-batched around it. Row 0's logits must be bit-identical. The seed's
-    // layout, and the newer families' switches (biases, NoPE, scaled RoPE).
-    for cfg in [tiny_agent_cfg(), families_cfg()] {
+    // layout, and the newer families' switches (biases, NoPE, scaled RoPE, softcap; OLMo 2's norms).
+    for cfg in [tiny_agent_cfg(), families_cfg(), olmo2_cfg()] {
         rows_are_independent_bitwise_for(&model(&cfg, 22));
     }
 }

@@ -189,7 +189,7 @@ fn qwen3_and_gemma3_gguf_match_reference() {
 }
 
 #[test]
-fn qwen2_smollm3_llama3_and_gemma2_gguf_match_reference() {
+fn newer_families_gguf_match_reference() {
     use common::gguf_writer::{write_arch, Store};
     use kvdecode::model::rope::{Rope, RopeScaling};
     // Qwen2 with biases and YaRN
@@ -209,7 +209,9 @@ fn qwen2_smollm3_llama3_and_gemma2_gguf_match_reference() {
     g["sliding_window"] = json!(4);
     g["attn_logit_softcapping"] = json!(3.0);
     g["tie_word_embeddings"] = json!(true);
-    for (cfg, arch) in [(q, "qwen2"), (s, "smollm3"), (l, "llama"), (g, "gemma2")] {
+    // OLMo 2: post-norms only, qk-norm over the whole projection
+    let o = base("olmo2");
+    for (cfg, arch) in [(q, "qwen2"), (s, "smollm3"), (l, "llama"), (g, "gemma2"), (o, "olmo2")] {
         let (c, _) = config_from_json(&cfg.to_string()).unwrap();
         let w = model(&c, 144).quantized(kvdecode::quant::QuantKind::Q8_0).unwrap();
         let mut written = w.clone();
@@ -226,6 +228,7 @@ fn qwen2_smollm3_llama3_and_gemma2_gguf_match_reference() {
         assert_eq!(back.cfg.nope_layers, w.cfg.nope_layers, "{arch}");
         assert_eq!(back.cfg.qkv_bias, w.cfg.qkv_bias, "{arch}");
         assert_eq!(back.cfg.attn_softcap, w.cfg.attn_softcap, "{arch}");
+        assert_eq!((back.cfg.pre_norms, back.cfg.qk_norm_whole), (w.cfg.pre_norms, w.cfg.qk_norm_whole), "{arch}");
         // the same model: the same reference logits (Llama 3.1's divisors are f32-rounded)
         let seq: Vec<u32> = (0..40).map(|i| (i * 11 + 5) % 96).collect();
         let a = kvdecode::reference::forward(&w, &seq).unwrap();
@@ -289,6 +292,12 @@ fn newer_family_configs_read_as_transformers_reads_them() {
     );
     g["final_logit_softcapping"] = serde_json::Value::Null;
     assert_eq!(config_from_json(&g.to_string()).unwrap().0.logit_softcap, None);
+    // OLMo 2: output norms only, qk-norm over the whole projection, transformers' eps default
+    let mut o = base("olmo2");
+    o.as_object_mut().unwrap().remove("rms_norm_eps");
+    let (c, fam) = config_from_json(&o.to_string()).unwrap();
+    assert_eq!(fam, Family::Olmo2);
+    assert_eq!((c.pre_norms, c.post_norms, c.qk_norm, c.qk_norm_whole, c.norm_eps), (false, true, true, true, 1e-5));
     // what is still unsupported names the key and its value
     let mut bad = base("llama");
     bad["rope_scaling"] = json!({"rope_type": "longrope", "factor": 2.0});

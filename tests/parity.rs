@@ -92,9 +92,13 @@ fn llama_random_schedules_match_reference() {
 
 #[test]
 fn families_random_schedules_match_reference() {
-    // biases in every product variant, a NoPE layer, scaled RoPE, a ring beside global layers
+    // biases in every product variant, a NoPE layer, scaled RoPE, a ring beside global layers,
+    // the attention softcap
     let s = seed(14);
     let w = model(&families_cfg(), s);
+    random_schedule(&w, 3, 40, 40, s, 1e-4);
+    // OLMo 2: no pre-norms, qk-norm over the whole projection
+    let w = model(&olmo2_cfg(), s);
     random_schedule(&w, 3, 40, 40, s, 1e-4);
 }
 

@@ -173,6 +173,10 @@ impl Builder<'_> {
     /// the residual stream themselves; without, one norm dispatch writes it to `h` first.
     fn block_input<'b>(&'b self, out: &mut Vec<Dispatch>, weight: Option<&'b wgpu::Buffer>) -> BlockInput<'b> {
         let s = self.s;
+        if !self.cfg.pre_norms {
+            // OLMo 2: the block reads the stream itself
+            return BlockInput { x: &s.x, norm: None, d_model: self.cfg.d_model, quantized: false };
+        }
         if self.fusion.norm {
             BlockInput { x: &s.x, norm: Some(weight), d_model: self.cfg.d_model, quantized: false }
         } else {
@@ -297,6 +301,7 @@ impl Builder<'_> {
             head_dim: c.head_dim,
             stride,
             qk_norm: c.qk_norm,
+            qk_norm_whole: c.qk_norm_whole,
             rotate: table.is_some(),
             q_weight: q_norm.is_some(),
             eps: c.norm_eps,

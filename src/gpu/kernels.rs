@@ -369,6 +369,8 @@ pub(crate) struct QkRope {
     /// Floats per token row of `t`.
     pub stride: usize,
     pub qk_norm: bool,
+    /// The qk-norm spans all heads of q, and all of k (OLMo 2).
+    pub qk_norm_whole: bool,
     /// Rotate (false on NoPE layers).
     pub rotate: bool,
     pub q_weight: bool,
@@ -393,6 +395,7 @@ impl Specialize for QkRope {
             .count("D", self.head_dim)
             .count("STRIDE", self.stride)
             .flag("NORM", self.qk_norm)
+            .flag("NORM_WHOLE", self.qk_norm_whole)
             .flag("ROTATE", self.rotate)
             .flag("HAS_WEIGHT", self.q_weight)
             .float("EPS", self.eps)
@@ -413,6 +416,9 @@ impl Specialize for QkRope {
             (false, false) => "qk_nope",
         }
         .to_string();
+        if self.qk_norm_whole {
+            l = l.replacen("qk_norm", "qk_norm_whole", 1);
+        }
         if let Some((kv, _)) = self.kv_write {
             l.push_str("_kv_write_");
             l.push_str(kv.name());
@@ -759,6 +765,7 @@ mod tests {
                 head_dim: 16,
                 stride: 128,
                 qk_norm: true,
+                qk_norm_whole: true,
                 rotate: false,
                 q_weight: true,
                 eps: 1e-6,

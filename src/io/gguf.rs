@@ -350,7 +350,7 @@ impl GgufFile {
     }
 
     /// The model config from the metadata (architectures `llama`, `qwen2`, `qwen3`, `smollm3`,
-    /// `gemma2`, `gemma3`), and RoPE's per-pair factors from `rope_freqs.weight` where present.
+    /// `olmo2`, `gemma2`, `gemma3`), and RoPE's per-pair factors from `rope_freqs.weight` where present.
     pub fn config(&self) -> Result<ModelConfig> {
         let arch = self.arch()?;
         let p = |k: &str| format!("{arch}.{k}");
@@ -412,6 +412,7 @@ impl GgufFile {
         match arch {
             "qwen2" => c.qkv_bias = true,
             "qwen3" => c.qk_norm = true,
+            "olmo2" => (c.qk_norm, c.qk_norm_whole, c.pre_norms, c.post_norms) = (true, true, false, true),
             // llama.cpp's SmolLM3: every fourth layer rotates nothing (no key says so)
             "smollm3" => c.nope_layers = (0..layers).filter(|i| (i + 1) % 4 == 0).collect(),
             "gemma3" | "gemma2" => {
@@ -502,9 +503,9 @@ impl GgufFile {
     fn arch(&self) -> Result<&str> {
         let arch = self.get("general.architecture").and_then(Value::as_str).unwrap_or("");
         match arch {
-            "llama" | "qwen2" | "qwen3" | "smollm3" | "gemma2" | "gemma3" => Ok(arch),
+            "llama" | "qwen2" | "qwen3" | "smollm3" | "olmo2" | "gemma2" | "gemma3" => Ok(arch),
             _ => Err(Error::Config(format!(
-                "GGUF architecture {arch:?} is not supported (supported: llama, qwen2, qwen3, smollm3, gemma2, gemma3)"
+                "GGUF architecture {arch:?} is not supported (supported: llama, qwen2, qwen3, smollm3, olmo2, gemma2, gemma3)"
             ))),
         }
     }

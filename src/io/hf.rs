@@ -1,7 +1,7 @@
 //! Hugging Face checkpoints: a directory with `config.json` and one or more `*.safetensors`, for
 //! the Llama (`llama`, Llama 3.x included), Mistral (`mistral`), Qwen2 and 2.5 (`qwen2`), Qwen3
-//! (`qwen3`), SmolLM3 (`smollm3`), Gemma 2 (`gemma2`) and Gemma 3 (`gemma3_text`, or `gemma3` with a
-//! `text_config`) families. Config forms of older and newer transformers versions are read: `rope_theta` and
+//! (`qwen3`), SmolLM3 (`smollm3`), OLMo 2 (`olmo2`), Gemma 2 (`gemma2`) and Gemma 3 (`gemma3_text`,
+//! or `gemma3` with a `text_config`) families. Config forms of older and newer transformers versions are read: `rope_theta` and
 //! `rope_scaling`, or `rope_parameters` (flat or per layer type), with RoPE scaling of types
 //! `linear`, `llama3` and `yarn`; `layer_types` or each family's window keys. Any other
 //! architecture, or a key outside what is supported, is a clear error naming it.
@@ -165,6 +165,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         "qwen3" => (&root, Family::Qwen3),
         "smollm3" => (&root, Family::SmolLM3),
         "gemma2" => (&root, Family::Gemma2),
+        "olmo2" => (&root, Family::Olmo2),
         "gemma3_text" => (&root, Family::Gemma3),
         "gemma3" => match root.get("text_config") {
             Some(t) if t.is_object() => (t, Family::Gemma3),
@@ -173,7 +174,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         _ => {
             let arch = root.get("architectures").map(|a| a.to_string()).unwrap_or_default();
             return Err(Error::Config(format!(
-                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3"
+                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3, olmo2"
             )));
         }
     };
@@ -249,7 +250,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         },
     };
     let window = if sliding.iter().any(|&s| s) { need_usize(cfg, "sliding_window")? } else { 0 };
-    let eps = get_f32(cfg, "rms_norm_eps").unwrap_or(1e-6);
+    let eps = get_f32(cfg, "rms_norm_eps").unwrap_or(if family == Family::Olmo2 { 1e-5 } else { 1e-6 });
     let tie_default = matches!(family, Family::Gemma3 | Family::Gemma2 | Family::SmolLM3);
     let tied = cfg
         .get("tie_word_embeddings")
@@ -275,13 +276,17 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
     c.context_len = get_usize(cfg, "max_position_embeddings")?.filter(|&n| n > 0);
     match family {
         // (no config.json names kvdecode's own family)
-        Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 | Family::Kvdecode => {
+        Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 | Family::Olmo2 | Family::Kvdecode => {
             let default = if family == Family::SmolLM3 { 2_000_000.0 } else { 10000.0 };
             (c.rope_theta, c.rope_scaling) = rope(cfg, "full_attention", "rope_theta", default, true)?;
             (c.rope_theta_local, c.rope_scaling_local) =
                 rope(cfg, "sliding_attention", "rope_theta", c.rope_theta, true)?;
-            c.qk_norm = family == Family::Qwen3;
+            c.qk_norm = matches!(family, Family::Qwen3 | Family::Olmo2);
             c.qkv_bias = family == Family::Qwen2;
+            if family == Family::Olmo2 {
+                // norms on the blocks' outputs only; q and k normed over their whole projection
+                (c.pre_norms, c.post_norms, c.qk_norm_whole) = (false, true, true);
+            }
         }
         Family::Gemma3 | Family::Gemma2 => {
             let gemma2 = family == Family::Gemma2;

@@ -78,6 +78,14 @@ pub struct ModelConfig {
     pub norm_eps: f32,
     /// Per-head RMS norm of q and k before RoPE (the seed, Qwen3, Gemma 3).
     pub qk_norm: bool,
+    /// The qk-norm spans the whole projection (all heads of q, all of k; OLMo 2), with weights
+    /// `[n_heads * head_dim]` and `[n_kv_heads * head_dim]`, instead of each head.
+    #[serde(default)]
+    pub qk_norm_whole: bool,
+    /// The attention and the MLP read the norm of the residual stream (every family but OLMo 2,
+    /// whose blocks read the stream itself and norm only their outputs).
+    #[serde(default = "yes")]
+    pub pre_norms: bool,
     /// Gemma's extra norms after attention and after the MLP (before each residual add).
     pub post_norms: bool,
     /// RoPE base of layers that read a global K/V.
@@ -123,6 +131,10 @@ pub struct ModelConfig {
     /// [`Family::Kvdecode`], which has kvdecode's names only.
     #[serde(default)]
     pub family: Family,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The Engram module: hashed n-gram tables whose rows, gated by the hidden state, are added to
@@ -211,6 +223,8 @@ impl ModelConfig {
             norm: NormKind::Plain,
             norm_eps: 1e-6,
             qk_norm: true,
+            qk_norm_whole: false,
+            pre_norms: true,
             post_norms: false,
             rope_theta: 10000.0,
             rope_theta_local: 10000.0,
@@ -258,6 +272,8 @@ impl ModelConfig {
             norm: NormKind::Weight,
             norm_eps,
             qk_norm: false,
+            qk_norm_whole: false,
+            pre_norms: true,
             post_norms: false,
             rope_theta,
             rope_theta_local: rope_theta,
@@ -274,6 +290,15 @@ impl ModelConfig {
             engram: None,
             context_len: None,
             family: Family::Llama,
+        }
+    }
+
+    /// Elements of the q-norm's and the k-norm's weights.
+    pub fn qk_norm_lens(&self) -> (usize, usize) {
+        if self.qk_norm_whole {
+            (self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim)
+        } else {
+            (self.head_dim, self.head_dim)
         }
     }
 
@@ -347,6 +372,12 @@ impl ModelConfig {
         }
         if let Some(i) = self.layers.iter().position(|l| self.qkv_bias && l.writes_global && l.local) {
             return err(format!("layer {i} has two K/V projections; qkv_bias supports one per layer"));
+        }
+        if self.qk_norm_whole && !self.qk_norm {
+            return err("qk_norm_whole needs qk_norm".into());
+        }
+        if !self.pre_norms && !self.post_norms {
+            return err("a model without pre_norms needs post_norms (its blocks would norm nothing)".into());
         }
         if let Some(&l) = self.nope_layers.iter().find(|&&l| l >= self.layers.len()) {
             return err(format!("NoPE layer {l} does not exist ({} layers)", self.layers.len()));

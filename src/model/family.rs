@@ -36,6 +36,9 @@ pub enum Family {
     SmolLM3,
     /// Gemma 2 (Gemma 3's tensors less the qk-norms; attention-logit softcap).
     Gemma2,
+    /// OLMo 2 (norms on the attention's and the MLP's outputs only, qk-norm over the whole
+    /// projection).
+    Olmo2,
 }
 
 /// What one per-layer tensor of a checkpoint fills (the rows of a fused matrix, or a whole
@@ -132,6 +135,21 @@ const QWEN2: &[LayerTensor] = &[
     t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
 ];
 
+// OLMo 2's `post_attention_layernorm` is the norm of the attention output, as Gemma's
+const OLMO2: &[LayerTensor] = &[
+    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
+    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
+    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
+    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Part::PostAttnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+    t(Part::PostMlpNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
+    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
+    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+];
+
 // Gemma's `post_attention_layernorm` is the norm of the attention output, not the MLP's input.
 const GEMMA3: &[LayerTensor] = &[
     t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
@@ -155,7 +173,7 @@ pub const HF_PREFIXES: [&str; 3] = ["model.", "language_model.model.", "model.la
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 8] = [
         Family::Kvdecode,
         Family::Llama,
         Family::Qwen2,
@@ -163,6 +181,7 @@ impl Family {
         Family::SmolLM3,
         Family::Gemma2,
         Family::Gemma3,
+        Family::Olmo2,
     ];
 
     /// The family's per-layer tensors (empty for [`Family::Kvdecode`], which has only kvdecode's
@@ -175,6 +194,7 @@ impl Family {
             // (Gemma 2 has no qk-norm: its config lists none of those rows)
             Family::Gemma3 | Family::Gemma2 => GEMMA3,
             Family::Qwen2 => QWEN2,
+            Family::Olmo2 => OLMO2,
         }
     }
 
@@ -188,6 +208,7 @@ impl Family {
             Family::Qwen2 => Some("qwen2"),
             Family::SmolLM3 => Some("smollm3"),
             Family::Gemma2 => Some("gemma2"),
+            Family::Olmo2 => Some("olmo2"),
         }
     }
 
@@ -322,19 +343,20 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
             .collect();
         let norm = |on: bool, s: LayerSlot| if has_w && on { vec![(slot(s), 0)] } else { vec![] };
         let bias = |s: Slot, row0: usize| if cfg.qkv_bias { vec![(s, row0)] } else { vec![] };
+        let (q_norm_len, k_norm_len) = cfg.qk_norm_lens();
         if naming == Naming::Kvdecode {
             let b = format!("blocks.{i}");
-            push(format!("{b}.attn_norm.weight"), vec![d], norm(true, LayerSlot::AttnNorm), RowOrder::AsIs);
+            push(format!("{b}.attn_norm.weight"), vec![d], norm(cfg.pre_norms, LayerSlot::AttnNorm), RowOrder::AsIs);
             push(format!("{b}.attn.w_q.weight"), vec![hd, d], whole(slot(LayerSlot::Wq)), RowOrder::AsIs);
             push(
                 format!("{b}.attn.q_norm.weight"),
-                vec![cfg.head_dim],
+                vec![q_norm_len],
                 norm(cfg.qk_norm, LayerSlot::QNorm),
                 RowOrder::AsIs,
             );
             push(
                 format!("{b}.attn.k_norm.weight"),
-                vec![cfg.head_dim],
+                vec![k_norm_len],
                 norm(cfg.qk_norm, LayerSlot::KNorm),
                 RowOrder::AsIs,
             );
@@ -363,7 +385,7 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                 norm(cfg.post_norms, LayerSlot::PostAttnNorm),
                 RowOrder::AsIs,
             );
-            push(format!("{b}.mlp_norm.weight"), vec![d], norm(true, LayerSlot::MlpNorm), RowOrder::AsIs);
+            push(format!("{b}.mlp_norm.weight"), vec![d], norm(cfg.pre_norms, LayerSlot::MlpNorm), RowOrder::AsIs);
             push(
                 format!("{b}.post_mlp_norm.weight"),
                 vec![d],
@@ -402,15 +424,15 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                 _ => format!("blk.{i}.{}", lt.gguf),
             };
             let (shape, places, order) = match lt.part {
-                Part::AttnNorm => (vec![d], norm(true, LayerSlot::AttnNorm), RowOrder::AsIs),
+                Part::AttnNorm => (vec![d], norm(cfg.pre_norms, LayerSlot::AttnNorm), RowOrder::AsIs),
                 Part::Q => (vec![hd, d], whole(slot(LayerSlot::Wq)), interleaved(cfg.n_heads)),
                 Part::K => (vec![kvd, d], kv.iter().map(|&s| (slot(s), 0)).collect(), interleaved(cfg.n_kv_heads)),
                 Part::V => (vec![kvd, d], kv.iter().map(|&s| (slot(s), kvd)).collect(), RowOrder::AsIs),
-                Part::QNorm => (vec![cfg.head_dim], norm(cfg.qk_norm, LayerSlot::QNorm), RowOrder::AsIs),
-                Part::KNorm => (vec![cfg.head_dim], norm(cfg.qk_norm, LayerSlot::KNorm), RowOrder::AsIs),
+                Part::QNorm => (vec![q_norm_len], norm(cfg.qk_norm, LayerSlot::QNorm), RowOrder::AsIs),
+                Part::KNorm => (vec![k_norm_len], norm(cfg.qk_norm, LayerSlot::KNorm), RowOrder::AsIs),
                 Part::O => (vec![d, hd], whole(slot(LayerSlot::Wo)), RowOrder::AsIs),
                 Part::PostAttnNorm => (vec![d], norm(cfg.post_norms, LayerSlot::PostAttnNorm), RowOrder::AsIs),
-                Part::MlpNorm => (vec![d], norm(true, LayerSlot::MlpNorm), RowOrder::AsIs),
+                Part::MlpNorm => (vec![d], norm(cfg.pre_norms, LayerSlot::MlpNorm), RowOrder::AsIs),
                 Part::PostMlpNorm => (vec![d], norm(cfg.post_norms, LayerSlot::PostMlpNorm), RowOrder::AsIs),
                 Part::Gate => (vec![cfg.ffn, d], whole(slot(LayerSlot::MlpIn)), RowOrder::AsIs),
                 Part::Up => (vec![cfg.ffn, d], vec![(slot(LayerSlot::MlpIn), cfg.ffn)], RowOrder::AsIs),

@@ -102,8 +102,11 @@ fn project_kv(
     for (t, ht) in h.iter().enumerate() {
         let out = project(w, bias, ht);
         let mut k = out[..hk * d].to_vec();
+        if cfg.qk_norm_whole {
+            k = rms_norm(&k, k_norm, cfg.norm, cfg.norm_eps);
+        }
         for head in k.chunks_mut(d) {
-            if cfg.qk_norm {
+            if cfg.qk_norm && !cfg.qk_norm_whole {
                 let n = rms_norm(head, k_norm, cfg.norm, cfg.norm_eps);
                 head.copy_from_slice(&n);
             }
@@ -165,8 +168,15 @@ pub fn forward_with(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> R
         }
         let rope_t = cfg.layer_rope(li).map(|r| r.table(d, n.max(1)));
         let rope_t = rope_t.as_deref();
-        let h: Vec<Vec<f32>> =
-            x.iter().map(|xt| rms_norm(xt, lw.attn_norm.as_deref(), cfg.norm, cfg.norm_eps)).collect();
+        // the block's input: the stream's norm, or (OLMo 2) the stream itself
+        let block_in = |xt: &Vec<f32>, w: Option<&[f32]>| {
+            if cfg.pre_norms {
+                rms_norm(xt, w, cfg.norm, cfg.norm_eps)
+            } else {
+                xt.clone()
+            }
+        };
+        let h: Vec<Vec<f32>> = x.iter().map(|xt| block_in(xt, lw.attn_norm.as_deref())).collect();
         if spec.writes_global {
             let kv_global = lw.kv_global.as_ref().expect("checked");
             groups.push(project_kv(cfg, kv_global, lw.kv_bias.as_deref(), lw.k_norm.as_deref(), &h, rope_t, opts.kv));
@@ -178,8 +188,11 @@ pub fn forward_with(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> R
         let global = spec.global_group.map(|g| &groups[g]);
         for t in 0..n {
             let mut q = project(&lw.wq, lw.q_bias.as_deref(), &h[t]);
+            if cfg.qk_norm_whole {
+                q = rms_norm(&q, lw.q_norm.as_deref(), cfg.norm, cfg.norm_eps);
+            }
             for head in q.chunks_mut(d) {
-                if cfg.qk_norm {
+                if cfg.qk_norm && !cfg.qk_norm_whole {
                     let nq = rms_norm(head, lw.q_norm.as_deref(), cfg.norm, cfg.norm_eps);
                     head.copy_from_slice(&nq);
                 }
@@ -228,7 +241,7 @@ pub fn forward_with(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> R
             }
         }
         for xt in x.iter_mut() {
-            let h2 = rms_norm(xt, lw.mlp_norm.as_deref(), cfg.norm, cfg.norm_eps);
+            let h2 = block_in(xt, lw.mlp_norm.as_deref());
             let u = matvec(&lw.mlp_in, &h2);
             let f = cfg.ffn;
             let a: Vec<f32> = match cfg.mlp {

@@ -256,18 +256,20 @@ impl ModelWeights {
         let mut layers = Vec::new();
         for ((wq, kv_global, kv_local, wo, mlp_in, mlp_out), engram) in layer_mats.into_iter().zip(engrams) {
             let qk = cfg.qk_norm;
+            let (q_len, k_len) = cfg.qk_norm_lens();
+            let pre = cfg.pre_norms;
             layers.push(LayerWeights {
                 q_bias: bias(hd),
                 kv_bias: bias(kvd),
-                attn_norm: norm(d),
+                attn_norm: if pre { norm(d) } else { None },
                 wq,
-                q_norm: if qk { norm(cfg.head_dim) } else { None },
-                k_norm: if qk { norm(cfg.head_dim) } else { None },
+                q_norm: if qk { norm(q_len) } else { None },
+                k_norm: if qk { norm(k_len) } else { None },
                 kv_global,
                 kv_local,
                 wo,
                 post_attn_norm: if cfg.post_norms { norm(d) } else { None },
-                mlp_norm: norm(d),
+                mlp_norm: if pre { norm(d) } else { None },
                 post_mlp_norm: if cfg.post_norms { norm(d) } else { None },
                 mlp_in,
                 mlp_out,
@@ -400,10 +402,11 @@ impl ModelWeights {
         }
         for (i, (l, spec)) in self.layers.iter().zip(&c.layers).enumerate() {
             let p = |s: &str| format!("layer {i} {s}");
-            vec(&p("attn_norm"), &l.attn_norm, d, has_w)?;
-            vec(&p("mlp_norm"), &l.mlp_norm, d, has_w)?;
-            vec(&p("q_norm"), &l.q_norm, c.head_dim, has_w && c.qk_norm)?;
-            vec(&p("k_norm"), &l.k_norm, c.head_dim, has_w && c.qk_norm)?;
+            let (q_len, k_len) = c.qk_norm_lens();
+            vec(&p("attn_norm"), &l.attn_norm, d, has_w && c.pre_norms)?;
+            vec(&p("mlp_norm"), &l.mlp_norm, d, has_w && c.pre_norms)?;
+            vec(&p("q_norm"), &l.q_norm, q_len, has_w && c.qk_norm)?;
+            vec(&p("k_norm"), &l.k_norm, k_len, has_w && c.qk_norm)?;
             vec(&p("post_attn_norm"), &l.post_attn_norm, d, has_w && c.post_norms)?;
             vec(&p("post_mlp_norm"), &l.post_mlp_norm, d, has_w && c.post_norms)?;
             vec(&p("q_bias"), &l.q_bias, hd, c.qkv_bias)?;

@@ -172,8 +172,11 @@ pub fn write_arch(w: &ModelWeights, store: Store, arch: &str, extra: Vec<(&str, 
             vecs.push((format!("blk.{i}.attn_k.bias"), permute_vec(&kv[..kvd], c.n_kv_heads)));
             vecs.push((format!("blk.{i}.attn_v.bias"), kv[kvd..].to_vec()));
         }
-        vecs.push((format!("blk.{i}.attn_norm.weight"), shift(l.attn_norm.as_ref().expect("norm"))));
-        vecs.push((format!("blk.{i}.ffn_norm.weight"), shift(l.mlp_norm.as_ref().expect("norm"))));
+        // (OLMo 2 has neither)
+        if let (Some(a), Some(m)) = (&l.attn_norm, &l.mlp_norm) {
+            vecs.push((format!("blk.{i}.attn_norm.weight"), shift(a)));
+            vecs.push((format!("blk.{i}.ffn_norm.weight"), shift(m)));
+        }
         for (name, v) in [
             ("attn_q_norm", &l.q_norm),
             ("attn_k_norm", &l.k_norm),

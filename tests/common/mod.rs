@@ -51,6 +51,15 @@ pub fn families_cfg() -> ModelConfig {
     c
 }
 
+/// OLMo 2's layout: norms on the attention's and the MLP's outputs only, qk-norm over the whole
+/// projection.
+pub fn olmo2_cfg() -> ModelConfig {
+    let mut c = ModelConfig::llama(96, 32, 4, 2, 8, 48, 3, 10000.0, 1e-6, false);
+    (c.qk_norm, c.qk_norm_whole, c.pre_norms, c.post_norms) = (true, true, false, true);
+    c.family = kvdecode::Family::Olmo2;
+    c
+}
+
 pub fn model(cfg: &ModelConfig, seed: u64) -> ModelWeights {
     ModelWeights::random(cfg, seed).expect("random weights")
 }
