@@ -123,22 +123,35 @@ fn half4(fmt: u32, a: u32, b: u32) -> vec4<f32> {
 }
 
 // Weight formats (`W_FORMAT`): 0 f32 bits, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1,
-// 6 Q4_K, 7 Q6_K. Quantized rows are blocks padded to whole words (see src/model/quant.rs). Blocks of 32
-// weights: word 0 holds the f16 scale (Q4_1: scale | min << 16), then Q8_0 has 8 words of i8 and
-// Q4_0/Q4_1 4 words of nibbles (weights 0..15 in the low nibbles of bytes 0..15, weights 16..31 in
-// the high nibbles). Blocks of 256 (K-quants) are llama.cpp's, word-aligned.
+// 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL. Quantized rows are blocks padded to whole words (see
+// src/model/quant.rs). Blocks of 32 weights: word 0 holds the f16 scale (Q4_1, Q5_1: scale | min
+// << 16), then Q8_0 has 8 words of i8 and Q4_0/Q4_1/IQ4_NL 4 words of nibbles (weights 0..15 in
+// the low nibbles of bytes 0..15, weights 16..31 in the high nibbles); Q5_0/Q5_1 have a word of
+// fifth bits (bit j for weight j) before their nibbles. Blocks of 256 (K-quants) are llama.cpp's,
+// word-aligned.
 fn block_words(fmt: u32) -> u32 {
     switch fmt {
         case 2u: { return 9u; }
         case 6u: { return 36u; }
         case 7u: { return 53u; }
+        case 8u, 9u: { return 6u; }
         default: { return 5u; }
     }
 }
 
+// The K-quant formats (blocks of 256).
+fn is_kquant(fmt: u32) -> bool {
+    return fmt == 6u || fmt == 7u;
+}
+
+// The blocks of 32 that dequant4 does not take: Q5_0, Q5_1, IQ4_NL (dequant_ext).
+fn is_ext32(fmt: u32) -> bool {
+    return fmt >= 8u && fmt <= 10u;
+}
+
 // Weights per block.
 fn block_len(fmt: u32) -> u32 {
-    return select(32u, 256u, fmt >= 6u);
+    return select(32u, 256u, is_kquant(fmt));
 }
 
 // Word (block base, vec4 index within the block) of weights 4 k4 .. 4 k4 + 3 of row `row` of a
@@ -228,7 +241,42 @@ fn dequant4_dm(fmt: u32, dm: vec2<f32>, word: u32, g: u32) -> vec4<f32> {
 
 // Index of the word holding weights 4g .. 4g + 3 within a block of 32.
 fn quant_word(fmt: u32, g: u32) -> u32 {
+    if fmt == 8u || fmt == 9u { return 2u + g % 4u; }
     return select(1u + g % 4u, 1u + g, fmt == 2u);
+}
+
+// IQ4_NL's 16 values (llama.cpp's kvalues_iq4nl), as i8 packed four to a word: a nibble picks
+// its word by two selects and its byte by a shift (no array in private memory, which lavapipe
+// would copy per call).
+fn iq4nl_values(n: vec4<u32>) -> vec4<f32> {
+    let b2 = (n & vec4<u32>(4u)) != vec4<u32>(0u);
+    let b3 = (n & vec4<u32>(8u)) != vec4<u32>(0u);
+    let low = select(vec4<u32>(0xbfad9881u), vec4<u32>(0xf6eaddcfu), b2);
+    let high = select(vec4<u32>(0x26190d01u), vec4<u32>(0x71594535u), b2);
+    let word = select(low, high, b3);
+    return vec4<f32>(bitcast<vec4<i32>>(word << (vec4<u32>(24u) - 8u * (n & vec4<u32>(3u)))) >> vec4<u32>(24u));
+}
+
+// Weights 4g .. 4g + 3 of a Q5_0 (8), Q5_1 (9) or IQ4_NL (10) block from its head's scale (and
+// min), its fifth bits (word 1 of a Q5 block; unused for IQ4_NL) and the word holding their
+// nibbles.
+fn dequant_ext(fmt: u32, dm: vec2<f32>, qh: u32, word: u32, g: u32) -> vec4<f32> {
+    let sh = select(0u, 4u, g >= 4u);
+    let nib = (vec4<u32>(word) >> (vec4<u32>(0u, 8u, 16u, 24u) + sh)) & vec4<u32>(15u);
+    if fmt == 10u {
+        return dm.x * iq4nl_values(nib);
+    }
+    // weight 4g + c has bit 4g + c of qh
+    let hi = (vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + 4u * g)) & vec4<u32>(1u);
+    let q = vec4<f32>(nib | (hi << vec4<u32>(4u)));
+    // Q5_0: (q - 16) d as one fma (16 d is exact, so the bits are those of (q - 16) * d)
+    let m = select(dm.y, -16.0 * dm.x, fmt == 8u);
+    return fma(q, vec4<f32>(dm.x), vec4<f32>(m));
+}
+
+// Blocks of 32 of any kind (dequant4 or dequant_ext).
+fn is_block32(fmt: u32) -> bool {
+    return (fmt >= 2u && fmt <= 4u) || is_ext32(fmt);
 }
 
 // Activations quantized for the integer-dot products (quantize.wgsl -> matmul_int.wgsl), per

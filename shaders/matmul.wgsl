@@ -23,7 +23,7 @@ override X_STRIDE: u32;            // floats per row of x (K, or more when x hol
 override O_ROWS: u32;              // output rows of this part
 override OUT_STRIDE: u32;          // row stride of y
 override OUT_OFFSET: u32 = 0u;     // first column of y written by this part
-override W_FORMAT: u32 = 0u;       // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K (common.wgsl)
+override W_FORMAT: u32 = 0u;       // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL (common.wgsl)
 override ACCUMULATE: bool = false; // y += x W^T (the residual add, fused)
 override SOFTCAP: f32 = 0.0;       // > 0: y = SOFTCAP * tanh(y / SOFTCAP) (final logits)
 override PER_ROW: bool = false;    // inputs are the R chunk rows (LM head), not the R * C tokens
@@ -51,7 +51,11 @@ const NORM_LANES: u32 = 64u;
 var<workgroup> square_sums: array<vec4<f32>, NORM_LANES>;
 
 fn w4(o: u32, k4: u32) -> vec4<f32> {
-    if W_FORMAT >= 6u {
+    if is_ext32(W_FORMAT) {
+        let at = quant_at(W_FORMAT, o, k4, K);
+        return dequant_ext(W_FORMAT, unpack2x16float(w[at.x]), w[at.x + 1u], w[at.x + quant_word(W_FORMAT, at.y)], at.y);
+    }
+    if is_kquant(W_FORMAT) {
         let at = quant_at(W_FORMAT, o, k4, K);
         var words: array<u32, 5>;
         for (var i = 0u; i < kquant_words(W_FORMAT); i++) { words[i] = w[at.x + kquant_word(W_FORMAT, at.y, i)]; }
@@ -108,7 +112,7 @@ fn inputs4(b: vec4<u32>, k4: u32, inv: vec4<f32>) -> mat4x4<f32> {
 // The tokens' dot products with weights w4(o, k4) for k4 = start, start + stride, ... (`inv`: the
 // tokens' norm factors with NORM).
 fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
-    if W_FORMAT >= 2u && W_FORMAT <= 4u && stride == 1u {
+    if is_block32(W_FORMAT) && stride == 1u {
         return dots_blocks(o, b, tokens, inv);
     }
     var acc = vec4<f32>(0.0);
@@ -126,7 +130,7 @@ fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32, inv: vec4<f3
     return acc;
 }
 
-// `dots` over all of K for blocks of 32 (Q8_0, Q4_0, Q4_1): each block's words are read once
+// `dots` over all of K for blocks of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): each block's words are read once
 // (w4 reads the block's head again for every 4 weights), the weights visited in w4's k4 order,
 // so the sums are the same bits. On CPU adapters, where every per-lane load is a gather, this
 // halves the loads of a Q4 product.
@@ -139,7 +143,13 @@ fn dots_blocks(o: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
         var words: array<u32, 8>;
         for (var i = 0u; i + 1u < bw; i++) { words[i] = w[base + 1u + i]; }
         for (var g = 0u; g < 8u; g++) {
-            let wv = dequant4(W_FORMAT, head, words[quant_word(W_FORMAT, g) - 1u], g);
+            var wv: vec4<f32>;
+            if is_ext32(W_FORMAT) {
+                // words[0]: a Q5 block's fifth bits
+                wv = dequant_ext(W_FORMAT, unpack2x16float(head), words[0], words[quant_word(W_FORMAT, g) - 1u], g);
+            } else {
+                wv = dequant4(W_FORMAT, head, words[quant_word(W_FORMAT, g) - 1u], g);
+            }
             let k4 = kb * 8u + g;
             acc.x = dot_fma(input4(b.x, k4, inv.x), wv, acc.x);
             if tokens == 4u {
@@ -265,11 +275,14 @@ fn wide_outputs(o: u32, n0: u32, n_total: u32, b: vec4<u32>, tokens: u32, inv: v
     }
 }
 
-// A block of 32's words after its head: 1..4, and 5..8 for Q8_0 (zeros for Q4).
+// A block of 32's words after its head: its first four words of weights (1..4; Q5: 2..5), and
+// the rest: 5..8 for Q8_0, the fifth bits (word 1) for Q5, zeros for the 4-bit formats.
 fn block_lo(base: u32) -> vec4<u32> {
-    return vec4<u32>(w[base + 1u], w[base + 2u], w[base + 3u], w[base + 4u]);
+    let at = base + select(1u, 2u, W_FORMAT == 8u || W_FORMAT == 9u);
+    return vec4<u32>(w[at], w[at + 1u], w[at + 2u], w[at + 3u]);
 }
 fn block_hi(base: u32) -> vec4<u32> {
+    if W_FORMAT == 8u || W_FORMAT == 9u { return vec4<u32>(w[base + 1u], 0u, 0u, 0u); }
     if W_FORMAT != 2u { return vec4<u32>(0u); }
     return vec4<u32>(w[base + 5u], w[base + 6u], w[base + 7u], w[base + 8u]);
 }
@@ -280,18 +293,25 @@ fn block_word(lo: vec4<u32>, hi: vec4<u32>, g: u32) -> u32 {
     return lo[g % 4u];
 }
 
+// Weights 4g .. 4g + 3 of a block of 32 from its scale (and min) and the words block_lo and
+// block_hi loaded: what w4 gives, the block read once.
+fn block_dequant(dm: vec2<f32>, lo: vec4<u32>, hi: vec4<u32>, g: u32) -> vec4<f32> {
+    if is_ext32(W_FORMAT) { return dequant_ext(W_FORMAT, dm, hi.x, lo[g % 4u], g); }
+    return dequant4_dm(W_FORMAT, dm, block_word(lo, hi, g), g);
+}
+
 // One token's dot product with a block of 32 (its scale dm and words lo, hi), added to acc in
 // `dots`' order; g is a constant in each line, so each word and shift is known at compile time.
 fn block_dot(acc: f32, dm: vec2<f32>, lo: vec4<u32>, hi: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>,
     x3: vec4<f32>, x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
-    var a = dot_fma(x0, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 0u), 0u), acc);
-    a = dot_fma(x1, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 1u), 1u), a);
-    a = dot_fma(x2, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 2u), 2u), a);
-    a = dot_fma(x3, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 3u), 3u), a);
-    a = dot_fma(x4, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 4u), 4u), a);
-    a = dot_fma(x5, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 5u), 5u), a);
-    a = dot_fma(x6, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 6u), 6u), a);
-    return dot_fma(x7, dequant4_dm(W_FORMAT, dm, block_word(lo, hi, 7u), 7u), a);
+    var a = dot_fma(x0, block_dequant(dm, lo, hi, 0u), acc);
+    a = dot_fma(x1, block_dequant(dm, lo, hi, 1u), a);
+    a = dot_fma(x2, block_dequant(dm, lo, hi, 2u), a);
+    a = dot_fma(x3, block_dequant(dm, lo, hi, 3u), a);
+    a = dot_fma(x4, block_dequant(dm, lo, hi, 4u), a);
+    a = dot_fma(x5, block_dequant(dm, lo, hi, 5u), a);
+    a = dot_fma(x6, block_dequant(dm, lo, hi, 6u), a);
+    return dot_fma(x7, block_dequant(dm, lo, hi, 7u), a);
 }
 
 // The `dots` of weight rows r and r_hi (eight rows sharing each input), each weight word loaded
@@ -300,7 +320,7 @@ fn block_dot(acc: f32, dm: vec2<f32>, lo: vec4<u32>, hi: vec4<u32>, x0: vec4<f32
 // rows at a time.
 fn dots_rows8(r: vec4<u32>, r_hi: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>, me: u32)
     -> array<vec4<f32>, 8> {
-    if W_FORMAT < 2u || W_FORMAT > 4u {
+    if !is_block32(W_FORMAT) {
         let lo = dots_quad(r, b, tokens, inv);
         let hi = dots_quad(r_hi, b, tokens, inv);
         return array<vec4<f32>, 8>(lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]);
@@ -364,14 +384,14 @@ fn dots_rows8(r: vec4<u32>, r_hi: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec
             let mine = lane_inputs(b, kb, me, inv);
             for (var g = 0u; g < 8u; g++) {
                 let xs = block_inputs(mine, b, kb, g, inv);
-                a0 = dots4(xs, dequant4_dm(W_FORMAT, dm0, block_word(lo0, hi0, g), g), a0);
-                a1 = dots4(xs, dequant4_dm(W_FORMAT, dm1, block_word(lo1, hi1, g), g), a1);
-                a2 = dots4(xs, dequant4_dm(W_FORMAT, dm2, block_word(lo2, hi2, g), g), a2);
-                a3 = dots4(xs, dequant4_dm(W_FORMAT, dm3, block_word(lo3, hi3, g), g), a3);
-                a4 = dots4(xs, dequant4_dm(W_FORMAT, dm4, block_word(lo4, hi4, g), g), a4);
-                a5 = dots4(xs, dequant4_dm(W_FORMAT, dm5, block_word(lo5, hi5, g), g), a5);
-                a6 = dots4(xs, dequant4_dm(W_FORMAT, dm6, block_word(lo6, hi6, g), g), a6);
-                a7 = dots4(xs, dequant4_dm(W_FORMAT, dm7, block_word(lo7, hi7, g), g), a7);
+                a0 = dots4(xs, block_dequant(dm0, lo0, hi0, g), a0);
+                a1 = dots4(xs, block_dequant(dm1, lo1, hi1, g), a1);
+                a2 = dots4(xs, block_dequant(dm2, lo2, hi2, g), a2);
+                a3 = dots4(xs, block_dequant(dm3, lo3, hi3, g), a3);
+                a4 = dots4(xs, block_dequant(dm4, lo4, hi4, g), a4);
+                a5 = dots4(xs, block_dequant(dm5, lo5, hi5, g), a5);
+                a6 = dots4(xs, block_dequant(dm6, lo6, hi6, g), a6);
+                a7 = dots4(xs, block_dequant(dm7, lo7, hi7, g), a7);
             }
         }
     }

@@ -114,7 +114,8 @@ fn product_cases() -> Vec<(String, kvdecode::ModelWeights, WeightDtype)> {
             WeightDtype::F32,
         ),
     ];
-    for kind in [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1] {
+    for kind in [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q5_0, QuantKind::Q5_1, QuantKind::IQ4NL]
+    {
         cases.push((format!("{kind:?}"), model(&blocks, 193).quantized(kind).unwrap(), WeightDtype::F32));
     }
     for kind in [QuantKind::Q4K, QuantKind::Q6K] {

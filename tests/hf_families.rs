@@ -211,9 +211,13 @@ fn newer_families_gguf_match_reference() {
     g["tie_word_embeddings"] = json!(true);
     // OLMo 2: post-norms only, qk-norm over the whole projection
     let o = base("olmo2");
-    for (cfg, arch) in [(q, "qwen2"), (s, "smollm3"), (l, "llama"), (g, "gemma2"), (o, "olmo2")] {
+    // each in one of the block formats llama.cpp's Q4_K_M files fall back to for narrow rows
+    use kvdecode::quant::QuantKind::{IQ4NL, Q5_0, Q5_1, Q8_0};
+    let cases =
+        [(q, "qwen2", Q5_0), (s, "smollm3", Q5_1), (l, "llama", IQ4NL), (g, "gemma2", Q8_0), (o, "olmo2", Q5_0)];
+    for (cfg, arch, kind) in cases {
         let (c, _) = config_from_json(&cfg.to_string()).unwrap();
-        let w = model(&c, 144).quantized(kvdecode::quant::QuantKind::Q8_0).unwrap();
+        let w = model(&c, 144).quantized(kind).unwrap();
         let mut written = w.clone();
         if let Some(RopeScaling::Llama3 { .. }) = &c.rope_scaling {
             // what llama.cpp's converter stores: the default frequency over the scaled one

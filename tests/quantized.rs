@@ -1,4 +1,5 @@
-//! Quantized weights stay quantized on the GPU (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K read in the shader); every
+//! Quantized weights stay quantized on the GPU (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K read
+//! in the shader); every
 //! kernel that reads them (embedding gather, matrix products, LM head) matches the CPU
 //! dequantize-then-multiply reference.
 
@@ -18,6 +19,9 @@ fn quantize_dequantize_round_trip_is_close() {
         (QuantKind::Q4_1, 0.25),
         (QuantKind::Q4K, 0.35),
         (QuantKind::Q6K, 0.1),
+        (QuantKind::Q5_0, 0.15),
+        (QuantKind::Q5_1, 0.12),
+        (QuantKind::IQ4NL, 0.35),
     ] {
         let q = quantize(kind, &x).unwrap();
         assert_eq!(q.len(), 256 / kind.block_len() * kind.block_bytes());
@@ -56,7 +60,9 @@ fn quantized_models_match_dequantized_reference() {
         ModelConfig::llama(96, 64, 4, 2, 16, 96, 3, 10000.0, 1e-5, true),
     ];
     for cfg in cfgs {
-        for kind in [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1] {
+        for kind in
+            [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q5_0, QuantKind::Q5_1, QuantKind::IQ4NL]
+        {
             let w = model(&cfg, 111).quantized(kind).unwrap();
             assert!(w.embed.quant.is_some() && w.layers[0].wq.quant.is_some());
             decode_matches_reference(&w, 30, 13, 40, &format!("{kind:?} {:?}", cfg.mlp));
@@ -80,7 +86,8 @@ fn k_quant_models_match_dequantized_reference() {
 #[test]
 fn dequantizers_match_gguf_py() {
     // random blocks (sane f16 scales) and their values as dequantized by gguf-py, the reference
-    // implementation that ships with llama.cpp (tests/data/*.blocks, *.f32)
+    // implementation that ships with llama.cpp (tests/data/*.blocks, *.f32; the Q5 and IQ4_NL
+    // ones made by scripts/fixtures/make_quant_blocks.py)
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
     for (name, kind) in [
         ("q4_k", QuantKind::Q4K),
@@ -88,6 +95,9 @@ fn dequantizers_match_gguf_py() {
         ("q8_0", QuantKind::Q8_0),
         ("q4_0", QuantKind::Q4_0),
         ("q4_1", QuantKind::Q4_1),
+        ("q5_0", QuantKind::Q5_0),
+        ("q5_1", QuantKind::Q5_1),
+        ("iq4_nl", QuantKind::IQ4NL),
     ] {
         let blocks = std::fs::read(dir.join(format!("{name}.blocks"))).unwrap();
         let want: Vec<f32> = std::fs::read(dir.join(format!("{name}.f32")))
@@ -96,8 +106,9 @@ fn dequantizers_match_gguf_py() {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
         let got = dequantize(kind, &blocks, want.len()).unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{name}[{i}]: {g} vs {w}");
+            assert_eq!(g.to_bits(), w.to_bits(), "{name}[{i}]: {g} vs {w}, not the same bits");
         }
     }
 }

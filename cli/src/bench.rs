@@ -43,9 +43,10 @@ pub struct Args {
     /// Rows of the attention-variant table.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     attention_rows: Vec<usize>,
-    /// Tables to print: throughput, profile, attention, multistep, prefix; and weights (a full
-    /// weight update against `queue.write_buffer` of the same bytes, memory over many updates
-    /// and sleep/wake cycles), which runs only when named.
+    /// Tables to print: throughput, profile, attention, multistep, prefix; and, only when named,
+    /// weights (a full weight update against `queue.write_buffer` of the same bytes, memory over
+    /// many updates and sleep/wake cycles) and formats (the model's weights in each block format:
+    /// GPU time of the products per decode step against Q4_1's, same run).
     #[arg(long, value_delimiter = ',', default_value = "throughput,profile,attention,multistep,prefix")]
     tables: Vec<String>,
     /// Prefix table: tokens of the system prompt every request shares.
@@ -74,9 +75,9 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let (rows_list, ctx_list, steps) = (a.rows.clone(), a.ctx.clone(), a.steps);
     for t in &a.tables {
-        if !["throughput", "profile", "attention", "multistep", "prefix", "weights"].contains(&t.as_str()) {
+        if !["throughput", "profile", "attention", "multistep", "prefix", "weights", "formats"].contains(&t.as_str()) {
             return Err(format!(
-                "--tables: unknown table {t:?} (throughput, profile, attention, multistep, prefix, weights)"
+                "--tables: unknown table {t:?} (throughput, profile, attention, multistep, prefix, weights, formats)"
             )
             .into());
         }
@@ -195,10 +196,82 @@ pub fn run(a: Args) -> Result<()> {
         let w = crate::bench_weights::weights_table(&gpu, &model, a.weight_rounds, a.weight_updates, a.sleep_cycles)?;
         json.insert("weights".into(), w);
     }
+    if table("formats") {
+        json.insert("formats".into(), formats_table(&gpu, &model, steps)?.into());
+    }
     if a.json {
         println!("{}", serde_json::Value::Object(json));
     }
     Ok(())
+}
+
+/// The model's weights requantized to each block format (matrices whose rows are not whole
+/// blocks stay as they are): GPU time of the products and of the whole step per decode step (1
+/// row, context 128, timestamp queries), and the products' time against Q4_1's in the same run.
+fn formats_table(gpu: &Gpu, model: &ModelWeights, steps: usize) -> Result<Vec<serde_json::Value>> {
+    use kvdecode::quant::QuantKind;
+    let kinds = [
+        QuantKind::Q4_1,
+        QuantKind::Q4_0,
+        QuantKind::Q5_0,
+        QuantKind::Q5_1,
+        QuantKind::IQ4NL,
+        QuantKind::Q8_0,
+        QuantKind::Q4K,
+        QuantKind::Q6K,
+    ];
+    let ctx = 128;
+    let mut rng = SplitMix64(7);
+    let ids: Vec<u32> = (0..ctx).map(|_| rng.below(model.cfg.vocab) as u32).collect();
+    let mut out = Vec::new();
+    println!(
+        "
+Block formats (1 row, context {ctx}; GPU ms per decode step by timestamp queries; the rows of a"
+    );
+    println!(
+        "matrix that are not whole blocks of a format stay in their previous format):
+"
+    );
+    println!("| format | matrices in it | weights MiB | products ms / step | GPU ms / step | products vs Q4_1 |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let mut q4_1 = None;
+    for kind in kinds {
+        let w = model.quantized(kind)?;
+        let mats = std::iter::once(&w.embed)
+            .chain(w.head.iter())
+            .chain(w.layers.iter().flat_map(|l| {
+                [&l.wq, &l.wo, &l.mlp_in, &l.mlp_out].into_iter().chain(l.kv_global.iter()).chain(l.kv_local.iter())
+            }))
+            .collect::<Vec<_>>();
+        let inside = mats.iter().filter(|m| m.quant.as_ref().is_some_and(|q| q.kind == kind)).count();
+        let mut e = Engine::new(
+            gpu,
+            &w,
+            EngineOptions { beyond_trained_context: true, ..EngineOptions::new(1, ctx + steps + 1) },
+        )?;
+        let greedy = [Sampler::GREEDY];
+        e.append_sample(&ids, ctx, &[ctx], None, &greedy)?;
+        let mut total = Profile::default();
+        for _ in 0..steps {
+            let id = rng.below(model.cfg.vocab) as u32;
+            total.add(&e.profile_step(&[id], 1, &[1], None, Some(&greedy))?);
+        }
+        let n = steps as f64;
+        let (products, step) = (1e3 * total.matmul / n, 1e3 * total.total() / n);
+        let base = *q4_1.get_or_insert(products);
+        let name = kvdecode::WeightFormat::from(kind).name();
+        println!(
+            "| {name} | {inside} of {} | {:.1} | {products:.2} | {step:.2} | {:.2}x |",
+            mats.len(),
+            e.weight_bytes() as f64 / 1048576.0,
+            products / base
+        );
+        out.push(serde_json::json!({
+            "format": name, "matrices": inside, "of": mats.len(), "weight_bytes": e.weight_bytes(),
+            "products_ms": products, "step_ms": step, "vs_q4_1": products / base,
+        }));
+    }
+    Ok(out)
 }
 
 /// Requests sharing a long system prompt through the scheduler, the prompt cache on and off:

@@ -136,9 +136,9 @@ impl Engine {
     /// name whose rows live in a fused matrix (q, k and v; gate and up) writes just those rows,
     /// and a subset writes just what it names. Values are stored as the engine stores that
     /// weight: 16-bit weights rounded, quantized weights quantized on the host by this crate's
-    /// quantizer for that format (`quant::quantize`: llama.cpp's for Q8_0, Q4_0 and Q4_1; plain
-    /// per-sub-block ranges for Q4_K and Q6_K), so the engine holds what a fresh engine built from
-    /// the new weights holds.
+    /// quantizer for that format (`quant::quantize`: llama.cpp's for Q8_0, Q4_0, Q4_1, Q5_0 and
+    /// Q5_1; plain per-sub-block ranges for Q4_K and Q6_K; the nearest table entry for IQ4_NL), so
+    /// the engine holds what a fresh engine built from the new weights holds.
     ///
     /// Everything is checked before anything is written: an unknown name, a name given twice, a
     /// wrong shape or byte length, or a value that is not finite is an error naming the tensor,

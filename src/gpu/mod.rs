@@ -3,6 +3,7 @@
 //! and the timestamp profiler.
 
 pub mod device;
+pub mod format;
 pub mod kernels;
 pub mod profile;
 pub mod shaders;

@@ -143,9 +143,7 @@ impl GpuMatrix {
 impl GpuMatrix {
     /// The block format of a quantized matrix.
     fn quant_kind(&self) -> Option<QuantKind> {
-        [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q4K, QuantKind::Q6K]
-            .into_iter()
-            .find(|&k| WeightFormat::from(k) == self.format)
+        QuantKind::ALL.into_iter().find(|&k| WeightFormat::from(k) == self.format)
     }
 
     /// Bytes of one row as stored.

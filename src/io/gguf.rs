@@ -79,6 +79,16 @@ pub enum TensorType {
     Quant(QuantKind),
 }
 
+/// ggml's name of a tensor type id (for errors).
+fn ggml_type_name(id: u32) -> &'static str {
+    const NAMES: [&str; 31] = [
+        "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+        "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16",
+        "I32", "I64", "F64", "IQ1_M", "BF16",
+    ];
+    NAMES.get(id as usize).copied().unwrap_or("unknown")
+}
+
 impl TensorType {
     fn from_id(id: u32) -> Option<Self> {
         Some(match id {
@@ -86,9 +96,12 @@ impl TensorType {
             1 => TensorType::F16,
             2 => TensorType::Quant(QuantKind::Q4_0),
             3 => TensorType::Quant(QuantKind::Q4_1),
+            6 => TensorType::Quant(QuantKind::Q5_0),
+            7 => TensorType::Quant(QuantKind::Q5_1),
             8 => TensorType::Quant(QuantKind::Q8_0),
             12 => TensorType::Quant(QuantKind::Q4K),
             14 => TensorType::Quant(QuantKind::Q6K),
+            20 => TensorType::Quant(QuantKind::IQ4NL),
             30 => TensorType::BF16,
             _ => return None,
         })
@@ -254,7 +267,8 @@ impl GgufFile {
             let tid = r.u32(&format!("type of `{name}`"))?;
             let ty = TensorType::from_id(tid).ok_or_else(|| {
                 Error::Weights(format!(
-                    "tensor `{name}`: type {tid} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)"
+                    "tensor `{name}`: type {tid} ({}) is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K)",
+                    ggml_type_name(tid)
                 ))
             })?;
             let off = r.u64(&format!("offset of `{name}`"))?;

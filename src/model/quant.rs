@@ -21,9 +21,30 @@ pub enum QuantKind {
     Q4K,
     /// 256-weight super-blocks of 6-bit with 8-bit scales (210 bytes).
     Q6K,
+    /// 32 x 5-bit with an f16 scale, offset 16: the fifth bits in a word of their own (22 bytes).
+    Q5_0,
+    /// 32 x 5-bit with f16 scale and min (24 bytes).
+    Q5_1,
+    /// 32 x 4-bit indices into llama.cpp's non-linear table of 16 values, an f16 scale (18 bytes).
+    IQ4NL,
 }
 
+/// IQ4_NL's (and IQ4_XS's) 16 values, as llama.cpp's `kvalues_iq4nl`.
+pub const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
 impl QuantKind {
+    /// Every block format, in GGUF type order.
+    pub const ALL: [QuantKind; 8] = [
+        QuantKind::Q4_0,
+        QuantKind::Q4_1,
+        QuantKind::Q5_0,
+        QuantKind::Q5_1,
+        QuantKind::Q8_0,
+        QuantKind::Q4K,
+        QuantKind::Q6K,
+        QuantKind::IQ4NL,
+    ];
+
     /// Weights per block.
     pub fn block_len(self) -> usize {
         match self {
@@ -40,6 +61,9 @@ impl QuantKind {
             QuantKind::Q4_1 => 20,
             QuantKind::Q4K => 144,
             QuantKind::Q6K => 210,
+            QuantKind::Q5_0 => 22,
+            QuantKind::Q5_1 => 24,
+            QuantKind::IQ4NL => 18,
         }
     }
 
@@ -47,7 +71,8 @@ impl QuantKind {
     pub(crate) fn gpu_block_words(self) -> usize {
         match self {
             QuantKind::Q8_0 => 9,
-            QuantKind::Q4_0 | QuantKind::Q4_1 => 5,
+            QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::IQ4NL => 5,
+            QuantKind::Q5_0 | QuantKind::Q5_1 => 6,
             QuantKind::Q4K => 36,
             QuantKind::Q6K => 53,
         }
@@ -95,6 +120,29 @@ pub fn dequantize(kind: QuantKind, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
                 let qs = &b[4..20];
                 out.extend(qs.iter().map(|&q| d * (q & 0xF) as f32 + m));
                 out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
+            }
+            QuantKind::Q5_0 | QuantKind::Q5_1 => {
+                // weight j: its nibble (byte j % 16, low half for j < 16) and bit j of qh
+                let (d, m, at) = match kind {
+                    QuantKind::Q5_0 => (f16(b), 0.0, 2),
+                    _ => (f16(b), f16(&b[2..]), 4),
+                };
+                let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                let qs = &b[at + 4..at + 20];
+                let q = |j: usize| {
+                    let nib = if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 } as u32;
+                    (nib | (((qh >> j) & 1) << 4)) as i32
+                };
+                match kind {
+                    QuantKind::Q5_0 => out.extend((0..32).map(|j| (q(j) - 16) as f32 * d)),
+                    _ => out.extend((0..32).map(|j| q(j) as f32 * d + m)),
+                }
+            }
+            QuantKind::IQ4NL => {
+                let d = f16(b);
+                let qs = &b[2..18];
+                out.extend(qs.iter().map(|&q| d * IQ4NL_VALUES[(q & 0xF) as usize] as f32));
+                out.extend(qs.iter().map(|&q| d * IQ4NL_VALUES[(q >> 4) as usize] as f32));
             }
             QuantKind::Q4K => {
                 let (d, dmin) = (f16(b), f16(&b[2..]));
@@ -154,11 +202,11 @@ pub(crate) fn repack_for_gpu(kind: QuantKind, bytes: &[u8]) -> Vec<u32> {
     };
     for b in bytes.chunks_exact(bb) {
         match kind {
-            QuantKind::Q8_0 | QuantKind::Q4_0 => {
+            QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::IQ4NL | QuantKind::Q5_0 => {
                 out.push(u16::from_le_bytes([b[0], b[1]]) as u32);
                 words(&b[2..], &mut out);
             }
-            QuantKind::Q4_1 | QuantKind::Q4K => words(b, &mut out),
+            QuantKind::Q4_1 | QuantKind::Q5_1 | QuantKind::Q4K => words(b, &mut out),
             QuantKind::Q6K => {
                 words(&b[..208], &mut out);
                 out.push(u16::from_le_bytes([b[208], b[209]]) as u32);
@@ -168,9 +216,11 @@ pub(crate) fn repack_for_gpu(kind: QuantKind, bytes: &[u8]) -> Vec<u32> {
     out
 }
 
-/// Quantize f32 weights (whole blocks) to `kind`: Q8_0, Q4_0 and Q4_1 the way llama.cpp's
-/// reference quantizers do, Q4_K and Q6_K with plain per-sub-block ranges (valid blocks, not
-/// llama.cpp's error-minimizing search); used to make quantized test models.
+/// Quantize f32 weights (whole blocks) to `kind`: Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 the way
+/// llama.cpp's reference quantizers do; Q4_K and Q6_K with plain per-sub-block ranges and IQ4_NL
+/// with the scale that maps the largest magnitude to the table's end and the nearest entry for
+/// each weight (valid blocks, not llama.cpp's error-minimizing searches). Used to make quantized
+/// test models and by weight updates of quantized engines.
 pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
     if !x.len().is_multiple_of(kind.block_len()) {
         return Err(Error::Weights(format!("quantize {kind:?}: {} weights", x.len())));
@@ -215,10 +265,54 @@ pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
                 let q = |v: f32| (((v - mn) * id + 0.5) as i32).clamp(0, 15) as u8;
                 out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
             }
+            QuantKind::Q5_0 => {
+                let mx = blk.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                let d = mx / -16.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let q: Vec<u32> = blk.iter().map(|v| ((v * id + 16.5) as i8).min(31) as u32).collect();
+                out.extend_from_slice(&h(d));
+                q5_bits(&q, &mut out);
+            }
+            QuantKind::Q5_1 => {
+                let mn = blk.iter().copied().fold(f32::INFINITY, f32::min);
+                let mx = blk.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let d = (mx - mn) / 31.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let q: Vec<u32> = blk.iter().map(|v| ((((v - mn) * id + 0.5) as u8).min(31)) as u32).collect();
+                out.extend_from_slice(&h(d));
+                out.extend_from_slice(&h(mn));
+                q5_bits(&q, &mut out);
+            }
+            QuantKind::IQ4NL => {
+                let mx = blk.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                let d = f16_round(mx / -127.0);
+                let nearest = |v: f32| -> u8 {
+                    let t = if d != 0.0 { v / d } else { 0.0 };
+                    (0..16u8)
+                        .min_by(|&a, &b| {
+                            let (ea, eb) = (
+                                (IQ4NL_VALUES[a as usize] as f32 - t).abs(),
+                                (IQ4NL_VALUES[b as usize] as f32 - t).abs(),
+                            );
+                            ea.total_cmp(&eb)
+                        })
+                        .unwrap_or(0)
+                };
+                out.extend_from_slice(&h(d));
+                out.extend((0..16).map(|j| nearest(blk[j]) | (nearest(blk[j + 16]) << 4)));
+            }
             QuantKind::Q4K | QuantKind::Q6K => unreachable!("256-weight blocks are handled above"),
         }
     }
     Ok(out)
+}
+
+/// A Q5 block's fifth bits (a little-endian word, bit j for weight j) and nibbles (weights j and
+/// j + 16 in byte j).
+fn q5_bits(q: &[u32], out: &mut Vec<u8>) {
+    let qh = (0..32).fold(0u32, |acc, j| acc | (((q[j] >> 4) & 1) << j));
+    out.extend_from_slice(&qh.to_le_bytes());
+    out.extend((0..16).map(|j| ((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4)) as u8));
 }
 
 fn f16_round(v: f32) -> f32 {

@@ -1,0 +1,89 @@
+//! How weights are stored on the GPU: the shaders' `W_FORMAT` codes and names. The decoding of
+//! each block format lives in `common.wgsl`.
+
+use crate::model::quant::QuantKind;
+
+/// How weights are stored on the GPU (`W_FORMAT`; the block decoding lives in `common.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    /// f32 bits.
+    F32,
+    /// IEEE halves, two per word.
+    F16,
+    /// bfloat16, two per word.
+    BF16,
+    /// Blocks of 32: f16 scale, 32 int8.
+    Q8_0,
+    /// Blocks of 32: f16 scale, 32 nibbles.
+    Q4_0,
+    /// Blocks of 32: f16 scale and min, 32 nibbles.
+    Q4_1,
+    /// llama.cpp's K-quant blocks of 256, 4 bits.
+    Q4K,
+    /// llama.cpp's K-quant blocks of 256, 6 bits.
+    Q6K,
+    /// Blocks of 32: f16 scale, the fifth bits, 32 nibbles.
+    Q5_0,
+    /// Blocks of 32: f16 scale and min, the fifth bits, 32 nibbles.
+    Q5_1,
+    /// Blocks of 32: f16 scale, 32 indices into the IQ4_NL table.
+    IQ4NL,
+}
+
+impl WeightFormat {
+    /// The shaders' `W_FORMAT` code (common.wgsl).
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            WeightFormat::F32 => 0,
+            WeightFormat::F16 => 1,
+            WeightFormat::Q8_0 => 2,
+            WeightFormat::Q4_0 => 3,
+            WeightFormat::Q4_1 => 4,
+            WeightFormat::BF16 => 5,
+            WeightFormat::Q4K => 6,
+            WeightFormat::Q6K => 7,
+            WeightFormat::Q5_0 => 8,
+            WeightFormat::Q5_1 => 9,
+            WeightFormat::IQ4NL => 10,
+        }
+    }
+
+    /// The name in labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::F16 => "f16",
+            WeightFormat::BF16 => "bf16",
+            WeightFormat::Q8_0 => "q8_0",
+            WeightFormat::Q4_0 => "q4_0",
+            WeightFormat::Q4_1 => "q4_1",
+            WeightFormat::Q4K => "q4_k",
+            WeightFormat::Q6K => "q6_k",
+            WeightFormat::Q5_0 => "q5_0",
+            WeightFormat::Q5_1 => "q5_1",
+            WeightFormat::IQ4NL => "iq4_nl",
+        }
+    }
+
+    /// Whether the integer-dot products take this format (blocks of 32 with 8-bit or 4-bit
+    /// integers and one scale).
+    pub(crate) fn int_dot(self) -> bool {
+        matches!(self, WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1)
+    }
+}
+
+impl From<QuantKind> for WeightFormat {
+    /// The GPU reads every block format in its own blocks.
+    fn from(kind: QuantKind) -> Self {
+        match kind {
+            QuantKind::Q8_0 => WeightFormat::Q8_0,
+            QuantKind::Q4_0 => WeightFormat::Q4_0,
+            QuantKind::Q4_1 => WeightFormat::Q4_1,
+            QuantKind::Q4K => WeightFormat::Q4K,
+            QuantKind::Q6K => WeightFormat::Q6K,
+            QuantKind::Q5_0 => WeightFormat::Q5_0,
+            QuantKind::Q5_1 => WeightFormat::Q5_1,
+            QuantKind::IQ4NL => WeightFormat::IQ4NL,
+        }
+    }
+}
