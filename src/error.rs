@@ -68,7 +68,7 @@ pub enum Error {
     Limit(String),
 }
 
-/// Result with [`Error`].
+/// Result with [`enum@Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
 pub(crate) fn file_err(path: impl AsRef<std::path::Path>, msg: impl std::fmt::Display) -> Error {

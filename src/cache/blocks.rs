@@ -89,7 +89,7 @@ impl PromptCacheStats {
     }
 }
 
-/// Blocks in use, at block granularity (see [`BlockPool::usage`]).
+/// Blocks in use, at block granularity (see `BlockPool::usage`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlockUsage {
     /// Positions per block.

@@ -6,7 +6,7 @@
 //! - global K/V of group g: a pool `[blocks, 2, n_kv_heads, block_len, head_dim]` per shard (a
 //!   block's keys, then its values); position `p` of row `r` lives in block
 //!   `table[r][p / block_len]` at `p % block_len`. Block 0
-//!   of each shard is the scratch block that padding tokens write. [`blocks`] owns which block is
+//!   of each shard is the scratch block that padding tokens write. `blocks.rs` owns which block is
 //!   whose (free list, reference counts, copy-on-write forks); the tables are mirrored to the GPU
 //!   as `block_tables: [rows, max_blocks]` u32 whenever a row's table changes.
 //! - ring K/V of local layer l: `[rows, 2, n_kv_heads, N + 1, head_dim]` with `N = W + spare`

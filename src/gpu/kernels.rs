@@ -1,7 +1,7 @@
 //! Typed override constants: one small struct per kernel, holding what its WGSL module's
 //! `override` declarations take, with a label that names the variant (`kv_write_ring_f16`).
 //! Pipelines and dispatches carry the label, so a GPU capture and the profile table name them.
-//! The pipeline cache keys on the constants these structs produce ([`Specialize::constants`]).
+//! The pipeline cache keys on the constants these structs produce (`Specialize::constants`).
 
 pub use crate::gpu::format::WeightFormat;
 use crate::gpu::shaders::{Constants, Kernel};

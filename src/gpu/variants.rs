@@ -119,7 +119,7 @@ impl AttentionKernel {
         matches!(self, AttentionKernel::SplitGroup | AttentionKernel::SplitHead)
     }
 
-    /// The variant the environment asks for (see [`EngineOptions::attention`]).
+    /// The variant the environment asks for (see [`crate::EngineOptions::attention`]).
     pub fn from_env() -> Self {
         match std::env::var("KVDECODE_ATTENTION").as_deref() {
             Ok("serial") => AttentionKernel::Serial,
