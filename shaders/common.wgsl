@@ -123,7 +123,7 @@ fn half4(fmt: u32, a: u32, b: u32) -> vec4<f32> {
 }
 
 // Weight formats (`W_FORMAT`): 0 f32 bits, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1,
-// 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL. Quantized rows are blocks padded to whole words (see
+// 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K. Quantized rows are blocks padded to whole words (see
 // src/model/quant.rs). Blocks of 32 weights: word 0 holds the f16 scale (Q4_1, Q5_1: scale | min
 // << 16), then Q8_0 has 8 words of i8 and Q4_0/Q4_1/IQ4_NL 4 words of nibbles (weights 0..15 in
 // the low nibbles of bytes 0..15, weights 16..31 in the high nibbles); Q5_0/Q5_1 have a word of
@@ -135,13 +135,14 @@ fn block_words(fmt: u32) -> u32 {
         case 6u: { return 36u; }
         case 7u: { return 53u; }
         case 8u, 9u: { return 6u; }
+        case 11u: { return 44u; }
         default: { return 5u; }
     }
 }
 
-// The K-quant formats (blocks of 256).
+// The K-quant formats (blocks of 256): Q4_K, Q6_K, Q5_K.
 fn is_kquant(fmt: u32) -> bool {
-    return fmt == 6u || fmt == 7u;
+    return fmt == 6u || fmt == 7u || fmt == 11u;
 }
 
 // The blocks of 32 that dequant4 does not take: Q5_0, Q5_1, IQ4_NL (dequant_ext).
@@ -162,11 +163,16 @@ fn quant_at(fmt: u32, row: u32, k4: u32, cols: u32) -> vec2<u32> {
 }
 
 // Words of a K-quant block that weights 4g .. 4g + 3 need, in the order dequant_k4 takes them
-// (Q4_K: d and dmin, the three words of 6-bit scales and mins, the nibbles; Q6_K: d, the low
-// bits, the high bits, the sub-block scales).
+// (Q4_K: d and dmin, the three words of 6-bit scales and mins, the nibbles; Q5_K: the same, then
+// the fifth bits; Q6_K: d, the low bits, the high bits, the sub-block scales).
 fn kquant_word(fmt: u32, g: u32, i: u32) -> u32 {
     if fmt == 6u {
         return select(i, 4u + (g / 16u) * 8u + g % 8u, i == 4u);
+    }
+    if fmt == 11u {
+        // qh: bytes 16..47 (words 4..11), qs: bytes 48..175 (words 12..43)
+        if i == 5u { return 4u + g % 8u; }
+        return select(i, 12u + (g / 16u) * 8u + g % 8u, i == 4u);
     }
     let half = g / 32u;
     let grp = (g % 32u) / 8u;
@@ -181,12 +187,16 @@ fn kquant_word(fmt: u32, g: u32, i: u32) -> u32 {
 
 // Words kquant_word names for format fmt.
 fn kquant_words(fmt: u32) -> u32 {
-    return select(4u, 5u, fmt == 6u);
+    switch fmt {
+        case 6u: { return 5u; }
+        case 11u: { return 6u; }
+        default: { return 4u; }
+    }
 }
 
-// Weights 4g .. 4g + 3 of a Q4_K (6) or Q6_K (7) block from the words kquant_word names.
-fn dequant_k4(fmt: u32, w: array<u32, 5>, g: u32) -> vec4<f32> {
-    if fmt == 6u {
+// Weights 4g .. 4g + 3 of a Q4_K (6), Q5_K (11) or Q6_K (7) block from the words kquant_word names.
+fn dequant_k4(fmt: u32, w: array<u32, 6>, g: u32) -> vec4<f32> {
+    if fmt == 6u || fmt == 11u {
         let dm = unpack2x16float(w[0]);
         let chunk = g / 16u;
         let hi = (g % 16u) >= 8u;
@@ -204,7 +214,12 @@ fn dequant_k4(fmt: u32, w: array<u32, 5>, g: u32) -> vec4<f32> {
             sc = (lo & 15u) | (top_s << 4u);
             mn = (lo >> 4u) | (top_m << 4u);
         }
-        let q = vec4<f32>((vec4<u32>(w[4]) >> (vec4<u32>(0u, 8u, 16u, 24u) + select(0u, 4u, hi))) & vec4<u32>(15u));
+        var qi = (vec4<u32>(w[4]) >> (vec4<u32>(0u, 8u, 16u, 24u) + select(0u, 4u, hi))) & vec4<u32>(15u);
+        if fmt == 11u {
+            // Q5_K: sub-block j's fifth bits are bit j of each qh byte
+            qi |= ((vec4<u32>(w[5]) >> (vec4<u32>(0u, 8u, 16u, 24u) + j)) & vec4<u32>(1u)) << vec4<u32>(4u);
+        }
+        let q = vec4<f32>(qi);
         return fma(vec4<f32>(dm.x * f32(sc)), q, vec4<f32>(-(dm.y * f32(mn))));
     }
     let d = unpack2x16float(w[0]).x;

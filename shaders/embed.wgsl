@@ -4,7 +4,7 @@
 override D: u32;                 // d_model (multiple of 4)
 override PART_START: u32 = 0u;   // first vocabulary row of this part
 override PART_ROWS: u32;         // vocabulary rows in this part
-override W_FORMAT: u32 = 0u;     // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL (common.wgsl)
+override W_FORMAT: u32 = 0u;     // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K (common.wgsl)
 override EMBED_SCALE: f32 = 1.0;
 override WG: u32 = 64u;
 
@@ -20,7 +20,7 @@ fn table4(row: u32, d4: u32) -> vec4<f32> {
     }
     if is_kquant(W_FORMAT) {
         let at = quant_at(W_FORMAT, row, d4, D);
-        var words: array<u32, 5>;
+        var words: array<u32, 6>;
         for (var i = 0u; i < kquant_words(W_FORMAT); i++) { words[i] = table[at.x + kquant_word(W_FORMAT, at.y, i)]; }
         return dequant_k4(W_FORMAT, words, at.y);
     }

@@ -1,4 +1,4 @@
-//! Quantized weights stay quantized on the GPU (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K read
+//! Quantized weights stay quantized on the GPU (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K read
 //! in the shader); every
 //! kernel that reads them (embedding gather, matrix products, LM head) matches the CPU
 //! dequantize-then-multiply reference.
@@ -22,6 +22,7 @@ fn quantize_dequantize_round_trip_is_close() {
         (QuantKind::Q5_0, 0.15),
         (QuantKind::Q5_1, 0.12),
         (QuantKind::IQ4NL, 0.35),
+        (QuantKind::Q5K, 0.2),
     ] {
         let q = quantize(kind, &x).unwrap();
         assert_eq!(q.len(), 256 / kind.block_len() * kind.block_bytes());
@@ -75,7 +76,7 @@ fn k_quant_models_match_dequantized_reference() {
     // Q4_K and Q6_K stay in their 256-weight blocks on the GPU: every matrix here has rows of
     // 256 or 512 weights; embedding, projections, MLP and the LM head read them in the shader
     let cfg = ModelConfig::llama(96, 256, 4, 2, 64, 256, 2, 10000.0, 1e-5, false);
-    for kind in [QuantKind::Q4K, QuantKind::Q6K] {
+    for kind in [QuantKind::Q4K, QuantKind::Q5K, QuantKind::Q6K] {
         let w = model(&cfg, 112).quantized(kind).unwrap();
         let quantized = [&w.embed, w.head.as_ref().unwrap(), &w.layers[0].wq, &w.layers[1].mlp_out];
         assert!(quantized.iter().all(|m| m.quant.as_ref().is_some_and(|q| q.kind == kind)));
@@ -98,6 +99,7 @@ fn dequantizers_match_gguf_py() {
         ("q5_0", QuantKind::Q5_0),
         ("q5_1", QuantKind::Q5_1),
         ("iq4_nl", QuantKind::IQ4NL),
+        ("q5_k", QuantKind::Q5K),
     ] {
         let blocks = std::fs::read(dir.join(format!("{name}.blocks"))).unwrap();
         let want: Vec<f32> = std::fs::read(dir.join(format!("{name}.f32")))

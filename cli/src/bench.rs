@@ -218,6 +218,7 @@ fn formats_table(gpu: &Gpu, model: &ModelWeights, steps: usize) -> Result<Vec<se
         QuantKind::IQ4NL,
         QuantKind::Q8_0,
         QuantKind::Q4K,
+        QuantKind::Q5K,
         QuantKind::Q6K,
     ];
     let ctx = 128;

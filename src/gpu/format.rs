@@ -28,6 +28,8 @@ pub enum WeightFormat {
     Q5_1,
     /// Blocks of 32: f16 scale, 32 indices into the IQ4_NL table.
     IQ4NL,
+    /// llama.cpp's K-quant blocks of 256, 5 bits.
+    Q5K,
 }
 
 impl WeightFormat {
@@ -45,6 +47,7 @@ impl WeightFormat {
             WeightFormat::Q5_0 => 8,
             WeightFormat::Q5_1 => 9,
             WeightFormat::IQ4NL => 10,
+            WeightFormat::Q5K => 11,
         }
     }
 
@@ -62,6 +65,7 @@ impl WeightFormat {
             WeightFormat::Q5_0 => "q5_0",
             WeightFormat::Q5_1 => "q5_1",
             WeightFormat::IQ4NL => "iq4_nl",
+            WeightFormat::Q5K => "q5_k",
         }
     }
 
@@ -84,6 +88,7 @@ impl From<QuantKind> for WeightFormat {
             QuantKind::Q5_0 => WeightFormat::Q5_0,
             QuantKind::Q5_1 => WeightFormat::Q5_1,
             QuantKind::IQ4NL => WeightFormat::IQ4NL,
+            QuantKind::Q5K => WeightFormat::Q5K,
         }
     }
 }

@@ -100,6 +100,7 @@ impl TensorType {
             7 => TensorType::Quant(QuantKind::Q5_1),
             8 => TensorType::Quant(QuantKind::Q8_0),
             12 => TensorType::Quant(QuantKind::Q4K),
+            13 => TensorType::Quant(QuantKind::Q5K),
             14 => TensorType::Quant(QuantKind::Q6K),
             20 => TensorType::Quant(QuantKind::IQ4NL),
             30 => TensorType::BF16,
@@ -267,7 +268,7 @@ impl GgufFile {
             let tid = r.u32(&format!("type of `{name}`"))?;
             let ty = TensorType::from_id(tid).ok_or_else(|| {
                 Error::Weights(format!(
-                    "tensor `{name}`: type {tid} ({}) is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K)",
+                    "tensor `{name}`: type {tid} ({}) is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K)",
                     ggml_type_name(tid)
                 ))
             })?;

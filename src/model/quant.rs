@@ -27,6 +27,9 @@ pub enum QuantKind {
     Q5_1,
     /// 32 x 4-bit indices into llama.cpp's non-linear table of 16 values, an f16 scale (18 bytes).
     IQ4NL,
+    /// 256-weight super-blocks of 5-bit with 6-bit scales and mins (176 bytes): Q4_K plus the
+    /// fifth bits.
+    Q5K,
 }
 
 /// IQ4_NL's (and IQ4_XS's) 16 values, as llama.cpp's `kvalues_iq4nl`.
@@ -34,13 +37,14 @@ pub const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1,
 
 impl QuantKind {
     /// Every block format, in GGUF type order.
-    pub const ALL: [QuantKind; 8] = [
+    pub const ALL: [QuantKind; 9] = [
         QuantKind::Q4_0,
         QuantKind::Q4_1,
         QuantKind::Q5_0,
         QuantKind::Q5_1,
         QuantKind::Q8_0,
         QuantKind::Q4K,
+        QuantKind::Q5K,
         QuantKind::Q6K,
         QuantKind::IQ4NL,
     ];
@@ -48,7 +52,7 @@ impl QuantKind {
     /// Weights per block.
     pub fn block_len(self) -> usize {
         match self {
-            QuantKind::Q4K | QuantKind::Q6K => 256,
+            QuantKind::Q4K | QuantKind::Q5K | QuantKind::Q6K => 256,
             _ => 32,
         }
     }
@@ -64,6 +68,7 @@ impl QuantKind {
             QuantKind::Q5_0 => 22,
             QuantKind::Q5_1 => 24,
             QuantKind::IQ4NL => 18,
+            QuantKind::Q5K => 176,
         }
     }
 
@@ -74,6 +79,7 @@ impl QuantKind {
             QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::IQ4NL => 5,
             QuantKind::Q5_0 | QuantKind::Q5_1 => 6,
             QuantKind::Q4K => 36,
+            QuantKind::Q5K => 44,
             QuantKind::Q6K => 53,
         }
     }
@@ -144,10 +150,15 @@ pub fn dequantize(kind: QuantKind, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
                 out.extend(qs.iter().map(|&q| d * IQ4NL_VALUES[(q & 0xF) as usize] as f32));
                 out.extend(qs.iter().map(|&q| d * IQ4NL_VALUES[(q >> 4) as usize] as f32));
             }
-            QuantKind::Q4K => {
+            QuantKind::Q4K | QuantKind::Q5K => {
                 let (d, dmin) = (f16(b), f16(&b[2..]));
                 let scales = &b[4..16];
-                let qs = &b[16..144];
+                // Q5_K: the fifth bits (bit 2 chunk of qh[l] for weight l of a chunk's first
+                // 32, bit 2 chunk + 1 for its second 32), then the nibbles
+                let (qh, qs) = match kind {
+                    QuantKind::Q5K => (&b[16..48], &b[48..176]),
+                    _ => (&[0u8; 32][..], &b[16..144]),
+                };
                 let scale_min = |j: usize| -> (f32, f32) {
                     if j < 4 {
                         ((scales[j] & 63) as f32, (scales[j + 4] & 63) as f32)
@@ -162,8 +173,17 @@ pub fn dequantize(kind: QuantKind, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
                     let q = &qs[chunk * 32..chunk * 32 + 32];
                     let (s1, m1) = scale_min(2 * chunk);
                     let (s2, m2) = scale_min(2 * chunk + 1);
-                    out.extend(q.iter().map(|&x| d * s1 * (x & 0xF) as f32 - dmin * m1));
-                    out.extend(q.iter().map(|&x| d * s2 * (x >> 4) as f32 - dmin * m2));
+                    let fifth = |l: usize, bit: usize| ((qh[l] >> bit) & 1) << 4;
+                    out.extend(
+                        q.iter()
+                            .enumerate()
+                            .map(|(l, &x)| d * s1 * ((x & 0xF) | fifth(l, 2 * chunk)) as f32 - dmin * m1),
+                    );
+                    out.extend(
+                        q.iter()
+                            .enumerate()
+                            .map(|(l, &x)| d * s2 * ((x >> 4) | fifth(l, 2 * chunk + 1)) as f32 - dmin * m2),
+                    );
                 }
             }
             QuantKind::Q6K => {
@@ -206,7 +226,7 @@ pub(crate) fn repack_for_gpu(kind: QuantKind, bytes: &[u8]) -> Vec<u32> {
                 out.push(u16::from_le_bytes([b[0], b[1]]) as u32);
                 words(&b[2..], &mut out);
             }
-            QuantKind::Q4_1 | QuantKind::Q5_1 | QuantKind::Q4K => words(b, &mut out),
+            QuantKind::Q4_1 | QuantKind::Q5_1 | QuantKind::Q4K | QuantKind::Q5K => words(b, &mut out),
             QuantKind::Q6K => {
                 words(&b[..208], &mut out);
                 out.push(u16::from_le_bytes([b[208], b[209]]) as u32);
@@ -229,7 +249,11 @@ pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
     let h = |v: f32| half::f16::from_f32(v).to_le_bytes();
     match kind {
         QuantKind::Q4K => {
-            x.chunks_exact(256).for_each(|b| quantize_q4_k(b, &mut out));
+            x.chunks_exact(256).for_each(|b| quantize_q4_k(b, 15, &mut out));
+            return Ok(out);
+        }
+        QuantKind::Q5K => {
+            x.chunks_exact(256).for_each(|b| quantize_q4_k(b, 31, &mut out));
             return Ok(out);
         }
         QuantKind::Q6K => {
@@ -301,7 +325,7 @@ pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
                 out.extend_from_slice(&h(d));
                 out.extend((0..16).map(|j| nearest(blk[j]) | (nearest(blk[j + 16]) << 4)));
             }
-            QuantKind::Q4K | QuantKind::Q6K => unreachable!("256-weight blocks are handled above"),
+            QuantKind::Q4K | QuantKind::Q5K | QuantKind::Q6K => unreachable!("256-weight blocks are handled above"),
         }
     }
     Ok(out)
@@ -319,14 +343,15 @@ fn f16_round(v: f32) -> f32 {
     half::f16::from_f32(v).to_f32()
 }
 
-/// One Q4_K block: 8 sub-blocks of 32, each `x = d * sc * q - dmin * m` with 6-bit sc, m.
-fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>) {
+/// One Q4_K (`levels` 15) or Q5_K (31) block: 8 sub-blocks of 32, each `x = d * sc * q - dmin * m`
+/// with 6-bit sc, m.
+fn quantize_q4_k(x: &[f32], levels: u8, out: &mut Vec<u8>) {
     let mut scale = [0f32; 8];
     let mut min = [0f32; 8];
     for (j, sb) in x.chunks_exact(32).enumerate() {
         let lo = sb.iter().copied().fold(0f32, f32::min);
         let hi = sb.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        scale[j] = (hi - lo) / 15.0;
+        scale[j] = (hi - lo) / levels as f32;
         min[j] = -lo;
     }
     let d = f16_round(scale.iter().copied().fold(0f32, f32::max) / 63.0);
@@ -351,7 +376,7 @@ fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>) {
         .map(|(i, &v)| {
             let (step, offset) = (d * sc[i / 32] as f32, dmin * m[i / 32] as f32);
             if step > 0.0 {
-                ((v + offset) / step).round().clamp(0.0, 15.0) as u8
+                ((v + offset) / step).round().clamp(0.0, levels as f32) as u8
             } else {
                 0
             }
@@ -360,8 +385,16 @@ fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>) {
     out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
     out.extend_from_slice(&half::f16::from_f32(dmin).to_le_bytes());
     out.extend_from_slice(&scales);
+    if levels > 15 {
+        // Q5_K's fifth bits: weight l of chunk c's first 32 in bit 2c of byte l, its second 32 in 2c + 1
+        out.extend((0..32).map(|l| {
+            (0..4).fold(0u8, |acc, c| {
+                acc | ((q[c * 64 + l] >> 4) << (2 * c)) | ((q[c * 64 + 32 + l] >> 4) << (2 * c + 1))
+            })
+        }));
+    }
     for chunk in 0..4 {
-        out.extend((0..32).map(|l| q[chunk * 64 + l] | (q[chunk * 64 + 32 + l] << 4)));
+        out.extend((0..32).map(|l| (q[chunk * 64 + l] & 0xF) | ((q[chunk * 64 + 32 + l] & 0xF) << 4)));
     }
 }
 
