@@ -94,33 +94,10 @@ const fn t(part: Part, hf: &'static str, gguf: &'static str) -> LayerTensor {
     LayerTensor { part, hf, gguf }
 }
 
+// Llama's layout: `post_attention_layernorm` is the MLP's input norm. Qwen3's qk-norms and
+// Qwen2's biases are rows here too; `tensor_names` lists a row only where the config has that
+// weight (`qk_norm`, `qkv_bias`), so one table serves Llama, Qwen2, Qwen3 and SmolLM3.
 const LLAMA: &[LayerTensor] = &[
-    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
-    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
-    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
-    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
-    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
-    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
-    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
-    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
-    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
-];
-
-const QWEN3: &[LayerTensor] = &[
-    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
-    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
-    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
-    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
-    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
-    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
-    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
-    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
-    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
-    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
-    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
-];
-
-const QWEN2: &[LayerTensor] = &[
     t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
     t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
     t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
@@ -128,6 +105,8 @@ const QWEN2: &[LayerTensor] = &[
     t(Part::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
     t(Part::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
     t(Part::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
+    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
     t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
     t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
     t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
@@ -135,23 +114,10 @@ const QWEN2: &[LayerTensor] = &[
     t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
 ];
 
-// OLMo 2's `post_attention_layernorm` is the norm of the attention output, as Gemma's
-const OLMO2: &[LayerTensor] = &[
-    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
-    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
-    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
-    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
-    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
-    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
-    t(Part::PostAttnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
-    t(Part::PostMlpNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
-    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
-    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
-    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
-];
-
-// Gemma's `post_attention_layernorm` is the norm of the attention output, not the MLP's input.
-const GEMMA3: &[LayerTensor] = &[
+// Gemma's layout: `post_attention_layernorm` is the norm of the attention output, not the MLP's
+// input. Gemma 2 lists no qk-norm rows (`qk_norm` is off) and OLMo 2 no input norms
+// (`pre_norms` is off), so one table serves Gemma 2, Gemma 3 and OLMo 2.
+const GEMMA: &[LayerTensor] = &[
     t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
     t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
     t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
@@ -189,12 +155,8 @@ impl Family {
     pub fn layer_tensors(self) -> &'static [LayerTensor] {
         match self {
             Family::Kvdecode => &[],
-            Family::Llama | Family::SmolLM3 => LLAMA,
-            Family::Qwen3 => QWEN3,
-            // (Gemma 2 has no qk-norm: its config lists none of those rows)
-            Family::Gemma3 | Family::Gemma2 => GEMMA3,
-            Family::Qwen2 => QWEN2,
-            Family::Olmo2 => OLMO2,
+            Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 => LLAMA,
+            Family::Gemma2 | Family::Gemma3 | Family::Olmo2 => GEMMA,
         }
     }
 
