@@ -123,7 +123,8 @@ fn half4(fmt: u32, a: u32, b: u32) -> vec4<f32> {
 }
 
 // Weight formats (`W_FORMAT`): 0 f32 bits, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1,
-// 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K. Quantized rows are blocks padded to whole words (see
+// 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K, 12 Q3_K, 13 Q2_K, 14 IQ4_XS. Quantized rows are
+// blocks padded to whole words (see
 // src/model/quant.rs). Blocks of 32 weights: word 0 holds the f16 scale (Q4_1, Q5_1: scale | min
 // << 16), then Q8_0 has 8 words of i8 and Q4_0/Q4_1/IQ4_NL 4 words of nibbles (weights 0..15 in
 // the low nibbles of bytes 0..15, weights 16..31 in the high nibbles); Q5_0/Q5_1 have a word of
@@ -136,13 +137,16 @@ fn block_words(fmt: u32) -> u32 {
         case 7u: { return 53u; }
         case 8u, 9u: { return 6u; }
         case 11u: { return 44u; }
+        case 12u: { return 28u; }
+        case 13u: { return 21u; }
+        case 14u: { return 34u; }
         default: { return 5u; }
     }
 }
 
-// The K-quant formats (blocks of 256): Q4_K, Q6_K, Q5_K.
+// The formats in blocks of 256 (K-quants and IQ4_XS): Q4_K, Q6_K, Q5_K, Q3_K, Q2_K, IQ4_XS.
 fn is_kquant(fmt: u32) -> bool {
-    return fmt == 6u || fmt == 7u || fmt == 11u;
+    return fmt == 6u || fmt == 7u || fmt >= 11u;
 }
 
 // The blocks of 32 that dequant4 does not take: Q5_0, Q5_1, IQ4_NL (dequant_ext).
@@ -162,10 +166,36 @@ fn quant_at(fmt: u32, row: u32, k4: u32, cols: u32) -> vec2<u32> {
     return vec2<u32>((row * (cols / block_len(fmt)) + k4 / per) * block_words(fmt), k4 % per);
 }
 
-// Words of a K-quant block that weights 4g .. 4g + 3 need, in the order dequant_k4 takes them
+// Words of a block of 256 that weights 4g .. 4g + 3 need, in the order dequant_k4 takes them
 // (Q4_K: d and dmin, the three words of 6-bit scales and mins, the nibbles; Q5_K: the same, then
-// the fifth bits; Q6_K: d, the low bits, the high bits, the sub-block scales).
+// the fifth bits; Q6_K: d, the low bits, the high bits, the sub-block scales; Q3_K: d, the high-bit
+// mask, the low bits, the scales' low nibbles, their high bits; Q2_K: d and dmin, the bits, the
+// scales and mins; IQ4_XS: d and the scales' high bits, their low nibbles, the indices).
+// Weight 4g + c of Q3_K and Q2_K is weight l = 4 (g % 8) + c of part j = (g % 32) / 8 of half
+// n = g / 32: bits 2j of byte 32n + l of the low bits (Q3_K's high bit: bit 4n + j of mask
+// byte l), scale (n * 8 + 2j + l / 16).
 fn kquant_word(fmt: u32, g: u32, i: u32) -> u32 {
+    if fmt == 12u {
+        let k = (g / 32u) * 8u + ((g % 32u) / 8u) * 2u + (g % 8u) / 4u;
+        switch i {
+            case 0u: { return 27u; }
+            case 1u: { return g % 8u; }
+            case 2u: { return 8u + (g / 32u) * 8u + g % 8u; }
+            case 3u: { return 24u + (k % 8u) / 4u; }
+            default: { return 26u; }
+        }
+    }
+    if fmt == 13u {
+        let k = (g / 32u) * 8u + ((g % 32u) / 8u) * 2u + (g % 8u) / 4u;
+        switch i {
+            case 0u: { return 20u; }
+            case 1u: { return 4u + (g / 32u) * 8u + g % 8u; }
+            default: { return k / 4u; }
+        }
+    }
+    if fmt == 14u {
+        return select(i, 2u + (g / 8u) * 4u + g % 4u, i == 2u);
+    }
     if fmt == 6u {
         return select(i, 4u + (g / 16u) * 8u + g % 8u, i == 4u);
     }
@@ -190,12 +220,40 @@ fn kquant_words(fmt: u32) -> u32 {
     switch fmt {
         case 6u: { return 5u; }
         case 11u: { return 6u; }
+        case 12u: { return 5u; }
+        case 13u, 14u: { return 3u; }
         default: { return 4u; }
     }
 }
 
-// Weights 4g .. 4g + 3 of a Q4_K (6), Q5_K (11) or Q6_K (7) block from the words kquant_word names.
+// Weights 4g .. 4g + 3 of a block of 256 from the words kquant_word names.
 fn dequant_k4(fmt: u32, w: array<u32, 6>, g: u32) -> vec4<f32> {
+    let shifts = vec4<u32>(0u, 8u, 16u, 24u);
+    if fmt == 12u || fmt == 13u {
+        let n = g / 32u;
+        let j = (g % 32u) / 8u;
+        let k = n * 8u + 2u * j + (g % 8u) / 4u;
+        let low = (vec4<u32>(w[1u + u32(fmt == 12u)]) >> (shifts + 2u * j)) & vec4<u32>(3u);
+        if fmt == 13u {
+            // Q2_K: scale and min nibbles of byte k of the scales
+            let dm = unpack2x16float(w[0]);
+            let s = (w[2] >> (8u * (k % 4u))) & 0xffu;
+            return fma(vec4<f32>(dm.x * f32(s & 15u)), vec4<f32>(low), vec4<f32>(-(dm.y * f32(s >> 4u))));
+        }
+        // Q3_K: minus 4 where the mask bit is clear; the 6-bit scale (low nibble of byte k % 8,
+        // high bits at 2 (k / 4) of byte 8 + k % 4) minus 32
+        let high = (vec4<u32>(w[1]) >> (shifts + 4u * n + j)) & vec4<u32>(1u);
+        let q = vec4<i32>(low) - vec4<i32>(4) * (vec4<i32>(1) - vec4<i32>(high));
+        let sc = ((w[3] >> (8u * (k % 4u) + 4u * (k / 8u))) & 15u) | (((w[4] >> (8u * (k % 4u) + 2u * (k / 4u))) & 3u) << 4u);
+        return vec4<f32>(unpack2x16float(w[0]).x * f32(i32(sc) - 32)) * vec4<f32>(q);
+    }
+    if fmt == 14u {
+        // IQ4_XS: block ib = g / 8 of 32, its 6-bit scale minus 32, then as IQ4_NL
+        let ib = g / 8u;
+        let ls = ((w[1] >> (4u * ib)) & 15u) | (((w[0] >> (16u + 2u * ib)) & 3u) << 4u);
+        let nib = (vec4<u32>(w[2]) >> (shifts + select(0u, 4u, g % 8u >= 4u))) & vec4<u32>(15u);
+        return unpack2x16float(w[0]).x * f32(i32(ls) - 32) * iq4nl_values(nib);
+    }
     if fmt == 6u || fmt == 11u {
         let dm = unpack2x16float(w[0]);
         let chunk = g / 16u;
@@ -225,7 +283,6 @@ fn dequant_k4(fmt: u32, w: array<u32, 6>, g: u32) -> vec4<f32> {
     let d = unpack2x16float(w[0]).x;
     let grp = (g % 32u) / 8u;
     let l = (g % 8u) * 4u;
-    let shifts = vec4<u32>(0u, 8u, 16u, 24u);
     let low = (vec4<u32>(w[1]) >> (shifts + (grp >> 1u) * 4u)) & vec4<u32>(15u);
     let high = (vec4<u32>(w[2]) >> (shifts + 2u * grp)) & vec4<u32>(3u);
     let q = vec4<i32>(low | (high << vec4<u32>(4u))) - vec4<i32>(32);

@@ -23,7 +23,7 @@ override X_STRIDE: u32;            // floats per row of x (K, or more when x hol
 override O_ROWS: u32;              // output rows of this part
 override OUT_STRIDE: u32;          // row stride of y
 override OUT_OFFSET: u32 = 0u;     // first column of y written by this part
-override W_FORMAT: u32 = 0u;       // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K (common.wgsl)
+override W_FORMAT: u32 = 0u;       // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K, 12 Q3_K, 13 Q2_K, 14 IQ4_XS (common.wgsl)
 override ACCUMULATE: bool = false; // y += x W^T (the residual add, fused)
 override SOFTCAP: f32 = 0.0;       // > 0: y = SOFTCAP * tanh(y / SOFTCAP) (final logits)
 override PER_ROW: bool = false;    // inputs are the R chunk rows (LM head), not the R * C tokens

@@ -118,7 +118,7 @@ fn product_cases() -> Vec<(String, kvdecode::ModelWeights, WeightDtype)> {
     {
         cases.push((format!("{kind:?}"), model(&blocks, 193).quantized(kind).unwrap(), WeightDtype::F32));
     }
-    for kind in [QuantKind::Q4K, QuantKind::Q5K, QuantKind::Q6K] {
+    for kind in [QuantKind::Q2K, QuantKind::Q3K, QuantKind::Q4K, QuantKind::Q5K, QuantKind::Q6K, QuantKind::IQ4XS] {
         cases.push((format!("{kind:?}"), model(&k_blocks, 194).quantized(kind).unwrap(), WeightDtype::F32));
     }
     cases

@@ -1,5 +1,5 @@
-//! Quantized weights stay quantized on the GPU (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K read
-//! in the shader); every
+//! Quantized weights stay quantized on the GPU (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K,
+//! Q4_K, Q5_K, Q6_K, IQ4_XS read in the shader); every
 //! kernel that reads them (embedding gather, matrix products, LM head) matches the CPU
 //! dequantize-then-multiply reference.
 
@@ -23,6 +23,9 @@ fn quantize_dequantize_round_trip_is_close() {
         (QuantKind::Q5_1, 0.12),
         (QuantKind::IQ4NL, 0.35),
         (QuantKind::Q5K, 0.2),
+        (QuantKind::Q3K, 0.7),
+        (QuantKind::Q2K, 1.1),
+        (QuantKind::IQ4XS, 0.35),
     ] {
         let q = quantize(kind, &x).unwrap();
         assert_eq!(q.len(), 256 / kind.block_len() * kind.block_bytes());
@@ -73,10 +76,10 @@ fn quantized_models_match_dequantized_reference() {
 
 #[test]
 fn k_quant_models_match_dequantized_reference() {
-    // Q4_K and Q6_K stay in their 256-weight blocks on the GPU: every matrix here has rows of
-    // 256 or 512 weights; embedding, projections, MLP and the LM head read them in the shader
+    // the formats in blocks of 256 stay in them on the GPU: every matrix here has rows of 256 or
+    // 512 weights; embedding, projections, MLP and the LM head read them in the shader
     let cfg = ModelConfig::llama(96, 256, 4, 2, 64, 256, 2, 10000.0, 1e-5, false);
-    for kind in [QuantKind::Q4K, QuantKind::Q5K, QuantKind::Q6K] {
+    for kind in [QuantKind::Q2K, QuantKind::Q3K, QuantKind::Q4K, QuantKind::Q5K, QuantKind::Q6K, QuantKind::IQ4XS] {
         let w = model(&cfg, 112).quantized(kind).unwrap();
         let quantized = [&w.embed, w.head.as_ref().unwrap(), &w.layers[0].wq, &w.layers[1].mlp_out];
         assert!(quantized.iter().all(|m| m.quant.as_ref().is_some_and(|q| q.kind == kind)));
@@ -85,22 +88,13 @@ fn k_quant_models_match_dequantized_reference() {
 }
 
 #[test]
-fn dequantizers_match_gguf_py() {
-    // random blocks (sane f16 scales) and their values as dequantized by gguf-py, the reference
-    // implementation that ships with llama.cpp (tests/data/*.blocks, *.f32; the Q5 and IQ4_NL
-    // ones made by scripts/fixtures/make_quant_blocks.py)
+fn dequantizers_match_llama_cpp() {
+    // random blocks (sane f16 scales) and their values as llama.cpp dequantizes them: gguf-py's,
+    // which scripts/fixtures/make_quant_blocks.py checked against ggml's own C dequantizers
+    // (equal bits) when it wrote tests/data/*.blocks, *.f32
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-    for (name, kind) in [
-        ("q4_k", QuantKind::Q4K),
-        ("q6_k", QuantKind::Q6K),
-        ("q8_0", QuantKind::Q8_0),
-        ("q4_0", QuantKind::Q4_0),
-        ("q4_1", QuantKind::Q4_1),
-        ("q5_0", QuantKind::Q5_0),
-        ("q5_1", QuantKind::Q5_1),
-        ("iq4_nl", QuantKind::IQ4NL),
-        ("q5_k", QuantKind::Q5K),
-    ] {
+    for kind in QuantKind::ALL {
+        let name = kvdecode::WeightFormat::from(kind).name();
         let blocks = std::fs::read(dir.join(format!("{name}.blocks"))).unwrap();
         let want: Vec<f32> = std::fs::read(dir.join(format!("{name}.f32")))
             .unwrap()

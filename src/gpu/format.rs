@@ -30,6 +30,12 @@ pub enum WeightFormat {
     IQ4NL,
     /// llama.cpp's K-quant blocks of 256, 5 bits.
     Q5K,
+    /// llama.cpp's K-quant blocks of 256, 3 bits.
+    Q3K,
+    /// llama.cpp's K-quant blocks of 256, 2 bits.
+    Q2K,
+    /// Blocks of 256: IQ4_NL's table indices with a 6-bit scale per 32.
+    IQ4XS,
 }
 
 impl WeightFormat {
@@ -48,6 +54,9 @@ impl WeightFormat {
             WeightFormat::Q5_1 => 9,
             WeightFormat::IQ4NL => 10,
             WeightFormat::Q5K => 11,
+            WeightFormat::Q3K => 12,
+            WeightFormat::Q2K => 13,
+            WeightFormat::IQ4XS => 14,
         }
     }
 
@@ -66,6 +75,9 @@ impl WeightFormat {
             WeightFormat::Q5_1 => "q5_1",
             WeightFormat::IQ4NL => "iq4_nl",
             WeightFormat::Q5K => "q5_k",
+            WeightFormat::Q3K => "q3_k",
+            WeightFormat::Q2K => "q2_k",
+            WeightFormat::IQ4XS => "iq4_xs",
         }
     }
 
@@ -89,6 +101,9 @@ impl From<QuantKind> for WeightFormat {
             QuantKind::Q5_1 => WeightFormat::Q5_1,
             QuantKind::IQ4NL => WeightFormat::IQ4NL,
             QuantKind::Q5K => WeightFormat::Q5K,
+            QuantKind::Q3K => WeightFormat::Q3K,
+            QuantKind::Q2K => WeightFormat::Q2K,
+            QuantKind::IQ4XS => WeightFormat::IQ4XS,
         }
     }
 }

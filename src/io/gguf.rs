@@ -1,5 +1,6 @@
 //! GGUF (llama.cpp's model format, versions 2 and 3): metadata, tensor table, alignment, and
-//! tensors in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K.
+//! tensors in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K
+//! and Q6_K.
 //!
 //! A model file is untrusted input: every count, length, shape and offset is checked against the
 //! bytes actually present before anything is allocated or read, with checked arithmetic; errors
@@ -94,17 +95,8 @@ impl TensorType {
         Some(match id {
             0 => TensorType::F32,
             1 => TensorType::F16,
-            2 => TensorType::Quant(QuantKind::Q4_0),
-            3 => TensorType::Quant(QuantKind::Q4_1),
-            6 => TensorType::Quant(QuantKind::Q5_0),
-            7 => TensorType::Quant(QuantKind::Q5_1),
-            8 => TensorType::Quant(QuantKind::Q8_0),
-            12 => TensorType::Quant(QuantKind::Q4K),
-            13 => TensorType::Quant(QuantKind::Q5K),
-            14 => TensorType::Quant(QuantKind::Q6K),
-            20 => TensorType::Quant(QuantKind::IQ4NL),
             30 => TensorType::BF16,
-            _ => return None,
+            _ => TensorType::Quant(QuantKind::ALL.into_iter().find(|q| q.ggml_type() == id)?),
         })
     }
     /// (elements per block, bytes per block)
@@ -268,7 +260,7 @@ impl GgufFile {
             let tid = r.u32(&format!("type of `{name}`"))?;
             let ty = TensorType::from_id(tid).ok_or_else(|| {
                 Error::Weights(format!(
-                    "tensor `{name}`: type {tid} ({}) is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K)",
+                    "tensor `{name}`: type {tid} ({}) is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
                     ggml_type_name(tid)
                 ))
             })?;

@@ -4,7 +4,9 @@
 //! GPU formats (`W_FORMAT` in the shaders): every kind stays quantized in GPU memory, each block
 //! padded to whole u32 words: Q8_0 9 words (scale, 32 x i8), Q4_0 5 words (scale, 16 bytes of
 //! nibbles), Q4_1 5 words (scale and min, 16 bytes of nibbles), Q4_K 36 words (its 144 bytes as
-//! they are), Q6_K 53 words (its 208 bytes of quants and scales, then the f16 scale in a word).
+//! they are), Q6_K 53 words (its 208 bytes of quants and scales, then the f16 scale in a word),
+//! Q5_K 44 words, Q3_K 28 words (its 108 bytes of masks, quants and scales, then the f16 scale in
+//! a word), Q2_K 21 words and IQ4_XS 34 words (their bytes as they are).
 
 use crate::error::{Error, Result};
 
@@ -30,6 +32,13 @@ pub enum QuantKind {
     /// 256-weight super-blocks of 5-bit with 6-bit scales and mins (176 bytes): Q4_K plus the
     /// fifth bits.
     Q5K,
+    /// 256-weight super-blocks of 3-bit (2 low bits and a high-bit mask) with 6-bit signed
+    /// scales per 16 (110 bytes).
+    Q3K,
+    /// 256-weight super-blocks of 2-bit with 4-bit scales and mins per 16 (84 bytes).
+    Q2K,
+    /// 256-weight super-blocks of IQ4_NL's table indices with 6-bit scales per 32 (136 bytes).
+    IQ4XS,
 }
 
 /// IQ4_NL's (and IQ4_XS's) 16 values, as llama.cpp's `kvalues_iq4nl`.
@@ -37,22 +46,45 @@ pub const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1,
 
 impl QuantKind {
     /// Every block format, in GGUF type order.
-    pub const ALL: [QuantKind; 9] = [
+    pub const ALL: [QuantKind; 12] = [
         QuantKind::Q4_0,
         QuantKind::Q4_1,
         QuantKind::Q5_0,
         QuantKind::Q5_1,
         QuantKind::Q8_0,
+        QuantKind::Q2K,
+        QuantKind::Q3K,
         QuantKind::Q4K,
         QuantKind::Q5K,
         QuantKind::Q6K,
         QuantKind::IQ4NL,
+        QuantKind::IQ4XS,
     ];
+
+    /// ggml's type id (GGUF's tensor type).
+    pub fn ggml_type(self) -> u32 {
+        match self {
+            QuantKind::Q4_0 => 2,
+            QuantKind::Q4_1 => 3,
+            QuantKind::Q5_0 => 6,
+            QuantKind::Q5_1 => 7,
+            QuantKind::Q8_0 => 8,
+            QuantKind::Q2K => 10,
+            QuantKind::Q3K => 11,
+            QuantKind::Q4K => 12,
+            QuantKind::Q5K => 13,
+            QuantKind::Q6K => 14,
+            QuantKind::IQ4NL => 20,
+            QuantKind::IQ4XS => 23,
+        }
+    }
 
     /// Weights per block.
     pub fn block_len(self) -> usize {
         match self {
-            QuantKind::Q4K | QuantKind::Q5K | QuantKind::Q6K => 256,
+            QuantKind::Q4K | QuantKind::Q5K | QuantKind::Q6K | QuantKind::Q3K | QuantKind::Q2K | QuantKind::IQ4XS => {
+                256
+            }
             _ => 32,
         }
     }
@@ -69,6 +101,9 @@ impl QuantKind {
             QuantKind::Q5_1 => 24,
             QuantKind::IQ4NL => 18,
             QuantKind::Q5K => 176,
+            QuantKind::Q3K => 110,
+            QuantKind::Q2K => 84,
+            QuantKind::IQ4XS => 136,
         }
     }
 
@@ -81,6 +116,9 @@ impl QuantKind {
             QuantKind::Q4K => 36,
             QuantKind::Q5K => 44,
             QuantKind::Q6K => 53,
+            QuantKind::Q3K => 28,
+            QuantKind::Q2K => 21,
+            QuantKind::IQ4XS => 34,
         }
     }
 }
@@ -208,6 +246,48 @@ pub fn dequantize(kind: QuantKind, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
                     out.extend_from_slice(&y);
                 }
             }
+            QuantKind::Q3K => {
+                // weight i: n = i / 128, j = i % 128 / 32, l = i % 32: 2 bits at 2j of qs[32n + l],
+                // minus 4 unless bit 4n + j of hmask[l] is set; scale (i / 16) - 32
+                let (hmask, qs, sc) = (&b[0..32], &b[32..96], &b[96..108]);
+                let d = f16(&b[108..]);
+                for i in 0..256 {
+                    let (n, j, l) = (i / 128, i % 128 / 32, i % 32);
+                    let k = i / 16;
+                    let low = if k < 8 { sc[k] & 0xF } else { sc[k - 8] >> 4 };
+                    let scale = (low | (((sc[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) as i32 - 32;
+                    let q =
+                        ((qs[32 * n + l] >> (2 * j)) & 3) as i32 - if hmask[l] >> (4 * n + j) & 1 == 1 { 0 } else { 4 };
+                    out.push(d * scale as f32 * q as f32);
+                }
+            }
+            QuantKind::Q2K => {
+                // weight i: 2 bits at 2j of qs[32n + l] (n, j, l as Q3_K), scale and min nibbles of
+                // scales[i / 16]
+                let (sc, qs) = (&b[0..16], &b[16..80]);
+                let (d, dmin) = (f16(&b[80..]), f16(&b[82..]));
+                for i in 0..256 {
+                    let (n, j, l) = (i / 128, i % 128 / 32, i % 32);
+                    let s = sc[i / 16];
+                    let (dl, ml) = (d * (s & 0xF) as f32, dmin * (s >> 4) as f32);
+                    out.push(dl * ((qs[32 * n + l] >> (2 * j)) & 3) as f32 - ml);
+                }
+            }
+            QuantKind::IQ4XS => {
+                // 8 blocks of 32 as IQ4_NL's, each with a 6-bit scale (low 4 bits in scales_l,
+                // high 2 in scales_h) minus 32
+                let d = f16(b);
+                let scales_h = u16::from_le_bytes([b[2], b[3]]);
+                let (scales_l, qs) = (&b[4..8], &b[8..136]);
+                for ib in 0..8 {
+                    let ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) as i32
+                        | ((((scales_h >> (2 * ib)) & 3) as i32) << 4);
+                    let dl = d * (ls - 32) as f32;
+                    let q = &qs[16 * ib..16 * ib + 16];
+                    out.extend(q.iter().map(|&v| dl * IQ4NL_VALUES[(v & 0xF) as usize] as f32));
+                    out.extend(q.iter().map(|&v| dl * IQ4NL_VALUES[(v >> 4) as usize] as f32));
+                }
+            }
         }
     }
     Ok(out)
@@ -231,15 +311,21 @@ pub(crate) fn repack_for_gpu(kind: QuantKind, bytes: &[u8]) -> Vec<u32> {
                 words(&b[..208], &mut out);
                 out.push(u16::from_le_bytes([b[208], b[209]]) as u32);
             }
+            QuantKind::Q3K => {
+                words(&b[..108], &mut out);
+                out.push(u16::from_le_bytes([b[108], b[109]]) as u32);
+            }
+            QuantKind::Q2K | QuantKind::IQ4XS => words(b, &mut out),
         }
     }
     out
 }
 
 /// Quantize f32 weights (whole blocks) to `kind`: Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 the way
-/// llama.cpp's reference quantizers do; Q4_K and Q6_K with plain per-sub-block ranges and IQ4_NL
-/// with the scale that maps the largest magnitude to the table's end and the nearest entry for
-/// each weight (valid blocks, not llama.cpp's error-minimizing searches). Used to make quantized
+/// llama.cpp's reference quantizers do; the K-quants (Q2_K to Q6_K) with plain per-sub-block
+/// ranges and IQ4_NL / IQ4_XS with the scale that maps the largest magnitude to the table's end
+/// and the nearest entry for each weight (valid blocks, not llama.cpp's error-minimizing
+/// searches). Used to make quantized
 /// test models and by weight updates of quantized engines.
 pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
     if !x.len().is_multiple_of(kind.block_len()) {
@@ -258,6 +344,18 @@ pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
         }
         QuantKind::Q6K => {
             x.chunks_exact(256).for_each(|b| quantize_q6_k(b, &mut out));
+            return Ok(out);
+        }
+        QuantKind::Q3K => {
+            x.chunks_exact(256).for_each(|b| quantize_q3_k(b, &mut out));
+            return Ok(out);
+        }
+        QuantKind::Q2K => {
+            x.chunks_exact(256).for_each(|b| quantize_q2_k(b, &mut out));
+            return Ok(out);
+        }
+        QuantKind::IQ4XS => {
+            x.chunks_exact(256).for_each(|b| quantize_iq4_xs(b, &mut out));
             return Ok(out);
         }
         _ => {}
@@ -310,25 +408,26 @@ pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
             QuantKind::IQ4NL => {
                 let mx = blk.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
                 let d = f16_round(mx / -127.0);
-                let nearest = |v: f32| -> u8 {
-                    let t = if d != 0.0 { v / d } else { 0.0 };
-                    (0..16u8)
-                        .min_by(|&a, &b| {
-                            let (ea, eb) = (
-                                (IQ4NL_VALUES[a as usize] as f32 - t).abs(),
-                                (IQ4NL_VALUES[b as usize] as f32 - t).abs(),
-                            );
-                            ea.total_cmp(&eb)
-                        })
-                        .unwrap_or(0)
-                };
                 out.extend_from_slice(&h(d));
-                out.extend((0..16).map(|j| nearest(blk[j]) | (nearest(blk[j + 16]) << 4)));
+                out.extend((0..16).map(|j| iq4_nearest(blk[j], d) | (iq4_nearest(blk[j + 16], d) << 4)));
             }
-            QuantKind::Q4K | QuantKind::Q5K | QuantKind::Q6K => unreachable!("256-weight blocks are handled above"),
+            QuantKind::Q4K | QuantKind::Q5K | QuantKind::Q6K | QuantKind::Q3K | QuantKind::Q2K | QuantKind::IQ4XS => {
+                unreachable!("256-weight blocks are handled above")
+            }
         }
     }
     Ok(out)
+}
+
+/// The index of IQ4_NL's table entry nearest to `v / d`.
+fn iq4_nearest(v: f32, d: f32) -> u8 {
+    let t = if d != 0.0 { v / d } else { 0.0 };
+    (0..16u8)
+        .min_by(|&a, &b| {
+            let (ea, eb) = ((IQ4NL_VALUES[a as usize] as f32 - t).abs(), (IQ4NL_VALUES[b as usize] as f32 - t).abs());
+            ea.total_cmp(&eb)
+        })
+        .unwrap_or(0)
 }
 
 /// A Q5 block's fifth bits (a little-endian word, bit j for weight j) and nibbles (weights j and
@@ -427,4 +526,82 @@ fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) {
     out.extend_from_slice(&qh);
     out.extend(sc.iter().map(|&s| s as u8));
     out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+}
+
+/// One Q3_K block: 16 sub-blocks of 16, each `x = d * sc * q` with q in -4..=3 (stored plus 4:
+/// its low 2 bits in qs, its third bit in hmask) and a 6-bit signed sc (stored plus 32).
+fn quantize_q3_k(x: &[f32], out: &mut Vec<u8>) {
+    // the signed scale that maps each sub-block's largest magnitude to -4 (as Q4_0 maps it to -8)
+    let scale: Vec<f32> = x
+        .chunks_exact(16)
+        .map(|sb| sb.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a }) / -4.0)
+        .collect();
+    let d = f16_round(scale.iter().fold(0f32, |a, s| a.max(s.abs())) / 31.0);
+    let sc: Vec<i32> =
+        scale.iter().map(|&s| if d > 0.0 { (s / d).round().clamp(-32.0, 31.0) as i32 } else { 0 }).collect();
+    let (mut hmask, mut qs, mut scales) = ([0u8; 32], [0u8; 64], [0u8; 12]);
+    for (i, &v) in x.iter().enumerate() {
+        let step = d * sc[i / 16] as f32;
+        let q = if step != 0.0 { (v / step).round().clamp(-4.0, 3.0) as i32 } else { 0 } + 4;
+        let (n, j, l) = (i / 128, i % 128 / 32, i % 32);
+        qs[32 * n + l] |= ((q & 3) as u8) << (2 * j);
+        hmask[l] |= ((q >> 2) as u8) << (4 * n + j);
+    }
+    for (k, &s) in sc.iter().enumerate() {
+        let v = (s + 32) as u8;
+        scales[k % 8] |= (v & 0xF) << (4 * (k / 8));
+        scales[8 + k % 4] |= (v >> 4) << (2 * (k / 4));
+    }
+    out.extend_from_slice(&hmask);
+    out.extend_from_slice(&qs);
+    out.extend_from_slice(&scales);
+    out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+}
+
+/// One Q2_K block: 16 sub-blocks of 16, each `x = d * sc * q - dmin * m` with 4-bit sc, m and
+/// 2-bit q.
+fn quantize_q2_k(x: &[f32], out: &mut Vec<u8>) {
+    let mut scale = [0f32; 16];
+    let mut min = [0f32; 16];
+    for (j, sb) in x.chunks_exact(16).enumerate() {
+        let lo = sb.iter().copied().fold(0f32, f32::min);
+        let hi = sb.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        scale[j] = (hi - lo) / 3.0;
+        min[j] = -lo;
+    }
+    let d = f16_round(scale.iter().copied().fold(0f32, f32::max) / 15.0);
+    let dmin = f16_round(min.iter().copied().fold(0f32, f32::max) / 15.0);
+    let four = |v: f32, unit: f32| if unit > 0.0 { (v / unit).round().clamp(0.0, 15.0) as u8 } else { 0 };
+    let sc: Vec<u8> = scale.iter().map(|&s| four(s, d)).collect();
+    let m: Vec<u8> = min.iter().map(|&v| four(v, dmin)).collect();
+    let mut qs = [0u8; 64];
+    for (i, &v) in x.iter().enumerate() {
+        let (step, offset) = (d * sc[i / 16] as f32, dmin * m[i / 16] as f32);
+        let q = if step > 0.0 { ((v + offset) / step).round().clamp(0.0, 3.0) as u8 } else { 0 };
+        qs[32 * (i / 128) + i % 32] |= q << (2 * (i % 128 / 32));
+    }
+    out.extend((0..16).map(|k| sc[k] | (m[k] << 4)));
+    out.extend_from_slice(&qs);
+    out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+    out.extend_from_slice(&half::f16::from_f32(dmin).to_le_bytes());
+}
+
+/// One IQ4_XS block: 8 blocks of 32 of IQ4_NL's table indices, each scaled by `d * (ls - 32)`
+/// with a 6-bit ls.
+fn quantize_iq4_xs(x: &[f32], out: &mut Vec<u8>) {
+    let scale: Vec<f32> = x
+        .chunks_exact(32)
+        .map(|b| b.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a }) / -127.0)
+        .collect();
+    let d = f16_round(scale.iter().fold(0f32, |a, s| a.max(s.abs())) / 31.0);
+    let ls: Vec<i32> =
+        scale.iter().map(|&s| if d > 0.0 { (s / d).round().clamp(-32.0, 31.0) as i32 } else { 0 } + 32).collect();
+    let scales_h = (0..8).fold(0u16, |acc, ib| acc | ((((ls[ib] >> 4) & 3) as u16) << (2 * ib)));
+    out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+    out.extend_from_slice(&scales_h.to_le_bytes());
+    out.extend((0..4).map(|k| (ls[2 * k] & 0xF) as u8 | (((ls[2 * k + 1] & 0xF) as u8) << 4)));
+    for (ib, b) in x.chunks_exact(32).enumerate() {
+        let dl = d * (ls[ib] - 32) as f32;
+        out.extend((0..16).map(|j| iq4_nearest(b[j], dl) | (iq4_nearest(b[j + 16], dl) << 4)));
+    }
 }

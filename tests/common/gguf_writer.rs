@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use kvdecode::model::rope::RopeScaling;
-use kvdecode::quant::QuantKind;
 use kvdecode::{Matrix, ModelWeights};
 
 fn s(out: &mut Vec<u8>, v: &str) {
@@ -96,20 +95,7 @@ pub fn write_arch(w: &ModelWeights, store: Store, arch: &str, extra: Vec<(&str, 
     let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = Vec::new();
     let mut mat = |name: String, m: &Matrix| {
         let (ty, bytes) = match (store, &m.quant) {
-            (Store::Blocks, Some(q)) => (
-                match q.kind {
-                    QuantKind::Q8_0 => 8,
-                    QuantKind::Q4_0 => 2,
-                    QuantKind::Q4_1 => 3,
-                    QuantKind::Q4K => 12,
-                    QuantKind::Q6K => 14,
-                    QuantKind::Q5_0 => 6,
-                    QuantKind::Q5_1 => 7,
-                    QuantKind::IQ4NL => 20,
-                    QuantKind::Q5K => 13,
-                },
-                q.bytes.clone(),
-            ),
+            (Store::Blocks, Some(q)) => (q.kind.ggml_type(), q.bytes.clone()),
             (Store::F16, _) => (1, m.data.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect()),
             _ => (0, m.data.iter().flat_map(|v| v.to_le_bytes()).collect()),
         };
