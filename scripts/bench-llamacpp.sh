@@ -5,11 +5,9 @@
 # ratios (and the raw JSON of both sides under $out).
 #
 # llama.cpp is built from the llama-cpp-python source distribution on PyPI (pinned, sha256
-# checked), CPU and Vulkan backends, into ~/.cache/kvdecode/llamacpp. Two snags on this Debian 12
-# machine are handled here: its Vulkan headers lack VK_EXT_layer_settings (used only by the
-# validation-settings block of ggml-vulkan.cpp, which gets an #ifdef), and on CPUs with AMX, GCC
-# 12 miscompiles the AMX kernels, so the CPU backend is built for AVX2/AVX-512 without AMX
-# (GGML_NATIVE=OFF). llama-bench needs GGML_VK_VISIBLE_DEVICES=0 to accept lavapipe.
+# checked), CPU and Vulkan backends, into ~/.cache/kvdecode/llamacpp by scripts/llamacpp-build.sh
+# (which says how it gets round Debian 12's snags). llama-bench needs GGML_VK_VISIBLE_DEVICES=0 to
+# accept lavapipe.
 #
 # Not in CI: the Vulkan backend alone takes a long while to build on 2 cores. Needs root for the
 # Debian packages (cmake build-essential libvulkan-dev glslc spirv-headers) when they are missing.
@@ -20,66 +18,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-version=0.3.36
-sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
-url=https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-$version.tar.gz
-cache=${KVDECODE_CACHE:-$HOME/.cache/kvdecode}/llamacpp
-out=${1:-$cache/results}
-jobs=${JOBS:-$(nproc)}
-mkdir -p "$cache" "$out"
+out=${1:-${KVDECODE_CACHE:-$HOME/.cache/kvdecode}/llamacpp/results}
+mkdir -p "$out"
 
 if [ -z "${LLAMACPP_BIN:-}" ]; then
-  need=()
-  command -v cmake >/dev/null || need+=(cmake)
-  command -v g++ >/dev/null || need+=(build-essential)
-  command -v glslc >/dev/null || need+=(glslc)
-  [ -e /usr/include/vulkan/vulkan.h ] || need+=(libvulkan-dev)
-  [ -d /usr/include/spirv ] || need+=(spirv-headers)
-  if [ ${#need[@]} -gt 0 ]; then
-    echo "installing ${need[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
-  fi
-
-  # the source: vendor/llama.cpp of the pinned llama-cpp-python sdist
-  src=$cache/llama_cpp_python-$version/vendor/llama.cpp
-  if [ ! -d "$src" ]; then
-    tarball=$cache/llama_cpp_python-$version.tar.gz
-    [ -s "$tarball" ] || curl -sSfL -o "$tarball" "$url"
-    echo "$sha  $tarball" | sha256sum -c --quiet
-    tar xzf "$tarball" -C "$cache"
-  fi
-  # Debian 12's Vulkan headers (1.3.239) lack VK_EXT_layer_settings: compile its block only where
-  # the headers have it (it only configures the validation layer)
-  python3 - "$src/ggml/src/ggml-vulkan/ggml-vulkan.cpp" <<'PY'
-import sys
-p = sys.argv[1]
-s = open(p).read()
-if "#ifdef VK_EXT_layer_settings" not in s:
-    start = "    VkBool32 enable_best_practice = layer_settings;\n"
-    end = "    vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, extensions, &layer_setting_info);\n"
-    assert s.count(start) == 1 and s.count(end) == 1, "ggml-vulkan.cpp changed: update the patch"
-    s = s.replace(start, "#ifdef VK_EXT_layer_settings\n" + start)
-    s = s.replace(end, end + "#else\n    vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, extensions);\n#endif\n")
-    open(p, "w").write(s)
-PY
-
-  build() {  # build dir, extra cmake flags...
-    local dir=$1
-    shift
-    if [ ! -x "$dir/bin/llama-bench" ] || [ ! -x "$dir/bin/llama-batched-bench" ]; then
-      cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-        -DGGML_AVX512=ON "$@" >"$dir.cmake.log" 2>&1
-      cmake --build "$dir" -j "$jobs" --target llama-bench llama-batched-bench >"$dir.build.log" 2>&1
-    fi
-  }
-  echo "building llama.cpp (CPU) ..."
-  build "$cache/build-cpu"
-  echo "building llama.cpp (Vulkan) ..."
-  build "$cache/build-vulkan" -DGGML_VULKAN=ON
-
-  vulkan_bin=$cache/build-vulkan/bin
-  cpu_bin=$cache/build-cpu/bin
+  echo "building llama.cpp (CPU, then Vulkan) ..."
+  cpu_bin=$(bash scripts/llamacpp-build.sh cpu "llama-bench llama-batched-bench")
+  vulkan_bin=$(bash scripts/llamacpp-build.sh vulkan "llama-bench llama-batched-bench" -DGGML_VULKAN=ON)
 else
   vulkan_bin=$LLAMACPP_BIN/vulkan
   cpu_bin=$LLAMACPP_BIN/cpu

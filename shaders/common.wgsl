@@ -166,129 +166,123 @@ fn quant_at(fmt: u32, row: u32, k4: u32, cols: u32) -> vec2<u32> {
     return vec2<u32>((row * (cols / block_len(fmt)) + k4 / per) * block_words(fmt), k4 % per);
 }
 
-// Words of a block of 256 that weights 4g .. 4g + 3 need, in the order dequant_k4 takes them
-// (Q4_K: d and dmin, the three words of 6-bit scales and mins, the nibbles; Q5_K: the same, then
-// the fifth bits; Q6_K: d, the low bits, the high bits, the sub-block scales; Q3_K: d, the high-bit
-// mask, the low bits, the scales' low nibbles, their high bits; Q2_K: d and dmin, the bits, the
-// scales and mins; IQ4_XS: d and the scales' high bits, their low nibbles, the indices).
-// Weight 4g + c of Q3_K and Q2_K is weight l = 4 (g % 8) + c of part j = (g % 32) / 8 of half
-// n = g / 32: bits 2j of byte 32n + l of the low bits (Q3_K's high bit: bit 4n + j of mask
-// byte l), scale (n * 8 + 2j + l / 16).
-fn kquant_word(fmt: u32, g: u32, i: u32) -> u32 {
-    if fmt == 12u {
-        let k = (g / 32u) * 8u + ((g % 32u) / 8u) * 2u + (g % 8u) / 4u;
-        switch i {
-            case 0u: { return 27u; }
-            case 1u: { return g % 8u; }
-            case 2u: { return 8u + (g / 32u) * 8u + g % 8u; }
-            case 3u: { return 24u + (k % 8u) / 4u; }
-            default: { return 26u; }
-        }
-    }
-    if fmt == 13u {
-        let k = (g / 32u) * 8u + ((g % 32u) / 8u) * 2u + (g % 8u) / 4u;
-        switch i {
-            case 0u: { return 20u; }
-            case 1u: { return 4u + (g / 32u) * 8u + g % 8u; }
-            default: { return k / 4u; }
-        }
-    }
-    if fmt == 14u {
-        return select(i, 2u + (g / 8u) * 4u + g % 4u, i == 2u);
-    }
-    if fmt == 6u {
-        return select(i, 4u + (g / 16u) * 8u + g % 8u, i == 4u);
-    }
-    if fmt == 11u {
-        // qh: bytes 16..47 (words 4..11), qs: bytes 48..175 (words 12..43)
-        if i == 5u { return 4u + g % 8u; }
-        return select(i, 12u + (g / 16u) * 8u + g % 8u, i == 4u);
-    }
-    let half = g / 32u;
-    let grp = (g % 32u) / 8u;
-    let l = (g % 8u) * 4u;
-    switch i {
-        case 0u: { return 52u; }
-        case 1u: { return (half * 64u + (grp & 1u) * 32u + l) / 4u; }
-        case 2u: { return 32u + half * 8u + l / 4u; }
-        default: { return 48u + (half * 8u + l / 16u + 2u * grp) / 4u; }
-    }
-}
-
-// Words kquant_word names for format fmt.
-fn kquant_words(fmt: u32) -> u32 {
+// A block of 256 is read as its head (up to 5 words: the scales, which serve the whole block)
+// and, for weights 4g .. 4g + 3, one or two data words, so a loop over a block loads its head
+// once. Head slots (word indices in the block; unused slots repeat word 0):
+//   Q4_K, Q5_K: d and dmin, the three words of 6-bit scales and mins
+//   Q6_K: d, the four words of i8 sub-block scales
+//   Q3_K: d, the two words of the scales' low nibbles, the word of their high bits
+//   Q2_K: d and dmin, the four words of scale and min nibbles
+//   IQ4_XS: d and the scales' high bits, their low nibbles
+fn kquant_head_word(fmt: u32, i: u32) -> u32 {
     switch fmt {
-        case 6u: { return 5u; }
-        case 11u: { return 6u; }
-        case 12u: { return 5u; }
-        case 13u, 14u: { return 3u; }
-        default: { return 4u; }
+        case 7u: { return select(47u + i, 52u, i == 0u); }
+        case 12u: { return select(select(23u + i, 0u, i > 3u), 27u, i == 0u); }
+        case 13u: { return select(i - 1u, 20u, i == 0u); }
+        case 14u: { return select(0u, i, i < 2u); }
+        default: { return select(0u, i, i < 4u); }
     }
 }
 
-// Weights 4g .. 4g + 3 of a block of 256 from the words kquant_word names.
-fn dequant_k4(fmt: u32, w: array<u32, 6>, g: u32) -> vec4<f32> {
+// Head slots (each kernel loads them from its own buffer: kq_head in matmul.wgsl, embed.wgsl).
+const KQ_HEAD: u32 = 5u;
+
+// Data words per 4 weights: 2 for Q6_K, Q5_K and Q3_K, else 1.
+fn kquant_data_words(fmt: u32) -> u32 {
+    return select(1u, 2u, fmt == 7u || fmt == 11u || fmt == 12u);
+}
+
+// The data words of weights 4g .. 4g + 3 (slot 1 unused, word 0, where one word holds them):
+//   Q4_K: the nibbles; Q5_K: the nibbles, the fifth bits; Q6_K: the low 4 bits, the high 2 bits;
+//   Q3_K: the low 2 bits, the high-bit mask; Q2_K: the 2 bits; IQ4_XS: the indices.
+// Weight 4g + c of Q3_K and Q2_K is weight l = 4 (g % 8) + c of part j = (g % 32) / 8 of half
+// n = g / 32: bits 2j of byte 32n + l of the low bits (Q3_K's high bit: bit 4n + j of mask byte
+// l), scale n * 8 + 2j + l / 16.
+fn kquant_data_word(fmt: u32, g: u32, i: u32) -> u32 {
+    let lw = g % 8u;
+    switch fmt {
+        case 7u: {
+            let grp = (g % 32u) / 8u;
+            return select((g / 32u) * 16u + (grp & 1u) * 8u + lw, 32u + (g / 32u) * 8u + lw, i == 1u);
+        }
+        case 11u: { return select(12u + (g / 16u) * 8u + lw, 4u + lw, i == 1u); }
+        case 12u: { return select(8u + (g / 32u) * 8u + lw, lw, i == 1u); }
+        case 13u: { return select(4u + (g / 32u) * 8u + lw, 0u, i == 1u); }
+        case 14u: { return select(2u + (g / 8u) * 4u + g % 4u, 0u, i == 1u); }
+        default: { return select(4u + (g / 16u) * 8u + lw, 0u, i == 1u); }
+    }
+}
+
+// Word i of a, b, c, d.
+fn pick4(a: u32, b: u32, c: u32, d: u32, i: u32) -> u32 {
+    return select(select(a, b, i == 1u), select(c, d, i == 3u), i >= 2u);
+}
+
+// Weights 4g .. 4g + 3 of a block of 256 from its head slots h and data words q.
+fn dequant_kq(fmt: u32, h: array<u32, KQ_HEAD>, q: vec2<u32>, g: u32) -> vec4<f32> {
     let shifts = vec4<u32>(0u, 8u, 16u, 24u);
     if fmt == 12u || fmt == 13u {
         let n = g / 32u;
         let j = (g % 32u) / 8u;
         let k = n * 8u + 2u * j + (g % 8u) / 4u;
-        let low = (vec4<u32>(w[1u + u32(fmt == 12u)]) >> (shifts + 2u * j)) & vec4<u32>(3u);
+        let low = (vec4<u32>(q.x) >> (shifts + 2u * j)) & vec4<u32>(3u);
         if fmt == 13u {
             // Q2_K: scale and min nibbles of byte k of the scales
-            let dm = unpack2x16float(w[0]);
-            let s = (w[2] >> (8u * (k % 4u))) & 0xffu;
+            let dm = unpack2x16float(h[0]);
+            let s = (pick4(h[1], h[2], h[3], h[4], k / 4u) >> (8u * (k % 4u))) & 0xffu;
             return fma(vec4<f32>(dm.x * f32(s & 15u)), vec4<f32>(low), vec4<f32>(-(dm.y * f32(s >> 4u))));
         }
         // Q3_K: minus 4 where the mask bit is clear; the 6-bit scale (low nibble of byte k % 8,
         // high bits at 2 (k / 4) of byte 8 + k % 4) minus 32
-        let high = (vec4<u32>(w[1]) >> (shifts + 4u * n + j)) & vec4<u32>(1u);
-        let q = vec4<i32>(low) - vec4<i32>(4) * (vec4<i32>(1) - vec4<i32>(high));
-        let sc = ((w[3] >> (8u * (k % 4u) + 4u * (k / 8u))) & 15u) | (((w[4] >> (8u * (k % 4u) + 2u * (k / 4u))) & 3u) << 4u);
-        return vec4<f32>(unpack2x16float(w[0]).x * f32(i32(sc) - 32)) * vec4<f32>(q);
+        let high = (vec4<u32>(q.y) >> (shifts + 4u * n + j)) & vec4<u32>(1u);
+        let qv = vec4<i32>(low) - vec4<i32>(4) * (vec4<i32>(1) - vec4<i32>(high));
+        let lows = select(h[1], h[2], k % 8u >= 4u);
+        let sc = ((lows >> (8u * (k % 4u) + 4u * (k / 8u))) & 15u) | (((h[3] >> (8u * (k % 4u) + 2u * (k / 4u))) & 3u) << 4u);
+        return vec4<f32>(unpack2x16float(h[0]).x * f32(i32(sc) - 32)) * vec4<f32>(qv);
     }
     if fmt == 14u {
         // IQ4_XS: block ib = g / 8 of 32, its 6-bit scale minus 32, then as IQ4_NL
         let ib = g / 8u;
-        let ls = ((w[1] >> (4u * ib)) & 15u) | (((w[0] >> (16u + 2u * ib)) & 3u) << 4u);
-        let nib = (vec4<u32>(w[2]) >> (shifts + select(0u, 4u, g % 8u >= 4u))) & vec4<u32>(15u);
-        return unpack2x16float(w[0]).x * f32(i32(ls) - 32) * iq4nl_values(nib);
+        let ls = ((h[1] >> (4u * ib)) & 15u) | (((h[0] >> (16u + 2u * ib)) & 3u) << 4u);
+        let nib = (vec4<u32>(q.x) >> (shifts + select(0u, 4u, g % 8u >= 4u))) & vec4<u32>(15u);
+        return unpack2x16float(h[0]).x * f32(i32(ls) - 32) * iq4nl_values(nib);
     }
     if fmt == 6u || fmt == 11u {
-        let dm = unpack2x16float(w[0]);
+        let dm = unpack2x16float(h[0]);
         let chunk = g / 16u;
         let hi = (g % 16u) >= 8u;
         let j = 2u * chunk + select(0u, 1u, hi);
-        // sub-block j's 6-bit scale and min from the 12 scale bytes (words 1..3), as llama.cpp packs them
+        // sub-block j's 6-bit scale and min from the 12 scale bytes (slots 1..3), as llama.cpp packs them
         var sc: u32;
         var mn: u32;
         if j < 4u {
-            sc = (w[1u] >> (8u * j)) & 63u;  // byte j
-            mn = (w[2u] >> (8u * j)) & 63u;  // byte j + 4
+            sc = (h[1] >> (8u * j)) & 63u;  // byte j
+            mn = (h[2] >> (8u * j)) & 63u;  // byte j + 4
         } else {
-            let lo = (w[3u] >> (8u * (j - 4u))) & 0xffu;        // byte j + 4
-            let top_s = (w[1u] >> (8u * (j - 4u) + 6u)) & 3u;   // byte j - 4, top bits
-            let top_m = (w[2u] >> (8u * (j - 4u) + 6u)) & 3u;   // byte j, top bits
+            let lo = (h[3] >> (8u * (j - 4u))) & 0xffu;        // byte j + 4
+            let top_s = (h[1] >> (8u * (j - 4u) + 6u)) & 3u;   // byte j - 4, top bits
+            let top_m = (h[2] >> (8u * (j - 4u) + 6u)) & 3u;   // byte j, top bits
             sc = (lo & 15u) | (top_s << 4u);
             mn = (lo >> 4u) | (top_m << 4u);
         }
-        var qi = (vec4<u32>(w[4]) >> (vec4<u32>(0u, 8u, 16u, 24u) + select(0u, 4u, hi))) & vec4<u32>(15u);
+        var qi = (vec4<u32>(q.x) >> (shifts + select(0u, 4u, hi))) & vec4<u32>(15u);
         if fmt == 11u {
             // Q5_K: sub-block j's fifth bits are bit j of each qh byte
-            qi |= ((vec4<u32>(w[5]) >> (vec4<u32>(0u, 8u, 16u, 24u) + j)) & vec4<u32>(1u)) << vec4<u32>(4u);
+            qi |= ((vec4<u32>(q.y) >> (shifts + j)) & vec4<u32>(1u)) << vec4<u32>(4u);
         }
-        let q = vec4<f32>(qi);
-        return fma(vec4<f32>(dm.x * f32(sc)), q, vec4<f32>(-(dm.y * f32(mn))));
+        return fma(vec4<f32>(dm.x * f32(sc)), vec4<f32>(qi), vec4<f32>(-(dm.y * f32(mn))));
     }
-    let d = unpack2x16float(w[0]).x;
+    // Q6_K: 6-bit q - 32 times the i8 scale of its sub-block of 16
+    let d = unpack2x16float(h[0]).x;
     let grp = (g % 32u) / 8u;
     let l = (g % 8u) * 4u;
-    let low = (vec4<u32>(w[1]) >> (shifts + (grp >> 1u) * 4u)) & vec4<u32>(15u);
-    let high = (vec4<u32>(w[2]) >> (shifts + 2u * grp)) & vec4<u32>(3u);
-    let q = vec4<i32>(low | (high << vec4<u32>(4u))) - vec4<i32>(32);
-    let byte = ((g / 32u) * 8u + l / 16u + 2u * grp) % 4u;
-    let scale = f32(bitcast<i32>(w[3] << (24u - 8u * byte)) >> 24u);
-    return vec4<f32>(d * scale) * vec4<f32>(q);
+    let low = (vec4<u32>(q.x) >> (shifts + (grp >> 1u) * 4u)) & vec4<u32>(15u);
+    let high = (vec4<u32>(q.y) >> (shifts + 2u * grp)) & vec4<u32>(3u);
+    let qv = vec4<i32>(low | (high << vec4<u32>(4u))) - vec4<i32>(32);
+    let bi = (g / 32u) * 8u + l / 16u + 2u * grp;
+    let word = pick4(h[1], h[2], h[3], h[4], bi / 4u);
+    let scale = f32(bitcast<i32>(word << (24u - 8u * (bi % 4u))) >> 24u);
+    return vec4<f32>(d * scale) * vec4<f32>(qv);
 }
 
 // Weights 4g .. 4g + 3 of a block of 32 from its head word and the word holding them.

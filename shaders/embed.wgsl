@@ -20,9 +20,10 @@ fn table4(row: u32, d4: u32) -> vec4<f32> {
     }
     if is_kquant(W_FORMAT) {
         let at = quant_at(W_FORMAT, row, d4, D);
-        var words: array<u32, 6>;
-        for (var i = 0u; i < kquant_words(W_FORMAT); i++) { words[i] = table[at.x + kquant_word(W_FORMAT, at.y, i)]; }
-        return dequant_k4(W_FORMAT, words, at.y);
+        var h: array<u32, KQ_HEAD>;
+        for (var i = 0u; i < KQ_HEAD; i++) { h[i] = table[at.x + kquant_head_word(W_FORMAT, i)]; }
+        let q = vec2<u32>(table[at.x + kquant_data_word(W_FORMAT, at.y, 0u)], table[at.x + kquant_data_word(W_FORMAT, at.y, 1u)]);
+        return dequant_kq(W_FORMAT, h, q, at.y);
     }
     if W_FORMAT >= 2u && W_FORMAT <= 4u {
         let at = quant_at(W_FORMAT, row, d4, D);

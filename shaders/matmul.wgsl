@@ -57,9 +57,7 @@ fn w4(o: u32, k4: u32) -> vec4<f32> {
     }
     if is_kquant(W_FORMAT) {
         let at = quant_at(W_FORMAT, o, k4, K);
-        var words: array<u32, 6>;
-        for (var i = 0u; i < kquant_words(W_FORMAT); i++) { words[i] = w[at.x + kquant_word(W_FORMAT, at.y, i)]; }
-        return dequant_k4(W_FORMAT, words, at.y);
+        return dequant_kq(W_FORMAT, kq_head(at.x), kq_data(at.x, at.y), at.y);
     }
     if W_FORMAT >= 2u && W_FORMAT <= 4u {
         let at = quant_at(W_FORMAT, o, k4, K);
@@ -71,6 +69,20 @@ fn w4(o: u32, k4: u32) -> vec4<f32> {
     }
     let i = o * K + k4 * 4u;
     return bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
+}
+
+// The head slots of the block of 256 at word `base` of w (common.wgsl's kquant_head_word).
+fn kq_head(base: u32) -> array<u32, KQ_HEAD> {
+    return array<u32, KQ_HEAD>(w[base + kquant_head_word(W_FORMAT, 0u)], w[base + kquant_head_word(W_FORMAT, 1u)],
+        w[base + kquant_head_word(W_FORMAT, 2u)], w[base + kquant_head_word(W_FORMAT, 3u)],
+        w[base + kquant_head_word(W_FORMAT, 4u)]);
+}
+
+// The data words of weights 4g .. 4g + 3 of the block of 256 at word `base` of w.
+fn kq_data(base: u32, g: u32) -> vec2<u32> {
+    let first = w[base + kquant_data_word(W_FORMAT, g, 0u)];
+    if kquant_data_words(W_FORMAT) == 1u { return vec2<u32>(first, 0u); }
+    return vec2<u32>(first, w[base + kquant_data_word(W_FORMAT, g, 1u)]);
 }
 
 // Input row bases (in vec4 units) of tokens n0 .. n0 + 3; out-of-range tokens of the last block
@@ -115,6 +127,9 @@ fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32, inv: vec4<f3
     if is_block32(W_FORMAT) && stride == 1u {
         return dots_blocks(o, b, tokens, inv);
     }
+    if is_kquant(W_FORMAT) && stride == 1u {
+        return dots_kblocks(o, b, tokens, inv);
+    }
     var acc = vec4<f32>(0.0);
     if tokens == 1u {
         for (var k4 = start; k4 < K / 4u; k4 += stride) {
@@ -151,6 +166,27 @@ fn dots_blocks(o: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
                 wv = dequant4(W_FORMAT, head, words[quant_word(W_FORMAT, g) - 1u], g);
             }
             let k4 = kb * 8u + g;
+            acc.x = dot_fma(input4(b.x, k4, inv.x), wv, acc.x);
+            if tokens == 4u {
+                acc.y = dot_fma(input4(b.y, k4, inv.y), wv, acc.y);
+                acc.z = dot_fma(input4(b.z, k4, inv.z), wv, acc.z);
+                acc.w = dot_fma(input4(b.w, k4, inv.w), wv, acc.w);
+            }
+        }
+    }
+    return acc;
+}
+
+// `dots` over all of K for blocks of 256: each block's head is loaded once, then one or two words
+// per 4 weights (w4 loads the head again for every 4), in w4's k4 order: the same bits.
+fn dots_kblocks(o: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    for (var kb = 0u; kb < K / 256u; kb++) {
+        let base = (o * (K / 256u) + kb) * block_words(W_FORMAT);
+        let h = kq_head(base);
+        for (var g = 0u; g < 64u; g++) {
+            let wv = dequant_kq(W_FORMAT, h, kq_data(base, g), g);
+            let k4 = kb * 64u + g;
             acc.x = dot_fma(input4(b.x, k4, inv.x), wv, acc.x);
             if tokens == 4u {
                 acc.y = dot_fma(input4(b.y, k4, inv.y), wv, acc.y);
@@ -236,6 +272,38 @@ fn dots_quad(r: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> array<v
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
+    if is_kquant(W_FORMAT) {
+        // blocks of 256: the four rows' heads loaded once per block
+        let bw = block_words(W_FORMAT);
+        for (var kb = 0u; kb < K / 256u; kb++) {
+            let base = (r * (K / 256u) + kb) * bw;
+            let h0 = kq_head(base.x);
+            let h1 = kq_head(base.y);
+            let h2 = kq_head(base.z);
+            let h3 = kq_head(base.w);
+            for (var g = 0u; g < 64u; g++) {
+                let k4 = kb * 64u + g;
+                let w0 = dequant_kq(W_FORMAT, h0, kq_data(base.x, g), g);
+                let w1 = dequant_kq(W_FORMAT, h1, kq_data(base.y, g), g);
+                let w2 = dequant_kq(W_FORMAT, h2, kq_data(base.z, g), g);
+                let w3 = dequant_kq(W_FORMAT, h3, kq_data(base.w, g), g);
+                if tokens == 1u {
+                    let x0 = input4(b.x, k4, inv.x);
+                    a0.x = dot_fma(x0, w0, a0.x);
+                    a1.x = dot_fma(x0, w1, a1.x);
+                    a2.x = dot_fma(x0, w2, a2.x);
+                    a3.x = dot_fma(x0, w3, a3.x);
+                } else {
+                    let xs = inputs4(b, k4, inv);
+                    a0 = dots4(xs, w0, a0);
+                    a1 = dots4(xs, w1, a1);
+                    a2 = dots4(xs, w2, a2);
+                    a3 = dots4(xs, w3, a3);
+                }
+            }
+        }
+        return array<vec4<f32>, 4>(a0, a1, a2, a3);
+    }
     if tokens == 1u {
         for (var k4 = 0u; k4 < K / 4u; k4++) {
             let x0 = input4(b.x, k4, inv.x);
