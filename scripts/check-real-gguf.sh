@@ -5,7 +5,7 @@
 #
 #   scripts/check-real-gguf.sh [TYPE] [TOKENS]    # default Q4_K_M 48
 #
-# Prints both answers, the tensor types of the file, and where (if anywhere) the two greedy
+# Prints both answers and where (if anywhere) the two greedy
 # continuations first differ. llama.cpp's CPU backend quantizes activations to 8 bits in these
 # products and kvdecode keeps them f32, so a late divergence at a near-tie is possible; the
 # script reports it rather than failing on it. Not in CI (builds llama.cpp).
@@ -41,9 +41,9 @@ PY
 echo "kvdecode chat (greedy):"
 "$kv" chat --model "$model" --temperature 0 --kv f32 --weights f32 --max-tokens "$n" \
   "What is the capital of France, and what is it known for?" 2>/dev/null
-python3 - "$tmp" "$model" "$kv" <<'PY'
-import json, struct, subprocess, sys
-tmp, model, kv = sys.argv[1:4]
+python3 - "$tmp" "$model" "$cpu" <<'PY'
+import array, json, struct, subprocess, sys
+tmp, model, cpu = sys.argv[1:4]
 data = open(f"{tmp}/llama.i32", "rb").read()
 llama = list(struct.unpack(f"<{len(data) // 4}i", data))
 ours = json.loads(open(f"{tmp}/kv.jsonl").read().strip().splitlines()[0])["tokens"]
@@ -53,4 +53,13 @@ if first is None:
     print(f"the {min(len(llama), len(ours))} greedy tokens are the same")
 else:
     print(f"the greedy continuations agree for {first} tokens, then differ ({llama[first]} vs {ours[first]})")
+    # llama.cpp's own logits of the two tokens there: how near a tie it was
+    prompt = json.load(open(f"{tmp}/prompt.json")) + llama[:first]
+    open(f"{tmp}/at.i32", "wb").write(struct.pack(f"<{len(prompt)}i", *prompt))
+    subprocess.run([f"{cpu}/llamacpp_logits", model, f"{tmp}/at.i32", f"{tmp}/at.f32", "0"], check=True,
+                   stderr=subprocess.DEVNULL)
+    logits = array.array("f", open(f"{tmp}/at.f32", "rb").read())
+    row = logits[len(logits) - len(logits) // len(prompt):]
+    a, b = row[llama[first]], row[ours[first]]
+    print(f"llama.cpp's logits there: {a:.4f} for its token, {b:.4f} for kvdecode's (gap {a - b:.4f})")
 PY
