@@ -155,3 +155,49 @@ fn hostile_chat_templates_hit_their_limits() {
     t.chat_template = good;
     assert!(t.apply_chat_template(&msgs, true).unwrap().ends_with("[ASSISTANT]"));
 }
+
+#[test]
+fn llama3_vocabularies_take_a_whole_pre_token_before_merging() {
+    // llama.cpp (and Llama 3's tokenizer.json, `ignore_merges`) emit a pre-token that is itself
+    // in the vocabulary as that one token; other gpt2-style vocabularies merge. With merges
+    // that only join "b c", "abc" is [a, bc] by merges and [abc] whole.
+    use kvdecode::gguf::Value;
+    let meta = |pre: &str| {
+        let s = |v: &str| Value::Str(v.into());
+        std::collections::BTreeMap::from([
+            ("tokenizer.ggml.model".to_string(), s("gpt2")),
+            ("tokenizer.ggml.pre".to_string(), s(pre)),
+            ("tokenizer.ggml.tokens".to_string(), Value::Array(["a", "b", "c", "bc", "abc"].map(s).to_vec())),
+            ("tokenizer.ggml.merges".to_string(), Value::Array(vec![s("b c")])),
+        ])
+    };
+    for (pre, want) in [("gpt2", vec![0, 3]), ("qwen2", vec![0, 3]), ("llama-bpe", vec![4])] {
+        let t = Tokenizer::from_gguf_metadata(&meta(pre)).unwrap();
+        assert_eq!(t.encode("abc").unwrap(), want, "pre-tokenizer {pre}");
+    }
+    // llama.cpp's other names of the GPT-2 pre-tokenizer read as it
+    for pre in ["gpt-2", "olmo", "phi-2"] {
+        assert_eq!(Tokenizer::from_gguf_metadata(&meta(pre)).unwrap().encode("abc").unwrap(), vec![0, 3], "{pre}");
+    }
+}
+
+#[test]
+fn llama_cpp_vocabulary_tests_pass() {
+    // llama.cpp's own tokenizer test for Phi-3's vocabulary (models/ggml-vocab-phi-3.gguf with its
+    // .inp texts and .out ids, copied from llama.cpp's repository; tokenized there without BOS)
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llamacpp/vocab");
+    let vocab = dir.join("ggml-vocab-phi-3.gguf");
+    let t = Tokenizer::from_gguf(&GgufFile::parse(std::fs::read(&vocab).unwrap()).unwrap()).unwrap();
+    let read = |ext: &str| std::fs::read_to_string(dir.join(format!("ggml-vocab-phi-3.gguf.{ext}"))).unwrap();
+    let (inp, out) = (read("inp"), read("out"));
+    let texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
+    let wants: Vec<&str> = out.split('\n').collect();
+    assert!(texts.len() >= 40 && wants.len() >= texts.len(), "{} texts, {} answers", texts.len(), wants.len());
+    for (text, want) in texts.iter().zip(&wants) {
+        let want: Vec<u32> = want.split_whitespace().map(|v| v.parse().unwrap()).collect();
+        let mut got = t.encode(text).unwrap();
+        assert_eq!(got.first(), Some(&1), "Phi-3 asks for BOS");
+        got.remove(0);
+        assert_eq!(got, want, "{text:?}");
+    }
+}

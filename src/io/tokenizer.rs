@@ -86,7 +86,8 @@ impl Tokenizer {
         let split =
             |re: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
         let pre_tokenizer = match pre {
-            "default" | "gpt2" => byte_level(true),
+            // llama.cpp's GPT-2 regex for all of these
+            "default" | "gpt2" | "gpt-2" | "phi-2" | "olmo" | "mpt" => byte_level(true),
             "smollm" => {
                 json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]})
             }
@@ -96,20 +97,24 @@ impl Tokenizer {
             "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false)]}),
             other => {
                 return Err(Error::Config(format!(
-                    "GGUF pre-tokenizer {other:?} is not supported (supported: default, gpt2, smollm, llama-bpe, qwen2)"
+                    "GGUF pre-tokenizer {other:?} is not supported (supported: default, gpt2, gpt-2, phi-2, olmo, mpt, smollm, llama-bpe, qwen2)"
                 )))
             }
         };
         let vocab: serde_json::Map<String, Json> =
             tokens.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
         let added = added_tokens(&tokens, &types);
+        // Llama 3's tokenizer takes a pre-token that is itself in the vocabulary whole, without
+        // merging (its tokenizer.json's `ignore_merges`, llama.cpp's too): " Việt" is one token
+        // there though the merges would split it
+        let ignore_merges = matches!(pre, "llama-bpe" | "llama3");
         let spec = json!({
             "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
             "pre_tokenizer": pre_tokenizer, "post_processor": null,
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                      "vocab": vocab, "merges": merges}
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges}
         });
         Self::from_gguf_spec(g, spec, false)
     }
