@@ -61,6 +61,10 @@ pub struct Args {
     /// Weights table: timed rounds of each (the median is printed).
     #[arg(long, default_value_t = 5)]
     weight_rounds: usize,
+    /// Formats table: rounds over all formats (each format's median is printed; the rounds
+    /// interleave the formats, so a slow spell of a shared machine touches them all alike).
+    #[arg(long, default_value_t = 3)]
+    format_rounds: usize,
     /// Weights table: updates before the memory is read again.
     #[arg(long, default_value_t = 500)]
     weight_updates: usize,
@@ -197,7 +201,7 @@ pub fn run(a: Args) -> Result<()> {
         json.insert("weights".into(), w);
     }
     if table("formats") {
-        json.insert("formats".into(), formats_table(&gpu, &model, steps)?.into());
+        json.insert("formats".into(), formats_table(&gpu, &model, steps, a.format_rounds.max(1))?.into());
     }
     if a.json {
         println!("{}", serde_json::Value::Object(json));
@@ -207,8 +211,9 @@ pub fn run(a: Args) -> Result<()> {
 
 /// The model's weights requantized to each block format (matrices whose rows are not whole
 /// blocks stay as they are): GPU time of the products and of the whole step per decode step (1
-/// row, context 128, timestamp queries), and the products' time against Q4_1's in the same run.
-fn formats_table(gpu: &Gpu, model: &ModelWeights, steps: usize) -> Result<Vec<serde_json::Value>> {
+/// row, context 128, timestamp queries, after two untimed steps), the median of `rounds` rounds
+/// that each visit every format, and the products' time against Q4_1's.
+fn formats_table(gpu: &Gpu, model: &ModelWeights, steps: usize, rounds: usize) -> Result<Vec<serde_json::Value>> {
     use kvdecode::quant::QuantKind;
     let kinds = [
         QuantKind::Q4_1,
@@ -227,51 +232,63 @@ fn formats_table(gpu: &Gpu, model: &ModelWeights, steps: usize) -> Result<Vec<se
     let ctx = 128;
     let mut rng = SplitMix64(7);
     let ids: Vec<u32> = (0..ctx).map(|_| rng.below(model.cfg.vocab) as u32).collect();
-    let mut out = Vec::new();
+    // per format: (matrices in it, of, weight bytes, products ms and step ms of each round)
+    let mut seen: Vec<(usize, usize, u64, Vec<f64>, Vec<f64>)> = vec![(0, 0, 0, Vec::new(), Vec::new()); kinds.len()];
+    for _ in 0..rounds {
+        for (k, &kind) in kinds.iter().enumerate() {
+            let w = model.quantized(kind)?;
+            let mats = std::iter::once(&w.embed)
+                .chain(w.head.iter())
+                .chain(w.layers.iter().flat_map(|l| {
+                    [&l.wq, &l.wo, &l.mlp_in, &l.mlp_out].into_iter().chain(l.kv_global.iter()).chain(l.kv_local.iter())
+                }))
+                .collect::<Vec<_>>();
+            let inside = mats.iter().filter(|m| m.quant.as_ref().is_some_and(|q| q.kind == kind)).count();
+            let mut e = Engine::new(
+                gpu,
+                &w,
+                EngineOptions { beyond_trained_context: true, ..EngineOptions::new(1, ctx + steps + 3) },
+            )?;
+            let greedy = [Sampler::GREEDY];
+            e.append_sample(&ids, ctx, &[ctx], None, &greedy)?;
+            for _ in 0..2 {
+                e.profile_step(&[rng.below(model.cfg.vocab) as u32], 1, &[1], None, Some(&greedy))?;
+            }
+            let mut total = Profile::default();
+            for _ in 0..steps {
+                let id = rng.below(model.cfg.vocab) as u32;
+                total.add(&e.profile_step(&[id], 1, &[1], None, Some(&greedy))?);
+            }
+            let n = steps as f64;
+            let f = &mut seen[k];
+            (f.0, f.1, f.2) = (inside, mats.len(), e.weight_bytes());
+            f.3.push(1e3 * total.matmul / n);
+            f.4.push(1e3 * total.total() / n);
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     println!(
-        "
-Block formats (1 row, context {ctx}; GPU ms per decode step by timestamp queries; the rows of a"
+        "\nBlock formats (1 row, context {ctx}; GPU ms per decode step by timestamp queries, median of {rounds} rounds;"
     );
-    println!(
-        "matrix that are not whole blocks of a format stay in their previous format):
-"
-    );
+    println!("the rows of a matrix that are not whole blocks of a format stay in their previous format):\n");
     println!("| format | matrices in it | weights MiB | products ms / step | GPU ms / step | products vs Q4_1 |");
     println!("|---|---:|---:|---:|---:|---:|");
-    let mut q4_1 = None;
-    for kind in kinds {
-        let w = model.quantized(kind)?;
-        let mats = std::iter::once(&w.embed)
-            .chain(w.head.iter())
-            .chain(w.layers.iter().flat_map(|l| {
-                [&l.wq, &l.wo, &l.mlp_in, &l.mlp_out].into_iter().chain(l.kv_global.iter()).chain(l.kv_local.iter())
-            }))
-            .collect::<Vec<_>>();
-        let inside = mats.iter().filter(|m| m.quant.as_ref().is_some_and(|q| q.kind == kind)).count();
-        let mut e = Engine::new(
-            gpu,
-            &w,
-            EngineOptions { beyond_trained_context: true, ..EngineOptions::new(1, ctx + steps + 1) },
-        )?;
-        let greedy = [Sampler::GREEDY];
-        e.append_sample(&ids, ctx, &[ctx], None, &greedy)?;
-        let mut total = Profile::default();
-        for _ in 0..steps {
-            let id = rng.below(model.cfg.vocab) as u32;
-            total.add(&e.profile_step(&[id], 1, &[1], None, Some(&greedy))?);
-        }
-        let n = steps as f64;
-        let (products, step) = (1e3 * total.matmul / n, 1e3 * total.total() / n);
-        let base = *q4_1.get_or_insert(products);
-        let name = kvdecode::WeightFormat::from(kind).name();
+    let base = median(&seen[0].3);
+    let mut out = Vec::new();
+    for (kind, (inside, of, bytes, products, step)) in kinds.iter().zip(&seen) {
+        let (products, step) = (median(products), median(step));
+        let name = kvdecode::WeightFormat::from(*kind).name();
         println!(
-            "| {name} | {inside} of {} | {:.1} | {products:.2} | {step:.2} | {:.2}x |",
-            mats.len(),
-            e.weight_bytes() as f64 / 1048576.0,
+            "| {name} | {inside} of {of} | {:.1} | {products:.2} | {step:.2} | {:.2}x |",
+            *bytes as f64 / 1048576.0,
             products / base
         );
         out.push(serde_json::json!({
-            "format": name, "matrices": inside, "of": mats.len(), "weight_bytes": e.weight_bytes(),
+            "format": name, "matrices": inside, "of": of, "weight_bytes": bytes,
             "products_ms": products, "step_ms": step, "vs_q4_1": products / base,
         }));
     }
