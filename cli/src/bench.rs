@@ -232,8 +232,7 @@ fn formats_table(gpu: &Gpu, model: &ModelWeights, steps: usize, rounds: usize) -
     let ctx = 128;
     let mut rng = SplitMix64(7);
     let ids: Vec<u32> = (0..ctx).map(|_| rng.below(model.cfg.vocab) as u32).collect();
-    // per format: (matrices in it, of, weight bytes, products ms and step ms of each round)
-    let mut seen: Vec<(usize, usize, u64, Vec<f64>, Vec<f64>)> = vec![(0, 0, 0, Vec::new(), Vec::new()); kinds.len()];
+    let mut seen = vec![FormatRounds::default(); kinds.len()];
     for _ in 0..rounds {
         for (k, &kind) in kinds.iter().enumerate() {
             let w = model.quantized(kind)?;
@@ -261,9 +260,9 @@ fn formats_table(gpu: &Gpu, model: &ModelWeights, steps: usize, rounds: usize) -
             }
             let n = steps as f64;
             let f = &mut seen[k];
-            (f.0, f.1, f.2) = (inside, mats.len(), e.weight_bytes());
-            f.3.push(1e3 * total.matmul / n);
-            f.4.push(1e3 * total.total() / n);
+            (f.inside, f.of, f.bytes) = (inside, mats.len(), e.weight_bytes());
+            f.products_ms.push(1e3 * total.matmul / n);
+            f.step_ms.push(1e3 * total.total() / n);
         }
     }
     let median = |v: &[f64]| {
@@ -277,14 +276,15 @@ fn formats_table(gpu: &Gpu, model: &ModelWeights, steps: usize, rounds: usize) -
     println!("the rows of a matrix that are not whole blocks of a format stay in their previous format):\n");
     println!("| format | matrices in it | weights MiB | products ms / step | GPU ms / step | products vs Q4_1 |");
     println!("|---|---:|---:|---:|---:|---:|");
-    let base = median(&seen[0].3);
+    let base = median(&seen[0].products_ms);
     let mut out = Vec::new();
-    for (kind, (inside, of, bytes, products, step)) in kinds.iter().zip(&seen) {
-        let (products, step) = (median(products), median(step));
+    for (kind, f) in kinds.iter().zip(&seen) {
+        let (inside, of, bytes) = (f.inside, f.of, f.bytes);
+        let (products, step) = (median(&f.products_ms), median(&f.step_ms));
         let name = kvdecode::WeightFormat::from(*kind).name();
         println!(
             "| {name} | {inside} of {of} | {:.1} | {products:.2} | {step:.2} | {:.2}x |",
-            *bytes as f64 / 1048576.0,
+            bytes as f64 / 1048576.0,
             products / base
         );
         out.push(serde_json::json!({
@@ -293,6 +293,19 @@ fn formats_table(gpu: &Gpu, model: &ModelWeights, steps: usize, rounds: usize) -
         }));
     }
     Ok(out)
+}
+
+/// One format's figures over the rounds of [`formats_table`].
+#[derive(Clone, Default)]
+struct FormatRounds {
+    /// Matrices in the format, of all.
+    inside: usize,
+    of: usize,
+    /// GPU bytes of the weights.
+    bytes: u64,
+    /// Products' and the whole step's GPU ms per decode step, one entry per round.
+    products_ms: Vec<f64>,
+    step_ms: Vec<f64>,
 }
 
 /// Requests sharing a long system prompt through the scheduler, the prompt cache on and off:
