@@ -522,3 +522,36 @@ fn a_conversation_that_continues_hits_the_prompt_cache() {
     }
     assert!(after >= before + 16, "no prompt-cache hit for the continued conversation: {before} -> {after}");
 }
+
+#[test]
+fn newer_families_serve_transformers_greedy_answers() {
+    // each newer family's transformers fixture (tests/fixtures/hf) served from its Hugging Face
+    // directory with a word-level tokenizer of its 128 ids ("t0" .. "t127"): the greedy completion
+    // of the fixture's 16-token prompt is transformers' own greedy continuation
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/hf");
+    let vocab: serde_json::Map<String, Value> = (0..128).map(|i| (format!("t{i}"), json!(i))).collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    for family in ["qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2"] {
+        let dir = std::env::temp_dir().join(format!("kvdecode-serve-{family}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::copy(fixtures.join(family).join(f), dir.join(f)).unwrap();
+        }
+        std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+        let ids = kvdecode::npy::read(fixtures.join(family).join("generate_ids.npy")).unwrap().to_u32().unwrap();
+        let (prompt, want) = ids.split_at(16);
+        let s = start_model(dir.to_str().unwrap());
+        let (st, v) =
+            post(s.port, "/v1/completions", json!({"prompt": prompt, "max_tokens": want.len(), "temperature": 0}));
+        assert_eq!(st, 200, "{family}: {v}");
+        let text = v["choices"][0]["text"].as_str().unwrap();
+        let got: Vec<u32> = text.split_whitespace().map(|t| t.trim_start_matches('t').parse().unwrap()).collect();
+        assert_eq!(got, want, "{family}: served greedy tokens against transformers' generate");
+        drop(s);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -452,8 +452,12 @@ impl KvCache {
         self.blocks.available(row)
     }
 
-    /// Positions one row can reach: `max_len`, or less when its pool shard is smaller.
+    /// Positions one row can reach: `max_len`, or less when its pool shard is smaller (a model
+    /// without global layers, every layer a ring, has no pool to run out of).
     pub fn row_capacity(&self) -> usize {
+        if self.global.is_empty() {
+            return self.max_len;
+        }
         self.max_len.min(self.blocks.blocks_per_shard() * self.blocks.block_len())
     }
 
