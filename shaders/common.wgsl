@@ -315,12 +315,17 @@ fn quant_word(fmt: u32, g: u32) -> u32 {
 // its word by two selects and its byte by a shift (no array in private memory, which lavapipe
 // would copy per call).
 fn iq4nl_values(n: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(iq4nl_values_i(n));
+}
+
+// iq4nl_values as integers (the integer-dot products take them as int8).
+fn iq4nl_values_i(n: vec4<u32>) -> vec4<i32> {
     let b2 = (n & vec4<u32>(4u)) != vec4<u32>(0u);
     let b3 = (n & vec4<u32>(8u)) != vec4<u32>(0u);
     let low = select(vec4<u32>(0xbfad9881u), vec4<u32>(0xf6eaddcfu), b2);
     let high = select(vec4<u32>(0x26190d01u), vec4<u32>(0x71594535u), b2);
     let word = select(low, high, b3);
-    return vec4<f32>(bitcast<vec4<i32>>(word << (vec4<u32>(24u) - 8u * (n & vec4<u32>(3u)))) >> vec4<u32>(24u));
+    return bitcast<vec4<i32>>(word << (vec4<u32>(24u) - 8u * (n & vec4<u32>(3u)))) >> vec4<u32>(24u);
 }
 
 // Weights 4g .. 4g + 3 of a Q5_0 (8), Q5_1 (9) or IQ4_NL (10) block from its head's scale (and

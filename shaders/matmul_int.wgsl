@@ -1,24 +1,50 @@
-// Integer-dot variant of matmul.wgsl (appended to it; `KVDECODE_MATMUL=int-dot`): Q8_0, Q4_0 and
-// Q4_1 weights stay integers and meet the activations quantized per block of 32 (quantize.wgsl)
-// in `dot4I8Packed`, four byte products a step, as llama.cpp's Vulkan and WebGPU backends do. A
-// block contributes d_w d_x sum(w_q x_q) (Q4_0: minus 8 d_w d_x sum(x_q); Q4_1: plus m_w d_x
-// sum(x_q)), with integer sums exact. Threads as `main`: one per OUTS outputs and 4 tokens (one
-// below 4 tokens), each (output, token) summed alone by `int_dot_row`, blocks in order: a row's
-// result never depends on the batch, nor on OUTS.
+// Integer-dot variant of matmul.wgsl (appended to it; `KVDECODE_MATMUL=int-dot`): Q8_0, Q4_0,
+// Q4_1, Q5_0, Q5_1 and IQ4_NL weights stay integers and meet the activations quantized per block
+// of 32 (quantize.wgsl) in `dot4I8Packed`, four byte products a step, as llama.cpp's Vulkan and
+// WebGPU backends do. A block contributes d_w d_x sum(w_q x_q) (Q4_0 / Q5_0: minus 8 / 16 d_w d_x
+// sum(x_q); Q4_1 / Q5_1: plus m_w d_x sum(x_q); IQ4_NL's w_q are its table's values), with
+// integer sums exact. Threads as `main`: one per OUTS outputs and 4 tokens (one below 4 tokens),
+// each (output, token) summed alone by `int_dot_row`, blocks in order: a row's result never
+// depends on the batch, nor on OUTS.
 // Rounding the activations costs llama.cpp-like accuracy, hence opt-in.
 
 @group(0) @binding(6) var<storage, read> xq: array<u32>;  // [N, K / 32, Q8_BLOCK_WORDS] (quantize.wgsl)
 
-// acc plus one block's contribution, from the integer sum s of its products (weights as int8, Q4
-// nibbles as 0..15), the weights' (scale, min) dm, the token's scale dx and d_x sum(x_q) sx.
+// acc plus one block's contribution, from the integer sum s of its products (weights as int8,
+// Q4/Q5 quants as 0..15 / 0..31, IQ4_NL's as its table's values), the weights' (scale, min) dm,
+// the token's scale dx and d_x sum(x_q) sx.
 fn block_sum(s: i32, dm: vec2<f32>, dx: f32, sx: f32, acc: f32) -> f32 {
-    if W_FORMAT == 2u {
+    if W_FORMAT == 2u || W_FORMAT == 10u {
         return fma(dm.x * dx, f32(s), acc);
     }
-    if W_FORMAT == 3u {
-        return fma(dm.x, fma(dx, f32(s), -8.0 * sx), acc);
+    if W_FORMAT == 3u || W_FORMAT == 8u {
+        return fma(dm.x, fma(dx, f32(s), select(-8.0, -16.0, W_FORMAT == 8u) * sx), acc);
     }
     return fma(dm.x * dx, f32(s), fma(dm.y, sx, acc));
+}
+
+// Bits 0..3 of h moved to bit 4 of bytes 0..3: a Q5 block's fifth bits of four weights, beside
+// their nibbles.
+fn fifth_bits(h: u32) -> u32 {
+    return ((h & 1u) << 4u) | ((h & 2u) << 11u) | ((h & 4u) << 18u) | ((h & 8u) << 25u);
+}
+
+// Four IQ4_NL nibbles (one per byte) replaced by their table values, as int8 bytes.
+fn iq4nl_bytes(nib: u32) -> u32 {
+    let n = (vec4<u32>(nib) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
+    let b = (vec4<u32>(bitcast<vec4<i32>>(iq4nl_values_i(n))) & vec4<u32>(0xffu)) << vec4<u32>(0u, 8u, 16u, 24u);
+    return b.x | b.y | b.z | b.w;
+}
+
+// Word i of a block of 32's quantized weights as int8 bytes: weights 4i .. 4i + 3 for i < 4,
+// 16 + 4(i - 4) .. for i >= 4 (nibble formats), or word i of Q8_0's 8.
+fn int_word(base: u32, i: u32) -> u32 {
+    if W_FORMAT == 2u { return w[base + 1u + i]; }
+    let five = W_FORMAT == 8u || W_FORMAT == 9u;
+    let nib = (w[base + select(1u, 2u, five) + i % 4u] >> select(0u, 4u, i >= 4u)) & 0x0f0f0f0fu;
+    if W_FORMAT == 10u { return iq4nl_bytes(nib); }
+    if five { return nib | fifth_bits(w[base + 1u] >> (4u * i)); }
+    return nib;
 }
 
 // One token's (quantized row at word xb) dot product with weight row `row`, blocks in order, words
@@ -34,16 +60,8 @@ fn int_dot_row(row: u32, xb: u32) -> f32 {
         let base = (row * (K / 32u) + kb) * block_words(W_FORMAT);
         let xo = xb + kb * Q8_BLOCK_WORDS;
         var s = 0i;
-        if W_FORMAT == 2u {
-            for (var i = 0u; i < 8u; i++) { s += dot4I8Packed(w[base + 1u + i], xq[xo + 2u + i]); }
-        } else {
-            // word i: weights 4i.. in the low nibbles, 16 + 4i.. in the high ones (common.wgsl)
-            for (var i = 0u; i < 4u; i++) {
-                let nib = w[base + 1u + i];
-                s += dot4I8Packed(nib & 0x0f0f0f0fu, xq[xo + 2u + i]);
-                s += dot4I8Packed((nib >> 4u) & 0x0f0f0f0fu, xq[xo + 6u + i]);
-            }
-        }
+        // the activations' word i holds features 4i .. 4i + 3 of the block
+        for (var i = 0u; i < 8u; i++) { s += dot4I8Packed(int_word(base, i), xq[xo + 2u + i]); }
         acc = block_sum(s, unpack2x16float(w[base]), bitcast<f32>(xq[xo]), bitcast<f32>(xq[xo + 1u]), acc);
     }
     return acc;

@@ -31,7 +31,15 @@ fn model_in(kind: QuantKind, relu2: bool) -> (String, ModelWeights) {
 #[test]
 fn int_dot_decode_is_close_to_the_reference() {
     // (pipelines of the int-dot products take lavapipe about 0.4 s each to build: few engines)
-    let cases = [(QuantKind::Q8_0, false), (QuantKind::Q4_0, true), (QuantKind::Q4_1, false), (QuantKind::Q4_1, true)];
+    let cases = [
+        (QuantKind::Q8_0, false),
+        (QuantKind::Q4_0, true),
+        (QuantKind::Q4_1, false),
+        (QuantKind::Q4_1, true),
+        (QuantKind::Q5_0, false),
+        (QuantKind::Q5_1, true),
+        (QuantKind::IQ4NL, false),
+    ];
     for (what, w) in cases.map(|(kind, relu2)| model_in(kind, relu2)) {
         let vocab = w.cfg.vocab as u32;
         let mut e = int_dot_engine(&w, 2);
@@ -66,7 +74,9 @@ fn int_dot_decode_is_close_to_the_reference() {
 
 #[test]
 fn int_dot_rows_never_depend_on_the_batch_or_the_chunking() {
-    for (what, w) in [model_in(QuantKind::Q4_1, false), model_in(QuantKind::Q8_0, true)] {
+    for (what, w) in
+        [model_in(QuantKind::Q4_1, false), model_in(QuantKind::Q8_0, true), model_in(QuantKind::Q5_0, false)]
+    {
         let prompt: Vec<u32> = (0..13u32).map(|i| (i * 11 + 5) % 96).collect();
         // alone, prompt whole, then decode
         let mut alone = int_dot_engine(&w, 1);

@@ -81,10 +81,18 @@ impl WeightFormat {
         }
     }
 
-    /// Whether the integer-dot products take this format (blocks of 32 with 8-bit or 4-bit
-    /// integers and one scale).
+    /// Whether the integer-dot products take this format (blocks of 32 whose weights are small
+    /// integers times one scale, plus one min: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL's table).
     pub(crate) fn int_dot(self) -> bool {
-        matches!(self, WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1)
+        matches!(
+            self,
+            WeightFormat::Q8_0
+                | WeightFormat::Q4_0
+                | WeightFormat::Q4_1
+                | WeightFormat::Q5_0
+                | WeightFormat::Q5_1
+                | WeightFormat::IQ4NL
+        )
     }
 }
 
