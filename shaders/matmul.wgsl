@@ -145,6 +145,18 @@ fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32, inv: vec4<f3
     return acc;
 }
 
+// The tokens' sums acc plus their inputs k4 times the weights wv (the first `tokens` of them).
+fn dots_at(acc: vec4<f32>, b: vec4<u32>, k4: u32, inv: vec4<f32>, wv: vec4<f32>, tokens: u32) -> vec4<f32> {
+    var a = acc;
+    a.x = dot_fma(input4(b.x, k4, inv.x), wv, a.x);
+    if tokens == 4u {
+        a.y = dot_fma(input4(b.y, k4, inv.y), wv, a.y);
+        a.z = dot_fma(input4(b.z, k4, inv.z), wv, a.z);
+        a.w = dot_fma(input4(b.w, k4, inv.w), wv, a.w);
+    }
+    return a;
+}
+
 // `dots` over all of K for blocks of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): each block's words are read once
 // (w4 reads the block's head again for every 4 weights), the weights visited in w4's k4 order,
 // so the sums are the same bits. On CPU adapters, where every per-lane load is a gather, this
@@ -165,13 +177,7 @@ fn dots_blocks(o: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
             } else {
                 wv = dequant4(W_FORMAT, head, words[quant_word(W_FORMAT, g) - 1u], g);
             }
-            let k4 = kb * 8u + g;
-            acc.x = dot_fma(input4(b.x, k4, inv.x), wv, acc.x);
-            if tokens == 4u {
-                acc.y = dot_fma(input4(b.y, k4, inv.y), wv, acc.y);
-                acc.z = dot_fma(input4(b.z, k4, inv.z), wv, acc.z);
-                acc.w = dot_fma(input4(b.w, k4, inv.w), wv, acc.w);
-            }
+            acc = dots_at(acc, b, kb * 8u + g, inv, wv, tokens);
         }
     }
     return acc;
@@ -186,13 +192,7 @@ fn dots_kblocks(o: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> vec4<f32> 
         let h = kq_head(base);
         for (var g = 0u; g < 64u; g++) {
             let wv = dequant_kq(W_FORMAT, h, kq_data(base, g), g);
-            let k4 = kb * 64u + g;
-            acc.x = dot_fma(input4(b.x, k4, inv.x), wv, acc.x);
-            if tokens == 4u {
-                acc.y = dot_fma(input4(b.y, k4, inv.y), wv, acc.y);
-                acc.z = dot_fma(input4(b.z, k4, inv.z), wv, acc.z);
-                acc.w = dot_fma(input4(b.w, k4, inv.w), wv, acc.w);
-            }
+            acc = dots_at(acc, b, kb * 64u + g, inv, wv, tokens);
         }
     }
     return acc;
