@@ -4,8 +4,9 @@
 //!   incremental logits, greedy generation, a left-padded batch): Llama, Qwen3 and Gemma 3 over 48
 //!   positions; Qwen2 (biases, YaRN), Llama 3.1's RoPE scaling, Mistral (every layer slides over
 //!   40 keys), SmolLM3 (a NoPE layer, linear RoPE scaling), Gemma 2 (attention softcap, sliding
-//!   and global layers alternating) and OLMo 2 (output norms, whole-projection qk-norm) over 300, past the scaled RoPE's original context of 128 and
-//!   seven times round the window;
+//!   and global layers alternating), OLMo 2 (output norms, whole-projection qk-norm) and Phi-3
+//!   (fused tensors, LongRoPE, partial rotary, every layer sliding) over 300, past the scaled
+//!   RoPE's original context of 128 and seven times round the window;
 //! - `seed-tinyagent`: the TinyAgent layout with Engram (`cid_map[0] != 0`) under a random schedule
 //!   of ragged appends, sub-batches and resets, by full recomputation in PyTorch (the seed's own
 //!   `append` agrees with it to about 2e-6; see the fixture's meta.json).
@@ -17,7 +18,8 @@ use std::path::PathBuf;
 use common::*;
 use kvdecode::{npy, reference, Engine, EngineOptions, ModelWeights};
 
-const FAMILIES: [&str; 9] = ["llama", "qwen3", "gemma3", "qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2"];
+const FAMILIES: [&str; 10] =
+    ["llama", "qwen3", "gemma3", "qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"];
 
 /// Cache positions for a fixture's longest sequence.
 fn max_len(tokens: usize) -> usize {

@@ -221,8 +221,8 @@ fn newer_families_gguf_match_reference() {
         let mut written = w.clone();
         if let Some(RopeScaling::Llama3 { .. }) = &c.rope_scaling {
             // what llama.cpp's converter stores: the default frequency over the scaled one
-            let scaled = Rope { theta: c.rope_theta, scaling: c.rope_scaling.clone() }.frequencies(c.head_dim).0;
-            let plain = Rope { theta: c.rope_theta, scaling: None }.frequencies(c.head_dim).0;
+            let scaled = Rope { theta: c.rope_theta, scaling: c.rope_scaling.clone(), dims: None }.frequencies(c.head_dim, 1).0;
+            let plain = Rope { theta: c.rope_theta, scaling: None, dims: None }.frequencies(c.head_dim, 1).0;
             let divisors = plain.iter().zip(&scaled).map(|(p, s)| (p / s) as f32).collect();
             written.cfg.rope_scaling = Some(RopeScaling::Divisors(divisors));
         }
@@ -302,10 +302,38 @@ fn newer_family_configs_read_as_transformers_reads_them() {
     let (c, fam) = config_from_json(&o.to_string()).unwrap();
     assert_eq!(fam, Family::Olmo2);
     assert_eq!((c.pre_norms, c.post_norms, c.qk_norm, c.qk_norm_whole, c.norm_eps), (false, true, true, true, 1e-5));
+    // Phi-3: LongRoPE with the original context at the top level (it wins), partial rotary, every
+    // layer sliding when the window is shorter than the trained context; older configs say "su"
+    let mut p = base("phi3");
+    p["max_position_embeddings"] = json!(1024);
+    p["original_max_position_embeddings"] = json!(64);
+    p["sliding_window"] = json!(32);
+    p["rope_scaling"] = json!({"type": "su", "short_factor": [1.0, 1.5, 2.0], "long_factor": [2.0, 3.0, 4.0],
+                               "original_max_position_embeddings": 9999});
+    p["partial_rotary_factor"] = json!(0.75);
+    let (c, fam) = config_from_json(&p.to_string()).unwrap();
+    assert_eq!(fam, Family::Phi3);
+    assert_eq!((c.rope_dims, c.window), (Some(6), 32));
+    assert!(c.layers.iter().all(|l| l.local));
+    match c.rope_scaling {
+        Some(RopeScaling::LongRope { ref short, ref long, original_context, attention_factor }) => {
+            assert_eq!((short.as_slice(), long.as_slice(), original_context), (&[1.0, 1.5, 2.0][..], &[2.0, 3.0, 4.0][..], 64));
+            // transformers' default: sqrt(1 + ln(1024 / 64) / ln(64))
+            assert!((attention_factor - (1.0 + 16f32.ln() / 64f32.ln()).sqrt()).abs() < 1e-6);
+        }
+        ref other => panic!("{other:?}"),
+    }
+    p["sliding_window"] = json!(1024);
+    assert!(!config_from_json(&p.to_string()).unwrap().0.has_local(), "a window of the whole context hides nothing");
+    p["rope_scaling"]["long_factor"] = json!([2.0, 3.0]);
+    let e = format!("{}", config_from_json(&p.to_string()).unwrap_err());
+    assert!(e.contains("2 long_factor values for 6 rotated dimensions"), "{e}");
     // what is still unsupported names the key and its value
     let mut bad = base("llama");
-    bad["rope_scaling"] = json!({"rope_type": "longrope", "factor": 2.0});
-    assert!(format!("{}", config_from_json(&bad.to_string()).unwrap_err()).contains("rope_type \"longrope\""));
+    bad["rope_scaling"] =
+        json!({"rope_type": "longrope", "factor": 2.0, "original_max_position_embeddings": 16, "long_factor": [1.0]});
+    let e = format!("{}", config_from_json(&bad.to_string()).unwrap_err());
+    assert!(e.contains("rope_type \"longrope\" needs `short_factor`"), "{e}");
     bad["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0});
     assert!(format!("{}", config_from_json(&bad.to_string()).unwrap_err()).contains("needs `low_freq_factor`"));
     let mut biased = base("llama");

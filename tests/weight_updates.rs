@@ -61,6 +61,8 @@ fn an_update_and_a_recompute_give_the_bits_of_a_fresh_engine() {
     let (l0, l1, t0, t1) = (model(&llama, s), model(&llama, s + 1), model(&tiny, s), model(&tiny, s + 1));
     let fam = families_cfg();
     let (f0, f1) = (model(&fam, s), model(&fam, s + 1));
+    let phi3 = phi3_cfg();
+    let (p0, p1) = (model(&phi3, s), model(&phi3, s + 1));
     let q4 = |w: &ModelWeights| w.quantized(QuantKind::Q4_1).unwrap();
     let hf = Naming::HuggingFace("model.");
     let cases: Vec<(&str, ModelWeights, &ModelWeights, ModelWeights, Naming, WeightDtype)> = vec![
@@ -71,6 +73,9 @@ fn an_update_and_a_recompute_give_the_bits_of_a_fresh_engine() {
         ("tiny agent (rings) f32, kvdecode names", t0, &t1, t1.clone(), Naming::Kvdecode, WeightDtype::F32),
         // q/k/v biases (fused beside q, and in the rings' K/V), a NoPE layer, scaled RoPE
         ("qwen2-style f16, HF names", f0, &f1, f1.clone(), hf, WeightDtype::F16),
+        // q, k and v from one tensor, gate and up from another, q and k rows reordered for
+        // partial rotary (the names' round trip in every naming: model::family's unit tests)
+        ("phi3 Q4_1, GGUF names", q4(&p0), &p1, q4(&p1), Naming::Gguf, WeightDtype::F32),
     ];
     for (case, old, update, new, naming, dtype) in cases {
         let opts = EngineOptions { weights: dtype, prompt_cache: true, ..EngineOptions::new(3, 64) };

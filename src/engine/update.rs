@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::gpu::weights::GpuPlace;
 use crate::model::config::{ModelConfig, NormKind};
 use crate::model::family::{
-    interleaved_source, naming_norm, tensor_names, Naming, RowOrder, Slot, TensorName, HF_PREFIXES,
+    naming_norm, tensor_names, Naming, Place, Slot, TensorName, HF_PREFIXES,
 };
 use crate::model::reference::norm_multiplier;
 use crate::model::tensor::{HostDtype, HostTensor};
@@ -179,7 +179,7 @@ impl Engine {
                 )));
             };
             t.check_shape(&spec.shape)?;
-            for &(slot, row0) in &spec.places {
+            for &Place { slot, row0, .. } in &spec.places {
                 if let Some(other) = filled.insert((slot, row0), &t.name) {
                     return Err(Error::Weights(format!(
                         "update: tensors `{other}` and `{}` both fill {slot:?} (two namings of one weight)",
@@ -198,15 +198,12 @@ impl Engine {
         check_values(&plan.iter().map(|p| p.0).collect::<Vec<_>>())?;
         let mut bytes = 0;
         for (t, spec, norm) in &plan {
-            let source = |i: usize| match spec.order {
-                RowOrder::AsIs => i,
-                RowOrder::Interleaved { heads } => interleaved_source(i, t.rows(), heads),
-            };
-            for &(slot, row0) in &spec.places {
-                match self.weights.place(&self.cfg, slot, row0) {
-                    Some(GpuPlace::Rows { matrix, row0 }) => bytes += matrix.write_rows(&self.gpu, row0, t, &source),
+            for p in &spec.places {
+                let (n, source) = (p.rows.len(), |i: usize| p.source(i));
+                match self.weights.place(&self.cfg, p.slot, p.row0) {
+                    Some(GpuPlace::Rows { matrix, row0 }) => bytes += matrix.write_rows(&self.gpu, row0, n, t, &source),
                     Some(GpuPlace::Bias { matrix, row0 }) => {
-                        bytes += matrix.write_bias(&self.gpu, row0, &t.values_f32(), &source)
+                        bytes += matrix.write_bias(&self.gpu, row0, n, &t.values_f32(), &source)
                     }
                     Some(GpuPlace::Norm(buffer)) => {
                         let values = norm_multiplier(*norm, &t.values_f32());

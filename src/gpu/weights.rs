@@ -155,13 +155,20 @@ impl GpuMatrix {
         }
     }
 
-    /// Overwrite rows `row0 ..` with the rows of `t` (row `i` from `t`'s row `source(i)`),
+    /// Overwrite rows `row0 .. row0 + n` with rows of `t` (row `i` from `t`'s row `source(i)`),
     /// converted to this matrix's format as [`GpuMatrix::upload`] would store them: 16-bit by
     /// rounding, quantized formats by this crate's quantizer unless `t` already has those blocks.
     /// `t` has been checked ([`HostTensor::check`]) against `[rows, self.cols]`.
     /// Returns the bytes written.
-    pub(crate) fn write_rows(&self, gpu: &Gpu, row0: usize, t: &HostTensor, source: &dyn Fn(usize) -> usize) -> u64 {
-        let (n, rb) = (t.rows(), self.row_bytes());
+    pub(crate) fn write_rows(
+        &self,
+        gpu: &Gpu,
+        row0: usize,
+        n: usize,
+        t: &HostTensor,
+        source: &dyn Fn(usize) -> usize,
+    ) -> u64 {
+        let rb = self.row_bytes();
         let quant = self.quant_kind();
         // the trainer's common case: the tensor's rows are the stored bytes
         let same = matches!(
@@ -170,15 +177,17 @@ impl GpuMatrix {
                 | (WeightFormat::F16, HostDtype::F16)
                 | (WeightFormat::BF16, HostDtype::BF16)
         );
-        let identity = (0..n).all(|i| source(i) == i);
+        // rows in the file's order: one copy of their bytes
+        let first = source(0);
+        let in_order = (0..n).all(|i| source(i) == first + i);
         for p in &self.parts {
             let (a, b) = (row0.max(p.row_start), (row0 + n).min(p.row_start + p.rows));
             let Some(size) = wgpu::BufferSize::new(((b.max(a) - a) * rb) as u64) else { continue };
             let Some(mut view) = gpu.queue.write_buffer_with(&p.buffer, ((a - p.row_start) * rb) as u64, size) else {
                 continue; // a validation error: the device's error scope reports it
             };
-            if same && identity {
-                view.copy_from_slice(&t.bytes[(a - row0) * rb..(b - row0) * rb]);
+            if same && in_order {
+                view.copy_from_slice(&t.bytes[(first + a - row0) * rb..(first + b - row0) * rb]);
                 continue;
             }
             for r in a..b {
@@ -206,10 +215,17 @@ impl GpuMatrix {
         (n * rb) as u64
     }
 
-    /// Overwrite the bias of rows `row0 ..` with `values` (element `i` from `values[source(i)]`).
+    /// Overwrite the bias of rows `row0 .. row0 + n` with `values` (element `i` from
+    /// `values[source(i)]`).
     /// Returns the bytes written.
-    pub(crate) fn write_bias(&self, gpu: &Gpu, row0: usize, values: &[f32], source: &dyn Fn(usize) -> usize) -> u64 {
-        let n = values.len();
+    pub(crate) fn write_bias(
+        &self,
+        gpu: &Gpu,
+        row0: usize,
+        n: usize,
+        values: &[f32],
+        source: &dyn Fn(usize) -> usize,
+    ) -> u64 {
         for p in &self.parts {
             let (a, b) = (row0.max(p.row_start), (row0 + n).min(p.row_start + p.rows));
             let Some(bias) = p.bias.as_ref().filter(|_| a < b) else { continue };

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use crate::error::{file_err, Error, Result};
 use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig};
-use crate::model::family::{assemble, tensor_names, Family, Naming, Slot, Tensor};
+use crate::model::family::{assemble, tensor_names, Family, Naming, Place, Slot, Tensor};
 use crate::model::quant::QuantKind;
 use crate::model::rope::{yarn_mscale, RopeScaling};
 use crate::model::weights::{Half, Matrix, ModelWeights};
@@ -357,18 +357,17 @@ impl GgufFile {
     }
 
     /// The model config from the metadata (architectures `llama`, `qwen2`, `qwen3`, `smollm3`,
-    /// `olmo2`, `gemma2`, `gemma3`), and RoPE's per-pair factors from `rope_freqs.weight` where present.
+    /// `olmo2`, `phi3`, `gemma2`, `gemma3`), and RoPE's per-pair factors from `rope_freqs.weight`
+    /// (Llama 3.1) or `rope_factors_short/long.weight` (Phi-3's LongRoPE) where present.
     pub fn config(&self) -> Result<ModelConfig> {
         let arch = self.arch()?;
         let p = |k: &str| format!("{arch}.{k}");
         let d = self.need_u(&p("embedding_length"))?;
         let heads = self.need_u(&p("attention.head_count"))?;
         let kv_heads = self.get(&p("attention.head_count_kv")).and_then(Value::as_u64).map_or(heads, |v| v as usize);
-        let head_dim = match self
-            .get(&p("attention.key_length"))
-            .or_else(|| self.get(&p("rope.dimension_count")))
-            .and_then(Value::as_u64)
-        {
+        // Phi-3 rotates fewer dimensions than a head has: its rope.dimension_count is no head size
+        let rot_count = self.get(&p("rope.dimension_count")).filter(|_| arch != "phi3");
+        let head_dim = match self.get(&p("attention.key_length")).or(rot_count).and_then(Value::as_u64) {
             Some(v) => v as usize,
             None => d.checked_div(heads).unwrap_or(0),
         };
@@ -392,15 +391,20 @@ impl GgufFile {
                 ("feed_forward_length", ffn),
             ],
         )?;
-        // every layer needs its tensors: a count the tensor table cannot back is a lie
-        if layers * 9 > self.tensors.len() {
+        // every layer needs its tensors (Phi-3's fused ones are 6, the rest at least 9): a count
+        // the tensor table cannot back is a lie
+        let per_layer = if arch == "phi3" { 6 } else { 9 };
+        if layers * per_layer > self.tensors.len() {
             return Err(Error::Config(format!(
                 "block_count {layers} needs more tensors than the file's {}",
                 self.tensors.len()
             )));
         }
+        let mut rope_dims = None;
         if let Some(rot) = self.get(&p("rope.dimension_count")).and_then(Value::as_u64) {
-            if rot as usize != head_dim {
+            if arch == "phi3" && (rot as usize) < head_dim {
+                rope_dims = Some(rot as usize);
+            } else if rot as usize != head_dim {
                 return Err(Error::Config(format!(
                     "{}: {rot} rotated dimensions of head_dim {head_dim}: partial rotary is not supported",
                     p("rope.dimension_count")
@@ -408,7 +412,8 @@ impl GgufFile {
             }
         }
         let mut c = ModelConfig::llama(vocab, d, heads, kv_heads, head_dim, ffn, layers, theta, eps, tied);
-        c.rope_scaling = self.rope_scaling(arch, head_dim)?;
+        c.rope_dims = rope_dims;
+        c.rope_scaling = self.rope_scaling(arch, rope_dims.unwrap_or(head_dim))?;
         c.rope_scaling_local = c.rope_scaling.clone();
         c.family = Family::from_gguf_arch(arch).unwrap_or(Family::Llama);
         c.context_len = self
@@ -503,6 +508,26 @@ impl GgufFile {
             }
             return Ok(Some(RopeScaling::Divisors(self.vector("rope_freqs.weight", head_dim / 2)?)));
         }
+        // Phi-3's LongRoPE: short and long divisors per pair, and the attention factor llama.cpp's
+        // converter computed (cos and sin are multiplied by it whichever set is used)
+        let (short, long) = (self.tensor("rope_factors_short.weight"), self.tensor("rope_factors_long.weight"));
+        if short.is_some() || long.is_some() {
+            if scaling.is_some() {
+                return Err(Error::Config("rope_factors_*.weight together with rope.scaling is not supported".into()));
+            }
+            let original = self
+                .get(&p("rope.scaling.original_context_length"))
+                .and_then(Value::as_u64)
+                .filter(|&n| n > 0 && n <= u32::MAX as u64)
+                .ok_or_else(|| Error::Config(format!("{} is missing", p("rope.scaling.original_context_length"))))?;
+            return Ok(Some(RopeScaling::LongRope {
+                short: self.vector("rope_factors_short.weight", head_dim / 2)?,
+                long: self.vector("rope_factors_long.weight", head_dim / 2)?,
+                original_context: original as usize,
+                attention_factor: self.get(&p("rope.scaling.attn_factor")).and_then(Value::as_f64).unwrap_or(1.0)
+                    as f32,
+            }));
+        }
         Ok(scaling)
     }
 
@@ -510,9 +535,9 @@ impl GgufFile {
     fn arch(&self) -> Result<&str> {
         let arch = self.get("general.architecture").and_then(Value::as_str).unwrap_or("");
         match arch {
-            "llama" | "qwen2" | "qwen3" | "smollm3" | "olmo2" | "gemma2" | "gemma3" => Ok(arch),
+            "llama" | "qwen2" | "qwen3" | "smollm3" | "olmo2" | "phi3" | "gemma2" | "gemma3" => Ok(arch),
             _ => Err(Error::Config(format!(
-                "GGUF architecture {arch:?} is not supported (supported: llama, qwen2, qwen3, smollm3, olmo2, gemma2, gemma3)"
+                "GGUF architecture {arch:?} is not supported (supported: llama, qwen2, qwen3, smollm3, olmo2, phi3, gemma2, gemma3)"
             ))),
         }
     }
@@ -530,7 +555,8 @@ impl GgufFile {
         let n = cfg.n_layers();
         let mut done = 0;
         let w = assemble(&cfg, &tensor_names(&cfg, Naming::Gguf), &mut |t| {
-            if let Some(&(Slot::Layer(i, _), _)) = t.places.first() {
+            if let Some(Place { slot: Slot::Layer(i, _), .. }) = t.places.first() {
+                let i = *i;
                 while done < i {
                     done += 1;
                     progress(done, n);

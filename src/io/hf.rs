@@ -1,10 +1,11 @@
 //! Hugging Face checkpoints: a directory with `config.json` and one or more `*.safetensors`, for
 //! the Llama (`llama`, Llama 3.x included), Mistral (`mistral`), Qwen2 and 2.5 (`qwen2`), Qwen3
-//! (`qwen3`), SmolLM3 (`smollm3`), OLMo 2 (`olmo2`), Gemma 2 (`gemma2`) and Gemma 3 (`gemma3_text`,
-//! or `gemma3` with a `text_config`) families. Config forms of older and newer transformers versions are read: `rope_theta` and
-//! `rope_scaling`, or `rope_parameters` (flat or per layer type), with RoPE scaling of types
-//! `linear`, `llama3` and `yarn`; `layer_types` or each family's window keys. Any other
-//! architecture, or a key outside what is supported, is a clear error naming it.
+//! (`qwen3`), SmolLM3 (`smollm3`), OLMo 2 (`olmo2`), Phi-3, 3.5 and 4-mini (`phi3`), Gemma 2
+//! (`gemma2`) and Gemma 3 (`gemma3_text`, or `gemma3` with a `text_config`) families. Config forms
+//! of older and newer transformers versions are read: `rope_theta` and `rope_scaling`, or
+//! `rope_parameters` (flat or per layer type), with RoPE scaling of types `linear`, `llama3`,
+//! `yarn` and `longrope` and a `partial_rotary_factor`; `layer_types` or each family's window
+//! keys. Any other architecture, or a key outside what is supported, is a clear error naming it.
 
 use std::path::Path;
 
@@ -88,7 +89,11 @@ fn rope(
         _ => get_f32(cfg, legacy_key).unwrap_or(default),
     };
     let Some(p) = params.filter(|_| scoped || scaled) else { return Ok((theta, None)) };
-    let kind = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let kind = match p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default") {
+        // Phi-3's older configs name LongRoPE `su` or `yarn` (transformers reads both as longrope)
+        "su" | "yarn" if cfg.get("model_type").and_then(Value::as_str) == Some("phi3") => "longrope",
+        k => k,
+    };
     let original = |key: &str| -> Result<usize> {
         match get_usize(p, key)?.or(get_usize(cfg, "max_position_embeddings")?) {
             Some(n) if n > 0 => Ok(n),
@@ -125,14 +130,47 @@ fn rope(
                 truncate: p.get("truncate").and_then(Value::as_bool).unwrap_or(true),
             })
         }
+        "longrope" => {
+            // Phi-3 keeps the original context at the top level, and it wins (as in transformers)
+            let original = match get_usize(cfg, "original_max_position_embeddings")? {
+                Some(n) if n > 0 => n,
+                _ => original("original_max_position_embeddings")?,
+            };
+            // the trained context over the original sets the default attention factor
+            let factor = match param_f32(p, "factor")? {
+                Some(f) => f as f64,
+                None => get_usize(cfg, "max_position_embeddings")?.unwrap_or(original) as f64 / original as f64,
+            };
+            let attention_factor = match param_f32(p, "attention_factor")? {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt() as f32,
+            };
+            let factors = |key: &str| -> Result<Vec<f32>> {
+                let bad = || Error::Config(format!("config.json: rope_type \"longrope\" needs `{key}`, a list of numbers"));
+                p.get(key)
+                    .and_then(Value::as_array)
+                    .ok_or_else(bad)?
+                    .iter()
+                    .map(|v| v.as_f64().map(|x| x as f32).ok_or_else(bad))
+                    .collect()
+            };
+            Some(RopeScaling::LongRope {
+                short: factors("short_factor")?,
+                long: factors("long_factor")?,
+                original_context: original,
+                attention_factor,
+            })
+        }
         _ => {
             return Err(Error::Config(format!(
-                "config.json: rope_type {kind:?} is not supported (default, linear, llama3, yarn)"
+                "config.json: rope_type {kind:?} is not supported (default, linear, llama3, yarn, longrope)"
             )))
         }
     };
-    if let Some(s) = &scaling {
-        // (Divisors, the one kind that needs it, never comes from config.json)
+    if let Some(s) = scaling.as_ref().filter(|s| !matches!(s, RopeScaling::LongRope { .. })) {
+        // (Divisors, the one kind that needs the rotated dimensions, never comes from config.json;
+        // LongRoPE's factor lists are checked against them by `ModelConfig::validate`)
         s.validate(0).map_err(|e| Error::Config(format!("config.json: {e}")))?;
     }
     Ok((theta, scaling))
@@ -166,6 +204,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         "smollm3" => (&root, Family::SmolLM3),
         "gemma2" => (&root, Family::Gemma2),
         "olmo2" => (&root, Family::Olmo2),
+        "phi3" => (&root, Family::Phi3),
         "gemma3_text" => (&root, Family::Gemma3),
         "gemma3" => match root.get("text_config") {
             Some(t) if t.is_object() => (t, Family::Gemma3),
@@ -174,7 +213,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         _ => {
             let arch = root.get("architectures").map(|a| a.to_string()).unwrap_or_default();
             return Err(Error::Config(format!(
-                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3, olmo2"
+                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3, olmo2, phi3"
             )));
         }
     };
@@ -246,6 +285,12 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
             }
             // SmolLM3: its NoPE layers, when `use_sliding_window`
             Family::SmolLM3 => rotates.iter().map(|&r| use_window && window_key.is_some() && !r).collect(),
+            // Phi-3: every layer, when the window is shorter than the trained context (Phi-3.5's
+            // 262144 of 131072 hides nothing, and a ring that long would only take memory)
+            Family::Phi3 => {
+                let trained = get_usize(cfg, "max_position_embeddings")?.unwrap_or(usize::MAX);
+                vec![window_key.is_some_and(|w| w < trained); n_layers]
+            }
             _ => vec![false; n_layers],
         },
     };
@@ -276,7 +321,13 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
     c.context_len = get_usize(cfg, "max_position_embeddings")?.filter(|&n| n > 0);
     match family {
         // (no config.json names kvdecode's own family)
-        Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 | Family::Olmo2 | Family::Kvdecode => {
+        Family::Llama
+        | Family::Qwen2
+        | Family::Qwen3
+        | Family::SmolLM3
+        | Family::Olmo2
+        | Family::Phi3
+        | Family::Kvdecode => {
             let default = if family == Family::SmolLM3 { 2_000_000.0 } else { 10000.0 };
             (c.rope_theta, c.rope_scaling) = rope(cfg, "full_attention", "rope_theta", default, true)?;
             (c.rope_theta_local, c.rope_scaling_local) =
@@ -286,6 +337,20 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
             if family == Family::Olmo2 {
                 // norms on the blocks' outputs only; q and k normed over their whole projection
                 (c.pre_norms, c.post_norms, c.qk_norm_whole) = (false, true, true);
+            }
+            // Phi's partial rotary: the first `int(head_dim * factor)` dimensions of a head rotate
+            let partial = rope_params(cfg, "full_attention")
+                .and_then(|p| p.get("partial_rotary_factor"))
+                .or_else(|| cfg.get("partial_rotary_factor"))
+                .filter(|v| !v.is_null());
+            if let Some(v) = partial {
+                let factor = v.as_f64().filter(|f| *f > 0.0 && *f <= 1.0).ok_or_else(|| {
+                    Error::Config(format!("config.json: partial_rotary_factor must be in (0, 1], got {v}"))
+                })?;
+                let dims = (head_dim as f64 * factor) as usize;
+                if dims < head_dim {
+                    c.rope_dims = Some(dims);
+                }
             }
         }
         Family::Gemma3 | Family::Gemma2 => {

@@ -102,6 +102,11 @@ pub struct ModelConfig {
     /// position.
     #[serde(default)]
     pub nope_layers: Vec<usize>,
+    /// Dimensions of each head that RoPE rotates (Phi's partial rotary), `None`: all `head_dim`.
+    /// kvdecode keeps each query and key head's rows ordered so that the rotated pairs come
+    /// first and the rest pair with each other, unrotated ([`crate::model::rope::Rope::dims`]).
+    #[serde(default)]
+    pub rope_dims: Option<usize>,
     /// The query, key and value projections add a bias (Qwen2).
     #[serde(default)]
     pub qkv_bias: bool,
@@ -231,6 +236,7 @@ impl ModelConfig {
             rope_scaling: None,
             rope_scaling_local: None,
             nope_layers: Vec::new(),
+            rope_dims: None,
             qkv_bias: false,
             mlp: MlpKind::ReluSquared,
             embed_scale: 1.0,
@@ -280,6 +286,7 @@ impl ModelConfig {
             rope_scaling: None,
             rope_scaling_local: None,
             nope_layers: Vec::new(),
+            rope_dims: None,
             qkv_bias: false,
             mlp: MlpKind::SwiGlu,
             embed_scale: 1.0,
@@ -323,9 +330,9 @@ impl ModelConfig {
         if self.nope_layers.contains(&i) {
             None
         } else if self.layers[i].global_group.is_some() {
-            Some(Rope { theta: self.rope_theta, scaling: self.rope_scaling.clone() })
+            Some(Rope { theta: self.rope_theta, scaling: self.rope_scaling.clone(), dims: self.rope_dims })
         } else {
-            Some(Rope { theta: self.rope_theta_local, scaling: self.rope_scaling_local.clone() })
+            Some(Rope { theta: self.rope_theta_local, scaling: self.rope_scaling_local.clone(), dims: self.rope_dims })
         }
     }
 
@@ -367,8 +374,13 @@ impl ModelConfig {
         if !(self.rope_theta > 1.0 && self.rope_theta_local > 1.0) {
             return err("rope theta must be > 1".into());
         }
+        if let Some(r) = self.rope_dims {
+            if r == 0 || r > self.head_dim || !r.is_multiple_of(2) {
+                return err(format!("rope_dims {r} must be even and within head_dim {}", self.head_dim));
+            }
+        }
         for s in [&self.rope_scaling, &self.rope_scaling_local].into_iter().flatten() {
-            s.validate(self.head_dim)?;
+            s.validate(self.rope_dims.unwrap_or(self.head_dim))?;
         }
         if let Some(i) = self.layers.iter().position(|l| self.qkv_bias && l.writes_global && l.local) {
             return err(format!("layer {i} has two K/V projections; qkv_bias supports one per layer"));

@@ -39,6 +39,9 @@ pub enum Family {
     /// OLMo 2 (norms on the attention's and the MLP's outputs only, qk-norm over the whole
     /// projection).
     Olmo2,
+    /// Phi-3, 3.5 and 4-mini (Llama with fused q/k/v and gate/up tensors, partial rotary,
+    /// LongRoPE).
+    Phi3,
 }
 
 /// What one per-layer tensor of a checkpoint fills (the rows of a fused matrix, or a whole
@@ -77,6 +80,10 @@ pub enum Part {
     KBias,
     /// Bias of the value projection: its second half.
     VBias,
+    /// The query, key and value projections in one tensor, `[q; k; v]` (Phi-3).
+    Qkv,
+    /// The gate and up projections in one tensor, `[gate; up]` (Phi-3): `mlp_in` itself.
+    GateUp,
 }
 
 /// One row of a family's table: what a per-layer tensor fills, its Hugging Face name after
@@ -133,13 +140,24 @@ const GEMMA: &[LayerTensor] = &[
     t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
 ];
 
+// Phi-3's layout: Llama's norms, q, k and v fused in one tensor, gate and up in another (GGUF
+// keeps both fused; its `ffn_up` holds gate and up).
+const PHI3: &[LayerTensor] = &[
+    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Part::Qkv, "self_attn.qkv_proj.weight", "attn_qkv.weight"),
+    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Part::GateUp, "mlp.gate_up_proj.weight", "ffn_up.weight"),
+    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+];
+
 /// Where Hugging Face checkpoints keep the text model's tensors: text-only checkpoints under
 /// `model.`, multimodal ones under a language-model prefix.
 pub const HF_PREFIXES: [&str; 3] = ["model.", "language_model.model.", "model.language_model."];
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::Kvdecode,
         Family::Llama,
         Family::Qwen2,
@@ -148,6 +166,7 @@ impl Family {
         Family::Gemma2,
         Family::Gemma3,
         Family::Olmo2,
+        Family::Phi3,
     ];
 
     /// The family's per-layer tensors (empty for [`Family::Kvdecode`], which has only kvdecode's
@@ -157,6 +176,7 @@ impl Family {
             Family::Kvdecode => &[],
             Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 => LLAMA,
             Family::Gemma2 | Family::Gemma3 | Family::Olmo2 => GEMMA,
+            Family::Phi3 => PHI3,
         }
     }
 
@@ -171,6 +191,7 @@ impl Family {
             Family::SmolLM3 => Some("smollm3"),
             Family::Gemma2 => Some("gemma2"),
             Family::Olmo2 => Some("olmo2"),
+            Family::Phi3 => Some("phi3"),
         }
     }
 
@@ -246,19 +267,76 @@ pub enum RowOrder {
         /// Heads in the tensor.
         heads: usize,
     },
+    /// Partial rotary (Phi): the file's heads rotate their first `rotated` dimensions in pairs
+    /// `(i, i + rotated/2)` and pass the rest through. kvdecode orders each head so that those
+    /// pairs are its pairs `(i, i + head_dim/2)`, `i < rotated/2`, and the dimensions passed
+    /// through fill the pairs after them, in order, where RoPE's table leaves them unrotated.
+    /// Scores are sums over a head's dimensions, so the order changes no result but its rounding.
+    PartialRotary {
+        /// Heads in the tensor.
+        heads: usize,
+        /// Dimensions of a head that rotate.
+        rotated: usize,
+    },
 }
 
-/// One named tensor of a checkpoint and the rows it fills (a vector's elements are its rows).
+impl RowOrder {
+    /// The file's row (of `rows`) that holds kvdecode's row `row`.
+    pub fn source(self, row: usize, rows: usize) -> usize {
+        match self {
+            RowOrder::AsIs => row,
+            RowOrder::Interleaved { heads } => interleaved_source(row, rows, heads),
+            RowOrder::PartialRotary { heads, rotated } => {
+                let hd = rows / heads.max(1);
+                let (head, j) = (row / hd.max(1), row % hd.max(1));
+                let (half, rot_half) = (hd / 2, rotated / 2);
+                let pass_half = half - rot_half;
+                let within = if j < rot_half {
+                    j
+                } else if j < half {
+                    rotated + (j - rot_half)
+                } else if j < half + rot_half {
+                    rot_half + (j - half)
+                } else {
+                    rotated + pass_half + (j - half - rot_half)
+                };
+                head * hd + within
+            }
+        }
+    }
+}
+
+/// Rows of one named tensor and where they go: its rows `rows`, in `order`, fill rows
+/// `row0 .. row0 + rows.len()` of `slot` (a vector's elements are its rows).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Place {
+    /// The weight they fill.
+    pub slot: Slot,
+    /// Its first row they fill.
+    pub row0: usize,
+    /// The tensor's rows (all of them, or one part of a fused tensor such as Phi-3's q/k/v).
+    pub rows: std::ops::Range<usize>,
+    /// How those rows are ordered in the file.
+    pub order: RowOrder,
+}
+
+impl Place {
+    /// The tensor's row that fills row `row0 + i` of the slot.
+    pub fn source(&self, i: usize) -> usize {
+        self.rows.start + self.order.source(i, self.rows.len())
+    }
+}
+
+/// One named tensor of a checkpoint and the rows it fills.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorName {
     /// The name in the file.
     pub name: String,
     /// `[rows, cols]` of a matrix, `[n]` of a vector.
     pub shape: Vec<usize>,
-    /// Rows `row0 .. row0 + shape[0]` of each slot.
-    pub places: Vec<(Slot, usize)>,
-    /// How the rows are ordered in the file.
-    pub order: RowOrder,
+    /// Where its rows go (a tensor may fill the same rows of several slots, as a key projection
+    /// fills both K/V matrices of a layer that has two).
+    pub places: Vec<Place>,
 }
 
 /// The namings kvdecode reads.
@@ -279,11 +357,15 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
     let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim);
     let has_w = cfg.norm != NormKind::Plain;
     let mut out = Vec::new();
-    let mut push = |name: String, shape: Vec<usize>, places: Vec<(Slot, usize)>, order: RowOrder| {
+    // a tensor whose every row fills `places` (none: the config has no such weight)
+    fn push(out: &mut Vec<TensorName>, name: String, shape: Vec<usize>, places: Vec<(Slot, usize)>, order: RowOrder) {
+        let rows = 0..shape[0];
+        let places: Vec<Place> =
+            places.into_iter().map(|(slot, row0)| Place { slot, row0, rows: rows.clone(), order }).collect();
         if !places.is_empty() {
-            out.push(TensorName { name, shape, places, order })
+            out.push(TensorName { name, shape, places })
         }
-    };
+    }
     let whole = |slot: Slot| vec![(slot, 0)];
     let (embed, head, final_norm) = match naming {
         Naming::Kvdecode => ("embed.weight".to_string(), "head.weight".to_string(), "final_norm.weight".to_string()),
@@ -295,7 +377,7 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
     if naming != Naming::Kvdecode && cfg.family == Family::Kvdecode {
         return out;
     }
-    push(embed, vec![cfg.vocab, d], whole(Slot::Embed), RowOrder::AsIs);
+    push(&mut out, embed, vec![cfg.vocab, d], whole(Slot::Embed), RowOrder::AsIs);
     for (i, spec) in cfg.layers.iter().enumerate() {
         let slot = |s: LayerSlot| Slot::Layer(i, s);
         // the K/V matrices this layer holds: k fills their first kvd rows, v the next
@@ -308,15 +390,17 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
         let (q_norm_len, k_norm_len) = cfg.qk_norm_lens();
         if naming == Naming::Kvdecode {
             let b = format!("blocks.{i}");
-            push(format!("{b}.attn_norm.weight"), vec![d], norm(cfg.pre_norms, LayerSlot::AttnNorm), RowOrder::AsIs);
-            push(format!("{b}.attn.w_q.weight"), vec![hd, d], whole(slot(LayerSlot::Wq)), RowOrder::AsIs);
+            push(&mut out, format!("{b}.attn_norm.weight"), vec![d], norm(cfg.pre_norms, LayerSlot::AttnNorm), RowOrder::AsIs);
+            push(&mut out, format!("{b}.attn.w_q.weight"), vec![hd, d], whole(slot(LayerSlot::Wq)), RowOrder::AsIs);
             push(
+                &mut out,
                 format!("{b}.attn.q_norm.weight"),
                 vec![q_norm_len],
                 norm(cfg.qk_norm, LayerSlot::QNorm),
                 RowOrder::AsIs,
             );
             push(
+                &mut out,
                 format!("{b}.attn.k_norm.weight"),
                 vec![k_norm_len],
                 norm(cfg.qk_norm, LayerSlot::KNorm),
@@ -324,6 +408,7 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
             );
             if spec.writes_global {
                 push(
+                    &mut out,
                     format!("{b}.attn.w_kv_global.weight"),
                     vec![2 * kvd, d],
                     whole(slot(LayerSlot::KvGlobal)),
@@ -332,52 +417,58 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
             }
             if spec.local {
                 push(
+                    &mut out,
                     format!("{b}.attn.w_kv_local.weight"),
                     vec![2 * kvd, d],
                     whole(slot(LayerSlot::KvLocal)),
                     RowOrder::AsIs,
                 );
             }
-            push(format!("{b}.attn.w_o.weight"), vec![d, hd], whole(slot(LayerSlot::Wo)), RowOrder::AsIs);
-            push(format!("{b}.attn.w_q.bias"), vec![hd], bias(slot(LayerSlot::QBias), 0), RowOrder::AsIs);
-            push(format!("{b}.attn.w_kv.bias"), vec![2 * kvd], bias(slot(LayerSlot::KvBias), 0), RowOrder::AsIs);
+            push(&mut out, format!("{b}.attn.w_o.weight"), vec![d, hd], whole(slot(LayerSlot::Wo)), RowOrder::AsIs);
+            push(&mut out, format!("{b}.attn.w_q.bias"), vec![hd], bias(slot(LayerSlot::QBias), 0), RowOrder::AsIs);
+            push(&mut out, format!("{b}.attn.w_kv.bias"), vec![2 * kvd], bias(slot(LayerSlot::KvBias), 0), RowOrder::AsIs);
             push(
+                &mut out,
                 format!("{b}.post_attn_norm.weight"),
                 vec![d],
                 norm(cfg.post_norms, LayerSlot::PostAttnNorm),
                 RowOrder::AsIs,
             );
-            push(format!("{b}.mlp_norm.weight"), vec![d], norm(cfg.pre_norms, LayerSlot::MlpNorm), RowOrder::AsIs);
+            push(&mut out, format!("{b}.mlp_norm.weight"), vec![d], norm(cfg.pre_norms, LayerSlot::MlpNorm), RowOrder::AsIs);
             push(
+                &mut out,
                 format!("{b}.post_mlp_norm.weight"),
                 vec![d],
                 norm(cfg.post_norms, LayerSlot::PostMlpNorm),
                 RowOrder::AsIs,
             );
             push(
+                &mut out,
                 format!("{b}.mlp.fc.weight"),
                 vec![cfg.mlp.in_factor() * cfg.ffn, d],
                 whole(slot(LayerSlot::MlpIn)),
                 RowOrder::AsIs,
             );
-            push(format!("{b}.mlp.proj.weight"), vec![d, cfg.ffn], whole(slot(LayerSlot::MlpOut)), RowOrder::AsIs);
+            push(&mut out, format!("{b}.mlp.proj.weight"), vec![d, cfg.ffn], whole(slot(LayerSlot::MlpOut)), RowOrder::AsIs);
             if let Some(e) = cfg.engram.as_ref().filter(|e| e.layers.contains(&i)) {
                 let mut k = 0;
                 for n in &e.orders {
                     for j in 0..e.heads {
                         let name = format!("{b}.engram.tables.{n}.{j}");
-                        push(name, vec![e.table_rows, e.dim], whole(slot(LayerSlot::EngramTable(k))), RowOrder::AsIs);
+                        push(&mut out, name, vec![e.table_rows, e.dim], whole(slot(LayerSlot::EngramTable(k))), RowOrder::AsIs);
                         k += 1;
                     }
                 }
                 let w = e.width();
-                push(format!("{b}.engram.w_k"), vec![d, w], vec![(slot(LayerSlot::EngramKv), 0)], RowOrder::AsIs);
-                push(format!("{b}.engram.w_v"), vec![d, w], vec![(slot(LayerSlot::EngramKv), d)], RowOrder::AsIs);
+                push(&mut out, format!("{b}.engram.w_k"), vec![d, w], vec![(slot(LayerSlot::EngramKv), 0)], RowOrder::AsIs);
+                push(&mut out, format!("{b}.engram.w_v"), vec![d, w], vec![(slot(LayerSlot::EngramKv), d)], RowOrder::AsIs);
             }
             continue;
         }
-        let interleaved = |heads: usize| match naming {
-            Naming::Gguf if cfg.family.gguf_interleaves_qk() => RowOrder::Interleaved { heads },
+        // how a file orders the rows of q and k (and their biases), `heads` heads of them
+        let qk_order = |heads: usize| match (naming, cfg.rope_dims) {
+            (_, Some(rotated)) if rotated < cfg.head_dim => RowOrder::PartialRotary { heads, rotated },
+            (Naming::Gguf, _) if cfg.family.gguf_interleaves_qk() => RowOrder::Interleaved { heads },
             _ => RowOrder::AsIs,
         };
         for lt in cfg.family.layer_tensors() {
@@ -387,8 +478,8 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
             };
             let (shape, places, order) = match lt.part {
                 Part::AttnNorm => (vec![d], norm(cfg.pre_norms, LayerSlot::AttnNorm), RowOrder::AsIs),
-                Part::Q => (vec![hd, d], whole(slot(LayerSlot::Wq)), interleaved(cfg.n_heads)),
-                Part::K => (vec![kvd, d], kv.iter().map(|&s| (slot(s), 0)).collect(), interleaved(cfg.n_kv_heads)),
+                Part::Q => (vec![hd, d], whole(slot(LayerSlot::Wq)), qk_order(cfg.n_heads)),
+                Part::K => (vec![kvd, d], kv.iter().map(|&s| (slot(s), 0)).collect(), qk_order(cfg.n_kv_heads)),
                 Part::V => (vec![kvd, d], kv.iter().map(|&s| (slot(s), kvd)).collect(), RowOrder::AsIs),
                 Part::QNorm => (vec![q_norm_len], norm(cfg.qk_norm, LayerSlot::QNorm), RowOrder::AsIs),
                 Part::KNorm => (vec![k_norm_len], norm(cfg.qk_norm, LayerSlot::KNorm), RowOrder::AsIs),
@@ -399,16 +490,28 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                 Part::Gate => (vec![cfg.ffn, d], whole(slot(LayerSlot::MlpIn)), RowOrder::AsIs),
                 Part::Up => (vec![cfg.ffn, d], vec![(slot(LayerSlot::MlpIn), cfg.ffn)], RowOrder::AsIs),
                 Part::Down => (vec![d, cfg.ffn], whole(slot(LayerSlot::MlpOut)), RowOrder::AsIs),
-                Part::QBias => (vec![hd], bias(slot(LayerSlot::QBias), 0), interleaved(cfg.n_heads)),
-                Part::KBias => (vec![kvd], bias(slot(LayerSlot::KvBias), 0), interleaved(cfg.n_kv_heads)),
+                Part::QBias => (vec![hd], bias(slot(LayerSlot::QBias), 0), qk_order(cfg.n_heads)),
+                Part::KBias => (vec![kvd], bias(slot(LayerSlot::KvBias), 0), qk_order(cfg.n_kv_heads)),
                 Part::VBias => (vec![kvd], bias(slot(LayerSlot::KvBias), kvd), RowOrder::AsIs),
+                Part::Qkv => {
+                    // rows [q; k; v] of one tensor: q fills wq, k and v each K/V matrix
+                    let (q_order, k_order) = (qk_order(cfg.n_heads), qk_order(cfg.n_kv_heads));
+                    let mut places = vec![Place { slot: slot(LayerSlot::Wq), row0: 0, rows: 0..hd, order: q_order }];
+                    for &s in &kv {
+                        places.push(Place { slot: slot(s), row0: 0, rows: hd..hd + kvd, order: k_order });
+                        places.push(Place { slot: slot(s), row0: kvd, rows: hd + kvd..hd + 2 * kvd, order: RowOrder::AsIs });
+                    }
+                    out.push(TensorName { name, shape: vec![hd + 2 * kvd, d], places });
+                    continue;
+                }
+                Part::GateUp => (vec![2 * cfg.ffn, d], whole(slot(LayerSlot::MlpIn)), RowOrder::AsIs),
             };
-            push(name, shape, places, order);
+            push(&mut out, name, shape, places, order);
         }
     }
-    push(final_norm, vec![d], if has_w { whole(Slot::FinalNorm) } else { vec![] }, RowOrder::AsIs);
+    push(&mut out, final_norm, vec![d], if has_w { whole(Slot::FinalNorm) } else { vec![] }, RowOrder::AsIs);
     if !cfg.tie_embeddings {
-        push(head, vec![cfg.vocab, d], whole(Slot::Head), RowOrder::AsIs);
+        push(&mut out, head, vec![cfg.vocab, d], whole(Slot::Head), RowOrder::AsIs);
     }
     out
 }
@@ -454,25 +557,20 @@ pub fn assemble(
     for t in names {
         match read(t)? {
             Tensor::Matrix(m) => {
-                let m = match t.order {
-                    RowOrder::AsIs => m,
-                    RowOrder::Interleaved { heads } => {
-                        m.permute_rows(&(0..m.rows).map(|r| interleaved_source(r, m.rows, heads)).collect::<Vec<_>>())
-                    }
-                };
-                for &(slot, row0) in &t.places {
-                    mats.entry(slot).or_default().push((row0, m.clone()));
+                for p in &t.places {
+                    let identity = (0..p.rows.len()).all(|i| p.source(i) == i) && p.rows.len() == m.rows;
+                    let part = if identity {
+                        m.clone()
+                    } else {
+                        m.permute_rows(&(0..p.rows.len()).map(|i| p.source(i)).collect::<Vec<_>>())
+                    };
+                    mats.entry(p.slot).or_default().push((p.row0, part));
                 }
             }
             Tensor::Vector(v) => {
-                let v = match t.order {
-                    RowOrder::AsIs => v,
-                    RowOrder::Interleaved { heads } => {
-                        (0..v.len()).map(|r| v[interleaved_source(r, v.len(), heads)]).collect()
-                    }
-                };
-                for &(slot, row0) in &t.places {
-                    vec_parts.entry(slot).or_default().push((row0, v.clone()));
+                for p in &t.places {
+                    let part = (0..p.rows.len()).map(|i| v[p.source(i)]).collect();
+                    vec_parts.entry(p.slot).or_default().push((p.row0, part));
                 }
             }
         }
@@ -600,27 +698,20 @@ pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>
     };
     let mut out = Vec::new();
     for t in tensor_names(&w.cfg, naming) {
-        let (slot, row0) = t.places[0];
-        let values = match t.shape[..] {
-            [n] => slot_vector(slot).and_then(|v| v.get(row0..row0 + n)).map(|v| {
-                let mut from = (0..n).collect::<Vec<_>>();
-                if let RowOrder::Interleaved { heads } = t.order {
-                    for g in 0..n {
-                        from[interleaved_source(g, n, heads)] = g;
-                    }
-                }
-                from.iter().map(|&g| v[g]).collect()
-            }),
-            [rows, cols] => slot_matrix(slot).map(|m| {
-                // file row f holds model row g where interleaved_source(g) == f
-                let mut from = (0..rows).collect::<Vec<_>>();
-                if let RowOrder::Interleaved { heads } = t.order {
-                    for g in 0..rows {
-                        from[interleaved_source(g, rows, heads)] = g;
-                    }
-                }
-                from.iter().flat_map(|&g| m.row(row0 + g)[..cols].iter().copied()).collect()
-            }),
+        // file row f of each place holds the slot's row g where the place's source(g) == f
+        let mut file_rows: Vec<Option<(Slot, usize)>> = vec![None; t.shape[0]];
+        for p in &t.places {
+            for g in 0..p.rows.len() {
+                file_rows[p.source(g)] = Some((p.slot, p.row0 + g));
+            }
+        }
+        let values: Option<Vec<f32>> = match t.shape[..] {
+            [_] => file_rows.iter().map(|at| at.and_then(|(slot, g)| slot_vector(slot)?.get(g).copied())).collect(),
+            [_, cols] => file_rows
+                .iter()
+                .map(|at| at.and_then(|(slot, g)| slot_matrix(slot).map(|m| m.row(g)[..cols].to_vec())))
+                .collect::<Option<Vec<_>>>()
+                .map(|rows| rows.concat()),
             _ => None,
         };
         if let Some(v) = values {
@@ -628,4 +719,61 @@ pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::rope::RopeScaling;
+
+    /// Phi-3's shape: fused q/k/v and gate/up in its files, 12 of 16 dimensions rotated.
+    fn phi3() -> ModelConfig {
+        let mut c = ModelConfig::llama(64, 32, 2, 1, 16, 24, 2, 10000.0, 1e-6, false);
+        c.rope_dims = Some(12);
+        c.rope_scaling = Some(RopeScaling::LongRope {
+            short: vec![1.0; 6],
+            long: vec![2.0; 6],
+            original_context: 8,
+            attention_factor: 1.1,
+        });
+        c.family = Family::Phi3;
+        c
+    }
+
+    #[test]
+    fn partial_rotary_order_puts_the_rotated_pairs_first() {
+        // one head of 8, 4 rotated: file pairs (0, 2), (1, 3) rotate, 4..8 pass through
+        let order = RowOrder::PartialRotary { heads: 2, rotated: 4 };
+        let src: Vec<usize> = (0..16).map(|r| order.source(r, 16)).collect();
+        assert_eq!(src, [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15]);
+    }
+
+    #[test]
+    fn every_naming_round_trips_fused_and_reordered_rows() {
+        let cfg = phi3();
+        cfg.validate().unwrap();
+        let w = ModelWeights::random(&cfg, 7).unwrap();
+        for naming in [Naming::Kvdecode, Naming::HuggingFace("model."), Naming::Gguf] {
+            let names = tensor_names(&cfg, naming);
+            let values = tensors_of(&w, naming);
+            assert_eq!(values.len(), names.len(), "{naming:?}: every name has its values");
+            if naming != Naming::Kvdecode {
+                let qkv = names.iter().find(|t| t.name.ends_with("qkv_proj.weight") || t.name.ends_with("attn_qkv.weight"));
+                assert_eq!(qkv.map(|t| t.places.len()), Some(3), "{naming:?}: q, k and v of one tensor");
+            }
+            let back = assemble(&cfg, &names, &mut |t| {
+                let v = &values.iter().find(|(n, _)| n.name == t.name).unwrap().1;
+                Ok(match t.shape[..] {
+                    [_] => Tensor::Vector(v.clone()),
+                    _ => Tensor::Matrix(Matrix::new(t.shape[0], t.shape[1], v.clone())?),
+                })
+            })
+            .unwrap();
+            assert_eq!(back, w, "{naming:?}");
+        }
+        // file dimension 6 pairs with 0 (rot/2 = 6 apart); kvdecode keeps it at 8 (head_dim/2 apart)
+        let hf = tensors_of(&w, Naming::HuggingFace("model."));
+        let qkv = &hf.iter().find(|(t, _)| t.name == "model.layers.0.self_attn.qkv_proj.weight").unwrap().1;
+        assert_eq!(&qkv[6 * 32..7 * 32], w.layers[0].wq.row(8));
+    }
 }

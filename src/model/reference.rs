@@ -10,7 +10,7 @@ use crate::model::weights::{Matrix, ModelWeights};
 /// RoPE (cos, sin) of plain RoPE with base `theta` for positions `0..n_pos`, `[n_pos,
 /// head_dim / 2]` ([`Rope::table`]).
 pub fn rope_table(theta: f32, head_dim: usize, n_pos: usize) -> Vec<[f32; 2]> {
-    Rope { theta, scaling: None }.table(head_dim, n_pos)
+    Rope { theta, scaling: None, dims: None }.table(head_dim, n_pos)
 }
 
 /// The multiplier a stored norm weight stands for under `kind`.

@@ -50,15 +50,34 @@ pub enum RopeScaling {
     /// Each pair's frequency divided by its own factor: GGUF's `rope_freqs.weight`, which
     /// llama.cpp's converter computes from Llama 3.1's scaling.
     Divisors(Vec<f32>),
+    /// Phi-3's LongRoPE: each pair's frequency divided by its own factor, from `long` when the
+    /// table spans more than `original_context` positions and from `short` otherwise, and cos and
+    /// sin multiplied by `attention_factor` either way.
+    LongRope {
+        /// Divisors within the original context.
+        short: Vec<f32>,
+        /// Divisors beyond it.
+        long: Vec<f32>,
+        /// The context the short factors serve.
+        original_context: usize,
+        /// Multiplies cos and sin (transformers' default `sqrt(1 + ln(s) / ln(original))`, `s` the
+        /// trained context over the original).
+        attention_factor: f32,
+    },
 }
 
 /// What one layer's RoPE is.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rope {
-    /// The base: pair `i` of `head_dim` turns at `theta^(-2i / head_dim)` radians per position.
+    /// The base: pair `i` of the `dims` rotated turns at `theta^(-2i / dims)` radians per position.
     pub theta: f32,
     /// A stretch of the frequencies, if any.
     pub scaling: Option<RopeScaling>,
+    /// Dimensions of a head that rotate (Phi's partial rotary), `None`: all of them. The pairs past
+    /// `dims / 2` of the table are the identity (cos 1, sin 0), so the dimensions they pair pass
+    /// through unchanged; the loaders order each head's rows so that the rotated pairs come first
+    /// ([`crate::model::family::RowOrder::PartialRotary`]).
+    pub dims: Option<usize>,
 }
 
 /// YaRN's default attention factor for a stretch (transformers' `get_mscale`).
@@ -71,7 +90,8 @@ pub fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
 }
 
 impl RopeScaling {
-    /// Check the parameters (a config outside them gets an error naming the key).
+    /// Check the parameters for `head_dim` rotated dimensions (a config outside them gets an
+    /// error naming the key).
     pub fn validate(&self, head_dim: usize) -> Result<()> {
         let err = |m: String| Err(Error::Config(format!("rope scaling: {m}")));
         let positive = |name: &str, v: f32| {
@@ -113,14 +133,34 @@ impl RopeScaling {
                 }
                 d.iter().enumerate().try_for_each(|(i, &v)| positive(&format!("rope_freqs[{i}]"), v))
             }
+            RopeScaling::LongRope { ref short, ref long, original_context, attention_factor } => {
+                positive("attention_factor", attention_factor)?;
+                if original_context == 0 {
+                    return err("original_max_position_embeddings must be >= 1".into());
+                }
+                for (name, f) in [("short_factor", short), ("long_factor", long)] {
+                    if f.len() != head_dim / 2 {
+                        return err(format!(
+                            "{} {name} values for {head_dim} rotated dimensions (expected {})",
+                            f.len(),
+                            head_dim / 2
+                        ));
+                    }
+                    f.iter().enumerate().try_for_each(|(i, &v)| positive(&format!("{name}[{i}]"), v))?;
+                }
+                Ok(())
+            }
         }
     }
 }
 
 impl Rope {
-    /// The radians per position of each pair of a head of `head_dim`, and the factor on cos and
-    /// sin, in f64 (transformers works in f32: the difference is its rounding).
-    pub fn frequencies(&self, head_dim: usize) -> (Vec<f64>, f64) {
+    /// The radians per position of each rotated pair of a head of `head_dim` (its first
+    /// `dims / 2` pairs), and the factor on cos and sin, in f64 (transformers works in f32: the
+    /// difference is its rounding), for a table of `n_pos` positions (LongRoPE's factors depend
+    /// on it).
+    pub fn frequencies(&self, head_dim: usize, n_pos: usize) -> (Vec<f64>, f64) {
+        let head_dim = self.dims.unwrap_or(head_dim).min(head_dim);
         let half = head_dim / 2;
         let base = self.theta as f64;
         let default: Vec<f64> = (0..half).map(|i| base.powf(-((2 * i) as f64) / head_dim as f64)).collect();
@@ -172,19 +212,25 @@ impl Rope {
                 (freqs, attention_factor as f64)
             }
             Some(RopeScaling::Divisors(d)) => (default.iter().zip(d).map(|(f, &by)| f / by as f64).collect(), 1.0),
+            Some(RopeScaling::LongRope { short, long, original_context, attention_factor }) => {
+                let by = if n_pos > *original_context { long } else { short };
+                (default.iter().zip(by).map(|(f, &by)| f / by as f64).collect(), *attention_factor as f64)
+            }
         }
     }
 
     /// (cos, sin) for positions `0..n_pos`, `[n_pos, head_dim / 2]`: the angles in f64, rounded
-    /// to f32 once.
+    /// to f32 once. Pairs past the rotated ones are (1, 0), which leaves their dimensions as they
+    /// are, bit for bit.
     pub fn table(&self, head_dim: usize, n_pos: usize) -> Vec<[f32; 2]> {
-        let (freqs, scale) = self.frequencies(head_dim);
-        let mut out = Vec::with_capacity(n_pos * freqs.len());
+        let (freqs, scale) = self.frequencies(head_dim, n_pos);
+        let mut out = Vec::with_capacity(n_pos * head_dim / 2);
         for p in 0..n_pos {
             for &f in &freqs {
                 let a = p as f64 * f;
                 out.push([(a.cos() * scale) as f32, (a.sin() * scale) as f32]);
             }
+            out.extend(std::iter::repeat_n([1.0, 0.0], head_dim / 2 - freqs.len()));
         }
         out
     }

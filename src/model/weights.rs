@@ -60,7 +60,8 @@ impl Matrix {
         Ok(Matrix { rows, cols, data, quant: Some(QuantData { kind, bytes }), half: None })
     }
 
-    /// Reorder rows: row `i` of the result is row `order[i]` of `self` (quantized blocks too).
+    /// Reorder or pick rows: row `i` of the result is row `order[i]` of `self` (quantized blocks
+    /// too), so the result has `order.len()` rows.
     pub fn permute_rows(&self, order: &[usize]) -> Matrix {
         let data = order.iter().flat_map(|&r| self.row(r).iter().copied()).collect();
         let quant = self.quant.as_ref().map(|q| {
@@ -70,7 +71,7 @@ impl Matrix {
                 bytes: order.iter().flat_map(|&r| q.bytes[r * rb..(r + 1) * rb].iter().copied()).collect(),
             }
         });
-        Matrix { rows: self.rows, cols: self.cols, data, quant, half: self.half }
+        Matrix { rows: order.len(), cols: self.cols, data, quant, half: self.half }
     }
 
     /// Row `r`.

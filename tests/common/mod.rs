@@ -60,6 +60,23 @@ pub fn olmo2_cfg() -> ModelConfig {
     c
 }
 
+/// Phi-3's layout: fused q/k/v and gate/up tensors in its files, 12 of each head's 16
+/// dimensions rotated, LongRoPE (long factors past 16 positions).
+pub fn phi3_cfg() -> ModelConfig {
+    use kvdecode::model::rope::RopeScaling;
+    let mut c = ModelConfig::llama(96, 32, 2, 1, 16, 48, 2, 10000.0, 1e-6, false);
+    c.rope_dims = Some(12);
+    c.rope_scaling = Some(RopeScaling::LongRope {
+        short: vec![1.0, 1.1, 1.2, 1.4, 1.7, 2.0],
+        long: vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0],
+        original_context: 16,
+        attention_factor: 1.2,
+    });
+    c.rope_scaling_local = c.rope_scaling.clone();
+    c.family = kvdecode::Family::Phi3;
+    c
+}
+
 pub fn model(cfg: &ModelConfig, seed: u64) -> ModelWeights {
     ModelWeights::random(cfg, seed).expect("random weights")
 }
