@@ -201,3 +201,35 @@ fn llama_cpp_vocabulary_tests_pass() {
         assert_eq!(got, want, "{text:?}");
     }
 }
+
+#[test]
+fn family_chat_templates_render_as_transformers_renders_them() {
+    // each family's own template (tests/fixtures/templates, from llama.cpp's repository) against
+    // transformers' apply_chat_template rendering of the same conversations
+    // (scripts/fixtures/make_template_fixtures.py): Gemma 2 refuses a system role, Phi-3.5 ends
+    // turns with <|end|>, Qwen2.5 and Llama 3.2 list the tools, SmolLM3 and Mistral Nemo their own
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/templates");
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let mut checked = 0;
+    for (model, want) in expected["models"].as_object().unwrap() {
+        let tpl = std::fs::read_to_string(dir.join(format!("{model}.jinja"))).unwrap();
+        let (bos, eos) = (want["bos_token"].as_str().unwrap(), want["eos_token"].as_str().unwrap());
+        for (name, rendered) in want["rendered"].as_object().unwrap() {
+            let conv = &expected["conversations"][name];
+            let messages: Vec<Message> = serde_json::from_value(conv["messages"].clone()).unwrap();
+            let tools = conv["tools"].as_array().map(|_| &conv["tools"]);
+            let got = kvdecode::tokenizer::render_chat_template_with_tools(&tpl, &messages, tools, true, bos, eos);
+            match (rendered.as_str(), got) {
+                (Some(text), Ok(got)) => assert_eq!(got, text, "{model}, {name}"),
+                (None, Err(e)) => {
+                    let why = rendered["error"].as_str().unwrap();
+                    assert!(e.to_string().contains(why), "{model}, {name}: {e} (transformers: {why})");
+                }
+                (want, got) => panic!("{model}, {name}: transformers {want:?}, kvdecode {got:?}"),
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 18);
+}

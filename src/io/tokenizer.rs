@@ -58,6 +58,15 @@ impl Tokenizer {
         Self::from_gguf_metadata(&g.metadata)
     }
 
+    /// [`Tokenizer::from_gguf`], or `None` for a file whose tokenizer model is `none` (llama.cpp's
+    /// mark of a model that carries no vocabulary; its ids are used as they are).
+    pub fn from_gguf_if_any(g: &GgufFile) -> Result<Option<Self>> {
+        match g.metadata.get("tokenizer.ggml.model").and_then(Value::as_str) {
+            Some("none") => Ok(None),
+            _ => Self::from_gguf(g).map(Some),
+        }
+    }
+
     /// [`Tokenizer::from_gguf`] from the metadata alone (`tokenizer.ggml.*`,
     /// `tokenizer.chat_template`): untrusted input, every missing or malformed key is an error.
     pub fn from_gguf_metadata(g: &BTreeMap<String, Value>) -> Result<Self> {
@@ -343,6 +352,10 @@ pub fn render_chat_template_with_tools(
         )));
     }
     let mut env = minijinja::Environment::new();
+    // as transformers' apply_chat_template (and llama.cpp) render: a block tag takes the newline
+    // after it and the spaces before it
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
     env.set_fuel(Some(lim.fuel));
     env.set_recursion_limit(lim.recursion);
     minijinja_contrib::add_to_environment(&mut env);
@@ -350,6 +363,7 @@ pub fn render_chat_template_with_tools(
     env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
         Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
     });
+    env.add_filter("tojson", py_tojson);
     env.add_template("chat", tpl).map_err(|e| Error::Config(format!("chat template: {e}")))?;
     let mut out = BoundedWriter { buf: Vec::new(), max: lim.output_bytes };
     let rendered = env.get_template("chat").and_then(|t| {
@@ -378,6 +392,123 @@ pub fn render_chat_template_with_tools(
             }
             _ => format!("chat template: {e}"),
         })),
+    }
+}
+
+/// `tojson` as transformers renders chat templates: Python's `json.dumps(x, ensure_ascii=False)`
+/// (keys in their order, `", "` and `": "` between items, `","` at line ends with `indent`,
+/// nothing HTML-escaped), with the keyword arguments `indent`, `separators`, `sort_keys` and
+/// `ensure_ascii`. minijinja's own filter writes compact JSON with sorted keys and escapes `<`,
+/// `>`, `&` and `'`, which changes the tool list Qwen2.5 and Llama 3 were trained to read.
+fn py_tojson(
+    value: &minijinja::Value,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<String, minijinja::Error> {
+    let bad = |m: String| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, m);
+    // (an indent is written once per nesting level of each line: bound it, as the output is)
+    let indent: Option<usize> = kwargs.get("indent")?;
+    if indent.is_some_and(|i| i > 64) {
+        return Err(bad(format!("tojson: indent {} is more than 64", indent.unwrap_or(0))));
+    }
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let (item, key) = match separators.as_deref() {
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(other) => return Err(bad(format!("tojson: separators needs two strings, got {}", other.len()))),
+        None if indent.is_some() => (",".into(), ": ".into()),
+        None => (", ".into(), ": ".into()),
+    };
+    let json = serde_json::to_value(value).map_err(|e| bad(format!("tojson: {e}")))?;
+    let mut out = String::new();
+    let style = PyJson {
+        indent: indent.map(|n| " ".repeat(n)),
+        item,
+        key,
+        sort_keys: sort_keys.unwrap_or(false),
+        ascii: ensure_ascii.unwrap_or(false),
+        max: TEMPLATE_LIMITS.output_bytes,
+    };
+    style.write(&json, 0, &mut out).map_err(bad)?;
+    Ok(out)
+}
+
+/// How [`py_tojson`] lays out JSON.
+struct PyJson {
+    indent: Option<String>,
+    item: String,
+    key: String,
+    sort_keys: bool,
+    ascii: bool,
+    max: usize,
+}
+
+impl PyJson {
+    fn write(&self, v: &Json, level: usize, out: &mut String) -> std::result::Result<(), String> {
+        if out.len() > self.max {
+            return Err(format!("tojson: output is larger than {} bytes", self.max));
+        }
+        let newline = |out: &mut String, level: usize| {
+            if let Some(ind) = &self.indent {
+                out.push('\n');
+                (0..level).for_each(|_| out.push_str(ind));
+            }
+        };
+        match v {
+            Json::String(s) => self.string(s, out),
+            Json::Array(items) if !items.is_empty() => {
+                out.push('[');
+                for (i, x) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item);
+                    }
+                    newline(out, level + 1);
+                    self.write(x, level + 1, out)?;
+                }
+                newline(out, level);
+                out.push(']');
+            }
+            Json::Object(map) if !map.is_empty() => {
+                let mut entries: Vec<(&String, &Json)> = map.iter().collect();
+                if self.sort_keys {
+                    entries.sort_by(|a, b| a.0.cmp(b.0));
+                }
+                out.push('{');
+                for (i, (k, x)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(&self.item);
+                    }
+                    newline(out, level + 1);
+                    self.string(k, out);
+                    out.push_str(&self.key);
+                    self.write(x, level + 1, out)?;
+                }
+                newline(out, level);
+                out.push('}');
+            }
+            // null, booleans, numbers, [] and {}: as serde_json writes them
+            other => out.push_str(&other.to_string()),
+        }
+        Ok(())
+    }
+
+    fn string(&self, s: &str, out: &mut String) {
+        let quoted = Json::String(s.to_string()).to_string();
+        if !self.ascii {
+            out.push_str(&quoted);
+            return;
+        }
+        for c in quoted.chars() {
+            if c.is_ascii() {
+                out.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+        }
     }
 }
 
