@@ -200,6 +200,9 @@ fn llama_cpp_vocabulary_tests_pass() {
         got.remove(0);
         assert_eq!(got, want, "{text:?}");
     }
+    // Phi-3's file names <|endoftext|> as EOS, but its turns end with <|end|>: a chat stops there
+    let end = t.token_id("<|end|>").expect("Phi-3 has <|end|>");
+    assert!(t.end_of_turn().contains(&end), "{:?} lacks <|end|> = {end}", t.end_of_turn());
 }
 
 #[test]

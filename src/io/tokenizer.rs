@@ -278,10 +278,12 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
-    /// Tokens that end an assistant turn: EOS and the usual end-of-turn markers this vocabulary has.
+    /// Tokens that end an assistant turn: EOS and the usual end-of-turn markers this vocabulary has
+    /// (ChatML's, Llama 3's turn and tool-call ends, Gemma's, Phi-3's `<|end|>`, whose files name
+    /// `<|endoftext|>` as EOS).
     pub fn end_of_turn(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.eos.into_iter().collect();
-        for t in ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"] {
+        for t in ["<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>"] {
             if let Some(id) = self.token_id(t) {
                 if !v.contains(&id) {
                     v.push(id);
