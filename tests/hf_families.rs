@@ -221,7 +221,8 @@ fn newer_families_gguf_match_reference() {
         let mut written = w.clone();
         if let Some(RopeScaling::Llama3 { .. }) = &c.rope_scaling {
             // what llama.cpp's converter stores: the default frequency over the scaled one
-            let scaled = Rope { theta: c.rope_theta, scaling: c.rope_scaling.clone(), dims: None }.frequencies(c.head_dim, 1).0;
+            let scaled =
+                Rope { theta: c.rope_theta, scaling: c.rope_scaling.clone(), dims: None }.frequencies(c.head_dim, 1).0;
             let plain = Rope { theta: c.rope_theta, scaling: None, dims: None }.frequencies(c.head_dim, 1).0;
             let divisors = plain.iter().zip(&scaled).map(|(p, s)| (p / s) as f32).collect();
             written.cfg.rope_scaling = Some(RopeScaling::Divisors(divisors));
@@ -317,7 +318,10 @@ fn newer_family_configs_read_as_transformers_reads_them() {
     assert!(c.layers.iter().all(|l| l.local));
     match c.rope_scaling {
         Some(RopeScaling::LongRope { ref short, ref long, original_context, attention_factor }) => {
-            assert_eq!((short.as_slice(), long.as_slice(), original_context), (&[1.0, 1.5, 2.0][..], &[2.0, 3.0, 4.0][..], 64));
+            assert_eq!(
+                (short.as_slice(), long.as_slice(), original_context),
+                (&[1.0, 1.5, 2.0][..], &[2.0, 3.0, 4.0][..], 64)
+            );
             // transformers' default: sqrt(1 + ln(1024 / 64) / ln(64))
             assert!((attention_factor - (1.0 + 16f32.ln() / 64f32.ln()).sqrt()).abs() < 1e-6);
         }

@@ -408,7 +408,7 @@ def test_sleep_and_wake_are_exact(demo):
     assert np.array_equal(engine.append(nxt), twin.append(nxt))
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2"])
+@pytest.mark.parametrize("family", ["qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"])
 def test_hugging_face_families_match_transformers(family):
     """Each newer family's fixture directory (tests/fixtures/hf, made by transformers) loads through
     the Python package and reproduces transformers' logits: the last of a 300-token prompt in one

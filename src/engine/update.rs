@@ -11,9 +11,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::weights::GpuPlace;
 use crate::model::config::{ModelConfig, NormKind};
-use crate::model::family::{
-    naming_norm, tensor_names, Naming, Place, Slot, TensorName, HF_PREFIXES,
-};
+use crate::model::family::{naming_norm, tensor_names, Naming, Place, Slot, TensorName, HF_PREFIXES};
 use crate::model::reference::norm_multiplier;
 use crate::model::tensor::{HostDtype, HostTensor};
 

@@ -406,7 +406,7 @@ impl GgufFile {
                 rope_dims = Some(rot as usize);
             } else if rot as usize != head_dim {
                 return Err(Error::Config(format!(
-                    "{}: {rot} rotated dimensions of head_dim {head_dim}: partial rotary is not supported",
+                    "{}: {rot} rotated dimensions of head_dim {head_dim}: partial rotary is read for phi3 files only",
                     p("rope.dimension_count")
                 )));
             }

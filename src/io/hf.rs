@@ -147,7 +147,8 @@ fn rope(
                 None => (1.0 + factor.ln() / (original as f64).ln()).sqrt() as f32,
             };
             let factors = |key: &str| -> Result<Vec<f32>> {
-                let bad = || Error::Config(format!("config.json: rope_type \"longrope\" needs `{key}`, a list of numbers"));
+                let bad =
+                    || Error::Config(format!("config.json: rope_type \"longrope\" needs `{key}`, a list of numbers"));
                 p.get(key)
                     .and_then(Value::as_array)
                     .ok_or_else(bad)?

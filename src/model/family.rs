@@ -5,7 +5,8 @@
 //! and GGUF loaders assemble [`crate::ModelWeights`] through [`tensor_names`], and
 //! [`crate::Engine::update_weights`] finds the GPU rows a name fills through the same list, so a
 //! name means the same rows everywhere. A name whose rows sit inside a fused matrix (k and v in
-//! `kv_global`, gate and up in `mlp_in`) fills just those rows.
+//! `kv_global`, gate and up in `mlp_in`) fills just those rows, and a fused tensor of a file
+//! (Phi-3's `qkv_proj`) fills a row range of each weight it holds ([`Place`]).
 //!
 //! A family is its per-layer table ([`Family::layer_tensors`]): what each tensor fills, under its
 //! Hugging Face and its GGUF name. Adding a family means a table here and its config reading.
@@ -390,7 +391,13 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
         let (q_norm_len, k_norm_len) = cfg.qk_norm_lens();
         if naming == Naming::Kvdecode {
             let b = format!("blocks.{i}");
-            push(&mut out, format!("{b}.attn_norm.weight"), vec![d], norm(cfg.pre_norms, LayerSlot::AttnNorm), RowOrder::AsIs);
+            push(
+                &mut out,
+                format!("{b}.attn_norm.weight"),
+                vec![d],
+                norm(cfg.pre_norms, LayerSlot::AttnNorm),
+                RowOrder::AsIs,
+            );
             push(&mut out, format!("{b}.attn.w_q.weight"), vec![hd, d], whole(slot(LayerSlot::Wq)), RowOrder::AsIs);
             push(
                 &mut out,
@@ -426,7 +433,13 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
             }
             push(&mut out, format!("{b}.attn.w_o.weight"), vec![d, hd], whole(slot(LayerSlot::Wo)), RowOrder::AsIs);
             push(&mut out, format!("{b}.attn.w_q.bias"), vec![hd], bias(slot(LayerSlot::QBias), 0), RowOrder::AsIs);
-            push(&mut out, format!("{b}.attn.w_kv.bias"), vec![2 * kvd], bias(slot(LayerSlot::KvBias), 0), RowOrder::AsIs);
+            push(
+                &mut out,
+                format!("{b}.attn.w_kv.bias"),
+                vec![2 * kvd],
+                bias(slot(LayerSlot::KvBias), 0),
+                RowOrder::AsIs,
+            );
             push(
                 &mut out,
                 format!("{b}.post_attn_norm.weight"),
@@ -434,7 +447,13 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                 norm(cfg.post_norms, LayerSlot::PostAttnNorm),
                 RowOrder::AsIs,
             );
-            push(&mut out, format!("{b}.mlp_norm.weight"), vec![d], norm(cfg.pre_norms, LayerSlot::MlpNorm), RowOrder::AsIs);
+            push(
+                &mut out,
+                format!("{b}.mlp_norm.weight"),
+                vec![d],
+                norm(cfg.pre_norms, LayerSlot::MlpNorm),
+                RowOrder::AsIs,
+            );
             push(
                 &mut out,
                 format!("{b}.post_mlp_norm.weight"),
@@ -449,19 +468,43 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                 whole(slot(LayerSlot::MlpIn)),
                 RowOrder::AsIs,
             );
-            push(&mut out, format!("{b}.mlp.proj.weight"), vec![d, cfg.ffn], whole(slot(LayerSlot::MlpOut)), RowOrder::AsIs);
+            push(
+                &mut out,
+                format!("{b}.mlp.proj.weight"),
+                vec![d, cfg.ffn],
+                whole(slot(LayerSlot::MlpOut)),
+                RowOrder::AsIs,
+            );
             if let Some(e) = cfg.engram.as_ref().filter(|e| e.layers.contains(&i)) {
                 let mut k = 0;
                 for n in &e.orders {
                     for j in 0..e.heads {
                         let name = format!("{b}.engram.tables.{n}.{j}");
-                        push(&mut out, name, vec![e.table_rows, e.dim], whole(slot(LayerSlot::EngramTable(k))), RowOrder::AsIs);
+                        push(
+                            &mut out,
+                            name,
+                            vec![e.table_rows, e.dim],
+                            whole(slot(LayerSlot::EngramTable(k))),
+                            RowOrder::AsIs,
+                        );
                         k += 1;
                     }
                 }
                 let w = e.width();
-                push(&mut out, format!("{b}.engram.w_k"), vec![d, w], vec![(slot(LayerSlot::EngramKv), 0)], RowOrder::AsIs);
-                push(&mut out, format!("{b}.engram.w_v"), vec![d, w], vec![(slot(LayerSlot::EngramKv), d)], RowOrder::AsIs);
+                push(
+                    &mut out,
+                    format!("{b}.engram.w_k"),
+                    vec![d, w],
+                    vec![(slot(LayerSlot::EngramKv), 0)],
+                    RowOrder::AsIs,
+                );
+                push(
+                    &mut out,
+                    format!("{b}.engram.w_v"),
+                    vec![d, w],
+                    vec![(slot(LayerSlot::EngramKv), d)],
+                    RowOrder::AsIs,
+                );
             }
             continue;
         }
@@ -499,7 +542,12 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                     let mut places = vec![Place { slot: slot(LayerSlot::Wq), row0: 0, rows: 0..hd, order: q_order }];
                     for &s in &kv {
                         places.push(Place { slot: slot(s), row0: 0, rows: hd..hd + kvd, order: k_order });
-                        places.push(Place { slot: slot(s), row0: kvd, rows: hd + kvd..hd + 2 * kvd, order: RowOrder::AsIs });
+                        places.push(Place {
+                            slot: slot(s),
+                            row0: kvd,
+                            rows: hd + kvd..hd + 2 * kvd,
+                            order: RowOrder::AsIs,
+                        });
                     }
                     out.push(TensorName { name, shape: vec![hd + 2 * kvd, d], places });
                     continue;
@@ -758,7 +806,8 @@ mod tests {
             let values = tensors_of(&w, naming);
             assert_eq!(values.len(), names.len(), "{naming:?}: every name has its values");
             if naming != Naming::Kvdecode {
-                let qkv = names.iter().find(|t| t.name.ends_with("qkv_proj.weight") || t.name.ends_with("attn_qkv.weight"));
+                let qkv =
+                    names.iter().find(|t| t.name.ends_with("qkv_proj.weight") || t.name.ends_with("attn_qkv.weight"));
                 assert_eq!(qkv.map(|t| t.places.len()), Some(3), "{naming:?}: q, k and v of one tensor");
             }
             let back = assemble(&cfg, &names, &mut |t| {
