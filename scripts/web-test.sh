@@ -11,7 +11,9 @@
 #      asked "What is the capital of France?" greedily: the answer must name Paris;
 #   5. two conversations answering at once in the page equal each answering alone, and a second
 #      turn keeps the first on its row;
-#   6. a picked GGUF is kept in the browser's storage (OPFS) and loads from there after a reload.
+#   6. a picked GGUF is kept in the browser's storage (OPFS) and loads from there after a reload;
+#   7. Phi-3 (fused tensors, partial rotary, LongRoPE) from the GGUF file llama.cpp's converter made
+#      of its tiny fixture model: 20 greedy tokens in the page equal the native engine's.
 # Exits non-zero if any fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,4 +64,12 @@ echo "== 5. two conversations at once equal each alone, and a second turn keeps 
 (cd examples/web && TWO=1 node e2e.mjs "$root/examples/web/screenshot-two.png")
 echo "== 6. a picked GGUF is kept in the browser's storage and loads from it after a reload (Chromium)"
 (cd examples/web && STORE_GGUF="$root/fuzz/seeds/gguf/llama-f32-chatml.gguf" node e2e.mjs "${TMPDIR:-/tmp}/kvdecode-stored.png")
-echo "web tests: 6 passed, 0 failed"
+echo "== 7. Phi-3 from a GGUF file in the page: its greedy tokens equal the native engine's (Chromium)"
+# the page holds min(2048, the trained context) positions per row: 512 here, which also picks
+# LongRoPE's long factors (past the original 128) in both
+phi3=tests/fixtures/llamacpp/families/phi3.gguf
+expected=$(KVDECODE_PORTABLE=1 "target/$profile_dir/kvdecode" generate --model "$phi3" --prompts "${TMPDIR:-/tmp}/kvdecode-e2e.jsonl" --rows 1 --kv f16 --weights f16 --max-len 512 \
+  | python3 -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.readline())["tokens"]))')
+echo "native engine (lavapipe): $expected"
+(cd examples/web && AUTO_GGUF="$root/$phi3" EXPECTED="$expected" node e2e.mjs "${TMPDIR:-/tmp}/kvdecode-phi3.png")
+echo "web tests: 7 passed, 0 failed"

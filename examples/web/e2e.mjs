@@ -11,6 +11,8 @@
 //                                                                  equal each answering alone; a second turn keeps the first
 //   STORE_GGUF=model.gguf node e2e.mjs                       Chromium: a picked GGUF is kept in the browser's storage
 //                                                                  (OPFS) and loads from there after a reload
+//   AUTO_GGUF=model.gguf EXPECTED='[..]' node e2e.mjs [out.png]   Chromium: that GGUF (token ids, no vocabulary needed)
+//                                                                  instead of the demo model, greedy tokens as above
 import http from "node:http";
 import fs from "node:fs";
 import path from "node:path";
@@ -26,8 +28,12 @@ const types = { ".html": "text/html", ".js": "text/javascript", ".wasm": "applic
 
 const server = http.createServer((req, res) => {
   const url = new URL(req.url, "http://x");
-  const file = path.join(root, url.pathname === "/" ? "index.html" : decodeURIComponent(url.pathname));
-  if (!file.startsWith(root) || !fs.existsSync(file)) { res.writeHead(404); res.end(); return; }
+  // AUTO_GGUF: the page's `&gguf=/model.gguf` is that file
+  const auto = url.pathname === "/model.gguf" && process.env.AUTO_GGUF;
+  const file = auto
+    ? path.resolve(process.env.AUTO_GGUF)
+    : path.join(root, url.pathname === "/" ? "index.html" : decodeURIComponent(url.pathname));
+  if (!(auto || file.startsWith(root)) || !fs.existsSync(file)) { res.writeHead(404); res.end(); return; }
   res.writeHead(200, { "content-type": types[path.extname(file)] ?? "application/octet-stream" });
   fs.createReadStream(file).pipe(res);
 });
@@ -121,7 +127,8 @@ try {
   } else {
     const n = expected ? expected.length : 20;
     const lose = process.env.LOSE ? `&lose=${process.env.LOSE}` : "";
-    await page.goto(`http://127.0.0.1:${port}/?auto=${n}${lose}`);
+    const gguf = process.env.AUTO_GGUF ? "&gguf=/model.gguf" : "";
+    await page.goto(`http://127.0.0.1:${port}/?auto=${n}${lose}${gguf}`);
     await page.waitForSelector("body[data-done='1']", { timeout: 240_000 });
     const got = JSON.parse(await text("#tokens"));
     const adapter = await text("#adapter");

@@ -4,13 +4,15 @@
 // conversations answering at that moment decode together, one batched step per token; Stop ends
 // an answer. `?auto=N` loads the demo model and decodes N greedy tokens from a fixed prompt on row
 // 0, then writes them to #tokens as JSON (the end-to-end test reads it); `&lose=K` destroys the
-// GPU device after K tokens, and the answer must still come out whole.
+// GPU device after K tokens, and the answer must still come out whole; `&gguf=URL` takes the GGUF
+// file at URL instead of the demo model (a file without a vocabulary: the prompt is those ids).
 import init, { Session } from "./pkg/kvdecode_web.js";
 
 const $ = (id) => document.getElementById(id);
 const DEMO_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8];
 const ROWS = 2;
 const STORED = "model.gguf";
+const params = new URLSearchParams(location.search);
 let session = null;
 
 // ---- the model: file or browser storage, with progress --------------------------------------
@@ -32,7 +34,7 @@ async function showStored() {
   $("stored-line").hidden = !file;
   if (file) {
     $("stored-name").textContent = `${localStorage.getItem("kvdecode-model-name") ?? STORED} (${(file.size / 1048576).toFixed(1)} MiB)`;
-    if (!new URLSearchParams(location.search).get("auto")) $("stored").checked = true;
+    if (!params.get("auto")) $("stored").checked = true;
   }
   return file;
 }
@@ -80,7 +82,10 @@ async function load() {
   for (const c of convs) c.reset();
   const bar = $("progress");
   try {
-    if (which === "demo") {
+    if (params.get("auto") && params.get("gguf")) {
+      const bytes = new Uint8Array(await (await fetch(params.get("gguf"))).arrayBuffer());
+      session = await Session.gguf(bytes, 2048, ROWS);
+    } else if (which === "demo") {
       session = await Session.demo(1024, ROWS);
     } else {
       const f = which === "stored" ? await showStored() : $("file").files[0];
@@ -288,7 +293,6 @@ $("forget").onclick = async () => {
 };
 await showStored();
 
-const params = new URLSearchParams(location.search);
 const auto = params.get("auto");
 if (auto) {
   try {

@@ -32,7 +32,7 @@ pub fn load(path: impl AsRef<Path>, progress: &mut dyn FnMut(usize, usize)) -> R
         Ok(LoadedModel { weights: crate::io::hf::load_dir(path)?, tokenizer })
     } else if is_gguf(path) {
         let g = GgufFile::open(path)?;
-        Ok(LoadedModel { weights: g.weights_with_progress(progress)?, tokenizer: Some(Tokenizer::from_gguf(&g)?) })
+        Ok(LoadedModel { weights: g.weights_with_progress(progress)?, tokenizer: Tokenizer::from_gguf_if_any(&g)? })
     } else {
         Ok(LoadedModel { weights: ModelWeights::load_safetensors(path)?, tokenizer: None })
     }
@@ -48,7 +48,7 @@ pub fn load_tokenizer(path: impl AsRef<Path>) -> Result<Option<Tokenizer>> {
         }
         Ok(None)
     } else if is_gguf(path) {
-        Tokenizer::from_gguf(&GgufFile::open(path)?).map(Some)
+        Tokenizer::from_gguf_if_any(&GgufFile::open(path)?)
     } else {
         Ok(None)
     }

@@ -66,12 +66,15 @@ impl Session {
         open(ModelWeights::demo(), None, max_len, rows).await
     }
 
-    /// A GGUF file's bytes (its tokenizer and chat template come with it).
+    /// A GGUF file's bytes (its tokenizer and chat template come with it; a file without a
+    /// vocabulary takes token ids), with `rows` rows of `max_len` tokens, or of the model's
+    /// trained context where that is shorter.
     pub async fn gguf(bytes: Vec<u8>, max_len: usize, rows: usize) -> Result<Session, JsValue> {
         let g = GgufFile::parse(bytes).map_err(js)?;
         let w = g.weights().map_err(js)?;
-        let tok = Tokenizer::from_gguf(&g).map_err(js)?;
-        open(w, Some(tok), max_len, rows).await
+        let tok = Tokenizer::from_gguf_if_any(&g).map_err(js)?;
+        let max_len = w.cfg.context_len.map_or(max_len, |c| max_len.min(c));
+        open(w, tok, max_len, rows).await
     }
 
     /// The adapter the session runs on.
