@@ -332,6 +332,11 @@ fn newer_family_configs_read_as_transformers_reads_them() {
     p["rope_scaling"]["long_factor"] = json!([2.0, 3.0]);
     let e = format!("{}", config_from_json(&p.to_string()).unwrap_err());
     assert!(e.contains("2 long_factor values for 6 rotated dimensions"), "{e}");
+    // partial rotary reorders a head's dimensions, which per-dimension qk-norm weights would not follow
+    let mut q = base("qwen3");
+    q["partial_rotary_factor"] = json!(0.5);
+    let e = format!("{}", config_from_json(&q.to_string()).unwrap_err());
+    assert!(e.contains("rope_dims 4 of head_dim 8 together with qk_norm"), "{e}");
     // what is still unsupported names the key and its value
     let mut bad = base("llama");
     bad["rope_scaling"] =

@@ -378,6 +378,14 @@ impl ModelConfig {
             if r == 0 || r > self.head_dim || !r.is_multiple_of(2) {
                 return err(format!("rope_dims {r} must be even and within head_dim {}", self.head_dim));
             }
+            // the qk-norm weights are in the file's order of a head's dimensions, which partial
+            // rotary reorders
+            if r < self.head_dim && self.qk_norm {
+                return err(format!(
+                    "rope_dims {r} of head_dim {} together with qk_norm is not supported",
+                    self.head_dim
+                ));
+            }
         }
         for s in [&self.rope_scaling, &self.rope_scaling_local].into_iter().flatten() {
             s.validate(self.rope_dims.unwrap_or(self.head_dim))?;
