@@ -236,3 +236,21 @@ fn family_chat_templates_render_as_transformers_renders_them() {
     }
     assert_eq!(checked, 18);
 }
+
+#[test]
+fn tojson_writes_what_pythons_json_dumps_writes() {
+    // the keyword arguments no family template in tests/fixtures/templates uses; the expected
+    // strings are Python 3.11's json.dumps of the same value
+    let value = serde_json::json!({"b": [1, 2.5, null, true], "a": "é<&>'", "c": {}});
+    let tpl = format!(
+        "{{% set v = {value} %}}{{{{ v | tojson(ensure_ascii=true, sort_keys=true, separators=[',', ':']) }}}}|\
+         {{{{ v | tojson(indent=2) }}}}"
+    );
+    let got = kvdecode::tokenizer::render_chat_template(&tpl, &[Message::new("user", "x")], false, "", "").unwrap();
+    let (compact, indented) = got.split_once('|').unwrap();
+    assert_eq!(compact, r#"{"a":"\u00e9<&>'","b":[1,2.5,null,true],"c":{}}"#);
+    assert_eq!(
+        indented,
+        "{\n  \"b\": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n  \"a\": \"é<&>'\",\n  \"c\": {}\n}"
+    );
+}

@@ -606,12 +606,8 @@ pub fn assemble(
         match read(t)? {
             Tensor::Matrix(m) => {
                 for p in &t.places {
-                    let identity = (0..p.rows.len()).all(|i| p.source(i) == i) && p.rows.len() == m.rows;
-                    let part = if identity {
-                        m.clone()
-                    } else {
-                        m.permute_rows(&(0..p.rows.len()).map(|i| p.source(i)).collect::<Vec<_>>())
-                    };
+                    // (a copy either way: a whole tensor in its order is the identity's rows)
+                    let part = m.permute_rows(&(0..p.rows.len()).map(|i| p.source(i)).collect::<Vec<_>>());
                     mats.entry(p.slot).or_default().push((p.row0, part));
                 }
             }
