@@ -7,9 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${KVDECODE_GRPO_VENV:-$HOME/.cache/kvdecode/grpo-venv}
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -c 'import torch, numpy, safetensors, matplotlib, ray' 2>/dev/null ||
-  "$venv/bin/pip" install --quiet torch==2.15.0 numpy==2.4.6 safetensors==0.8.0 matplotlib==3.11.2 ray==2.60.0
+bash scripts/install.sh python grpo
 . scripts/cargo-profile.sh
 MATURIN_PEP517_ARGS="--profile $profile" "$venv/bin/pip" install --quiet --no-deps --force-reinstall ./python
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"

@@ -5,9 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${KVDECODE_OPENAI_VENV:-$HOME/.cache/kvdecode/openai-venv}
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -c 'import openai, jsonschema' 2>/dev/null || "$venv/bin/pip" install --quiet openai==3.57.0 jsonschema==4.26.0
-bash scripts/fetch-smollm2.sh >/dev/null
+bash scripts/install.sh python openai
 . scripts/cargo-profile.sh
 cargo build --profile "$profile" -p kvdecode-cli
 cli=target/$profile_dir/kvdecode

@@ -7,11 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${KVDECODE_PYTHON_VENV:-$HOME/.cache/kvdecode/python-venv}
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-# ray: the rollout-workers example runs on a local Ray cluster in the tests
-"$venv/bin/python" -c 'import numpy, pytest, ray' 2>/dev/null ||
-  "$venv/bin/pip" install --quiet numpy==2.4.6 pytest==9.2.0 ray==2.60.0
-bash scripts/fetch-smollm2.sh >/dev/null
+bash scripts/install.sh python wheel
 . scripts/cargo-profile.sh
 cargo build --profile "$profile" -p kvdecode-cli
 cargo build --profile "$profile" --example logits

@@ -18,22 +18,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-need=()
-command -v chromium >/dev/null || need+=(chromium)
-command -v chromedriver >/dev/null || need+=(chromium-driver)
-command -v firefox-esr >/dev/null || need+=(firefox-esr)
-command -v node >/dev/null || need+=(nodejs)
-command -v npm >/dev/null || need+=(npm)
-if [ ${#need[@]} -gt 0 ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq "${need[@]}"
-fi
-rustup target add wasm32-unknown-unknown >/dev/null
-want=$(grep -A1 '^name = "wasm-bindgen"$' Cargo.lock | sed -n 's/version = "\(.*\)"/\1/p')
-if [ "$(wasm-bindgen --version 2>/dev/null | cut -d' ' -f2)" != "$want" ]; then
-  cargo install wasm-bindgen-cli --version "$want"
-fi
-(cd examples/web && { [ -d node_modules/playwright-core ] && [ -d node_modules/puppeteer-core ]; } || npm ci --no-audit --no-fund --silent)
+bash scripts/install.sh apt
+bash scripts/install.sh cargo
+bash scripts/install.sh web
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 
 echo "== 1. parity tests in headless Chromium (wasm-bindgen-test)"
