@@ -45,8 +45,9 @@ cargo_part() {
   rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
   local want
   want=$(grep -A1 '^name = "wasm-bindgen"$' Cargo.lock | sed -n 's/version = "\(.*\)"/\1/p')
+  # not --locked: its lock file names a webpki-roots that crates.io no longer serves
   if [ "$(wasm-bindgen --version 2>/dev/null | cut -d' ' -f2)" != "$want" ]; then
-    cargo install --locked wasm-bindgen-cli --version "$want"
+    cargo install wasm-bindgen-cli --version "$want"
   fi
 }
 
