@@ -7,7 +7,7 @@
 //! per append; OUT gets the logits after each append, f32 `[T - N + 1, vocab]`. `--tokens` is an
 //! int64 (or int32) `.npy` of shape `[T]` or `[1, T]`.
 
-use kvdecode::{npy, Engine, EngineOptions, Gpu, KvDtype};
+use kvdecode::{io::npy, Engine, EngineOptions, Gpu, KvDtype};
 
 fn main() {
     if let Err(e) = run() {
@@ -24,7 +24,7 @@ fn run() -> Result<(), String> {
     let tokens_path = get("--tokens").ok_or(usage)?;
     let out_path = get("--out").ok_or(usage)?;
     let kv = KvDtype::parse(get("--kv").as_deref().unwrap_or("f32")).map_err(|e| format!("--kv: {e}"))?;
-    let model = kvdecode::model_file::load(&model_path, &mut |_, _| {}).map_err(|e| e.to_string())?.weights;
+    let model = kvdecode::io::model_file::load(&model_path, &mut |_, _| {}).map_err(|e| e.to_string())?.weights;
     let arr = npy::read(&tokens_path).map_err(|e| e.to_string())?;
     if !(arr.shape.len() == 1 || (arr.shape.len() == 2 && arr.shape[0] == 1)) {
         return Err(format!("{tokens_path}: shape {:?}, expected [T] or [1, T]", arr.shape));

@@ -8,9 +8,9 @@
 
 use std::time::Instant;
 
-use kvdecode::config::EngramConfig;
+use kvdecode::model::config::EngramConfig;
 use kvdecode::{
-    reference, Engine, EngineOptions, Gpu, KvDtype, ModelConfig, ModelWeights, Sampler, SplitMix64, TurnLimit,
+    model::reference, Engine, EngineOptions, Gpu, KvDtype, ModelConfig, ModelWeights, Sampler, SplitMix64, TurnLimit,
 };
 
 /// What to run.

@@ -2,7 +2,7 @@
 # The full load run: `kvdecode serve` on this machine's adapter and `kvdecode bench-serve` against
 # it (1,000 requests over 64 connections by default: streaming, non-streaming, cancelled midway,
 # malformed; every answer checked against the same request alone; the server's RSS before and
-# after). Prints the table the README carries.
+# after). Prints the table docs/SERVING.md carries.
 #   scripts/load-test.sh [REQUESTS] [CONCURRENCY] [ROWS] [MODEL] [MAX_TOKENS]
 # MODEL defaults to the tiny random ChatML model of the fuzz seeds (the server's machinery under
 # load, not the GPU's speed); give models/SmolLM2-135M-Instruct.Q4_1.gguf for a real model.

@@ -29,31 +29,25 @@ pub mod io;
 pub mod model;
 pub mod serve;
 
-// Every module keeps the path it had before the folders (`kvdecode::gguf`, ...).
-pub use engine::{decode, sampling};
-pub use gpu::{device, profile, shaders, variants};
-pub use io::{gguf, hf, model_file, npy, tokenizer};
-pub use model::{config, engram, family, quant, reference, tensor, weights};
-pub use serve::{batching, rollout};
-#[cfg(not(target_arch = "wasm32"))]
-pub use serve::{compat, speculative};
-
-pub use batching::{Completion, ConstraintFactory, Event, Finish, Request, Scheduler, TokenConstraint};
+// One path for each module (`kvdecode::io::gguf`); what a user names most is re-exported here.
 pub use cache::{BlockUsage, CacheOptions, KvCache, KvDtype, PromptCacheStats, RowOwner};
-#[cfg(not(target_arch = "wasm32"))]
-pub use compat::{PaddedBatch, SequenceCache};
-pub use config::{EngramConfig, LayerSpec, MlpKind, ModelConfig, NormKind};
-pub use device::{Gpu, GpuOptions};
+pub use engine::sampling::{argmax, sample_cpu, sample_cpu_full, Sampled, Sampler, TOP_LOGPROBS_MAX};
 pub use engine::{
     AttentionKernel, Engine, EngineOptions, Fusion, InFlight, Logits, MatmulKernel, MemoryReport, Sleep, Stats, Turn,
     TurnLimit, WeightUpdate, CHUNK, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
 pub use error::{Error, Result};
-pub use family::Family;
+pub use gpu::device::{Gpu, GpuOptions};
 pub use gpu::kernels::WeightFormat;
+pub use gpu::profile::Profile;
 pub use gpu::weights::WeightDtype;
-pub use profile::Profile;
-pub use rollout::{Episode, Rollouts};
-pub use sampling::{argmax, sample_cpu, sample_cpu_full, Sampled, Sampler, TOP_LOGPROBS_MAX};
-pub use tensor::{HostDtype, HostTensor};
-pub use weights::{DiskDtype, EngramWeights, Half, LayerWeights, Matrix, ModelWeights, SplitMix64};
+pub use io::safetensors::DiskDtype;
+pub use model::config::{EngramConfig, LayerSpec, MlpKind, ModelConfig, NormKind};
+pub use model::family::Family;
+pub use model::tensor::{HostDtype, HostTensor};
+pub use model::weights::{EngramWeights, Half, LayerWeights, Matrix, ModelWeights, SplitMix64};
+pub use serve::batching::Scheduler;
+#[cfg(not(target_arch = "wasm32"))]
+pub use serve::compat::{PaddedBatch, SequenceCache};
+pub use serve::request::{Completion, ConstraintFactory, Event, Finish, Request, RequestStats, TokenConstraint};
+pub use serve::rollout::{Episode, Rollouts};

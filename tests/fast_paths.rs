@@ -18,7 +18,7 @@ fn fast_and_portable_paths_agree() {
         assert_eq!(fast.subgroup_size(), Some(8), "lavapipe has fixed 8-wide subgroups: the fast path must be on");
     }
     for cfg in [tiny_agent_cfg(), llama_cfg()] {
-        let w = model(&cfg, 171).quantized(kvdecode::quant::QuantKind::Q4_1).unwrap();
+        let w = model(&cfg, 171).quantized(kvdecode::model::quant::QuantKind::Q4_1).unwrap();
         let w = if cfg.mlp == kvdecode::MlpKind::SwiGlu { model(&cfg, 171) } else { w };
         let ids: Vec<u32> = (0..30).map(|i| (i * 13 + 2) % 96).collect();
         let run = |gpu: &Gpu| {
@@ -64,7 +64,7 @@ fn mat_vec_steps_equal_blocked_steps_bit_for_bit() {
         kernels.push((&fast, MatmulKernel::WideSubgroup));
     }
     for (gpu, matmul) in kernels {
-        let w = model(&llama_cfg(), 172).quantized(kvdecode::quant::QuantKind::Q4_1).unwrap();
+        let w = model(&llama_cfg(), 172).quantized(kvdecode::model::quant::QuantKind::Q4_1).unwrap();
         let prompt: Vec<u32> = (0..5 * 6).map(|i| (i * 11 + 5) % 96).collect();
         let mut runs = Vec::new();
         for rows_in_step in [1usize, 2, 5] {
@@ -101,7 +101,7 @@ fn logits_with(gpu: &Gpu, w: &kvdecode::ModelWeights, weights: WeightDtype, matm
 /// Models for the bit-for-bit product tests: every weight format, and output counts that leave a
 /// thread's (or a tile's) last outputs past the end (vocab 100, ffn 52).
 fn product_cases() -> Vec<(String, kvdecode::ModelWeights, WeightDtype)> {
-    use kvdecode::quant::QuantKind;
+    use kvdecode::model::quant::QuantKind;
     let odd = ModelConfig::llama(100, 32, 4, 2, 8, 52, 2, 10000.0, 1e-5, false);
     let blocks = ModelConfig::llama(96, 64, 4, 2, 16, 96, 2, 10000.0, 1e-5, true);
     let k_blocks = ModelConfig::llama(96, 256, 4, 2, 64, 256, 1, 10000.0, 1e-5, false);

@@ -16,7 +16,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use kvdecode::{npy, reference, Engine, EngineOptions, ModelWeights};
+use kvdecode::{io::npy, model::reference, Engine, EngineOptions, ModelWeights};
 
 const FAMILIES: [&str; 10] =
     ["llama", "qwen3", "gemma3", "qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"];
@@ -34,7 +34,7 @@ fn fixture_dir(name: &str) -> PathBuf {
 
 fn load(family: &str) -> (PathBuf, ModelWeights) {
     let dir = fixture_dir(&format!("hf/{family}"));
-    let w = kvdecode::hf::load_dir(&dir).unwrap_or_else(|e| panic!("load HF {family} directory: {e}"));
+    let w = kvdecode::io::hf::load_dir(&dir).unwrap_or_else(|e| panic!("load HF {family} directory: {e}"));
     (dir, w)
 }
 
@@ -53,7 +53,14 @@ fn logits_full_and_incremental(family: &str) {
     assert!(d_ref <= 1e-4, "{family}: reference vs logits_full: {d_ref}");
 
     // the GPU engine: all tokens as one append (last logits), then teacher-forced: prefill 16,
-    // then single-token steps, every position checked against both of transformers' outputs
+    // single-token steps up to SINGLE_STEPS_UNTIL (the decode kernels, past every fixture's
+    // 40-key window so the ring wraps), then the rest in appends of 16 with every position's
+    // logits (the prefill kernels over the long context: RoPE scaling past its original 128).
+    // Every position is checked against both of transformers' outputs. One token at a time all
+    // the way would check nothing more: a step's bits do not depend on how the tokens before it
+    // were chunked (tests/rollback_fork.rs `chunking_does_not_change_a_single_bit`,
+    // tests/attention_variants.rs `query_tiles_give_the_bits_of_one_token_at_a_time`).
+    const SINGLE_STEPS_UNTIL: usize = 96;
     let gpu = gpu();
     let mut engine = Engine::new(&gpu, &w, EngineOptions::new(1, max_len(n))).unwrap();
     let out = engine.append(&tokens, n, &[n], None).unwrap();
@@ -68,9 +75,16 @@ fn logits_full_and_incremental(family: &str) {
         worst_incr = worst_incr.max(max_abs_diff(got, &incr[pos * v..(pos + 1) * v]));
     };
     check(15, first.row(0).unwrap());
-    for (pos, &t) in tokens.iter().enumerate().skip(16) {
+    for (pos, &t) in tokens.iter().enumerate().take(SINGLE_STEPS_UNTIL).skip(16) {
         let out = engine.append(&[t], 1, &[1], None).unwrap();
         check(pos, out.row(0).unwrap());
+    }
+    for start in (SINGLE_STEPS_UNTIL.min(n)..n).step_by(16) {
+        let chunk = &tokens[start..(start + 16).min(n)];
+        let rows = engine.append_all_logits(chunk, chunk.len(), &[chunk.len()], None).unwrap();
+        for (i, got) in rows[0].iter().enumerate() {
+            check(start + i, got);
+        }
     }
     println!("{family}: engine vs logits_full: {worst_full:e}, vs logits_incremental: {worst_incr:e}");
     assert!(worst_full <= 1e-4, "{family}: engine vs logits_full: {worst_full}");

@@ -24,7 +24,7 @@ fn families() -> Vec<(&'static str, ModelWeights)> {
     gemma.post_norms = true;
     gemma.norm = kvdecode::NormKind::OnePlusWeight;
     gemma.mlp = kvdecode::MlpKind::GeluTanhGated;
-    let q4 = |cfg: &ModelConfig, seed| model(cfg, seed).quantized(kvdecode::quant::QuantKind::Q4_1).unwrap();
+    let q4 = |cfg: &ModelConfig, seed| model(cfg, seed).quantized(kvdecode::model::quant::QuantKind::Q4_1).unwrap();
     vec![
         ("llama q4_1", q4(&llama, 181)),
         ("qwen3-like", model(&qwen, 182)),

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 
 use common::gguf_writer::{write_arch, Meta, Store};
 use common::*;
-use kvdecode::gguf::GgufFile;
-use kvdecode::quant::QuantKind;
-use kvdecode::tokenizer::{render_chat_template, Tokenizer};
+use kvdecode::io::gguf::GgufFile;
+use kvdecode::io::tokenizer::{render_chat_template, Tokenizer};
+use kvdecode::model::quant::QuantKind;
 use kvdecode::{DiskDtype, ModelConfig, ModelWeights, Request};
 use serde_json::json;
 
@@ -121,8 +121,13 @@ fn gguf_seeds() -> Vec<(String, Vec<u8>)> {
 
 fn safetensors_seeds() -> Vec<(String, Vec<u8>)> {
     let mut agent = ModelConfig::tiny_agent(64, 16, 2, 1, 8, 32, 2, 2, 3);
-    agent.engram =
-        Some(kvdecode::config::EngramConfig { layers: vec![1], orders: vec![2], heads: 1, table_rows: 8, dim: 4 });
+    agent.engram = Some(kvdecode::model::config::EngramConfig {
+        layers: vec![1],
+        orders: vec![2],
+        heads: 1,
+        table_rows: 8,
+        dim: 4,
+    });
     let llama = ModelConfig::llama(64, 16, 2, 1, 8, 16, 1, 10000.0, 1e-6, true);
     vec![
         ("tinyagent-engram-f32.safetensors".into(), model(&agent, 5).to_safetensors_bytes(DiskDtype::F32).unwrap()),

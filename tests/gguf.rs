@@ -5,9 +5,9 @@ mod common;
 
 use common::gguf_writer::{write_llama, Store};
 use common::*;
-use kvdecode::gguf::GgufFile;
-use kvdecode::quant::QuantKind;
-use kvdecode::{reference, Engine, EngineOptions, ModelConfig, SplitMix64};
+use kvdecode::io::gguf::GgufFile;
+use kvdecode::model::quant::QuantKind;
+use kvdecode::{model::reference, Engine, EngineOptions, ModelConfig, SplitMix64};
 
 fn tiny() -> ModelConfig {
     ModelConfig::llama(96, 64, 4, 2, 16, 96, 2, 10000.0, 1e-5, false)

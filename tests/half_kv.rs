@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use kvdecode::reference::{self, RefOptions};
+use kvdecode::model::reference::{self, RefOptions};
 use kvdecode::{argmax, Engine, EngineOptions, KvDtype, ModelWeights, SplitMix64};
 
 /// Absolute logit tolerance against the exact f32 reference for f16 K/V (logits of magnitude ~5;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::*;
-use kvdecode::hf::{config_from_json, load_dir, Family};
+use kvdecode::io::hf::{config_from_json, load_dir, Family};
 use kvdecode::{Engine, EngineOptions, Matrix, ModelWeights, NormKind};
 use serde_json::json;
 
@@ -175,14 +175,14 @@ fn qwen3_and_gemma3_gguf_match_reference() {
     g["tie_word_embeddings"] = json!(true);
     for (cfg, arch) in [(q, "qwen3"), (g, "gemma3")] {
         let (c, _) = config_from_json(&cfg.to_string()).unwrap();
-        let w = model(&c, 143).quantized(kvdecode::quant::QuantKind::Q8_0).unwrap();
+        let w = model(&c, 143).quantized(kvdecode::model::quant::QuantKind::Q8_0).unwrap();
         let bytes = write_arch(&w, Store::Blocks, arch, Vec::new());
-        let back = kvdecode::gguf::GgufFile::parse(bytes).unwrap().weights().unwrap();
+        let back = kvdecode::io::gguf::GgufFile::parse(bytes).unwrap().weights().unwrap();
         assert_eq!(back.cfg.layers, w.cfg.layers, "{arch}");
         // the same model (Gemma's 1 + w norms arrive pre-added): same reference logits
         let seq: Vec<u32> = (0..20).map(|i| (i * 11 + 5) % 96).collect();
-        let a = kvdecode::reference::forward(&w, &seq).unwrap();
-        let b = kvdecode::reference::forward(&back, &seq).unwrap();
+        let a = kvdecode::model::reference::forward(&w, &seq).unwrap();
+        let b = kvdecode::model::reference::forward(&back, &seq).unwrap();
         assert!(max_abs_diff(&a, &b) <= 1e-5, "{arch}: {}", max_abs_diff(&a, &b));
         decode_against_reference(&back, 1e-4);
     }
@@ -212,7 +212,7 @@ fn newer_families_gguf_match_reference() {
     // OLMo 2: post-norms only, qk-norm over the whole projection
     let o = base("olmo2");
     // each in one of the block formats llama.cpp's Q4_K_M files fall back to for narrow rows
-    use kvdecode::quant::QuantKind::{IQ4NL, Q5_0, Q5_1, Q8_0};
+    use kvdecode::model::quant::QuantKind::{IQ4NL, Q5_0, Q5_1, Q8_0};
     let cases =
         [(q, "qwen2", Q5_0), (s, "smollm3", Q5_1), (l, "llama", IQ4NL), (g, "gemma2", Q8_0), (o, "olmo2", Q5_0)];
     for (cfg, arch, kind) in cases {
@@ -228,7 +228,7 @@ fn newer_families_gguf_match_reference() {
             written.cfg.rope_scaling = Some(RopeScaling::Divisors(divisors));
         }
         let bytes = write_arch(&written, Store::Blocks, arch, Vec::new());
-        let back = kvdecode::gguf::GgufFile::parse(bytes).unwrap().weights().unwrap();
+        let back = kvdecode::io::gguf::GgufFile::parse(bytes).unwrap().weights().unwrap();
         assert_eq!(back.cfg.layers, w.cfg.layers, "{arch}");
         assert_eq!(back.cfg.nope_layers, w.cfg.nope_layers, "{arch}");
         assert_eq!(back.cfg.qkv_bias, w.cfg.qkv_bias, "{arch}");
@@ -236,8 +236,8 @@ fn newer_families_gguf_match_reference() {
         assert_eq!((back.cfg.pre_norms, back.cfg.qk_norm_whole), (w.cfg.pre_norms, w.cfg.qk_norm_whole), "{arch}");
         // the same model: the same reference logits (Llama 3.1's divisors are f32-rounded)
         let seq: Vec<u32> = (0..40).map(|i| (i * 11 + 5) % 96).collect();
-        let a = kvdecode::reference::forward(&w, &seq).unwrap();
-        let b = kvdecode::reference::forward(&back, &seq).unwrap();
+        let a = kvdecode::model::reference::forward(&w, &seq).unwrap();
+        let b = kvdecode::model::reference::forward(&back, &seq).unwrap();
         assert!(max_abs_diff(&a, &b) <= 1e-4, "{arch}: {}", max_abs_diff(&a, &b));
         decode_against_reference(&back, 1e-4);
     }

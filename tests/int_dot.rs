@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use kvdecode::quant::QuantKind;
+use kvdecode::model::quant::QuantKind;
 use kvdecode::{Engine, EngineOptions, Fusion, MatmulKernel, ModelConfig, ModelWeights};
 
 fn int_dot_engine(w: &ModelWeights, rows: usize) -> Engine {

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use kvdecode::reference::{self, RefOptions};
+use kvdecode::model::reference::{self, RefOptions};
 use kvdecode::{Engine, EngineOptions, KvDtype, ModelWeights, SequenceCache, SplitMix64};
 
 /// `calls` appends of the given widths under a random mask per row (`interior`: padding may sit

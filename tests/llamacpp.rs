@@ -16,8 +16,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use kvdecode::gguf::GgufFile;
-use kvdecode::{npy, Engine, EngineOptions, ModelWeights};
+use kvdecode::io::gguf::GgufFile;
+use kvdecode::{io::npy, Engine, EngineOptions, ModelWeights};
 
 fn dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llamacpp");
@@ -108,7 +108,7 @@ fn quantized_types_match_llama_cpp() {
         let (mean, max, top1) = compare(&ours, &theirs, w.cfg.vocab);
         let spread = spread["vulkan_vs_cpu_mean_abs"].as_f64().unwrap();
         // kvdecode's CPU reference (f32 math on the same dequantized weights) against both
-        let exact = kvdecode::reference::forward(&w, &tokens).unwrap();
+        let exact = kvdecode::model::reference::forward(&w, &tokens).unwrap();
         let (ours_vs_exact, _, _) = compare(&ours, &exact, w.cfg.vocab);
         let (llama_vs_exact, _, _) = compare(&theirs, &exact, w.cfg.vocab);
         println!(

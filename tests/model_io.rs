@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use kvdecode::{reference, DiskDtype, Error, LayerSpec, ModelConfig, ModelWeights};
+use kvdecode::{model::reference, DiskDtype, Error, LayerSpec, ModelConfig, ModelWeights};
 
 #[test]
 fn invalid_configs_are_named() {

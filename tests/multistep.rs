@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use kvdecode::{argmax, reference, sample_cpu, Engine, EngineOptions, Sampler};
+use kvdecode::{argmax, model::reference, sample_cpu, Engine, EngineOptions, Sampler};
 
 #[test]
 fn multi_step_equals_single_steps() {

@@ -186,7 +186,7 @@ fn tiny_binding_limit_forces_every_split_and_still_matches() {
 
 fn engram_cfg() -> kvdecode::ModelConfig {
     let mut c = tiny_agent_cfg();
-    c.engram = Some(kvdecode::config::EngramConfig {
+    c.engram = Some(kvdecode::model::config::EngramConfig {
         layers: vec![1, 2],
         orders: vec![2, 3],
         heads: 2,
@@ -208,7 +208,10 @@ fn engram_random_schedules_match_reference() {
     assert_ne!(cid0, 0);
     assert_ne!(ModelWeights::demo().cid_map.unwrap()[0], 0);
     let fnv = |ids: &[u32]| ids.iter().fold(0x811C_9DC5u32, |h, &c| (h ^ c).wrapping_mul(0x0100_0193));
-    assert_eq!(kvdecode::engram::address(&[5], cid0, 0, 3, 0, 1 << 30), (fnv(&[cid0, cid0, 5]) % (1 << 30)) as usize);
+    assert_eq!(
+        kvdecode::model::engram::address(&[5], cid0, 0, 3, 0, 1 << 30),
+        (fnv(&[cid0, cid0, 5]) % (1 << 30)) as usize
+    );
     random_schedule(&w, 4, 40, 40, s, 1e-4);
     // and with chunks longer than CHUNK
     let gpu = gpu();

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use kvdecode::quant::{dequantize, quantize, QuantKind};
+use kvdecode::model::quant::{dequantize, quantize, QuantKind};
 use kvdecode::{Engine, EngineOptions, ModelConfig, SplitMix64};
 
 #[test]

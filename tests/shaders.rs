@@ -2,7 +2,7 @@
 //! its override constants resolved both at their defaults and with every bool flipped on, so a
 //! shader that would break on Metal, DX12 or GL fails here first. No GPU needed.
 
-use kvdecode::shaders::{Bind, Kernel};
+use kvdecode::gpu::shaders::{Bind, Kernel};
 use naga::back::PipelineConstants;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use common::*;
-use kvdecode::gguf::GgufFile;
-use kvdecode::tokenizer::{Message, Tokenizer};
+use kvdecode::io::gguf::GgufFile;
+use kvdecode::io::tokenizer::{Message, Tokenizer};
 use kvdecode::{argmax, Engine, EngineOptions, KvDtype, ModelWeights, WeightDtype};
 
 fn model_path() -> PathBuf {
@@ -87,7 +87,7 @@ fn smollm2_engine_matches_cpu_reference_teacher_forced() {
     }
     ids.truncate(N);
     let w = &s.weights;
-    let reference = kvdecode::reference::forward(w, &ids).unwrap();
+    let reference = kvdecode::model::reference::forward(w, &ids).unwrap();
     let v = w.cfg.vocab;
     let gpu = gpu();
     for (kv, tol) in [(KvDtype::F32, 2e-3f32), (KvDtype::F16, 1e-1)] {

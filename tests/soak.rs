@@ -1,5 +1,5 @@
-//! A short soak in CI (the long one is `cargo run --release --example soak`, figures in the
-//! README): random resets, forks, rollbacks, tool results and sub-batches, checked against the
+//! A short soak in CI (the long one is `cargo run --release --example soak`, figures in
+//! docs/RELIABILITY.md): random resets, forks, rollbacks, tool results and sub-batches, checked against the
 //! reference at checkpoints, with memory that must not grow.
 
 mod common;

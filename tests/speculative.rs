@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use kvdecode::speculative::{greedy_speculative, ngram_draft};
+use kvdecode::serve::speculative::{greedy_speculative, ngram_draft};
 use kvdecode::{Engine, EngineOptions, Sampler, TurnLimit};
 
 #[test]

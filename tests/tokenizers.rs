@@ -6,8 +6,8 @@ mod common;
 
 use common::gguf_writer::{write_llama_with, Meta, Store};
 use common::*;
-use kvdecode::gguf::GgufFile;
-use kvdecode::tokenizer::{Message, Tokenizer};
+use kvdecode::io::gguf::GgufFile;
+use kvdecode::io::tokenizer::{Message, Tokenizer};
 
 /// A small SentencePiece vocabulary: specials, the 256 byte pieces, and scored pieces.
 fn spm_gguf() -> Vec<u8> {
@@ -129,7 +129,7 @@ fn hostile_chat_templates_hit_their_limits() {
     let mut t = Tokenizer::from_gguf(&g).unwrap();
     let good = t.chat_template.clone();
     let msgs = [Message::new("user", "hi")];
-    let lim = kvdecode::tokenizer::TEMPLATE_LIMITS;
+    let lim = kvdecode::io::tokenizer::TEMPLATE_LIMITS;
     let cases: Vec<(String, &str)> = vec![
         // an endless loop (minijinja caps each range at 100k items, nesting multiplies them)
         ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}".into(), "ran out of fuel"),
@@ -161,7 +161,7 @@ fn llama3_vocabularies_take_a_whole_pre_token_before_merging() {
     // llama.cpp (and Llama 3's tokenizer.json, `ignore_merges`) emit a pre-token that is itself
     // in the vocabulary as that one token; other gpt2-style vocabularies merge. With merges
     // that only join "b c", "abc" is [a, bc] by merges and [abc] whole.
-    use kvdecode::gguf::Value;
+    use kvdecode::io::gguf::Value;
     let meta = |pre: &str| {
         let s = |v: &str| Value::Str(v.into());
         std::collections::BTreeMap::from([
@@ -222,7 +222,7 @@ fn family_chat_templates_render_as_transformers_renders_them() {
             let conv = &expected["conversations"][name];
             let messages: Vec<Message> = serde_json::from_value(conv["messages"].clone()).unwrap();
             let tools = conv["tools"].as_array().map(|_| &conv["tools"]);
-            let got = kvdecode::tokenizer::render_chat_template_with_tools(&tpl, &messages, tools, true, bos, eos);
+            let got = kvdecode::io::tokenizer::render_chat_template_with_tools(&tpl, &messages, tools, true, bos, eos);
             match (rendered.as_str(), got) {
                 (Some(text), Ok(got)) => assert_eq!(got, text, "{model}, {name}"),
                 (None, Err(e)) => {
@@ -246,7 +246,7 @@ fn tojson_writes_what_pythons_json_dumps_writes() {
         "{{% set v = {value} %}}{{{{ v | tojson(ensure_ascii=true, sort_keys=true, separators=[',', ':']) }}}}|\
          {{{{ v | tojson(indent=2) }}}}"
     );
-    let got = kvdecode::tokenizer::render_chat_template(&tpl, &[Message::new("user", "x")], false, "", "").unwrap();
+    let got = kvdecode::io::tokenizer::render_chat_template(&tpl, &[Message::new("user", "x")], false, "", "").unwrap();
     let (compact, indented) = got.split_once('|').unwrap();
     assert_eq!(compact, r#"{"a":"\u00e9<&>'","b":[1,2.5,null,true],"c":{}}"#);
     assert_eq!(

@@ -5,8 +5,8 @@
 mod common;
 
 use common::*;
-use kvdecode::family::{tensors_of, Naming};
-use kvdecode::quant::QuantKind;
+use kvdecode::model::family::{tensors_of, Naming};
+use kvdecode::model::quant::QuantKind;
 use kvdecode::{
     Engine, EngineOptions, Event, HostTensor, InFlight, ModelConfig, ModelWeights, Request, Rollouts, Sampler,
     Scheduler, Sleep, SplitMix64, TurnLimit, WeightDtype,

@@ -214,7 +214,7 @@ pub fn run(a: Args) -> Result<()> {
 /// row, context 128, timestamp queries, after two untimed steps), the median of `rounds` rounds
 /// that each visit every format, and the products' time against Q4_1's.
 fn formats_table(gpu: &Gpu, model: &ModelWeights, steps: usize, rounds: usize) -> Result<Vec<serde_json::Value>> {
-    use kvdecode::quant::QuantKind;
+    use kvdecode::model::quant::QuantKind;
     let kinds = [
         QuantKind::Q4_1,
         QuantKind::Q4_0,

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use kvdecode::family::{tensors_of, Naming};
+use kvdecode::model::family::{tensors_of, Naming};
 use kvdecode::{Engine, EngineOptions, Family, Gpu, HostDtype, HostTensor, InFlight, ModelWeights, Sleep, WeightDtype};
 use serde_json::json;
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvdecode::tokenizer::{Message, Tokenizer};
+use kvdecode::io::tokenizer::{Message, Tokenizer};
 use kvdecode::{Engine, EngineOptions, Event, Gpu, Request, Sampler, Scheduler, TurnLimit};
 
 use crate::common::{load_model, EngineArgs, Result};

@@ -1,7 +1,7 @@
 //! What every subcommand shares: loading a model with a progress bar, and the engine options.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kvdecode::tokenizer::Tokenizer;
+use kvdecode::io::tokenizer::Tokenizer;
 use kvdecode::{EngineOptions, KvDtype, ModelConfig, ModelWeights, WeightDtype};
 
 /// A model of a real shape with seeded random weights in Q4_1 blocks (`synthetic:smollm2`:
@@ -15,7 +15,7 @@ fn synthetic(name: &str) -> Result<ModelWeights> {
         "tiny" => ModelConfig::llama(512, 128, 4, 2, 32, 384, 6, 10_000.0, 1e-5, false),
         _ => return Err(format!("unknown synthetic model {name:?} (smollm2, 1b, tiny)").into()),
     };
-    Ok(ModelWeights::random(&cfg, 0x5eed)?.quantized(kvdecode::quant::QuantKind::Q4_1)?)
+    Ok(ModelWeights::random(&cfg, 0x5eed)?.quantized(kvdecode::model::quant::QuantKind::Q4_1)?)
 }
 
 /// Errors of a subcommand, printed as `error: ...`.
@@ -79,7 +79,7 @@ pub fn load_model(path: &str) -> Result<(ModelWeights, Option<Tokenizer>)> {
     let bar = ProgressBar::new(1);
     bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")?);
     bar.set_message(path.to_string());
-    let loaded = kvdecode::model_file::load(path, &mut |done, total| {
+    let loaded = kvdecode::io::model_file::load(path, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })?;

@@ -60,7 +60,7 @@ fn main() {
 }
 
 fn tokenize(model: &str, text: &str) -> common::Result<()> {
-    let tok = kvdecode::model_file::load_tokenizer(model)?
+    let tok = kvdecode::io::model_file::load_tokenizer(model)?
         .ok_or(format!("{model}: no tokenizer (a GGUF file or a directory with tokenizer.json)"))?;
     println!("{}", serde_json::to_string(&tok.encode(text)?)?);
     Ok(())

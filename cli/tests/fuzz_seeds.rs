@@ -2,8 +2,8 @@
 //! tests/fuzz_seeds.rs) are requests the server accepts, with the model and limits the fuzz target
 //! uses: the campaign starts from the parser's accepting paths, not from its first error.
 
-use kvdecode::gguf::GgufFile;
-use kvdecode::tokenizer::Tokenizer;
+use kvdecode::io::gguf::GgufFile;
+use kvdecode::io::tokenizer::Tokenizer;
 use kvdecode_cli::serve::api::{parse, Kind, Limits};
 use kvdecode_cli::serve::guide::Guide;
 

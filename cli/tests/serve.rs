@@ -542,7 +542,7 @@ fn newer_families_serve_transformers_greedy_answers() {
             std::fs::copy(fixtures.join(family).join(f), dir.join(f)).unwrap();
         }
         std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-        let ids = kvdecode::npy::read(fixtures.join(family).join("generate_ids.npy")).unwrap().to_u32().unwrap();
+        let ids = kvdecode::io::npy::read(fixtures.join(family).join("generate_ids.npy")).unwrap().to_u32().unwrap();
         let (prompt, want) = ids.split_at(16);
         // rows of 128 positions: Phi-3's LongRoPE takes its short factors, as transformers does
         // for a generation this short

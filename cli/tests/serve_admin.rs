@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::server::*;
-use kvdecode::weights::DiskDtype;
+use kvdecode::DiskDtype;
 use serde_json::{json, Value};
 
 const KEY: &str = "sekret-key-1";
@@ -25,7 +25,7 @@ fn post_key(port: u16, path: &str, body: Value) -> (u16, Value) {
 
 /// New random weights of the test model's shape in a safetensors file (kvdecode's names).
 fn other_weights(dir: &std::path::Path, seed: u64) -> String {
-    let w = kvdecode::gguf::GgufFile::open(MODEL).unwrap().weights().unwrap();
+    let w = kvdecode::io::gguf::GgufFile::open(MODEL).unwrap().weights().unwrap();
     let path = dir.join(format!("weights-{seed}.safetensors"));
     kvdecode::ModelWeights::random(&w.cfg, seed).unwrap().save_safetensors(&path, DiskDtype::F32).unwrap();
     path.to_string_lossy().into_owned()

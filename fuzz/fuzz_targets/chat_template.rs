@@ -5,7 +5,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let (tpl, msgs, gen) = kvdecode_fuzz::conversation(data);
-    if let Ok(text) = kvdecode::tokenizer::render_chat_template(&tpl, &msgs, gen, "<s>", "</s>") {
-        assert!(text.len() <= kvdecode::tokenizer::TEMPLATE_LIMITS.output_bytes);
+    if let Ok(text) = kvdecode::io::tokenizer::render_chat_template(&tpl, &msgs, gen, "<s>", "</s>") {
+        assert!(text.len() <= kvdecode::io::tokenizer::TEMPLATE_LIMITS.output_bytes);
     }
 });

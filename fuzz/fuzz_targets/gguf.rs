@@ -6,10 +6,10 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(g) = kvdecode::gguf::GgufFile::parse(data.to_vec()) else { return };
+    let Ok(g) = kvdecode::io::gguf::GgufFile::parse(data.to_vec()) else { return };
     let tok_meta: Vec<_> = g.metadata.iter().filter(|(k, _)| k.starts_with("tokenizer.")).collect();
     if kvdecode_fuzz::first_time(kvdecode_fuzz::key(&tok_meta)) {
-        if let Ok(t) = kvdecode::tokenizer::Tokenizer::from_gguf(&g) {
+        if let Ok(t) = kvdecode::io::tokenizer::Tokenizer::from_gguf(&g) {
             let _ = t.apply_chat_template(&kvdecode_fuzz::sample_messages(), true);
             if let Ok(ids) = t.encode("Hello, world! <|im_end|>") {
                 let _ = t.decode(&ids, false);

@@ -5,7 +5,7 @@
 //! an error that names the problem, never panics. The model is the fuzz seeds' tiny tools model.
 use std::sync::OnceLock;
 
-use kvdecode::tokenizer::Tokenizer;
+use kvdecode::io::tokenizer::Tokenizer;
 use kvdecode_cli::serve::api::{parse, Kind, Limits};
 use kvdecode_cli::serve::guide::Guide;
 use libfuzzer_sys::fuzz_target;
@@ -20,7 +20,7 @@ fn setup() -> &'static Setup {
     static S: OnceLock<Setup> = OnceLock::new();
     S.get_or_init(|| {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/seeds/gguf/llama-f32-tools.gguf");
-        let g = kvdecode::gguf::GgufFile::open(path).expect("the tools seed model");
+        let g = kvdecode::io::gguf::GgufFile::open(path).expect("the tools seed model");
         let tok = Tokenizer::from_gguf(&g).expect("its tokenizer");
         let guide = Guide::new(&tok, tok.vocab_size());
         assert!(guide.is_ok(), "llguidance reads the seed tokenizer");

@@ -6,7 +6,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let (meta, texts) = kvdecode_fuzz::tokenizer_metadata(data);
-    let Ok(t) = kvdecode::tokenizer::Tokenizer::from_gguf_metadata(&meta) else { return };
+    let Ok(t) = kvdecode::io::tokenizer::Tokenizer::from_gguf_metadata(&meta) else { return };
     for text in texts {
         if let Ok(ids) = t.encode(&text) {
             let _ = t.decode(&ids, false);

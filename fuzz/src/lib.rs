@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Mutex, OnceLock};
 
-use kvdecode::gguf::Value;
-use kvdecode::tokenizer::{Message, Tokenizer};
+use kvdecode::io::gguf::Value;
+use kvdecode::io::tokenizer::{Message, Tokenizer};
 use kvdecode::{Engine, EngineOptions, Gpu, ModelWeights};
 
 /// The run's GPU (lavapipe in `scripts/fuzz.sh`). No adapter is a setup error, not a finding.

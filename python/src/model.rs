@@ -23,7 +23,7 @@ pub struct Model {
 /// or a kvdecode safetensors file; the GIL is released while it reads.
 #[pyfunction]
 pub fn load(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
-    let loaded = py.detach(|| kvdecode::model_file::load(&path, &mut |_, _| {})).map_err(to_py)?;
+    let loaded = py.detach(|| kvdecode::io::model_file::load(&path, &mut |_, _| {})).map_err(to_py)?;
     let tokenizer = match loaded.tokenizer {
         Some(t) => Some(Py::new(py, Tokenizer { inner: Arc::new(t) })?),
         None => None,
@@ -60,7 +60,7 @@ impl Model {
         // checked before anything is allocated: a failed allocation would abort the interpreter
         let dims = [("d_model", d_model), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim)];
         let dims = [dims.as_slice(), &[("ffn", ffn), ("window", window)]].concat();
-        kvdecode::config::check_file_dims(layers, vocab, &dims).map_err(to_py)?;
+        kvdecode::model::config::check_file_dims(layers, vocab, &dims).map_err(to_py)?;
         let per_layer = d_model.saturating_mul((heads + 4 * kv_heads).saturating_mul(head_dim) + 2 * ffn);
         let params = per_layer.saturating_mul(layers).saturating_add(vocab.saturating_mul(d_model).saturating_mul(2));
         if params > RANDOM_MAX_PARAMS {
@@ -79,7 +79,7 @@ impl Model {
     /// the latter two for the families that have them. What `Engine.load_weights` takes.
     #[pyo3(signature = (naming="kvdecode"))]
     fn state_dict<'py>(&self, py: Python<'py>, naming: &str) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-        use kvdecode::family::Naming;
+        use kvdecode::model::family::Naming;
         let naming = match naming {
             "kvdecode" => Naming::Kvdecode,
             "hf" => Naming::HuggingFace("model."),
@@ -87,7 +87,7 @@ impl Model {
             other => return Err(invalid(format!("naming {other:?}: expected kvdecode, hf or gguf"))),
         };
         let out = pyo3::types::PyDict::new(py);
-        for (t, values) in kvdecode::family::tensors_of(&self.weights, naming) {
+        for (t, values) in kvdecode::model::family::tensors_of(&self.weights, naming) {
             let array = numpy::ndarray::ArrayD::from_shape_vec(t.shape.clone(), values)
                 .map_err(|e| invalid(format!("tensor `{}`: {e}", t.name)))?;
             out.set_item(t.name, array.into_pyarray(py))?;
@@ -122,7 +122,7 @@ impl Model {
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let ids = token_ids(tokens.as_slice()?, "tokens")?;
         let w = self.weights.clone();
-        let data = py.detach(|| kvdecode::reference::forward(&w, &ids)).map_err(to_py)?;
+        let data = py.detach(|| kvdecode::model::reference::forward(&w, &ids)).map_err(to_py)?;
         let v = self.weights.cfg.vocab;
         let arr = Array2::from_shape_vec((ids.len(), v), data).map_err(|e| invalid(format!("reference: {e}")))?;
         Ok(arr.into_pyarray(py))
@@ -146,7 +146,7 @@ impl Model {
 /// A model's tokenizer and chat template.
 #[pyclass(module = "kvdecode._kvdecode", frozen)]
 pub struct Tokenizer {
-    inner: Arc<kvdecode::tokenizer::Tokenizer>,
+    inner: Arc<kvdecode::io::tokenizer::Tokenizer>,
 }
 
 #[pymethods]
@@ -174,7 +174,7 @@ impl Tokenizer {
         tools_json: Option<&str>,
         tokenize: bool,
     ) -> PyResult<Py<PyAny>> {
-        let messages: Vec<kvdecode::tokenizer::Message> =
+        let messages: Vec<kvdecode::io::tokenizer::Message> =
             serde_json::from_str(messages_json).map_err(|e| invalid(format!("messages: {e}")))?;
         let tools: Option<serde_json::Value> = match tools_json {
             Some(t) => Some(serde_json::from_str(t).map_err(|e| invalid(format!("tools: {e}")))?),

@@ -12,10 +12,11 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{file_err, Error, Result};
+use crate::io::safetensors::TensorFile;
 use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig, NormKind};
 use crate::model::family::{assemble, tensor_names, Naming, Tensor, HF_PREFIXES};
 use crate::model::rope::{yarn_mscale, RopeScaling};
-use crate::model::weights::{ModelWeights, TensorFile};
+use crate::model::weights::ModelWeights;
 
 pub use crate::model::family::Family;
 

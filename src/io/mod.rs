@@ -6,4 +6,5 @@ pub mod gguf;
 pub mod hf;
 pub mod model_file;
 pub mod npy;
+pub mod safetensors;
 pub mod tokenizer;

@@ -5,6 +5,7 @@
 pub mod batching;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod compat;
+pub mod request;
 pub mod rollout;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod speculative;

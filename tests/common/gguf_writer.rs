@@ -121,7 +121,7 @@ pub fn write_arch(w: &ModelWeights, store: Store, arch: &str, extra: Vec<(&str, 
             };
             if let Some(q) = &m.quant {
                 let rb = m.cols / q.kind.block_len() * q.kind.block_bytes();
-                out.quant = Some(kvdecode::quant::QuantData {
+                out.quant = Some(kvdecode::model::quant::QuantData {
                     kind: q.kind,
                     bytes: q.bytes[from * rb..(from + rows) * rb].to_vec(),
                 });

@@ -89,7 +89,7 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Reference logits at the last position of `tokens`.
 pub fn ref_last(w: &ModelWeights, tokens: &[u32]) -> Vec<f32> {
-    let all = kvdecode::reference::forward(w, tokens).expect("reference forward");
+    let all = kvdecode::model::reference::forward(w, tokens).expect("reference forward");
     all[(tokens.len() - 1) * w.cfg.vocab..].to_vec()
 }
 
@@ -157,14 +157,14 @@ pub fn corrupt_and_load(original: &[u8], iterations: usize, seed: u64, hot: usiz
                 b[i] = rng.below(256) as u8;
             }
         }
-        match kvdecode::gguf::GgufFile::parse(b) {
+        match kvdecode::io::gguf::GgufFile::parse(b) {
             Ok(g) => {
                 ok += 1;
                 if let (Ok(w), Some(gpu)) = (g.weights(), gpu) {
                     // a file that loads must also build an engine or fail cleanly
                     let _ = kvdecode::Engine::new(gpu, &w, kvdecode::EngineOptions::new(1, 8));
                 }
-                let _ = kvdecode::tokenizer::Tokenizer::from_gguf(&g);
+                let _ = kvdecode::io::tokenizer::Tokenizer::from_gguf(&g);
             }
             Err(e) => {
                 err += 1;

@@ -5,7 +5,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kvdecode::tokenizer::{Message, Tokenizer};
+use kvdecode::io::tokenizer::{Message, Tokenizer};
 use kvdecode::{ConstraintFactory, Sampled, Sampler, TOP_LOGPROBS_MAX};
 use serde_json::{json, Map, Value};
 

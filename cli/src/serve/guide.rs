@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kvdecode::tokenizer::Tokenizer;
+use kvdecode::io::tokenizer::Tokenizer;
 use kvdecode::{ConstraintFactory, Error, TokenConstraint};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};

@@ -22,7 +22,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kvdecode::tokenizer::Tokenizer;
+use kvdecode::io::tokenizer::Tokenizer;
 use kvdecode::{Engine, Gpu, Request};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;

@@ -8,8 +8,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use js_sys::Promise;
-use kvdecode::gguf::GgufFile;
-use kvdecode::tokenizer::{Message, Tokenizer};
+use kvdecode::io::gguf::GgufFile;
+use kvdecode::io::tokenizer::{Message, Tokenizer};
 use kvdecode::{Engine, EngineOptions, Gpu, GpuOptions, KvDtype, ModelWeights, Sampler, WeightDtype};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;

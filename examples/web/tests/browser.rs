@@ -4,7 +4,7 @@
 //! error on every later call and a new engine works.
 //! Run with scripts/web-test.sh (wasm-bindgen-test-runner + chromedriver).
 
-use kvdecode::reference::{self, RefOptions};
+use kvdecode::model::reference::{self, RefOptions};
 use kvdecode::{
     argmax, Engine, EngineOptions, Error, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights, Sampler, SplitMix64,
 };

@@ -6,7 +6,9 @@
 pub use crate::gpu::format::WeightFormat;
 use crate::gpu::shaders::{Constants, Kernel};
 use crate::model::config::MlpKind;
-use crate::model::dtype::KvDtype;
+
+mod attention;
+pub(crate) use attention::{Attention, AttentionShape, AttentionSplit, KvWrite, QkRope};
 
 /// A kernel specialized by its override constants.
 pub(crate) trait Specialize {
@@ -291,215 +293,6 @@ impl Specialize for Quantize {
     }
 }
 
-/// `qk_rope.wgsl`: qk-norm and RoPE of the queries and fresh keys, in place, and (fused) the
-/// global pool write of the keys and values.
-pub(crate) struct QkRope {
-    pub heads: usize,
-    pub head_dim: usize,
-    /// Floats per token row of `t`.
-    pub stride: usize,
-    pub qk_norm: bool,
-    /// The qk-norm spans all heads of q, and all of k (OLMo 2).
-    pub qk_norm_whole: bool,
-    /// Rotate (false on NoPE layers).
-    pub rotate: bool,
-    pub q_weight: bool,
-    pub eps: f32,
-    /// Key heads after the queries in each row of `t`.
-    pub t_k_heads: usize,
-    /// Key heads at the start of each row of the second key buffer.
-    pub k_heads: usize,
-    pub k_stride: usize,
-    pub k_weight: bool,
-    /// Write `t`'s keys and values to the global pool too (kv_write fused).
-    pub kv_write: Option<(KvDtype, Paging)>,
-}
-
-impl Specialize for QkRope {
-    fn kernel(&self) -> Kernel {
-        Kernel::QkRope
-    }
-    fn constants(&self) -> Constants {
-        let mut o = Overrides::default()
-            .count("HEADS", self.heads)
-            .count("D", self.head_dim)
-            .count("STRIDE", self.stride)
-            .flag("NORM", self.qk_norm)
-            .flag("NORM_WHOLE", self.qk_norm_whole)
-            .flag("ROTATE", self.rotate)
-            .flag("HAS_WEIGHT", self.q_weight)
-            .float("EPS", self.eps)
-            .count("T_K_HEADS", self.t_k_heads)
-            .count("K_HEADS", self.k_heads)
-            .count("K_STRIDE", self.k_stride)
-            .flag("HAS_K_WEIGHT", self.k_weight);
-        if let Some((kv, paging)) = self.kv_write {
-            o = paging.add(o.flag("KV_WRITE", true).code("KV_FORMAT", kv.format()));
-        }
-        o.0
-    }
-    fn label(&self) -> String {
-        let mut l = match (self.qk_norm, self.rotate) {
-            (true, true) => "qk_norm_rope",
-            (false, true) => "qk_rope",
-            (true, false) => "qk_norm",
-            (false, false) => "qk_nope",
-        }
-        .to_string();
-        if self.qk_norm_whole {
-            l = l.replacen("qk_norm", "qk_norm_whole", 1);
-        }
-        if let Some((kv, _)) = self.kv_write {
-            l.push_str("_kv_write_");
-            l.push_str(kv.name());
-        }
-        l
-    }
-}
-
-/// `kv_write.wgsl`: scatter fresh K/V into a global pool (through the block tables) or a ring.
-pub(crate) struct KvWrite {
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    /// Ring slots plus the scratch slot.
-    pub ring_slots: usize,
-    pub src_stride: usize,
-    pub src_offset: usize,
-    pub ring: bool,
-    pub kv: KvDtype,
-    pub shard: Shard,
-    pub paging: Paging,
-}
-
-impl Specialize for KvWrite {
-    fn kernel(&self) -> Kernel {
-        Kernel::KvWrite
-    }
-    fn constants(&self) -> Constants {
-        let o = Overrides::default()
-            .count("HK", self.kv_heads)
-            .count("D", self.head_dim)
-            .count("RING_SLOTS", self.ring_slots)
-            .count("SRC_STRIDE", self.src_stride)
-            .count("SRC_OFFSET", self.src_offset)
-            .flag("RING", self.ring)
-            .code("KV_FORMAT", self.kv.format());
-        self.paging.add(self.shard.add(o)).0
-    }
-    fn label(&self) -> String {
-        format!("kv_write_{}_{}", if self.ring { "ring" } else { "global" }, self.kv.name())
-    }
-}
-
-/// What both halves of attention share: the heads, the K/V layout of one cache shard, the
-/// partitions of the global keys and the token group a dispatch takes.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct AttentionShape {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub q_stride: usize,
-    pub kv: KvDtype,
-    pub scale: f32,
-    /// Gemma 2's attention-logit softcap (0: none).
-    pub softcap: f32,
-    pub group_tokens: usize,
-    pub span: usize,
-    pub parts: usize,
-    pub shard: Shard,
-    pub paging: Paging,
-}
-
-impl AttentionShape {
-    fn overrides(&self) -> Overrides {
-        let o = Overrides::default()
-            .count("H", self.heads)
-            .count("HK", self.kv_heads)
-            .count("D", self.head_dim)
-            .count("Q_STRIDE", self.q_stride)
-            .code("KV_FORMAT", self.kv.format())
-            .float("SCALE", self.scale)
-            .float("ATTN_SOFTCAP", self.softcap)
-            .count("GROUP_TOKENS", self.group_tokens)
-            .count("SPAN", self.span)
-            .count("PARTS", self.parts);
-        self.paging.add(self.shard.add(o))
-    }
-}
-
-/// `attention.wgsl`: serial attention over the global keys, the ring and the fresh local keys;
-/// with `split`, the merge of the partitions [`AttentionSplit`] wrote, then the local keys.
-pub(crate) struct Attention {
-    pub shape: AttentionShape,
-    pub window: usize,
-    pub ring_slots: usize,
-    pub global: bool,
-    pub local: bool,
-    pub split: bool,
-}
-
-impl Specialize for Attention {
-    fn kernel(&self) -> Kernel {
-        Kernel::Attention
-    }
-    fn constants(&self) -> Constants {
-        self.shape
-            .overrides()
-            .count("W", self.window)
-            .count("RING", self.ring_slots)
-            .flag("HAS_GLOBAL", self.global)
-            .flag("HAS_LOCAL", self.local)
-            .flag("SPLIT", self.split)
-            .0
-    }
-    fn label(&self) -> String {
-        let keys = match (self.global, self.local) {
-            (true, true) => "global_local",
-            (true, false) => "global",
-            (false, _) => "local",
-        };
-        let form = if self.split { "attention_merge" } else { "attention" };
-        format!("{form}_{keys}_{}", self.shape.kv.name())
-    }
-}
-
-/// `attention_split.wgsl`: the partitions of the global keys, one workgroup per (partition, kv
-/// head) (`main`), with query tiles (`query_tiles`, `query_tile` tokens), or a thread per
-/// (partition, query head) (`per_head`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct AttentionSplit {
-    pub kernel: Kernel,
-    pub shape: AttentionShape,
-    /// Keys per tile (split-group and query tiles).
-    pub tile: Option<usize>,
-    /// Tokens per query tile.
-    pub query_tile: Option<usize>,
-}
-
-impl Specialize for AttentionSplit {
-    fn kernel(&self) -> Kernel {
-        self.kernel
-    }
-    fn constants(&self) -> Constants {
-        let mut o = self.shape.overrides();
-        if let Some(t) = self.tile {
-            o = o.count("TILE", t);
-        }
-        if let Some(qt) = self.query_tile {
-            o = o.count("QT", qt);
-        }
-        o.0
-    }
-    fn label(&self) -> String {
-        let form = match self.kernel {
-            Kernel::AttentionSplitHead => "attention_split_head".to_string(),
-            Kernel::AttentionQueryTiles => format!("attention_query_tiles{}", self.query_tile.unwrap_or(1)),
-            _ => "attention_split_group".to_string(),
-        };
-        format!("{form}_{}", self.shape.kv.name())
-    }
-}
-
 /// `mlp_act.wgsl`: the MLP activation as a dispatch of its own.
 pub(crate) struct MlpAct {
     pub ffn: usize,
@@ -643,6 +436,7 @@ impl Specialize for Copy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::dtype::KvDtype;
 
     /// One of each kernel's constant structs, with every option on somewhere.
     fn samples() -> Vec<Box<dyn Specialize>> {

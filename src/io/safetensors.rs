@@ -1,0 +1,290 @@
+//! kvdecode's own safetensors files (the TinyAgent layout, config in the `kvdecode.config`
+//! metadata): reading and writing whole [`ModelWeights`], and [`TensorFile`], the by-name reader
+//! that the Hugging Face loader shares.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::error::{file_err, Error, Result};
+use crate::model::config::ModelConfig;
+use crate::model::family::{assemble, tensor_names, Naming, Tensor};
+use crate::model::weights::{Half, Matrix, ModelWeights};
+
+impl ModelWeights {
+    /// Load a kvdecode/TinyAgent safetensors file (config in the `kvdecode.config` metadata).
+    pub fn load_safetensors(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| file_err(path, e))?;
+        Self::from_safetensors_bytes(&bytes).map_err(|e| match e {
+            Error::File { .. } => e,
+            other => file_err(path, other),
+        })
+    }
+
+    /// Parse a kvdecode/TinyAgent safetensors file from memory.
+    pub fn from_safetensors_bytes(bytes: &[u8]) -> Result<Self> {
+        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
+            .map_err(|e| Error::Weights(format!("not a safetensors file: {e}")))?;
+        let cfg_json = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get(CONFIG_KEY))
+            .ok_or_else(|| Error::Weights(format!("no `{CONFIG_KEY}` metadata (is this a kvdecode model?)")))?;
+        let cfg: ModelConfig =
+            serde_json::from_str(cfg_json).map_err(|e| Error::Weights(format!("bad `{CONFIG_KEY}` metadata: {e}")))?;
+        cfg.validate()?;
+        let st = TensorFile::parse(bytes)?;
+        let names = tensor_names(&cfg, Naming::Kvdecode);
+        let mut w = assemble(&cfg, &names, &mut |t| {
+            let value = match t.shape[..] {
+                [_] => Tensor::Vector(st.vector(&t.name)?),
+                // Engram's tensors may carry PyTorch's `.weight` suffix
+                _ => Tensor::Matrix(st.matrix_either(&t.name)?),
+            };
+            let found = match &value {
+                Tensor::Vector(v) => vec![v.len()],
+                Tensor::Matrix(m) => vec![m.rows, m.cols],
+            };
+            if found != t.shape {
+                return Err(Error::Weights(format!("{}: shape {found:?}, expected {:?}", t.name, t.shape)));
+            }
+            Ok(value)
+        })?;
+        if st.has("cid_map") {
+            w.cid_map = Some(st.ids("cid_map")?);
+            w.check()?;
+        }
+        Ok(w)
+    }
+
+    /// Save as safetensors in the TinyAgent naming, with the config in the metadata.
+    pub fn save_safetensors(&self, path: impl AsRef<Path>, dtype: DiskDtype) -> Result<()> {
+        let path = path.as_ref();
+        let bytes = self.to_safetensors_bytes(dtype)?;
+        std::fs::write(path, bytes).map_err(|e| file_err(path, e))
+    }
+
+    /// Serialize as safetensors bytes (see [`ModelWeights::save_safetensors`]).
+    pub fn to_safetensors_bytes(&self, dtype: DiskDtype) -> Result<Vec<u8>> {
+        let mut named: Vec<(String, Vec<usize>, &[f32])> = Vec::new();
+        fn m<'a>(named: &mut Vec<(String, Vec<usize>, &'a [f32])>, name: String, x: &'a Matrix) {
+            named.push((name, vec![x.rows, x.cols], &x.data));
+        }
+        fn v<'a>(named: &mut Vec<(String, Vec<usize>, &'a [f32])>, name: String, x: &'a Option<Vec<f32>>) {
+            if let Some(x) = x {
+                named.push((name, vec![x.len()], x));
+            }
+        }
+        let named_ref = &mut named;
+        m(named_ref, "embed.weight".into(), &self.embed);
+        if let Some(h) = &self.head {
+            m(named_ref, "head.weight".into(), h);
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            let b = format!("blocks.{i}");
+            m(named_ref, format!("{b}.attn.w_q.weight"), &l.wq);
+            if let Some(x) = &l.kv_global {
+                m(named_ref, format!("{b}.attn.w_kv_global.weight"), x);
+            }
+            if let Some(x) = &l.kv_local {
+                m(named_ref, format!("{b}.attn.w_kv_local.weight"), x);
+            }
+            m(named_ref, format!("{b}.attn.w_o.weight"), &l.wo);
+            m(named_ref, format!("{b}.mlp.fc.weight"), &l.mlp_in);
+            m(named_ref, format!("{b}.mlp.proj.weight"), &l.mlp_out);
+        }
+        let d = self.cfg.d_model;
+        let halves: Vec<(usize, Matrix, Matrix)> = self
+            .layers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.engram.as_ref().map(|e| (i, e)))
+            .map(|(i, e)| {
+                let w = &e.w_kv;
+                let k =
+                    Matrix { rows: d, cols: w.cols, data: w.data[..d * w.cols].to_vec(), quant: None, half: w.half };
+                let v =
+                    Matrix { rows: d, cols: w.cols, data: w.data[d * w.cols..].to_vec(), quant: None, half: w.half };
+                (i, k, v)
+            })
+            .collect();
+        for (i, k, v) in &halves {
+            m(named_ref, format!("blocks.{i}.engram.w_k"), k);
+            m(named_ref, format!("blocks.{i}.engram.w_v"), v);
+        }
+        if let Some(e) = &self.cfg.engram {
+            for (i, l) in self.layers.iter().enumerate() {
+                if let Some(ew) = &l.engram {
+                    for (k, t) in ew.tables.iter().enumerate() {
+                        let (n, j) = (e.orders[k / e.heads], k % e.heads);
+                        m(named_ref, format!("blocks.{i}.engram.tables.{n}.{j}"), t);
+                    }
+                }
+            }
+        }
+        v(named_ref, "final_norm.weight".into(), &self.final_norm);
+        for (i, l) in self.layers.iter().enumerate() {
+            let b = format!("blocks.{i}");
+            v(named_ref, format!("{b}.attn_norm.weight"), &l.attn_norm);
+            v(named_ref, format!("{b}.attn.q_norm.weight"), &l.q_norm);
+            v(named_ref, format!("{b}.attn.k_norm.weight"), &l.k_norm);
+            v(named_ref, format!("{b}.post_attn_norm.weight"), &l.post_attn_norm);
+            v(named_ref, format!("{b}.mlp_norm.weight"), &l.mlp_norm);
+            v(named_ref, format!("{b}.post_mlp_norm.weight"), &l.post_mlp_norm);
+            v(named_ref, format!("{b}.attn.w_q.bias"), &l.q_bias);
+            v(named_ref, format!("{b}.attn.w_kv.bias"), &l.kv_bias);
+        }
+        let mut encoded: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> =
+            named.into_iter().map(|(n, s, d)| (n, s, dtype.encode(d), dtype.st())).collect();
+        if let Some(c) = &self.cid_map {
+            encoded.push((
+                "cid_map".into(),
+                vec![c.len()],
+                c.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                safetensors::Dtype::U32,
+            ));
+        }
+        let views = encoded
+            .iter()
+            .map(|(n, s, b, dt)| {
+                safetensors::tensor::TensorView::new(*dt, s.clone(), b)
+                    .map(|v| (n.clone(), v))
+                    .map_err(|e| Error::Weights(format!("{n}: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let cfg = serde_json::to_string(&self.cfg).map_err(|e| Error::Weights(e.to_string()))?;
+        let meta = HashMap::from([(CONFIG_KEY.to_string(), cfg)]);
+        safetensors::tensor::serialize(views, Some(meta)).map_err(|e| Error::Weights(e.to_string()))
+    }
+}
+
+/// Metadata key holding the JSON [`ModelConfig`] in kvdecode safetensors files.
+pub const CONFIG_KEY: &str = "kvdecode.config";
+
+/// Element type written to disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskDtype {
+    /// 32-bit float.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl DiskDtype {
+    fn st(self) -> safetensors::Dtype {
+        match self {
+            DiskDtype::F32 => safetensors::Dtype::F32,
+            DiskDtype::F16 => safetensors::Dtype::F16,
+            DiskDtype::BF16 => safetensors::Dtype::BF16,
+        }
+    }
+    fn encode(self, x: &[f32]) -> Vec<u8> {
+        match self {
+            DiskDtype::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DiskDtype::F16 => x.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+            DiskDtype::BF16 => x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        }
+    }
+}
+
+/// A parsed safetensors file whose tensors are read by name and converted to f32 on demand.
+pub(crate) struct TensorFile<'a> {
+    st: safetensors::SafeTensors<'a>,
+}
+
+impl<'a> TensorFile<'a> {
+    pub(crate) fn parse(bytes: &'a [u8]) -> Result<Self> {
+        let st = safetensors::SafeTensors::deserialize(bytes)
+            .map_err(|e| Error::Weights(format!("not a valid safetensors file: {e}")))?;
+        Ok(TensorFile { st })
+    }
+
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.st.tensor(name).is_ok()
+    }
+
+    fn values(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        self.values_typed(name).map(|(s, v, _)| (s, v))
+    }
+
+    fn values_typed(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>, Option<Half>)> {
+        let t = self.st.tensor(name).map_err(|_| Error::Weights(format!("tensor `{name}` is missing")))?;
+        let data = t.data();
+        let vals: Vec<f32> = match t.dtype() {
+            safetensors::Dtype::F32 => {
+                data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+            }
+            safetensors::Dtype::F16 => {
+                data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            safetensors::Dtype::BF16 => {
+                data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            other => {
+                return Err(Error::Weights(format!("tensor `{name}` has dtype {other:?}; supported: F32, F16, BF16")))
+            }
+        };
+        let half = match t.dtype() {
+            safetensors::Dtype::F16 => Some(Half::F16),
+            safetensors::Dtype::BF16 => Some(Half::BF16),
+            _ => None,
+        };
+        Ok((t.shape().to_vec(), vals, half))
+    }
+
+    pub(crate) fn matrix(&self, name: &str) -> Result<Matrix> {
+        let (shape, data, half) = self.values_typed(name)?;
+        match shape[..] {
+            [r, c] => Matrix::new(r, c, data).map(|m| Matrix { half, ..m }),
+            _ => Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected 2 dims"))),
+        }
+    }
+
+    /// A matrix stored as `name` or `name.weight` (PyTorch modules add the suffix).
+    pub(crate) fn matrix_either(&self, name: &str) -> Result<Matrix> {
+        let with = format!("{name}.weight");
+        if self.has(&with) {
+            self.matrix(&with)
+        } else {
+            self.matrix(name)
+        }
+    }
+
+    /// A 1-D integer tensor (U32, I32 or I64 with values in u32) as u32 ids.
+    pub(crate) fn ids(&self, name: &str) -> Result<Vec<u32>> {
+        let t = self.st.tensor(name).map_err(|_| Error::Weights(format!("tensor `{name}` is missing")))?;
+        if t.shape().len() != 1 {
+            return Err(Error::Weights(format!("tensor `{name}` has shape {:?}, expected 1 dim", t.shape())));
+        }
+        let d = t.data();
+        let vals: Vec<i64> = match t.dtype() {
+            safetensors::Dtype::U32 => {
+                d.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect()
+            }
+            safetensors::Dtype::I32 => {
+                d.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect()
+            }
+            safetensors::Dtype::I64 => {
+                d.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect()
+            }
+            other => {
+                return Err(Error::Weights(format!("tensor `{name}` has dtype {other:?}; expected U32, I32 or I64")))
+            }
+        };
+        vals.into_iter()
+            .map(|v| {
+                u32::try_from(v).map_err(|_| Error::Weights(format!("tensor `{name}`: value {v} is not a u32 id")))
+            })
+            .collect()
+    }
+
+    pub(crate) fn vector(&self, name: &str) -> Result<Vec<f32>> {
+        let (shape, data) = self.values(name)?;
+        if shape.len() != 1 {
+            return Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected 1 dim")));
+        }
+        Ok(data)
+    }
+}

@@ -1,0 +1,267 @@
+//! Model families and the one map from a checkpoint's tensor names to the weights they fill.
+//!
+//! Three namings reach kvdecode: Hugging Face (`model.layers.3.self_attn.q_proj.weight`), GGUF
+//! (`blk.3.attn_q.weight`) and kvdecode's own safetensors (`blocks.3.attn.w_q.weight`). The HF
+//! and GGUF loaders assemble [`crate::ModelWeights`] through [`tensor_names`], and
+//! [`crate::Engine::update_weights`] finds the GPU rows a name fills through the same list, so a
+//! name means the same rows everywhere. A name whose rows sit inside a fused matrix (k and v in
+//! `kv_global`, gate and up in `mlp_in`) fills just those rows, and a fused tensor of a file
+//! (Phi-3's `qkv_proj`) fills a row range of each weight it holds ([`Place`]).
+//!
+//! A family is its per-layer table ([`Family::layer_tensors`]): what each tensor fills, under its
+//! Hugging Face and its GGUF name. Adding a family means a table here and its config reading.
+
+use serde::{Deserialize, Serialize};
+
+mod assemble;
+mod names;
+pub use assemble::{assemble, tensors_of, Tensor};
+pub use names::{interleaved_source, naming_norm, tensor_names, LayerSlot, Naming, Place, RowOrder, Slot, TensorName};
+
+/// The architecture a model came from: it decides the Hugging Face and GGUF names of its tensors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Family {
+    /// kvdecode's own layouts (TinyAgent, the demo model, Engram): only kvdecode's names.
+    #[default]
+    Kvdecode,
+    /// Llama, SmolLM, Mistral-style dense models.
+    Llama,
+    /// Qwen3 (qk-norm with weights).
+    Qwen3,
+    /// Gemma 3 text (local/global layers, four norms per layer, `1 + w` norms).
+    Gemma3,
+    /// Qwen2 and Qwen2.5 (Llama with q/k/v biases).
+    Qwen2,
+    /// SmolLM3 (Llama's tensors, NoPE layers).
+    SmolLM3,
+    /// Gemma 2 (Gemma 3's tensors less the qk-norms; attention-logit softcap).
+    Gemma2,
+    /// OLMo 2 (norms on the attention's and the MLP's outputs only, qk-norm over the whole
+    /// projection).
+    Olmo2,
+    /// Phi-3, 3.5 and 4-mini (Llama with fused q/k/v and gate/up tensors, partial rotary,
+    /// LongRoPE).
+    Phi3,
+}
+
+/// What one per-layer tensor of a checkpoint fills (the rows of a fused matrix, or a whole
+/// weight).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Part {
+    /// Norm before attention.
+    AttnNorm,
+    /// Query projection.
+    Q,
+    /// Key projection: the first half of the layer's K/V matrices.
+    K,
+    /// Value projection: their second half.
+    V,
+    /// qk-norm of the queries.
+    QNorm,
+    /// qk-norm of the keys.
+    KNorm,
+    /// Output projection.
+    O,
+    /// Norm of the attention output (Gemma).
+    PostAttnNorm,
+    /// Norm before the MLP.
+    MlpNorm,
+    /// Norm of the MLP output (Gemma).
+    PostMlpNorm,
+    /// Gate projection: the first half of `mlp_in`.
+    Gate,
+    /// Up projection: its second half.
+    Up,
+    /// Down projection.
+    Down,
+    /// Bias of the query projection.
+    QBias,
+    /// Bias of the key projection: the first half of the K/V bias.
+    KBias,
+    /// Bias of the value projection: its second half.
+    VBias,
+    /// The query, key and value projections in one tensor, `[q; k; v]` (Phi-3).
+    Qkv,
+    /// The gate and up projections in one tensor, `[gate; up]` (Phi-3): `mlp_in` itself.
+    GateUp,
+}
+
+/// One row of a family's table: what a per-layer tensor fills, its Hugging Face name after
+/// `model.layers.{i}.` and its GGUF name after `blk.{i}.`.
+pub struct LayerTensor {
+    /// What it fills.
+    pub part: Part,
+    /// Hugging Face name within the layer.
+    pub hf: &'static str,
+    /// GGUF name within the layer.
+    pub gguf: &'static str,
+}
+
+const fn t(part: Part, hf: &'static str, gguf: &'static str) -> LayerTensor {
+    LayerTensor { part, hf, gguf }
+}
+
+// Llama's layout: `post_attention_layernorm` is the MLP's input norm. Qwen3's qk-norms and
+// Qwen2's biases are rows here too; `tensor_names` lists a row only where the config has that
+// weight (`qk_norm`, `qkv_bias`), so one table serves Llama, Qwen2, Qwen3 and SmolLM3.
+const LLAMA: &[LayerTensor] = &[
+    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
+    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    t(Part::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Part::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Part::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
+    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
+    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
+    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
+    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+];
+
+// Gemma's layout: `post_attention_layernorm` is the norm of the attention output, not the MLP's
+// input. Gemma 2 lists no qk-norm rows (`qk_norm` is off) and OLMo 2 no input norms
+// (`pre_norms` is off), so one table serves Gemma 2, Gemma 3 and OLMo 2.
+const GEMMA: &[LayerTensor] = &[
+    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
+    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
+    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
+    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Part::PostAttnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+    t(Part::MlpNorm, "pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+    t(Part::PostMlpNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
+    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
+    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+];
+
+// Phi-3's layout: Llama's norms, q, k and v fused in one tensor, gate and up in another (GGUF
+// keeps both fused; its `ffn_up` holds gate and up).
+const PHI3: &[LayerTensor] = &[
+    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Part::Qkv, "self_attn.qkv_proj.weight", "attn_qkv.weight"),
+    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Part::GateUp, "mlp.gate_up_proj.weight", "ffn_up.weight"),
+    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+];
+
+/// Where Hugging Face checkpoints keep the text model's tensors: text-only checkpoints under
+/// `model.`, multimodal ones under a language-model prefix.
+pub const HF_PREFIXES: [&str; 3] = ["model.", "language_model.model.", "model.language_model."];
+
+impl Family {
+    /// Every family.
+    pub const ALL: [Family; 9] = [
+        Family::Kvdecode,
+        Family::Llama,
+        Family::Qwen2,
+        Family::Qwen3,
+        Family::SmolLM3,
+        Family::Gemma2,
+        Family::Gemma3,
+        Family::Olmo2,
+        Family::Phi3,
+    ];
+
+    /// The family's per-layer tensors (empty for [`Family::Kvdecode`], which has only kvdecode's
+    /// names).
+    pub fn layer_tensors(self) -> &'static [LayerTensor] {
+        match self {
+            Family::Kvdecode => &[],
+            Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 => LLAMA,
+            Family::Gemma2 | Family::Gemma3 | Family::Olmo2 => GEMMA,
+            Family::Phi3 => PHI3,
+        }
+    }
+
+    /// `general.architecture` in GGUF files.
+    pub fn gguf_arch(self) -> Option<&'static str> {
+        match self {
+            Family::Kvdecode => None,
+            Family::Llama => Some("llama"),
+            Family::Qwen3 => Some("qwen3"),
+            Family::Gemma3 => Some("gemma3"),
+            Family::Qwen2 => Some("qwen2"),
+            Family::SmolLM3 => Some("smollm3"),
+            Family::Gemma2 => Some("gemma2"),
+            Family::Olmo2 => Some("olmo2"),
+            Family::Phi3 => Some("phi3"),
+        }
+    }
+
+    /// The family of a GGUF `general.architecture`.
+    pub fn from_gguf_arch(arch: &str) -> Option<Self> {
+        Family::ALL.into_iter().find(|f| f.gguf_arch() == Some(arch))
+    }
+
+    /// llama.cpp's converter stores this family's Q and K rows interleaved for its RoPE.
+    fn gguf_interleaves_qk(self) -> bool {
+        matches!(self, Family::Llama | Family::SmolLM3)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::ModelConfig;
+    use crate::model::rope::RopeScaling;
+    use crate::model::weights::{Matrix, ModelWeights};
+
+    /// Phi-3's shape: fused q/k/v and gate/up in its files, 12 of 16 dimensions rotated.
+    fn phi3() -> ModelConfig {
+        let mut c = ModelConfig::llama(64, 32, 2, 1, 16, 24, 2, 10000.0, 1e-6, false);
+        c.rope_dims = Some(12);
+        c.rope_scaling = Some(RopeScaling::LongRope {
+            short: vec![1.0; 6],
+            long: vec![2.0; 6],
+            original_context: 8,
+            attention_factor: 1.1,
+        });
+        c.family = Family::Phi3;
+        c
+    }
+
+    #[test]
+    fn partial_rotary_order_puts_the_rotated_pairs_first() {
+        // one head of 8, 4 rotated: file pairs (0, 2), (1, 3) rotate, 4..8 pass through
+        let order = RowOrder::PartialRotary { heads: 2, rotated: 4 };
+        let src: Vec<usize> = (0..16).map(|r| order.source(r, 16)).collect();
+        assert_eq!(src, [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15]);
+    }
+
+    #[test]
+    fn every_naming_round_trips_fused_and_reordered_rows() {
+        let cfg = phi3();
+        cfg.validate().unwrap();
+        let w = ModelWeights::random(&cfg, 7).unwrap();
+        for naming in [Naming::Kvdecode, Naming::HuggingFace("model."), Naming::Gguf] {
+            let names = tensor_names(&cfg, naming);
+            let values = tensors_of(&w, naming);
+            assert_eq!(values.len(), names.len(), "{naming:?}: every name has its values");
+            if naming != Naming::Kvdecode {
+                let qkv =
+                    names.iter().find(|t| t.name.ends_with("qkv_proj.weight") || t.name.ends_with("attn_qkv.weight"));
+                assert_eq!(qkv.map(|t| t.places.len()), Some(3), "{naming:?}: q, k and v of one tensor");
+            }
+            let back = assemble(&cfg, &names, &mut |t| {
+                let v = &values.iter().find(|(n, _)| n.name == t.name).unwrap().1;
+                Ok(match t.shape[..] {
+                    [_] => Tensor::Vector(v.clone()),
+                    _ => Tensor::Matrix(Matrix::new(t.shape[0], t.shape[1], v.clone())?),
+                })
+            })
+            .unwrap();
+            assert_eq!(back, w, "{naming:?}");
+        }
+        // file dimension 6 pairs with 0 (rot/2 = 6 apart); kvdecode keeps it at 8 (head_dim/2 apart)
+        let hf = tensors_of(&w, Naming::HuggingFace("model."));
+        let qkv = &hf.iter().find(|(t, _)| t.name == "model.layers.0.self_attn.qkv_proj.weight").unwrap().1;
+        assert_eq!(&qkv[6 * 32..7 * 32], w.layers[0].wq.row(8));
+    }
+}

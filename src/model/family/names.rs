@@ -1,0 +1,382 @@
+//! The one map from a checkpoint's tensor names to the weights and rows they fill
+//! ([`tensor_names`]), for each [`Naming`].
+
+use super::{Family, Part};
+use crate::model::config::{ModelConfig, NormKind};
+
+/// A weight of [`crate::ModelWeights`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Slot {
+    /// The token embedding `[vocab, d]`.
+    Embed,
+    /// The LM head `[vocab, d]` (untied models).
+    Head,
+    /// The final norm `[d]`.
+    FinalNorm,
+    /// A weight of layer `.0`.
+    Layer(usize, LayerSlot),
+}
+
+/// A weight of one layer ([`crate::model::weights::LayerWeights`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LayerSlot {
+    /// `attn_norm`.
+    AttnNorm,
+    /// `wq`.
+    Wq,
+    /// `q_norm`.
+    QNorm,
+    /// `k_norm`.
+    KNorm,
+    /// `kv_global` (`[k; v]`).
+    KvGlobal,
+    /// `kv_local` (`[k; v]`).
+    KvLocal,
+    /// `q_bias`.
+    QBias,
+    /// `kv_bias` (`[k; v]`).
+    KvBias,
+    /// `wo`.
+    Wo,
+    /// `post_attn_norm`.
+    PostAttnNorm,
+    /// `mlp_norm`.
+    MlpNorm,
+    /// `post_mlp_norm`.
+    PostMlpNorm,
+    /// `mlp_in` (`[gate; up]` when gated).
+    MlpIn,
+    /// `mlp_out`.
+    MlpOut,
+    /// Engram `[W_k; W_v]`.
+    EngramKv,
+    /// Engram table `k` (orders first, then heads).
+    EngramTable(usize),
+}
+
+/// How a tensor's rows are ordered on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowOrder {
+    /// As kvdecode (and Hugging Face) keep them.
+    AsIs,
+    /// llama.cpp's interleaved RoPE order, `heads` heads: GGUF row `h*hd + 2i + j` holds row
+    /// `h*hd + j*hd/2 + i`.
+    Interleaved {
+        /// Heads in the tensor.
+        heads: usize,
+    },
+    /// Partial rotary (Phi): the file's heads rotate their first `rotated` dimensions in pairs
+    /// `(i, i + rotated/2)` and pass the rest through. kvdecode orders each head so that those
+    /// pairs are its pairs `(i, i + head_dim/2)`, `i < rotated/2`, and the dimensions passed
+    /// through fill the pairs after them, in order, where RoPE's table leaves them unrotated.
+    /// Scores are sums over a head's dimensions, so the order changes no result but its rounding.
+    PartialRotary {
+        /// Heads in the tensor.
+        heads: usize,
+        /// Dimensions of a head that rotate.
+        rotated: usize,
+    },
+}
+
+impl RowOrder {
+    /// The file's row (of `rows`) that holds kvdecode's row `row`.
+    pub fn source(self, row: usize, rows: usize) -> usize {
+        match self {
+            RowOrder::AsIs => row,
+            RowOrder::Interleaved { heads } => interleaved_source(row, rows, heads),
+            RowOrder::PartialRotary { heads, rotated } => {
+                let hd = rows / heads.max(1);
+                let (head, j) = (row / hd.max(1), row % hd.max(1));
+                let (half, rot_half) = (hd / 2, rotated / 2);
+                let pass_half = half - rot_half;
+                let within = if j < rot_half {
+                    j
+                } else if j < half {
+                    rotated + (j - rot_half)
+                } else if j < half + rot_half {
+                    rot_half + (j - half)
+                } else {
+                    rotated + pass_half + (j - half - rot_half)
+                };
+                head * hd + within
+            }
+        }
+    }
+}
+
+/// Rows of one named tensor and where they go: its rows `rows`, in `order`, fill rows
+/// `row0 .. row0 + rows.len()` of `slot` (a vector's elements are its rows).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Place {
+    /// The weight they fill.
+    pub slot: Slot,
+    /// Its first row they fill.
+    pub row0: usize,
+    /// The tensor's rows (all of them, or one part of a fused tensor such as Phi-3's q/k/v).
+    pub rows: std::ops::Range<usize>,
+    /// How those rows are ordered in the file.
+    pub order: RowOrder,
+}
+
+impl Place {
+    /// The tensor's row that fills row `row0 + i` of the slot.
+    pub fn source(&self, i: usize) -> usize {
+        self.rows.start + self.order.source(i, self.rows.len())
+    }
+}
+
+/// One named tensor of a checkpoint and the rows it fills.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorName {
+    /// The name in the file.
+    pub name: String,
+    /// `[rows, cols]` of a matrix, `[n]` of a vector.
+    pub shape: Vec<usize>,
+    /// Where its rows go (a tensor may fill the same rows of several slots, as a key projection
+    /// fills both K/V matrices of a layer that has two).
+    pub places: Vec<Place>,
+}
+
+/// The namings kvdecode reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Naming {
+    /// kvdecode's safetensors (`blocks.{i}.attn.w_q.weight`, fused K/V and MLP input).
+    Kvdecode,
+    /// Hugging Face (`model.layers.{i}.self_attn.q_proj.weight`), with this prefix for the text
+    /// model (one of [`HF_PREFIXES`]).
+    HuggingFace(&'static str),
+    /// GGUF (`blk.{i}.attn_q.weight`).
+    Gguf,
+}
+
+/// Every tensor of `cfg`'s weights under `naming`, in load order (empty when the family has no
+/// such names, as kvdecode's own layouts have no Hugging Face or GGUF names).
+pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
+    let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim);
+    let has_w = cfg.norm != NormKind::Plain;
+    let mut out = Vec::new();
+    // a tensor whose every row fills `places` (none: the config has no such weight)
+    fn push(out: &mut Vec<TensorName>, name: String, shape: Vec<usize>, places: Vec<(Slot, usize)>, order: RowOrder) {
+        let rows = 0..shape[0];
+        let places: Vec<Place> =
+            places.into_iter().map(|(slot, row0)| Place { slot, row0, rows: rows.clone(), order }).collect();
+        if !places.is_empty() {
+            out.push(TensorName { name, shape, places })
+        }
+    }
+    let whole = |slot: Slot| vec![(slot, 0)];
+    let (embed, head, final_norm) = match naming {
+        Naming::Kvdecode => ("embed.weight".to_string(), "head.weight".to_string(), "final_norm.weight".to_string()),
+        Naming::HuggingFace(p) => {
+            (format!("{p}embed_tokens.weight"), "lm_head.weight".into(), format!("{p}norm.weight"))
+        }
+        Naming::Gguf => ("token_embd.weight".into(), "output.weight".into(), "output_norm.weight".into()),
+    };
+    if naming != Naming::Kvdecode && cfg.family == Family::Kvdecode {
+        return out;
+    }
+    push(&mut out, embed, vec![cfg.vocab, d], whole(Slot::Embed), RowOrder::AsIs);
+    for (i, spec) in cfg.layers.iter().enumerate() {
+        let slot = |s: LayerSlot| Slot::Layer(i, s);
+        // the K/V matrices this layer holds: k fills their first kvd rows, v the next
+        let kv: Vec<LayerSlot> = [(spec.writes_global, LayerSlot::KvGlobal), (spec.local, LayerSlot::KvLocal)]
+            .into_iter()
+            .filter_map(|(has, s)| has.then_some(s))
+            .collect();
+        let norm = |on: bool, s: LayerSlot| if has_w && on { vec![(slot(s), 0)] } else { vec![] };
+        let bias = |s: Slot, row0: usize| if cfg.qkv_bias { vec![(s, row0)] } else { vec![] };
+        let (q_norm_len, k_norm_len) = cfg.qk_norm_lens();
+        if naming == Naming::Kvdecode {
+            let b = format!("blocks.{i}");
+            push(
+                &mut out,
+                format!("{b}.attn_norm.weight"),
+                vec![d],
+                norm(cfg.pre_norms, LayerSlot::AttnNorm),
+                RowOrder::AsIs,
+            );
+            push(&mut out, format!("{b}.attn.w_q.weight"), vec![hd, d], whole(slot(LayerSlot::Wq)), RowOrder::AsIs);
+            push(
+                &mut out,
+                format!("{b}.attn.q_norm.weight"),
+                vec![q_norm_len],
+                norm(cfg.qk_norm, LayerSlot::QNorm),
+                RowOrder::AsIs,
+            );
+            push(
+                &mut out,
+                format!("{b}.attn.k_norm.weight"),
+                vec![k_norm_len],
+                norm(cfg.qk_norm, LayerSlot::KNorm),
+                RowOrder::AsIs,
+            );
+            if spec.writes_global {
+                push(
+                    &mut out,
+                    format!("{b}.attn.w_kv_global.weight"),
+                    vec![2 * kvd, d],
+                    whole(slot(LayerSlot::KvGlobal)),
+                    RowOrder::AsIs,
+                );
+            }
+            if spec.local {
+                push(
+                    &mut out,
+                    format!("{b}.attn.w_kv_local.weight"),
+                    vec![2 * kvd, d],
+                    whole(slot(LayerSlot::KvLocal)),
+                    RowOrder::AsIs,
+                );
+            }
+            push(&mut out, format!("{b}.attn.w_o.weight"), vec![d, hd], whole(slot(LayerSlot::Wo)), RowOrder::AsIs);
+            push(&mut out, format!("{b}.attn.w_q.bias"), vec![hd], bias(slot(LayerSlot::QBias), 0), RowOrder::AsIs);
+            push(
+                &mut out,
+                format!("{b}.attn.w_kv.bias"),
+                vec![2 * kvd],
+                bias(slot(LayerSlot::KvBias), 0),
+                RowOrder::AsIs,
+            );
+            push(
+                &mut out,
+                format!("{b}.post_attn_norm.weight"),
+                vec![d],
+                norm(cfg.post_norms, LayerSlot::PostAttnNorm),
+                RowOrder::AsIs,
+            );
+            push(
+                &mut out,
+                format!("{b}.mlp_norm.weight"),
+                vec![d],
+                norm(cfg.pre_norms, LayerSlot::MlpNorm),
+                RowOrder::AsIs,
+            );
+            push(
+                &mut out,
+                format!("{b}.post_mlp_norm.weight"),
+                vec![d],
+                norm(cfg.post_norms, LayerSlot::PostMlpNorm),
+                RowOrder::AsIs,
+            );
+            push(
+                &mut out,
+                format!("{b}.mlp.fc.weight"),
+                vec![cfg.mlp.in_factor() * cfg.ffn, d],
+                whole(slot(LayerSlot::MlpIn)),
+                RowOrder::AsIs,
+            );
+            push(
+                &mut out,
+                format!("{b}.mlp.proj.weight"),
+                vec![d, cfg.ffn],
+                whole(slot(LayerSlot::MlpOut)),
+                RowOrder::AsIs,
+            );
+            if let Some(e) = cfg.engram.as_ref().filter(|e| e.layers.contains(&i)) {
+                let mut k = 0;
+                for n in &e.orders {
+                    for j in 0..e.heads {
+                        let name = format!("{b}.engram.tables.{n}.{j}");
+                        push(
+                            &mut out,
+                            name,
+                            vec![e.table_rows, e.dim],
+                            whole(slot(LayerSlot::EngramTable(k))),
+                            RowOrder::AsIs,
+                        );
+                        k += 1;
+                    }
+                }
+                let w = e.width();
+                push(
+                    &mut out,
+                    format!("{b}.engram.w_k"),
+                    vec![d, w],
+                    vec![(slot(LayerSlot::EngramKv), 0)],
+                    RowOrder::AsIs,
+                );
+                push(
+                    &mut out,
+                    format!("{b}.engram.w_v"),
+                    vec![d, w],
+                    vec![(slot(LayerSlot::EngramKv), d)],
+                    RowOrder::AsIs,
+                );
+            }
+            continue;
+        }
+        // how a file orders the rows of q and k (and their biases), `heads` heads of them
+        let qk_order = |heads: usize| match (naming, cfg.rope_dims) {
+            (_, Some(rotated)) if rotated < cfg.head_dim => RowOrder::PartialRotary { heads, rotated },
+            (Naming::Gguf, _) if cfg.family.gguf_interleaves_qk() => RowOrder::Interleaved { heads },
+            _ => RowOrder::AsIs,
+        };
+        for lt in cfg.family.layer_tensors() {
+            let name = match naming {
+                Naming::HuggingFace(p) => format!("{p}layers.{i}.{}", lt.hf),
+                _ => format!("blk.{i}.{}", lt.gguf),
+            };
+            let (shape, places, order) = match lt.part {
+                Part::AttnNorm => (vec![d], norm(cfg.pre_norms, LayerSlot::AttnNorm), RowOrder::AsIs),
+                Part::Q => (vec![hd, d], whole(slot(LayerSlot::Wq)), qk_order(cfg.n_heads)),
+                Part::K => (vec![kvd, d], kv.iter().map(|&s| (slot(s), 0)).collect(), qk_order(cfg.n_kv_heads)),
+                Part::V => (vec![kvd, d], kv.iter().map(|&s| (slot(s), kvd)).collect(), RowOrder::AsIs),
+                Part::QNorm => (vec![q_norm_len], norm(cfg.qk_norm, LayerSlot::QNorm), RowOrder::AsIs),
+                Part::KNorm => (vec![k_norm_len], norm(cfg.qk_norm, LayerSlot::KNorm), RowOrder::AsIs),
+                Part::O => (vec![d, hd], whole(slot(LayerSlot::Wo)), RowOrder::AsIs),
+                Part::PostAttnNorm => (vec![d], norm(cfg.post_norms, LayerSlot::PostAttnNorm), RowOrder::AsIs),
+                Part::MlpNorm => (vec![d], norm(cfg.pre_norms, LayerSlot::MlpNorm), RowOrder::AsIs),
+                Part::PostMlpNorm => (vec![d], norm(cfg.post_norms, LayerSlot::PostMlpNorm), RowOrder::AsIs),
+                Part::Gate => (vec![cfg.ffn, d], whole(slot(LayerSlot::MlpIn)), RowOrder::AsIs),
+                Part::Up => (vec![cfg.ffn, d], vec![(slot(LayerSlot::MlpIn), cfg.ffn)], RowOrder::AsIs),
+                Part::Down => (vec![d, cfg.ffn], whole(slot(LayerSlot::MlpOut)), RowOrder::AsIs),
+                Part::QBias => (vec![hd], bias(slot(LayerSlot::QBias), 0), qk_order(cfg.n_heads)),
+                Part::KBias => (vec![kvd], bias(slot(LayerSlot::KvBias), 0), qk_order(cfg.n_kv_heads)),
+                Part::VBias => (vec![kvd], bias(slot(LayerSlot::KvBias), kvd), RowOrder::AsIs),
+                Part::Qkv => {
+                    // rows [q; k; v] of one tensor: q fills wq, k and v each K/V matrix
+                    let (q_order, k_order) = (qk_order(cfg.n_heads), qk_order(cfg.n_kv_heads));
+                    let mut places = vec![Place { slot: slot(LayerSlot::Wq), row0: 0, rows: 0..hd, order: q_order }];
+                    for &s in &kv {
+                        places.push(Place { slot: slot(s), row0: 0, rows: hd..hd + kvd, order: k_order });
+                        places.push(Place {
+                            slot: slot(s),
+                            row0: kvd,
+                            rows: hd + kvd..hd + 2 * kvd,
+                            order: RowOrder::AsIs,
+                        });
+                    }
+                    out.push(TensorName { name, shape: vec![hd + 2 * kvd, d], places });
+                    continue;
+                }
+                Part::GateUp => (vec![2 * cfg.ffn, d], whole(slot(LayerSlot::MlpIn)), RowOrder::AsIs),
+            };
+            push(&mut out, name, shape, places, order);
+        }
+    }
+    push(&mut out, final_norm, vec![d], if has_w { whole(Slot::FinalNorm) } else { vec![] }, RowOrder::AsIs);
+    if !cfg.tie_embeddings {
+        push(&mut out, head, vec![cfg.vocab, d], whole(Slot::Head), RowOrder::AsIs);
+    }
+    out
+}
+
+/// How `naming`'s norm tensors hold a norm of `cfg`: kvdecode's names hold what the config says;
+/// Hugging Face's Gemma holds `w`, applied as `1 + w`; GGUF files hold the multiplier itself
+/// (llama.cpp's converter adds Gemma's 1); every other family's norms multiply by `w`.
+pub fn naming_norm(cfg: &ModelConfig, naming: Naming) -> NormKind {
+    match naming {
+        Naming::Kvdecode => cfg.norm,
+        Naming::HuggingFace(_) if matches!(cfg.family, Family::Gemma3 | Family::Gemma2) => NormKind::OnePlusWeight,
+        _ => NormKind::Weight,
+    }
+}
+
+/// Rows of llama.cpp's interleaved RoPE order put back: row `i` of the result is row
+/// `interleaved_source(i)` of the file's tensor.
+pub fn interleaved_source(row: usize, rows: usize, heads: usize) -> usize {
+    let hd = rows / heads.max(1);
+    let half = hd / 2;
+    let (j, i) = ((row % hd) / half.max(1), (row % hd) % half.max(1));
+    (row / hd.max(1)) * hd + 2 * i + j
+}
