@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use crate::cache::KvCache;
-use crate::engine::build::AttentionPlan;
 use crate::engine::dispatch::{Dispatch, Grid};
+use crate::engine::plan::{AttentionPlan, RopeTables};
 use crate::engine::Scratch;
 use crate::gpu::kernels::{self, Lanes, Paging, Shard, Specialize};
 use crate::gpu::shaders::{Kernel, Pipelines};
@@ -83,7 +83,7 @@ pub(super) struct Builder<'a> {
     pub(super) built: std::cell::RefCell<std::collections::HashSet<usize>>,
     pub(super) cache: &'a KvCache,
     pub(super) s: &'a Scratch,
-    pub(super) rope: &'a super::build::RopeTables,
+    pub(super) rope: &'a RopeTables,
     pub(super) gw: &'a GpuWeights,
     /// Subgroup size of the matmul fast path (`None`: the portable kernel).
     pub(super) subgroup: Option<u32>,

@@ -14,6 +14,7 @@ pub mod decode;
 mod dispatch;
 mod inspect;
 pub mod options;
+mod plan;
 pub mod sampling;
 pub mod sleep;
 mod step;
@@ -24,8 +25,8 @@ use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
 use crate::gpu::weights::GpuWeights;
 use crate::model::config::ModelConfig;
-use build::AttentionPlan;
 use dispatch::Dispatch;
+use plan::{AttentionPlan, RopeTables};
 use sampling::RowSampling;
 
 pub use crate::gpu::variants::{
@@ -86,7 +87,7 @@ pub struct Engine {
     names: Option<update::NameIndex>,
     /// What [`Engine::sleep`] released and keeps on the host (`None`: awake).
     slept: Option<sleep::Slept>,
-    _rope: build::RopeTables,
+    _rope: RopeTables,
     /// Every dispatch of one chunk up to the final hidden states, in order.
     chunk_dispatches: Vec<Dispatch>,
     /// Final norm at each row's last token, then the LM head parts.

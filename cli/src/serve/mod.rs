@@ -8,6 +8,7 @@ pub mod api;
 mod engine;
 pub mod guide;
 mod metrics;
+pub mod response;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,9 +29,10 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::common::{load_model, EngineArgs, Result};
-use api::{ApiError, ChoiceText, Gen, Kind, Limits};
+use api::{ApiError, Gen, Kind, Limits};
 use engine::{Admin, Job, JobEvent, Msg, UpdateMode};
 use metrics::Metrics;
+use response::ChoiceText;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -436,8 +438,8 @@ impl Output {
         }
         let entries = &c.logprobs[from.min(c.logprobs.len())..];
         match self.g.kind {
-            Kind::Chat => api::chat_logprobs(&self.app.tok, entries),
-            Kind::Completion => api::completion_logprobs(&self.app.tok, entries, 0),
+            Kind::Chat => response::chat_logprobs(&self.app.tok, entries),
+            Kind::Completion => response::completion_logprobs(&self.app.tok, entries, 0),
         }
     }
 
@@ -446,7 +448,7 @@ impl Output {
         if !self.g.parses_tool_calls() {
             return (json!({"role": "assistant", "content": c.text}), json!(c.finish));
         }
-        let (content, calls) = api::split_tool_calls(&c.text, &format!("{}-{i}", self.id));
+        let (content, calls) = response::split_tool_calls(&c.text, &format!("{}-{i}", self.id));
         let content = if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) };
         if calls.is_empty() {
             (json!({"role": "assistant", "content": content}), json!(c.finish))
