@@ -138,17 +138,18 @@ pub struct KvCache {
     pub(crate) lpos: wgpu::Buffer,
     pub(crate) lens: wgpu::Buffer,
     pub(crate) history: wgpu::Buffer,
-    /// CPU mirror of `lens`: the host knows every shape without reading the GPU.
-    pub(crate) lens_cpu: Vec<usize>,
+    /// CPU mirror of `lens`: the host knows every shape without reading the GPU. Only the cache
+    /// writes these mirrors (`advance` after a step, `reset`, `rollback`, `fork`, `skip`).
+    lens_cpu: Vec<usize>,
     /// CPU mirror of `history` (the first `lens_cpu[row]` ids of each row).
-    pub(crate) history_cpu: Vec<Vec<u32>>,
+    history_cpu: Vec<Vec<u32>>,
     /// Per row, the largest length reached since the last reset: the ring holds positions
     /// `written - ring_slots ..`, so a rollback to `len` is exact while `written - len <= spare`.
-    pub(crate) written: Vec<usize>,
+    written: Vec<usize>,
     /// Per row, runs of positions skipped as padding ([`KvCache::skip`]) as (stored tokens at the
     /// time, count): the next token is rotated by RoPE as position `lens + skipped`, skipped
     /// positions count against `max_len`, and a rollback drops the runs it goes back past.
-    pub(crate) skips: Vec<Vec<(usize, usize)>>,
+    skips: Vec<Vec<(usize, usize)>>,
     /// One row's largest per-row region; `fork` copies rings, positions and history through it.
     row_stage: wgpu::Buffer,
     /// `STAGE_BLOCKS` blocks: copy-on-write copies within one pool go through it.

@@ -35,7 +35,32 @@ impl KvCache {
 
     /// Put `row`'s full blocks in the prompt cache (those before any skipped positions: a skip
     /// moves the positions of what follows).
-    pub(crate) fn register_blocks(&mut self, row: usize) {
+    /// A step stored `n` more tokens of `row`: its length and high-water mark move on, the
+    /// history takes `tokens` (`None`: ids sampled on the GPU and fed back, not known yet; see
+    /// [`KvCache::record_sampled`]), and its full blocks enter the prompt cache. The engine calls
+    /// this once per row after it submits a chunk; nothing else writes the CPU mirror.
+    pub(crate) fn advance(&mut self, row: usize, n: usize, tokens: Option<&[u32]>) {
+        self.lens_cpu[row] += n;
+        self.written[row] = self.written[row].max(self.lens_cpu[row]);
+        if let Some(tokens) = tokens {
+            self.history_cpu[row].extend_from_slice(tokens);
+        }
+        self.register_blocks(row);
+    }
+
+    /// The ids a multi-step window sampled and fed back on the GPU, once they are read back: the
+    /// history catches up with the length [`KvCache::advance`] already counted.
+    pub(crate) fn record_sampled(&mut self, row: usize, ids: &[u32]) {
+        self.history_cpu[row].extend_from_slice(ids);
+        self.register_blocks(row);
+    }
+
+    /// Positions `row` skipped as padding: (tokens stored before the skip, positions skipped).
+    pub(crate) fn skips(&self, row: usize) -> &[(usize, usize)] {
+        &self.skips[row]
+    }
+
+    fn register_blocks(&mut self, row: usize) {
         let stored = self.skips[row].first().map_or(self.lens_cpu[row], |s| s.0).min(self.history_cpu[row].len());
         self.blocks.register(row, &self.history_cpu[row][..stored]);
     }

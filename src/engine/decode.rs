@@ -119,8 +119,7 @@ impl Engine {
         }
         // step 0 recorded `first`; the ids fed from the GPU are known now: all sampled but the last
         for (r, &row) in cache_rows.iter().enumerate() {
-            self.cache.history_cpu[row].extend_from_slice(&out[r].0[..steps - 1]);
-            self.cache.register_blocks(row);
+            self.cache.record_sampled(row, &out[r].0[..steps - 1]);
         }
         Ok(out)
     }

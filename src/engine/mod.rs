@@ -290,7 +290,7 @@ impl Engine {
         let common = held.iter().zip(head).take_while(|(a, b)| a == b).count();
         let back = held.len() - common;
         let mut kept = common;
-        if self.cache.skips[row].is_empty() && back <= self.cache.max_rollback(row) {
+        if self.cache.skips(row).is_empty() && back <= self.cache.max_rollback(row) {
             self.rollback(&[row], &[back])?;
         } else {
             self.reset(&[row])?;

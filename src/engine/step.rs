@@ -235,7 +235,7 @@ impl Engine {
             .map(|(&row, &n)| RowInfoGpu {
                 cache_row: row as u32,
                 n_new: n as u32,
-                pos0: self.cache.lens_cpu[row] as u32,
+                pos0: self.cache.lens()[row] as u32,
                 rope_pos0: self.cache.position(row) as u32,
                 global_from: self.cache.replay_until[row] as u32,
                 _pad: [0; 3],
@@ -258,7 +258,7 @@ impl Engine {
                 .zip(cache_rows)
                 .zip(n_sub)
                 .map(|((s, &row), &n)| {
-                    SamplerGpu::new(s, (self.cache.lens_cpu[row] + n) as u32, self.sampling.masked[row])
+                    SamplerGpu::new(s, (self.cache.lens()[row] + n) as u32, self.sampling.masked[row])
                 })
                 .collect();
             q.write_buffer(&self.s.samplers, 0, bytemuck::cast_slice(&g));
@@ -335,12 +335,8 @@ impl Engine {
         self.stats.chunks += 1;
         for (r, &row) in cache_rows.iter().enumerate() {
             let n = n_sub[r];
-            self.cache.lens_cpu[row] += n;
-            self.cache.written[row] = self.cache.written[row].max(self.cache.lens_cpu[row]);
-            if !ids_from_sampled {
-                self.cache.history_cpu[row].extend_from_slice(&ids[r * stride + start..r * stride + start + n]);
-            }
-            self.cache.register_blocks(row);
+            let tokens = (!ids_from_sampled).then(|| &ids[r * stride + start..r * stride + start + n]);
+            self.cache.advance(row, n, tokens);
         }
     }
 

@@ -283,7 +283,7 @@ impl Engine {
 
     fn recompute_row(&mut self, r: usize) -> Result<()> {
         let history = self.cache.history(r).to_vec();
-        let skips = self.cache.skips[r].clone();
+        let skips = self.cache.skips(r).to_vec();
         self.cache.reset(&self.gpu, &[r])?;
         let mut at = 0;
         for (stored, count) in skips.iter().copied().chain([(history.len(), 0)]) {
