@@ -43,6 +43,7 @@ enum Command {
 }
 
 fn main() {
+    quiet_headless_wsi();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Chat(a) => chat::run(a),
@@ -56,6 +57,28 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);
+    }
+}
+
+/// Mesa's Vulkan drivers (lavapipe among them) print "error: XDG_RUNTIME_DIR is invalid or not
+/// set in the environment." when they probe for a Wayland display at device creation on a headless
+/// machine, though compute needs no display. Without the variable, the command uses a runtime
+/// dir of the user's own in the temp dir (mode 0700, as the XDG spec asks), set before any thread
+/// starts.
+fn quiet_headless_wsi() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+        let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else { return };
+        let dir = std::env::temp_dir().join(format!("kvdecode-runtime-{uid}"));
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+        // only a real directory of ours that nobody else can read (never a planted link)
+        let ours = std::fs::symlink_metadata(&dir)
+            .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o777 == 0o700);
+        if ours {
+            // no thread exists yet: nothing reads the environment while it changes
+            std::env::set_var("XDG_RUNTIME_DIR", &dir);
+        }
     }
 }
 
