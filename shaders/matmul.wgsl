@@ -12,7 +12,7 @@
 //   NORM: x is the residual stream and the product reads its RMS norm (the block's input norm),
 //     computed per workgroup with rmsnorm.wgsl's lanes and tree (the same bits). One output per
 //     thread (entry point `main_normed`) stages the normed input in workgroup memory a tile at a
-//     time; the wide shape (`main`, OUTS > 1) normalizes each input as it loads it, once per
+//     time; the wide shape (`main_wide`, OUTS > 1) normalizes each input as it loads it, once per
 //     8 rows. Its sums need barriers on 64 lanes, so CPU adapters keep the norm apart there
 //     (`Fusion::auto`), unless the products are wide-subgroup's 8-lane workgroups (inv_rms_lanes8).
 //   MLP_ACT: the MLP activation as an epilogue; gated ones pair output o's weight row (the gate)
@@ -33,7 +33,7 @@ override EPS: f32 = 1e-6;          // the norm's epsilon
 override MLP_ACT: u32 = 0u;        // 0: none; else mlp_act(MLP_ACT - 1, gate, up) of common.wgsl
 override BIAS: bool = false;       // y = x W^T + bias (Qwen2's q/k/v projections)
 override WG: u32 = 64u;            // lanes per workgroup: 64 with NORM (NORM_LANES), but for inv_rms_lanes8
-override OUTS: u32 = 1u;           // `main`: outputs per thread, 1 or a multiple of 8 (wide: 8, see wide_outputs)
+override OUTS: u32 = 1u;           // outputs per thread: 1 (`main`) or a multiple of 8 (`main_wide`: 8, see wide_outputs)
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;   // [N, X_STRIDE], the first K read
@@ -63,6 +63,14 @@ fn w4(o: u32, k4: u32) -> vec4<f32> {
         let at = quant_at(W_FORMAT, o, k4, K);
         return dequant4(W_FORMAT, w[at.x], w[at.x + quant_word(W_FORMAT, at.y)], at.y);
     }
+    return w4_float(o, k4);
+}
+
+// w4 of the 32- and 16-bit formats (0, 1, 5). dots_quad calls it for them (it takes blocks of 256
+// itself, and dots_rows8 the blocks of 32), so its eight calls inline no copy of the quantized
+// decoders: drivers that inline before they fold the format's branches (Mesa's) compile each
+// pipeline several times faster.
+fn w4_float(o: u32, k4: u32) -> vec4<f32> {
     if W_FORMAT == 1u || W_FORMAT == 5u {
         let i = (o * K) / 2u + k4 * 2u;
         return half4(W_FORMAT, w[i], w[i + 1u]);
@@ -307,18 +315,18 @@ fn dots_quad(r: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> array<v
     if tokens == 1u {
         for (var k4 = 0u; k4 < K / 4u; k4++) {
             let x0 = input4(b.x, k4, inv.x);
-            a0.x = dot_fma(x0, w4(r.x, k4), a0.x);
-            a1.x = dot_fma(x0, w4(r.y, k4), a1.x);
-            a2.x = dot_fma(x0, w4(r.z, k4), a2.x);
-            a3.x = dot_fma(x0, w4(r.w, k4), a3.x);
+            a0.x = dot_fma(x0, w4_float(r.x, k4), a0.x);
+            a1.x = dot_fma(x0, w4_float(r.y, k4), a1.x);
+            a2.x = dot_fma(x0, w4_float(r.z, k4), a2.x);
+            a3.x = dot_fma(x0, w4_float(r.w, k4), a3.x);
         }
     } else {
         for (var k4 = 0u; k4 < K / 4u; k4++) {
             let xs = inputs4(b, k4, inv);
-            a0 = dots4(xs, w4(r.x, k4), a0);
-            a1 = dots4(xs, w4(r.y, k4), a1);
-            a2 = dots4(xs, w4(r.z, k4), a2);
-            a3 = dots4(xs, w4(r.w, k4), a3);
+            a0 = dots4(xs, w4_float(r.x, k4), a0);
+            a1 = dots4(xs, w4_float(r.y, k4), a1);
+            a2 = dots4(xs, w4_float(r.z, k4), a2);
+            a3 = dots4(xs, w4_float(r.w, k4), a3);
         }
     }
     return array<vec4<f32>, 4>(a0, a1, a2, a3);
@@ -472,11 +480,32 @@ fn dots4(xs: mat4x4<f32>, wv: vec4<f32>, acc: vec4<f32>) -> vec4<f32> {
         dot_fma(xs[3], wv, acc.w));
 }
 
-// With NORM (wide shape only: the host takes `main_normed` for one output per thread) every lane
-// first helps with the workgroup's norm sums, then reads x * inv [* norm_w] straight from x: the
-// values rmsnorm.wgsl would have written, each computed once per 8 weight rows, without staging.
+// One output per thread (OUTS = 1; with NORM the host takes `main_normed`). The wide shape is an
+// entry point of its own, `main_wide`: a driver that inlines every call before it folds the
+// format's branches (Mesa's) then compiles neither shape's code into the other's pipelines.
 @compute @workgroup_size(WG)
 fn main(
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(workgroup_id) wid: vec3<u32>,
+) {
+    let o = gid.x;
+    let n_total = select(step.tokens, step.rows, PER_ROW);
+    let tokens = tokens_per_thread(n_total);
+    let n0 = wid.y * tokens;
+    if o >= O_ROWS || n0 >= n_total { return; }
+    let b = row_bases(n0, n_total);
+    let acc = dots(o, b, 0u, 1u, tokens, vec4<f32>(1.0));
+    var up = vec4<f32>(0.0);
+    if gated() { up = dots(O_ROWS + o, b, 0u, 1u, tokens, vec4<f32>(1.0)); }
+    store4(o, n0, n_total, apply_act(acc, up), tokens);
+}
+
+// The wide shape (OUTS > 1). With NORM every lane first helps with the workgroup's norm sums, then
+// reads x * inv [* norm_w] straight from x: the values rmsnorm.wgsl would have written, each
+// computed once per 8 weight rows, without staging. Every lane runs on past the last output too
+// (with subgroups, in main_wide_subgroup, it shares its inputs).
+@compute @workgroup_size(WG)
+fn main_wide(
     @builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lane: u32,
@@ -489,16 +518,7 @@ fn main(
     var inv = vec4<f32>(1.0);
     if NORM { inv = inv_rms(b, lane); }  // all lanes: barriers
     if n0 >= n_total { return; }  // the whole workgroup
-    // (wide: every lane runs on, past the last output too: with subgroups it shares its inputs)
-    if OUTS > 1u {
-        wide_outputs(o, n0, n_total, b, tokens, inv, 0u);
-        return;
-    }
-    if o >= O_ROWS { return; }
-    let acc = dots(o, b, 0u, 1u, tokens, vec4<f32>(1.0));
-    var up = vec4<f32>(0.0);
-    if gated() { up = dots(O_ROWS + o, b, 0u, 1u, tokens, vec4<f32>(1.0)); }
-    store4(o, n0, n_total, apply_act(acc, up), tokens);
+    wide_outputs(o, n0, n_total, b, tokens, inv, 0u);
 }
 
 // The NORM variant of `main` for one output per thread (a separate entry point: only it holds

@@ -12,6 +12,7 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
         Kernel::Embed => &[("D", 64.0), ("PART_ROWS", 100.0)],
         Kernel::RmsNorm => &[("D", 64.0), ("EPS", 1e-6)],
         Kernel::Matmul
+        | Kernel::MatmulWide
         | Kernel::MatmulNormed
         | Kernel::MatmulWideSubgroup
         | Kernel::MatmulTiled
@@ -74,7 +75,7 @@ fn variants(kernel: Kernel) -> Vec<(&'static str, f64)> {
             [&WEIGHT_FORMATS[..], &[("MLP_ACT", 1.0), ("MLP_ACT", 3.0)]].concat()
         }
         // the wide shapes also at 8 outputs per thread and in 8-lane workgroups (the shuffled norm)
-        Kernel::MatmulWideSubgroup => {
+        Kernel::MatmulWide | Kernel::MatmulWideSubgroup => {
             [&WEIGHT_FORMATS[..], &[("MLP_ACT", 1.0), ("MLP_ACT", 3.0), ("OUTS", 8.0), ("WG", 8.0)]].concat()
         }
         Kernel::Embed => WEIGHT_FORMATS.to_vec(),

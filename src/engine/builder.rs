@@ -220,7 +220,8 @@ impl Builder<'_> {
             }
             None => {
                 let wg = if normed { 64 } else { self.product_wg };
-                (Kernel::Matmul, Lanes::Threads { outs, wg }, threads)
+                let kernel = if outs > 1 { Kernel::MatmulWide } else { Kernel::Matmul };
+                (kernel, Lanes::Threads { outs, wg }, threads)
             }
         }
     }

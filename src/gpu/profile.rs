@@ -73,6 +73,7 @@ impl Profile {
         match kernel {
             // quantizing an integer-dot product's input is part of that product
             Kernel::Matmul
+            | Kernel::MatmulWide
             | Kernel::MatmulNormed
             | Kernel::MatmulSubgroup
             | Kernel::MatmulWideSubgroup

@@ -29,8 +29,11 @@ pub enum Kernel {
     Embed,
     /// RMS norm (`rmsnorm.wgsl`).
     RmsNorm,
-    /// Matrix product against a weight part (`matmul.wgsl`).
+    /// Matrix product against a weight part (`matmul.wgsl`), one output per thread.
     Matmul,
+    /// The same product, `OUTS` outputs per thread (the `main_wide` entry point of
+    /// `matmul.wgsl`): the `wide` shape for CPU adapters.
+    MatmulWide,
     /// The same product reading the RMS norm of its input, computed in the workgroup (the
     /// `main_normed` entry point of `matmul.wgsl`): the norm before a product, fused.
     MatmulNormed,
@@ -87,10 +90,11 @@ pub enum Kernel {
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 23] = [
+    pub const ALL: [Kernel; 24] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
+        Kernel::MatmulWide,
         Kernel::MatmulNormed,
         Kernel::QkRope,
         Kernel::KvWrite,
@@ -118,6 +122,7 @@ impl Kernel {
         match self {
             Kernel::AttentionSplitHead => "attention_split.wgsl per_head",
             Kernel::AttentionQueryTiles => "attention_split.wgsl query_tiles",
+            Kernel::MatmulWide => "matmul.wgsl main_wide",
             Kernel::MatmulNormed => "matmul.wgsl main_normed",
             Kernel::MatmulSubgroup => "matmul_subgroup.wgsl",
             Kernel::MatmulWideSubgroup => "matmul_subgroup.wgsl main_wide_subgroup",
@@ -133,7 +138,7 @@ impl Kernel {
         match self {
             Kernel::Embed => "embed.wgsl",
             Kernel::RmsNorm => "rmsnorm.wgsl",
-            Kernel::Matmul | Kernel::MatmulNormed => "matmul.wgsl",
+            Kernel::Matmul | Kernel::MatmulWide | Kernel::MatmulNormed => "matmul.wgsl",
             Kernel::QkRope => "qk_rope.wgsl",
             Kernel::KvWrite => "kv_write.wgsl",
             Kernel::Attention => "attention.wgsl",
@@ -162,6 +167,7 @@ impl Kernel {
             Kernel::MatmulReduce => "main_reduce",
             Kernel::AttentionSplitHead => "per_head",
             Kernel::AttentionQueryTiles => "query_tiles",
+            Kernel::MatmulWide => "main_wide",
             Kernel::MatmulNormed => "main_normed",
             Kernel::MatmulInt => "main_int",
             _ => "main",
@@ -185,7 +191,7 @@ impl Kernel {
             Kernel::Embed => include_str!("../../shaders/embed.wgsl"),
             Kernel::RmsNorm => include_str!("../../shaders/rmsnorm.wgsl"),
             // the products without subgroups: matmul.wgsl with its lane hooks (and a variant's entry)
-            Kernel::Matmul | Kernel::MatmulNormed => {
+            Kernel::Matmul | Kernel::MatmulWide | Kernel::MatmulNormed => {
                 return format!("{COMMON}\n{MATMUL}\n{}", include_str!("../../shaders/matmul_lanes.wgsl"));
             }
             Kernel::QkRope => include_str!("../../shaders/qk_rope.wgsl"),
@@ -243,7 +249,7 @@ impl Kernel {
         match self {
             Kernel::Embed => &[Uniform, Read, Read, ReadWrite],
             Kernel::RmsNorm => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
-            Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulTiled | Kernel::MatmulReduce => {
+            Kernel::Matmul | Kernel::MatmulWide | Kernel::MatmulNormed | Kernel::MatmulTiled | Kernel::MatmulReduce => {
                 &[Uniform, Read, Read, ReadWrite, Read, Read]
             }
             Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read, ReadWrite, Read, ReadWrite, Read],

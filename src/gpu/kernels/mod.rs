@@ -226,7 +226,7 @@ impl Specialize for Product {
     }
     fn label(&self) -> String {
         let variant = match (self.kernel, self.lanes) {
-            (Kernel::Matmul, Lanes::Threads { outs, .. }) if outs > 1 => "matmul_wide",
+            (Kernel::MatmulWide, _) => "matmul_wide",
             (Kernel::Matmul, _) => "matmul",
             (Kernel::MatmulNormed, _) => "matmul",
             (Kernel::MatmulSubgroup, _) => "matmul_subgroup",
@@ -457,7 +457,7 @@ mod tests {
             paging,
         };
         let product = Product {
-            kernel: Kernel::Matmul,
+            kernel: Kernel::MatmulWide,
             k: 64,
             x_stride: 64,
             out_rows: 96,
