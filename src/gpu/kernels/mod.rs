@@ -477,6 +477,12 @@ mod tests {
             Box::new(Embed { d: 64, part_start: 0, part_rows: 100, format: WeightFormat::F16, scale: 8.0 }),
             Box::new(RmsNorm { d: 64, eps: 1e-6, weight: true, accumulate: true, quantize: true, gather_last: true }),
             Box::new(product),
+            Box::new(Product {
+                kernel: Kernel::Matmul,
+                norm: None,
+                lanes: Lanes::Threads { outs: 1, wg: 64 },
+                ..product
+            }),
             Box::new(Product { kernel: Kernel::MatmulNormed, lanes: Lanes::Fixed, ..product }),
             Box::new(Product { kernel: Kernel::MatmulWideSubgroup, ..product }),
             Box::new(Product { kernel: Kernel::MatmulSubgroup, lanes: Lanes::Subgroup(32), ..product }),
