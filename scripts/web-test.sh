@@ -22,13 +22,20 @@ bash scripts/install.sh apt
 bash scripts/install.sh cargo
 bash scripts/install.sh web
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+# each step's seconds, printed as the next begins, so CI's browsers stage reads step by step
+step_start=$SECONDS
+step() {
+  echo "   ($((SECONDS - step_start)) s)"
+  step_start=$SECONDS
+  echo "== $1"
+}
 
-echo "== 1. parity tests in headless Chromium (wasm-bindgen-test)"
+step "1. parity tests in headless Chromium (wasm-bindgen-test)"
 # in release, as the page is built: one build of the wasm crates serves both (a dev build of the
 # page loads SmolLM2 too slowly for test 4: over 300 s in Chromium here)
 (cd examples/web && CHROMEDRIVER=$(command -v chromedriver) WASM_BINDGEN_TEST_TIMEOUT=600 cargo test --release)
 
-echo "== 2. the page end to end (playwright-core)"
+step "2. the page end to end (playwright-core)"
 bash scripts/web-build.sh
 . scripts/cargo-profile.sh
 cargo build --profile "$profile" -p kvdecode-cli
@@ -39,19 +46,19 @@ expected=$(KVDECODE_PORTABLE=1 "target/$profile_dir/kvdecode" generate --model d
 echo "native engine (lavapipe): $expected"
 (cd examples/web && EXPECTED="$expected" node e2e.mjs "$root/examples/web/screenshot.png")
 
-echo "== 2b. the GPU device lost mid-answer: the page builds a new session and answers the same (Chromium)"
+step "2b. the GPU device lost mid-answer: the page builds a new session and answers the same (Chromium)"
 (cd examples/web && EXPECTED="$expected" LOSE=5 node e2e.mjs "${TMPDIR:-/tmp}/kvdecode-device-lost.png")
 
-echo "== 3. the page end to end in Firefox ESR (puppeteer-core, WebDriver BiDi)"
+step "3. the page end to end in Firefox ESR (puppeteer-core, WebDriver BiDi)"
 (cd examples/web && EXPECTED="$expected" BROWSER_KIND=firefox node e2e.mjs "$root/examples/web/screenshot-firefox.png")
-echo "== 4. SmolLM2 chosen from disk, chatting in the page (Chromium)"
+step "4. SmolLM2 chosen from disk, chatting in the page (Chromium)"
 bash scripts/fetch-smollm2.sh >/dev/null
 (cd examples/web && GGUF="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" EXPECT_TEXT=Paris node e2e.mjs "$root/examples/web/screenshot-smollm2.png")
-echo "== 5. two conversations at once equal each alone, and a second turn keeps the first (Chromium)"
+step "5. two conversations at once equal each alone, and a second turn keeps the first (Chromium)"
 (cd examples/web && TWO=1 node e2e.mjs "$root/examples/web/screenshot-two.png")
-echo "== 6. a picked GGUF is kept in the browser's storage and loads from it after a reload (Chromium)"
+step "6. a picked GGUF is kept in the browser's storage and loads from it after a reload (Chromium)"
 (cd examples/web && STORE_GGUF="$root/fuzz/seeds/gguf/llama-f32-chatml.gguf" node e2e.mjs "${TMPDIR:-/tmp}/kvdecode-stored.png")
-echo "== 7. Phi-3 from a GGUF file in the page: its greedy tokens equal the native engine's (Chromium)"
+step "7. Phi-3 from a GGUF file in the page: its greedy tokens equal the native engine's (Chromium)"
 # the page holds min(2048, the trained context) positions per row: 512 here, which also picks
 # LongRoPE's long factors (past the original 128) in both
 phi3=tests/fixtures/llamacpp/families/phi3.gguf
@@ -59,4 +66,5 @@ expected=$(KVDECODE_PORTABLE=1 "target/$profile_dir/kvdecode" generate --model "
   | python3 -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.readline())["tokens"]))')
 echo "native engine (lavapipe): $expected"
 (cd examples/web && AUTO_GGUF="$root/$phi3" EXPECTED="$expected" node e2e.mjs "${TMPDIR:-/tmp}/kvdecode-phi3.png")
-echo "web tests: 7 passed, 0 failed"
+echo "   ($((SECONDS - step_start)) s)"
+echo "web tests: 7 passed, 0 failed in $SECONDS s"

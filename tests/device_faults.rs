@@ -14,7 +14,7 @@ fn wide_kv_model() -> kvdecode::ModelWeights {
 
 #[test]
 fn an_engine_larger_than_the_device_is_a_clear_error() {
-    let gpu = gpu();
+    let gpu = own_gpu();
     let w = wide_kv_model();
     // 2048 rows x 8192 positions x 32 KiB = 512 GiB of K/V: more than this machine has
     let huge = EngineOptions { kv: KvDtype::F32, ..EngineOptions::new(2048, 8192) };
@@ -48,7 +48,7 @@ fn an_explicit_memory_budget_is_shared_by_the_engines_of_a_device() {
 #[test]
 fn a_lost_device_is_an_error_on_every_later_call_and_a_new_one_works() {
     let w = model(&tiny_agent_cfg(), 4);
-    let gpu = gpu();
+    let gpu = own_gpu();
     let mut e = Engine::new(&gpu, &w, EngineOptions::new(3, 32)).unwrap();
     e.append(&[1, 2, 3, 4, 5, 6], 2, &[2, 2, 2], None).unwrap();
     gpu.device.destroy();
@@ -68,7 +68,7 @@ fn a_lost_device_is_an_error_on_every_later_call_and_a_new_one_works() {
     assert_eq!(e.cache().lens(), &[2, 2, 2], "nothing changed");
     drop(e);
     // rebuilt on a new device, the engine decodes correctly again
-    let gpu2 = common::gpu();
+    let gpu2 = own_gpu();
     let mut e2 = Engine::new(&gpu2, &w, EngineOptions::new(3, 32)).unwrap();
     let out = e2.append(&[1, 2, 3, 0, 0, 0, 0, 0, 0], 3, &[3, 0, 0], None).unwrap();
     assert!(max_abs_diff(out.row(0).unwrap(), &ref_last(&w, &[1, 2, 3])) <= 1e-4);
@@ -76,7 +76,7 @@ fn a_lost_device_is_an_error_on_every_later_call_and_a_new_one_works() {
 
 #[test]
 fn validation_errors_come_back_as_errors_not_panics() {
-    let gpu = gpu();
+    let gpu = own_gpu();
     let w = model(&llama_cfg(), 5);
     let mut e = Engine::new(&gpu, &w, EngineOptions::new(1, 16)).unwrap();
     // a misuse of wgpu outside any scope (mapping a buffer that cannot be mapped) would panic in

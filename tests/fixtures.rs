@@ -60,7 +60,7 @@ fn logits_full_and_incremental(family: &str) {
     // the way would check nothing more: a step's bits do not depend on how the tokens before it
     // were chunked (tests/rollback_fork.rs `chunking_does_not_change_a_single_bit`,
     // tests/attention_variants.rs `query_tiles_give_the_bits_of_one_token_at_a_time`).
-    const SINGLE_STEPS_UNTIL: usize = 96;
+    const SINGLE_STEPS_UNTIL: usize = 48;
     let gpu = gpu();
     let mut engine = Engine::new(&gpu, &w, EngineOptions::new(1, max_len(n))).unwrap();
     let out = engine.append(&tokens, n, &[n], None).unwrap();

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use kvdecode::io::gguf::GgufFile;
-use kvdecode::{io::npy, Engine, EngineOptions, ModelWeights};
+use kvdecode::{io::npy, Engine, EngineOptions, Gpu, ModelWeights};
 
 fn dir() -> PathBuf {
     let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llamacpp");
@@ -37,10 +37,11 @@ fn load(path: &Path) -> ModelWeights {
 /// The engine's logits at every position of `tokens` (one row, appended a chunk at a time), in
 /// rows of as many positions as llama.cpp's context for them: it pads its context to a multiple
 /// of 256, and Phi-3's LongRoPE takes its long factors when that context passes the original one.
-fn logits_at_every_position(w: &ModelWeights, tokens: &[u32]) -> Vec<f32> {
+/// A test's engines share one device, so files of one family and format share their pipelines.
+fn logits_at_every_position(gpu: &Gpu, w: &ModelWeights, tokens: &[u32]) -> Vec<f32> {
     let opts =
         EngineOptions { beyond_trained_context: true, ..EngineOptions::new(1, tokens.len().next_multiple_of(256)) };
-    let mut e = Engine::new(&gpu(), w, opts).unwrap();
+    let mut e = Engine::new(gpu, w, opts).unwrap();
     let step = e.chunk_width().min(e.all_logits_tokens());
     let mut out = Vec::with_capacity(tokens.len() * w.cfg.vocab);
     for piece in tokens.chunks(step) {
@@ -65,13 +66,14 @@ fn converted_families_match_llama_cpp() {
     // F32 files: top-1 at >= 0.98 of the positions and the mean |dlogit| within llama.cpp's own
     // Vulkan-vs-CPU spread; and where llama.cpp's CPU backend computes in plain f32 (all but the
     // Gemmas, whose GELU it takes from an f16 table) every logit within 1e-4
+    let gpu = gpu();
     let d = dir().join("families");
     let meta = meta();
     for family in ["llama", "qwen3", "gemma3", "qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"] {
         let w = load(&d.join(format!("{family}.gguf")));
         let tokens = npy::read(d.join(format!("{family}.tokens.npy"))).unwrap().to_u32().unwrap();
         let theirs = npy::read(d.join(format!("{family}.logits.npy"))).unwrap().to_f32();
-        let ours = logits_at_every_position(&w, &tokens);
+        let ours = logits_at_every_position(&gpu, &w, &tokens);
         let (mean, max, top1) = compare(&ours, &theirs, w.cfg.vocab);
         let bound = meta["families"][family]["vulkan_vs_cpu_mean_abs"].as_f64().unwrap();
         println!(
@@ -95,6 +97,7 @@ fn quantized_types_match_llama_cpp() {
     // within llama.cpp's own Vulkan-vs-CPU spread on the same file (llama.cpp's CPU backend
     // quantizes activations to 8 bits for quantized weights and rounds them to f16/bf16 for
     // f16/bf16 weights; kvdecode keeps them f32)
+    let gpu = gpu();
     let d = dir().join("types");
     let meta = meta();
     let tokens = npy::read(d.join("tokens.npy")).unwrap().to_u32().unwrap();
@@ -104,7 +107,7 @@ fn quantized_types_match_llama_cpp() {
         let name = ty.to_lowercase();
         let w = load(&d.join(format!("{name}.gguf")));
         let theirs = npy::read(d.join(format!("{name}.logits.npy"))).unwrap().to_f32();
-        let ours = logits_at_every_position(&w, &tokens);
+        let ours = logits_at_every_position(&gpu, &w, &tokens);
         let (mean, max, top1) = compare(&ours, &theirs, w.cfg.vocab);
         let spread = spread["vulkan_vs_cpu_mean_abs"].as_f64().unwrap();
         // kvdecode's CPU reference (f32 math on the same dequantized weights) against both
@@ -136,6 +139,7 @@ fn every_family_in_llama_quantize_mixes_matches_llama_cpp() {
     // to 0.98 or llama.cpp's own two backends' agreement, less one position (these tiny models'
     // logits, of standard deviation 1, have near-ties that the rounding splits: llama.cpp's
     // backends agree at 0.93 on one file)
+    let gpu = gpu();
     let d = dir().join("mixes");
     let meta = meta();
     let mixes = meta["mixes"].as_object().unwrap();
@@ -144,7 +148,7 @@ fn every_family_in_llama_quantize_mixes_matches_llama_cpp() {
     for (name, spread) in mixes {
         let w = load(&d.join(format!("{name}.gguf")));
         let theirs = npy::read(d.join(format!("{name}.logits.npy"))).unwrap().to_f32();
-        let ours = logits_at_every_position(&w, &tokens);
+        let ours = logits_at_every_position(&gpu, &w, &tokens);
         let (mean, max, top1) = compare(&ours, &theirs, w.cfg.vocab);
         let spread_mean = spread["vulkan_vs_cpu_mean_abs"].as_f64().unwrap();
         let their_top1 = spread["vulkan_vs_cpu_top1"].as_f64().unwrap();

@@ -6,8 +6,18 @@ pub mod gguf_writer;
 
 use kvdecode::{Gpu, ModelConfig, ModelWeights};
 
-/// The adapter for this test run. No adapter is a failure with the reason, never a skip.
+/// The device of this test process, shared by every engine the process builds, as a server's
+/// engines share one: a second engine of the same kernels compiles no pipeline (on lavapipe a
+/// product pipeline is a tenth of a second, and most of a test's time was rebuilding them). No
+/// adapter is a failure with the reason, never a skip. A test that breaks its device or counts
+/// its memory takes [`own_gpu`], so `cargo test`'s threads never see each other's faults.
 pub fn gpu() -> Gpu {
+    static SHARED: std::sync::OnceLock<Gpu> = std::sync::OnceLock::new();
+    SHARED.get_or_init(own_gpu).clone()
+}
+
+/// A device of the test's own (see [`gpu`]).
+pub fn own_gpu() -> Gpu {
     match Gpu::new() {
         Ok(g) => g,
         Err(e) => panic!("no GPU adapter for the tests: {e}"),
