@@ -34,6 +34,12 @@ override MLP_ACT: u32 = 0u;        // 0: none; else mlp_act(MLP_ACT - 1, gate, u
 override BIAS: bool = false;       // y = x W^T + bias (Qwen2's q/k/v projections)
 override WG: u32 = 64u;            // lanes per workgroup: 64 with NORM (NORM_LANES), but for inv_rms_lanes8
 override OUTS: u32 = 1u;           // outputs per thread: 1 (`main`) or a multiple of 8 (`main_wide`: 8, see wide_outputs)
+// Derived, never set: a branch on them is decided with the pipeline, and natively cut before the
+// driver sees it (gpu/specialize.rs), where a call of common.wgsl's is_ext32 would stay.
+override W_EXT32: bool = W_FORMAT >= 8u && W_FORMAT <= 10u;                    // W_EXT32
+override W_KQUANT: bool = W_FORMAT == 6u || W_FORMAT == 7u || W_FORMAT >= 11u; // W_KQUANT
+override W_BLOCK32: bool = (W_FORMAT >= 2u && W_FORMAT <= 4u) || W_EXT32;      // W_BLOCK32
+override GATED: bool = MLP_ACT >= 2u;  // MLP_ACT pairs each output with a second weight row
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;   // [N, X_STRIDE], the first K read
@@ -51,11 +57,11 @@ const NORM_LANES: u32 = 64u;
 var<workgroup> square_sums: array<vec4<f32>, NORM_LANES>;
 
 fn w4(o: u32, k4: u32) -> vec4<f32> {
-    if is_ext32(W_FORMAT) {
+    if W_EXT32 {
         let at = quant_at(W_FORMAT, o, k4, K);
         return dequant_ext(W_FORMAT, unpack2x16float(w[at.x]), w[at.x + 1u], w[at.x + quant_word(W_FORMAT, at.y)], at.y);
     }
-    if is_kquant(W_FORMAT) {
+    if W_KQUANT {
         let at = quant_at(W_FORMAT, o, k4, K);
         return dequant_kq(W_FORMAT, kq_head(at.x), kq_data(at.x, at.y), at.y);
     }
@@ -132,10 +138,10 @@ fn inputs4(b: vec4<u32>, k4: u32, inv: vec4<f32>) -> mat4x4<f32> {
 // The tokens' dot products with weights w4(o, k4) for k4 = start, start + stride, ... (`inv`: the
 // tokens' norm factors with NORM).
 fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
-    if is_block32(W_FORMAT) && stride == 1u {
+    if W_BLOCK32 && stride == 1u {
         return dots_blocks(o, b, tokens, inv);
     }
-    if is_kquant(W_FORMAT) && stride == 1u {
+    if W_KQUANT && stride == 1u {
         return dots_kblocks(o, b, tokens, inv);
     }
     var acc = vec4<f32>(0.0);
@@ -179,7 +185,7 @@ fn dots_blocks(o: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
         for (var i = 0u; i + 1u < bw; i++) { words[i] = w[base + 1u + i]; }
         for (var g = 0u; g < 8u; g++) {
             var wv: vec4<f32>;
-            if is_ext32(W_FORMAT) {
+            if W_EXT32 {
                 // words[0]: a Q5 block's fifth bits
                 wv = dequant_ext(W_FORMAT, unpack2x16float(head), words[0], words[quant_word(W_FORMAT, g) - 1u], g);
             } else {
@@ -250,11 +256,6 @@ fn apply_act(gate: vec4<f32>, up: vec4<f32>) -> vec4<f32> {
         mlp_act(MLP_ACT - 1u, gate.z, up.z), mlp_act(MLP_ACT - 1u, gate.w, up.w));
 }
 
-// Whether MLP_ACT pairs each output with a second weight row (gated activations).
-fn gated() -> bool {
-    return MLP_ACT >= 2u;
-}
-
 // Write output column o of tokens n0 .. n0 + tokens - 1 (those that exist), with bias, softcap
 // and residual.
 fn store4(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, tokens: u32) {
@@ -280,7 +281,7 @@ fn dots_quad(r: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> array<v
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
-    if is_kquant(W_FORMAT) {
+    if W_KQUANT {
         // blocks of 256: the four rows' heads loaded once per block
         let bw = block_words(W_FORMAT);
         for (var kb = 0u; kb < K / 256u; kb++) {
@@ -337,15 +338,15 @@ fn dots_quad(r: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> array<v
 // or four and their up-projection partners (gated MLP_ACT). Rows past the end are clamped and
 // not stored.
 fn wide_outputs(o: u32, n0: u32, n_total: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>, me: u32) {
-    let step_outs = select(8u, 4u, gated());
+    let step_outs = select(8u, 4u, GATED);
     for (var j = 0u; j < OUTS; j += step_outs) {
         let r = min(vec4<u32>(o + j) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(O_ROWS - 1u));
         var r_hi = r + O_ROWS;
-        if !gated() { r_hi = min(r + 4u, vec4<u32>(O_ROWS - 1u)); }
+        if !GATED { r_hi = min(r + 4u, vec4<u32>(O_ROWS - 1u)); }
         let acc = dots_rows8(r, r_hi, b, tokens, inv, me);
         // rows 0..3 are outputs; 4..7 their up rows (gated) or four more outputs
         for (var i = 0u; i < step_outs && o + j + i < O_ROWS; i++) {
-            let up = select(vec4<f32>(0.0), acc[(4u + i) % 8u], gated());
+            let up = select(vec4<f32>(0.0), acc[(4u + i) % 8u], GATED);
             store4(o + j + i, n0, n_total, apply_act(acc[i], up), tokens);
         }
     }
@@ -372,7 +373,7 @@ fn block_word(lo: vec4<u32>, hi: vec4<u32>, g: u32) -> u32 {
 // Weights 4g .. 4g + 3 of a block of 32 from its scale (and min) and the words block_lo and
 // block_hi loaded: what w4 gives, the block read once.
 fn block_dequant(dm: vec2<f32>, lo: vec4<u32>, hi: vec4<u32>, g: u32) -> vec4<f32> {
-    if is_ext32(W_FORMAT) { return dequant_ext(W_FORMAT, dm, hi.x, lo[g % 4u], g); }
+    if W_EXT32 { return dequant_ext(W_FORMAT, dm, hi.x, lo[g % 4u], g); }
     return dequant4_dm(W_FORMAT, dm, block_word(lo, hi, g), g);
 }
 
@@ -396,7 +397,7 @@ fn block_dot(acc: f32, dm: vec2<f32>, lo: vec4<u32>, hi: vec4<u32>, x0: vec4<f32
 // rows at a time.
 fn dots_rows8(r: vec4<u32>, r_hi: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>, me: u32)
     -> array<vec4<f32>, 8> {
-    if !is_block32(W_FORMAT) {
+    if !W_BLOCK32 {
         let lo = dots_quad(r, b, tokens, inv);
         let hi = dots_quad(r_hi, b, tokens, inv);
         return array<vec4<f32>, 8>(lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]);
@@ -496,7 +497,7 @@ fn main(
     let b = row_bases(n0, n_total);
     let acc = dots(o, b, 0u, 1u, tokens, vec4<f32>(1.0));
     var up = vec4<f32>(0.0);
-    if gated() { up = dots(O_ROWS + o, b, 0u, 1u, tokens, vec4<f32>(1.0)); }
+    if GATED { up = dots(O_ROWS + o, b, 0u, 1u, tokens, vec4<f32>(1.0)); }
     store4(o, n0, n_total, apply_act(acc, up), tokens);
 }
 
@@ -549,7 +550,7 @@ fn main_normed(
         workgroupBarrier();
         if live {
             acc = dots_staged(o, k0, len, span, tokens, acc);
-            if gated() { up = dots_staged(O_ROWS + o, k0, len, span, tokens, up); }
+            if GATED { up = dots_staged(O_ROWS + o, k0, len, span, tokens, up); }
         }
         workgroupBarrier();
     }

@@ -81,7 +81,7 @@ fn main_int(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id
         var up = vec4<f32>(0.0);
         for (var t = 0u; t < tokens; t++) {
             acc[t] = int_dot_row(o + j, xb[t]);
-            if gated() { up[t] = int_dot_row(O_ROWS + o + j, xb[t]); }
+            if GATED { up[t] = int_dot_row(O_ROWS + o + j, xb[t]); }
         }
         store4(o + j, n0, n_total, apply_act(acc, up), tokens);
     }

@@ -38,7 +38,7 @@ fn main_reduce(
     if NORM { inv = inv_rms(b, lane); }  // WG = NORM_LANES: rmsnorm's bits
     let acc = sum_lanes(dots(o, b, lane, WG, tokens, inv), lane);
     var up = vec4<f32>(0.0);
-    if gated() { up = sum_lanes(dots(O_ROWS + o, b, lane, WG, tokens, inv), lane); }
+    if GATED { up = sum_lanes(dots(O_ROWS + o, b, lane, WG, tokens, inv), lane); }
     if lane == 0u {
         store4(o, n0, n_total, apply_act(acc, up), tokens);
     }

@@ -34,7 +34,7 @@ fn main_subgroup(
     }
     let acc = subgroupAdd(dots(o, b, lane, SG, tokens, vec4<f32>(1.0))) * inv;
     var up = vec4<f32>(0.0);
-    if gated() { up = subgroupAdd(dots(O_ROWS + o, b, lane, SG, tokens, vec4<f32>(1.0))) * inv; }
+    if GATED { up = subgroupAdd(dots(O_ROWS + o, b, lane, SG, tokens, vec4<f32>(1.0))) * inv; }
     if lane == 0u {
         store4(o, n0, n_total, apply_act(acc, up), tokens);
     }

@@ -23,7 +23,7 @@ var<workgroup> tile_sq: array<f32, 2048>;       // [NORM_LANES, TILE_N]
 
 // Weight row of staged row j (0 .. 31) of the tile starting at output o0, clamped in range.
 fn tile_row(o0: u32, j: u32) -> u32 {
-    if gated() {
+    if GATED {
         // rows 0..15: gate rows of outputs o0 .. o0 + 15; 16..31: their up rows
         let o = min(o0 + j % 16u, O_ROWS - 1u);
         return select(o, O_ROWS + o, j >= 16u);
@@ -37,7 +37,7 @@ fn main_tiled(
     @builtin(local_invocation_index) lane: u32,
 ) {
     let n_total = select(step.tokens, step.rows, PER_ROW);
-    let outs_per_tile = select(TILE_ROWS, TILE_ROWS / 2u, gated());
+    let outs_per_tile = select(TILE_ROWS, TILE_ROWS / 2u, GATED);
     let o0 = wid.x * outs_per_tile;
     let n0 = wid.y * TILE_N;
     if n0 >= n_total { return; }  // the whole workgroup
@@ -70,7 +70,7 @@ fn main_tiled(
     let tr = lane % 8u;
     // staged rows of the block: 4 neighbours, or (gated) 2 outputs and their 2 up rows
     var slots = vec4<u32>(tr * 4u) + vec4<u32>(0u, 1u, 2u, 3u);
-    if gated() { slots = vec4<u32>(tr * 2u, tr * 2u + 1u, 16u + tr * 2u, 17u + tr * 2u); }
+    if GATED { slots = vec4<u32>(tr * 2u, tr * 2u + 1u, 16u + tr * 2u, 17u + tr * 2u); }
     var a0 = vec4<f32>(0.0);  // staged row slots.x, tokens tn * 4 .. + 3
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
@@ -102,7 +102,7 @@ fn main_tiled(
     let nb = n0 + tn * 4u;
     if nb >= n_total { return; }
     let tokens = min(4u, n_total - nb);
-    if gated() {
+    if GATED {
         let o = o0 + tr * 2u;
         if o < O_ROWS { store4(o, nb, n_total, apply_act(a0, a2), tokens); }
         if o + 1u < O_ROWS { store4(o + 1u, nb, n_total, apply_act(a1, a3), tokens); }

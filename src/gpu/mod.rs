@@ -7,5 +7,7 @@ pub mod format;
 pub mod kernels;
 pub mod profile;
 pub mod shaders;
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) mod specialize;
 pub mod variants;
 pub(crate) mod weights;

@@ -309,6 +309,9 @@ type Key = (Kernel, Vec<(&'static str, u64)>);
 /// A kernel's shader module and layouts.
 struct KernelObjects {
     module: wgpu::ShaderModule,
+    /// Natively, the module as naga IR, from which each pipeline gets its own specialized module.
+    #[cfg(not(target_arch = "wasm32"))]
+    parsed: Option<crate::gpu::specialize::Parsed>,
     bind_layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
 }
@@ -344,19 +347,14 @@ impl Pipelines {
 
     fn make_kernel(&self, k: Kernel) -> KernelObjects {
         let device = &self.device;
-        let desc =
-            wgpu::ShaderModuleDescriptor { label: Some(k.file()), source: wgpu::ShaderSource::Wgsl(k.source().into()) };
-        let module = if bounds_checked() {
-            device.create_shader_module(desc)
-        } else {
-            // SAFETY: these are our own shaders, not user input. Every index they compute
-            // stays inside its binding: the host checks rows, positions and lengths against
-            // the buffers' sizes before a step is recorded (`Engine::check`), reads past a
-            // chunk's last token are clamped to it (`row_bases` in matmul.wgsl), and padding
-            // writes a scratch slot or nothing. The whole suite runs these modules on Vulkan
-            // and GL in CI.
-            unsafe { device.create_shader_module_trusted(desc, trusted_checks()) }
-        };
+        let source = k.source();
+        // (a kernel naga cannot parse natively is one wgpu reports on its own module below)
+        #[cfg(not(target_arch = "wasm32"))]
+        let parsed = crate::gpu::specialize::Parsed::new(&source).ok();
+        let module = self.module(wgpu::ShaderModuleDescriptor {
+            label: Some(k.file()),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
         let entries: Vec<_> = k
             .bindings()
             .iter()
@@ -383,7 +381,51 @@ impl Pipelines {
             bind_group_layouts: &[Some(&bind_layout)],
             immediate_size: 0,
         });
-        KernelObjects { module, bind_layout, pipeline_layout }
+        KernelObjects {
+            module,
+            #[cfg(not(target_arch = "wasm32"))]
+            parsed,
+            bind_layout,
+            pipeline_layout,
+        }
+    }
+
+    /// A shader module of ours, trusted unless `KVDECODE_BOUNDS_CHECKS=1`.
+    fn module(&self, desc: wgpu::ShaderModuleDescriptor) -> wgpu::ShaderModule {
+        if bounds_checked() {
+            self.device.create_shader_module(desc)
+        } else {
+            // SAFETY: these are our own shaders, not user input. Every index they compute
+            // stays inside its binding: the host checks rows, positions and lengths against
+            // the buffers' sizes before a step is recorded (`Engine::check`), reads past a
+            // chunk's last token are clamped to it (`row_bases` in matmul.wgsl), and padding
+            // writes a scratch slot or nothing. The whole suite runs these modules on Vulkan
+            // and GL in CI.
+            unsafe { self.device.create_shader_module_trusted(desc, trusted_checks()) }
+        }
+    }
+
+    /// Natively, a module of `objects`' kernel specialized to `constants`
+    /// ([`crate::gpu::specialize`]); `None` where that cannot be made, and in the browser.
+    fn specialized(
+        &self,
+        objects: &KernelObjects,
+        kernel: Kernel,
+        constants: &Constants,
+    ) -> Option<wgpu::ShaderModule> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let module = objects.parsed.as_ref()?.specialize(kernel.entry_point(), constants).ok()?;
+            Some(self.module(wgpu::ShaderModuleDescriptor {
+                label: Some(kernel.file()),
+                source: wgpu::ShaderSource::Naga(std::borrow::Cow::Owned(module)),
+            }))
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = (objects, kernel, constants);
+            None
+        }
     }
 
     /// The pipeline of `spec`'s kernel specialized with its constants, built on first use and
@@ -398,13 +440,19 @@ impl Pipelines {
         cache
             .entry(key)
             .or_insert_with(|| {
+                // the specialized module has no overrides left; the shared one takes them
+                let specialized = self.specialized(&objects, kernel, &constants);
+                let (module, constants) = match &specialized {
+                    Some(m) => (m, &[][..]),
+                    None => (&objects.module, &constants[..]),
+                };
                 Arc::new(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(&spec.label()),
                     layout: Some(&objects.pipeline_layout),
-                    module: &objects.module,
+                    module,
                     entry_point: Some(kernel.entry_point()),
                     compilation_options: wgpu::PipelineCompilationOptions {
-                        constants: &constants,
+                        constants,
                         zero_initialize_workgroup_memory: false,
                     },
                     cache: None,

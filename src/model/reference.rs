@@ -51,8 +51,7 @@ fn matmat(m: &Matrix, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
     for (b, block) in xs.chunks(BLOCK).enumerate() {
         let n = block.iter().map(|x| x.len()).min().unwrap_or(0).min(cols);
         let inputs: [&[f32]; BLOCK] = std::array::from_fn(|j| block.get(j).map_or(&zeros[..n], |x| &x[..n]));
-        for r in 0..m.rows {
-            let row = &m.row(r)[..n];
+        for (r, row) in (0..m.rows).map(|r| &m.row(r)[..n]).enumerate() {
             let mut sums = [-0.0f64; BLOCK];
             for (k, &a) in row.iter().enumerate() {
                 for (sum, x) in sums.iter_mut().zip(&inputs) {
@@ -66,8 +65,8 @@ fn matmat(m: &Matrix, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
         // an input longer than the block's shortest (no model makes one) is summed alone, over
         // its own length
         for (j, x) in block.iter().enumerate().filter(|(_, x)| x.len().min(cols) > n) {
-            for r in 0..m.rows {
-                out[b * BLOCK + j][r] = m.row(r).iter().zip(x).map(|(&a, &v)| a as f64 * v as f64).sum::<f64>() as f32;
+            for (y, r) in out[b * BLOCK + j].iter_mut().zip(0..m.rows) {
+                *y = m.row(r).iter().zip(x).map(|(&a, &v)| a as f64 * v as f64).sum::<f64>() as f32;
             }
         }
     }
