@@ -438,7 +438,6 @@ mod tests {
     use super::*;
     use crate::model::dtype::KvDtype;
 
-    /// One of each kernel's constant structs, with every option on somewhere.
     /// The product sample: every switch on, Q4_1 weights, the wide shape.
     fn wide_product() -> Product {
         Product {
@@ -459,6 +458,7 @@ mod tests {
         }
     }
 
+    /// One of each kernel's constant structs, with every option on somewhere.
     fn samples() -> Vec<Box<dyn Specialize>> {
         let paging = Paging { block_len: 16, max_blocks: 8 };
         let shard = Shard { row0: 0, rows: 4 };
