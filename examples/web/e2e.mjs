@@ -54,8 +54,10 @@ const browser = firefox
              "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"],
     });
 let failed = false;
+let pageOf = null; // for the report when a wait times out
 try {
   const page = await browser.newPage();
+  pageOf = page;
   await page.setViewportSize?.({ width: 900, height: 640 });
   await page.setViewport?.({ width: 900, height: 640 });
   page.on("console", (m) => console.log("page:", m.text()));
@@ -149,6 +151,12 @@ try {
   }
 } catch (e) {
   console.log("e2e failed:", e.message);
+  // where the page was when it stopped: its status line and adapter (a wait that timed out says
+  // nothing of why)
+  const at = await pageOf
+    ?.evaluate(() => ({ status: document.querySelector("#status")?.textContent, adapter: document.querySelector("#adapter")?.textContent }))
+    .catch((err) => ({ unreadable: String(err) }));
+  console.log("the page at that moment:", JSON.stringify(at));
   failed = true;
 } finally {
   await browser.close();
