@@ -36,9 +36,9 @@ override WG: u32 = 64u;            // lanes per workgroup: 64 with NORM (NORM_LA
 override OUTS: u32 = 1u;           // outputs per thread: 1 (`main`) or a multiple of 8 (`main_wide`: 8, see wide_outputs)
 // Derived, never set: a branch on them is decided with the pipeline, and natively cut before the
 // driver sees it (gpu/specialize.rs), where a call of common.wgsl's is_ext32 would stay.
-override W_EXT32: bool = W_FORMAT >= 8u && W_FORMAT <= 10u;                    // W_EXT32
-override W_KQUANT: bool = W_FORMAT == 6u || W_FORMAT == 7u || W_FORMAT >= 11u; // W_KQUANT
-override W_BLOCK32: bool = (W_FORMAT >= 2u && W_FORMAT <= 4u) || W_EXT32;      // W_BLOCK32
+override W_EXT32: bool = W_FORMAT >= 8u && W_FORMAT <= 10u;                    // is_ext32(W_FORMAT)
+override W_KQUANT: bool = W_FORMAT == 6u || W_FORMAT == 7u || W_FORMAT >= 11u; // is_kquant(W_FORMAT)
+override W_BLOCK32: bool = (W_FORMAT >= 2u && W_FORMAT <= 4u) || W_EXT32;      // is_block32(W_FORMAT)
 override GATED: bool = MLP_ACT >= 2u;  // MLP_ACT pairs each output with a second weight row
 
 @group(0) @binding(0) var<uniform> step: Step;
