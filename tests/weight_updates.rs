@@ -264,13 +264,15 @@ fn every_sampled_token_reports_its_weights_version() {
 #[test]
 fn sleep_and_wake_are_exact_and_give_the_memory_back() {
     let s = seed(96);
+    // a device of its own: the allocator's report covers every engine on the device
+    let gpu = own_gpu();
     // (the newer families' biases are buffers of their own, released and restored too)
     for cfg in [llama_cfg(), tiny_agent_cfg(), families_cfg()] {
         let w = model(&cfg, s);
         for what in [Sleep { weights: true, kv: false }, Sleep { weights: false, kv: true }, Sleep::ALL] {
             let opts = EngineOptions::new(3, 64);
             let mut rng = SplitMix64(s);
-            let mut e = Engine::new(&gpu(), &w, opts).unwrap();
+            let mut e = Engine::new(&gpu, &w, opts).unwrap();
             let seqs = fill(&mut e, &mut rng, cfg.vocab);
             let mut twin = fresh(&w, &opts, &seqs);
             let before = e.memory_report();

@@ -9,8 +9,9 @@ use kvdecode::{Gpu, ModelConfig, ModelWeights};
 /// The device of this test process, shared by every engine the process builds, as a server's
 /// engines share one: a second engine of the same kernels compiles no pipeline (on lavapipe a
 /// product pipeline is a tenth of a second, and most of a test's time was rebuilding them). No
-/// adapter is a failure with the reason, never a skip. A test that breaks its device or counts
-/// its memory takes [`own_gpu`], so `cargo test`'s threads never see each other's faults.
+/// adapter is a failure with the reason, never a skip. A test that breaks its device or reads
+/// device-wide memory figures takes [`own_gpu`], so `cargo test`'s threads (tests of one binary
+/// share its process there) never see each other's faults or allocations.
 pub fn gpu() -> Gpu {
     static SHARED: std::sync::OnceLock<Gpu> = std::sync::OnceLock::new();
     SHARED.get_or_init(own_gpu).clone()
