@@ -28,7 +28,10 @@ override KV_WRITE: bool = false;
 override BLOCK: u32 = 16u;      // positions per block of the global pool
 override MAX_BLOCKS: u32 = 1u;  // block table entries per row
 override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
-override WG: u32 = 64u;
+override WG: u32 = 64u;         // with NORM_WHOLE: at least the token's heads, at most MAX_TOKEN_HEADS
+
+// NORM_WHOLE: the largest workgroup, so the most heads a token may have (the host checks)
+const MAX_TOKEN_HEADS: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;      // [R]
@@ -39,6 +42,9 @@ override WG: u32 = 64u;
 @group(0) @binding(6) var<storage, read> k_weight: array<f32>;      // [D], [K heads * D] with NORM_WHOLE (unused without HAS_K_WEIGHT)
 @group(0) @binding(7) var<storage, read_write> cache: array<u32>;   // [shard blocks, 2, T_K_HEADS, BLOCK, D] (KV_WRITE)
 @group(0) @binding(8) var<storage, read> block_table: array<u32>;   // [rows, MAX_BLOCKS] (KV_WRITE)
+
+// NORM_WHOLE: each head's sum of squares, for the heads of its kind to add up
+var<workgroup> head_ss: array<f32, MAX_TOKEN_HEADS>;  // [token heads]
 
 // Pairs per thread without qk-norm: 2 with KV_WRITE (whole words of 16-bit K/V), else 1.
 fn pairs_per_thread() -> u32 {
@@ -66,9 +72,15 @@ fn store(in_tk: bool, i: u32, v: f32) {
 
 // Thread (token n, head h), or (token n, head h, pair i) without qk-norm (a thread walking the
 // head's pairs alone is latency-bound on a GPU). Heads: t's queries, t's keys, t_k's keys, then
-// with KV_WRITE the values of t's keys (copied to the pool).
+// with KV_WRITE the values of t's keys (copied to the pool). NORM_WHOLE: one workgroup per token,
+// thread h its head h (threads past the token's heads only take part in the barrier).
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn main(
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
     let flat = gid.x + gid.y * nwg.x * WG;  // 2D grids for more than 65535 workgroups
     let half = D / 2u;
     let pp = pairs_per_thread();
@@ -76,8 +88,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let v_heads = select(0u, T_K_HEADS, KV_WRITE);
     let heads = HEADS + T_K_HEADS + K_HEADS + v_heads;
     let idx = select(flat, flat / per_head, !NORM);
-    let n = idx / heads;
-    let head = idx % heads;
+    var n = idx / heads;
+    var head = idx % heads;
+    if NORM_WHOLE {
+        n = wid.x + wid.y * nwg.x;
+        head = lid;
+        // Each thread sums its own head's squares, and every sum is in workgroup memory before
+        // any thread writes its head in place below: a thread that read the other heads itself
+        // would race with their threads' writes (wrong keys wherever a token's heads straddled
+        // two workgroups).
+        var ss = 0.0;
+        if n < step.tokens && head < HEADS + T_K_HEADS + K_HEADS {
+            let in_tk = head >= HEADS + T_K_HEADS;
+            let base = select(n * STRIDE + head * D, n * K_STRIDE + (head - HEADS - T_K_HEADS) * D, in_tk);
+            for (var d = 0u; d < D; d++) { let v = load(in_tk, base + d); ss = fma(v, v, ss); }
+        }
+        head_ss[head] = ss;
+        workgroupBarrier();
+        if head >= heads { return; }
+    }
     if n >= step.tokens { return; }
     let r = n / step.width;
     let j = n % step.width;
@@ -127,8 +156,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let w_at = (head - first_head) * D;
     if NORM {
         var ss = 0.0;
-        let kind_base = base - w_at;  // the kind's first element in this token's row
-        for (var d = 0u; d < kind_heads * D; d++) { let v = load(in_tk, kind_base + d); ss = fma(v, v, ss); }
+        if NORM_WHOLE {
+            // the kind's heads in order, so every thread of the kind gets the same bits
+            for (var k = first_head; k < first_head + kind_heads; k++) { ss += head_ss[k]; }
+        } else {
+            for (var d = 0u; d < D; d++) { let v = load(in_tk, base + d); ss = fma(v, v, ss); }
+        }
         inv = inverseSqrt(ss / f32(kind_heads * D) + EPS);
     }
     let pooled = to_pool && is_key && !in_tk;

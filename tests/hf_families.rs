@@ -297,6 +297,23 @@ fn newer_family_configs_read_as_transformers_reads_them() {
     );
     g["final_logit_softcapping"] = serde_json::Value::Null;
     assert_eq!(config_from_json(&g.to_string()).unwrap().0.logit_softcap, None);
+    // head_dim and num_key_value_heads left out: each config class's default, not hidden / heads
+    // everywhere (Qwen3's 128 and Gemma's 256; Mistral's 8 KV heads, Llama's as many as the heads)
+    for (model_type, head_dim, kv_heads) in [
+        ("qwen3", 128, 32),
+        ("gemma2", 256, 4),
+        ("gemma3_text", 256, 4),
+        ("mistral", 8, 8),
+        ("llama", 8, 32),
+        ("phi3", 8, 32),
+    ] {
+        let mut c = base(model_type);
+        (c["hidden_size"], c["num_attention_heads"], c["sliding_window"]) = (json!(256), json!(32), json!(6));
+        c.as_object_mut().unwrap().remove("head_dim");
+        c.as_object_mut().unwrap().remove("num_key_value_heads");
+        let (c, _) = config_from_json(&c.to_string()).unwrap();
+        assert_eq!((c.head_dim, c.n_kv_heads), (head_dim, kv_heads), "{model_type}: head_dim and KV heads left out");
+    }
     // OLMo 2: output norms only, qk-norm over the whole projection, transformers' eps default
     let mut o = base("olmo2");
     o.as_object_mut().unwrap().remove("rms_norm_eps");

@@ -295,7 +295,6 @@ impl Builder<'_> {
     ) -> Dispatch {
         let c = self.cfg;
         let k_heads = if keys.is_some() { c.n_kv_heads } else { 0 };
-        let v_heads = if pool.is_some() { t_keys } else { 0 };
         let pairs_per_thread = if pool.is_some() { 2 } else { 1 };
         let spec = kernels::QkRope {
             heads: c.n_heads,
@@ -312,6 +311,16 @@ impl Builder<'_> {
             k_weight: k_norm.is_some(),
             kv_write: pool.map(|_| (self.cache.dtype(), self.paging())),
         };
+        // a workgroup per token with a whole-projection norm (its heads meet in workgroup
+        // memory), a thread per head with qk-norm (it sums the head's squares), else per rotated
+        // pair (two with the pool write)
+        let per_token = if c.qk_norm_whole {
+            spec.workgroup_size() as usize
+        } else if c.qk_norm {
+            spec.token_heads()
+        } else {
+            spec.token_heads() * c.head_dim / 2 / pairs_per_thread
+        };
         self.dispatch(
             &spec,
             &[
@@ -325,12 +334,7 @@ impl Builder<'_> {
                 pool.unwrap_or(&self.s.dummy_rw),
                 &self.cache.block_tables,
             ],
-            // a thread per head with qk-norm (it sums the head's squares), else per rotated pair
-            // (two with the pool write)
-            Grid::Tokens(
-                (c.n_heads + t_keys + k_heads + v_heads)
-                    * if c.qk_norm { 1 } else { c.head_dim / 2 / pairs_per_thread },
-            ),
+            Grid::Tokens(per_token),
         )
     }
 

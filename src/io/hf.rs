@@ -226,8 +226,20 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
     }
     let d = need_usize(cfg, "hidden_size")?;
     let heads = need_usize(cfg, "num_attention_heads")?;
-    let kv_heads = get_usize(cfg, "num_key_value_heads")?.unwrap_or(heads);
-    let head_dim = get_usize(cfg, "head_dim")?.unwrap_or(d.checked_div(heads).unwrap_or(0));
+    // a key left out takes the config class's default; an explicit null, the derived value
+    let (default_head_dim, default_kv_heads) = crate::model::family::hf_config_defaults(model_type);
+    let left_out = |key: &str| cfg.get(key).is_none();
+    let kv_heads = match get_usize(cfg, "num_key_value_heads")? {
+        Some(n) => n,
+        None if left_out("num_key_value_heads") => default_kv_heads.unwrap_or(heads),
+        None => heads,
+    };
+    let derived_head_dim = d.checked_div(heads).unwrap_or(0);
+    let head_dim = match get_usize(cfg, "head_dim")? {
+        Some(n) => n,
+        None if left_out("head_dim") => default_head_dim.unwrap_or(derived_head_dim),
+        None => derived_head_dim,
+    };
     let (vocab, ffn, n_layers) =
         (need_usize(cfg, "vocab_size")?, need_usize(cfg, "intermediate_size")?, need_usize(cfg, "num_hidden_layers")?);
     check_file_dims(

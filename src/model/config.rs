@@ -396,6 +396,16 @@ impl ModelConfig {
         if self.qk_norm_whole && !self.qk_norm {
             return err("qk_norm_whole needs qk_norm".into());
         }
+        let token_heads = self.n_heads + 3 * self.n_kv_heads;
+        if self.qk_norm_whole && token_heads > crate::gpu::kernels::QK_NORM_WHOLE_MAX_HEADS {
+            return err(format!(
+                "qk_norm_whole with {} heads and {} KV heads: a token's heads (queries, keys of two kinds, \
+                 values: {token_heads}) are one workgroup, of at most {}",
+                self.n_heads,
+                self.n_kv_heads,
+                crate::gpu::kernels::QK_NORM_WHOLE_MAX_HEADS
+            ));
+        }
         if !self.pre_norms && !self.post_norms {
             return err("a model without pre_norms needs post_norms (its blocks would norm nothing)".into());
         }

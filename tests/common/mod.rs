@@ -63,9 +63,10 @@ pub fn families_cfg() -> ModelConfig {
 }
 
 /// OLMo 2's layout: norms on the attention's and the MLP's outputs only, qk-norm over the whole
-/// projection.
+/// projection. 6 heads over 3 KV heads: a token's 12 heads (queries, keys, values) straddle
+/// 64-thread workgroups, where a whole-projection norm once raced.
 pub fn olmo2_cfg() -> ModelConfig {
-    let mut c = ModelConfig::llama(96, 32, 4, 2, 8, 48, 3, 10000.0, 1e-6, false);
+    let mut c = ModelConfig::llama(96, 32, 6, 3, 8, 48, 3, 10000.0, 1e-6, false);
     (c.qk_norm, c.qk_norm_whole, c.pre_norms, c.post_norms) = (true, true, false, true);
     c.family = kvdecode::Family::Olmo2;
     c

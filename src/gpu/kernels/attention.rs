@@ -5,6 +5,10 @@ use super::{Overrides, Paging, Shard, Specialize};
 use crate::gpu::shaders::{Constants, Kernel};
 use crate::model::dtype::KvDtype;
 
+/// The most heads (queries, keys, values) a token may have with a whole-projection qk-norm:
+/// `qk_rope.wgsl` then runs one workgroup per token, a thread per head (`MAX_TOKEN_HEADS`).
+pub(crate) const QK_NORM_WHOLE_MAX_HEADS: usize = 256;
+
 /// `qk_rope.wgsl`: qk-norm and RoPE of the queries and fresh keys, in place, and (fused) the
 /// global pool write of the keys and values.
 pub(crate) struct QkRope {
@@ -29,6 +33,15 @@ pub(crate) struct QkRope {
     pub kv_write: Option<(KvDtype, Paging)>,
 }
 
+impl QkRope {
+    /// Heads of each token the dispatch touches: queries, `t`'s keys, the second buffer's keys,
+    /// and the values the pool write copies.
+    pub(crate) fn token_heads(&self) -> usize {
+        let v_heads = if self.kv_write.is_some() { self.t_k_heads } else { 0 };
+        self.heads + self.t_k_heads + self.k_heads + v_heads
+    }
+}
+
 impl Specialize for QkRope {
     fn kernel(&self) -> Kernel {
         Kernel::QkRope
@@ -50,7 +63,19 @@ impl Specialize for QkRope {
         if let Some((kv, paging)) = self.kv_write {
             o = paging.add(o.flag("KV_WRITE", true).code("KV_FORMAT", kv.format()));
         }
+        if self.qk_norm_whole {
+            o = o.code("WG", self.workgroup_size());
+        }
         o.0
+    }
+    /// 64, or with a whole-projection norm a workgroup per token: its heads rounded up to a
+    /// power of two (at least 32).
+    fn workgroup_size(&self) -> u32 {
+        if self.qk_norm_whole {
+            self.token_heads().next_power_of_two().clamp(32, QK_NORM_WHOLE_MAX_HEADS) as u32
+        } else {
+            self.kernel().workgroup_size()
+        }
     }
     fn label(&self) -> String {
         let mut l = match (self.qk_norm, self.rotate) {

@@ -8,7 +8,7 @@ use crate::gpu::shaders::{Constants, Kernel};
 use crate::model::config::MlpKind;
 
 mod attention;
-pub(crate) use attention::{Attention, AttentionShape, AttentionSplit, KvWrite, QkRope};
+pub(crate) use attention::{Attention, AttentionShape, AttentionSplit, KvWrite, QkRope, QK_NORM_WHOLE_MAX_HEADS};
 
 /// A kernel specialized by its override constants.
 pub(crate) trait Specialize {

@@ -155,6 +155,22 @@ const PHI3: &[LayerTensor] = &[
 /// `model.`, multimodal ones under a language-model prefix.
 pub const HF_PREFIXES: [&str; 3] = ["model.", "language_model.model.", "model.language_model."];
 
+/// What transformers' config class of a `model_type` takes for a key its config.json leaves
+/// out (a hand-written or older config): `(head_dim, num_key_value_heads)`, `None` where the
+/// class derives it (hidden / heads; as many as the heads). Qwen3's and Gemma's classes default
+/// head_dim to 128 and 256 whatever the hidden size, so hidden / heads would read a different
+/// model than transformers does.
+pub fn hf_config_defaults(model_type: &str) -> (Option<usize>, Option<usize>) {
+    match model_type {
+        "qwen3" => (Some(128), Some(32)),
+        "gemma2" | "gemma3" | "gemma3_text" => (Some(256), Some(4)),
+        "qwen2" => (None, Some(32)),
+        "mistral" => (None, Some(8)),
+        "smollm3" => (None, Some(4)),
+        _ => (None, None),
+    }
+}
+
 impl Family {
     /// Every family.
     pub const ALL: [Family; 9] = [
