@@ -6,7 +6,10 @@
 //!   40 keys), SmolLM3 (a NoPE layer, linear RoPE scaling), Gemma 2 (attention softcap, sliding
 //!   and global layers alternating), OLMo 2 (output norms, whole-projection qk-norm) and Phi-3
 //!   (fused tensors, LongRoPE, partial rotary, every layer sliding) over 300, past the scaled
-//!   RoPE's original context of 128 and seven times round the window;
+//!   RoPE's original context of 128 and seven times round the window; and the mixtures of experts
+//!   Qwen3-MoE (a dense layer among sparse ones, top-k renormalized), OLMoE (top-k as the softmax
+//!   weighs it, whole-projection qk-norm) and Mixtral (every layer slides) over 300, with the
+//!   experts transformers routed every token to;
 //! - `seed-tinyagent`: the TinyAgent layout with Engram (`cid_map[0] != 0`) under a random schedule
 //!   of ragged appends, sub-batches and resets, by full recomputation in PyTorch (the seed's own
 //!   `append` agrees with it to about 2e-6; see the fixture's meta.json).
@@ -18,8 +21,21 @@ use std::path::PathBuf;
 use common::*;
 use kvdecode::{io::npy, model::reference, Engine, EngineOptions, ModelWeights};
 
-const FAMILIES: [&str; 10] =
-    ["llama", "qwen3", "gemma3", "qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"];
+const FAMILIES: [&str; 13] = [
+    "llama",
+    "qwen3",
+    "gemma3",
+    "qwen2",
+    "llama3",
+    "mistral",
+    "smollm3",
+    "gemma2",
+    "olmo2",
+    "phi3",
+    "qwen3_moe",
+    "olmoe",
+    "mixtral",
+];
 
 /// Cache positions for a fixture's longest sequence.
 fn max_len(tokens: usize) -> usize {
@@ -46,11 +62,15 @@ fn logits_full_and_incremental(family: &str) {
     let full = npy::read(dir.join("logits_full.npy")).unwrap().to_f32();
     let incr = npy::read(dir.join("logits_incremental.npy")).unwrap().to_f32();
 
-    // the CPU reference against transformers' full forward
-    let ours = reference::forward(&w, &tokens).unwrap();
+    // the CPU reference against transformers' full forward, and its routes against transformers'
+    let (ours, routes) = reference::forward_routed(&w, &tokens, Default::default()).unwrap();
     let d_ref = max_abs_diff(&ours, &full);
     println!("{family}: reference vs logits_full: {d_ref:e}");
     assert!(d_ref <= 1e-4, "{family}: reference vs logits_full: {d_ref}");
+    if w.cfg.moe.is_some() {
+        let want = npy::read(dir.join("routes.npy")).unwrap().to_u32().unwrap();
+        assert_eq!(routes, want, "{family}: the reference's routes differ from transformers'");
+    }
 
     // the GPU engine: all tokens as one append (last logits), then teacher-forced: prefill 16,
     // single-token steps up to SINGLE_STEPS_UNTIL (the decode kernels, past every fixture's

@@ -67,7 +67,8 @@ fn rows_are_independent_bitwise() {
     // row 0 decodes the same tokens in two engines; in the second, the other rows are reset,
     // prefilled, decoded and sub-batched around it. Row 0's logits must be bit-identical. The seed's
     // layout, and the newer families' switches (biases, NoPE, scaled RoPE, softcap; OLMo 2's norms).
-    for cfg in [tiny_agent_cfg(), families_cfg(), olmo2_cfg()] {
+    // Mixtures of experts: the other rows route to other experts.
+    for cfg in [tiny_agent_cfg(), families_cfg(), olmo2_cfg()].into_iter().chain(moe_cfgs()) {
         rows_are_independent_bitwise_for(&model(&cfg, 22));
     }
 }

@@ -47,6 +47,12 @@ fn safetensors_round_trip_every_dtype() {
             assert!(d <= tol, "{dt:?}: {d}");
         }
     }
+    // a mixture of experts' routers and stacked experts come back as they were
+    for cfg in moe_cfgs() {
+        let w = model(&cfg, 51);
+        let back = ModelWeights::from_safetensors_bytes(&w.to_safetensors_bytes(DiskDtype::F32).unwrap()).unwrap();
+        assert_eq!(back, w);
+    }
 }
 
 #[test]

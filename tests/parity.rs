@@ -103,6 +103,16 @@ fn families_random_schedules_match_reference() {
 }
 
 #[test]
+fn moe_random_schedules_match_reference() {
+    // the router, each token's top-k and the routed experts' products, against the reference's
+    // routing and sums, in every layout of rows and chunks
+    let s = seed(15);
+    for cfg in moe_cfgs() {
+        random_schedule(&model(&cfg, s), 3, 40, 30, s, 1e-4);
+    }
+}
+
+#[test]
 fn chunks_longer_than_chunk_and_ring_match_reference() {
     // max_len above CHUNK so one append is split into several submits, and the ring (W = 5)
     // wraps dozens of times

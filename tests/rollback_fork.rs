@@ -9,7 +9,7 @@ use kvdecode::{Engine, EngineOptions, SplitMix64};
 #[test]
 fn chunking_does_not_change_a_single_bit() {
     // one append of 37 tokens vs one token per append vs uneven chunks: identical logits
-    for cfg in [tiny_agent_cfg(), llama_cfg(), families_cfg(), olmo2_cfg()] {
+    for cfg in [tiny_agent_cfg(), llama_cfg(), families_cfg(), olmo2_cfg()].into_iter().chain(moe_cfgs()) {
         let w = model(&cfg, 61);
         let seq: Vec<u32> = (0..37).map(|i| (i * 29 + 3) % 96).collect();
         let mut a = Engine::new(&gpu(), &w, EngineOptions::new(1, 64)).unwrap();

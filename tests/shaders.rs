@@ -16,7 +16,8 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
         | Kernel::MatmulNormed
         | Kernel::MatmulWideSubgroup
         | Kernel::MatmulTiled
-        | Kernel::MatmulReduce => &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0)],
+        | Kernel::MatmulReduce
+        | Kernel::MatmulExperts => &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0)],
         Kernel::QkRope => &[("HEADS", 4.0), ("D", 16.0), ("STRIDE", 64.0)],
         Kernel::KvWrite => &[("HK", 2.0), ("D", 16.0), ("RING_SLOTS", 33.0), ("SRC_STRIDE", 128.0)],
         Kernel::Attention => &[("H", 4.0), ("HK", 2.0), ("D", 16.0), ("Q_STRIDE", 128.0), ("SCALE", 0.25)],
@@ -47,6 +48,7 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
         Kernel::MatmulInt => {
             &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0), ("W_FORMAT", 2.0)]
         }
+        Kernel::MoeRoute => &[("EXPERTS", 8.0), ("TOP_K", 2.0), ("ROUTE_STRIDE", 4.0), ("ROUTE_OFFSET", 2.0)],
     }
 }
 
@@ -71,9 +73,12 @@ fn variants(kernel: Kernel) -> Vec<(&'static str, f64)> {
         // and tiles of 8 tokens
         Kernel::AttentionQueryTiles => vec![("KV_FORMAT", 1.0), ("KV_FORMAT", 5.0), ("QT", 8.0)],
         // products: every weight format, and the fused activations (relu^2, a gated one)
-        Kernel::Matmul | Kernel::MatmulNormed | Kernel::MatmulSubgroup | Kernel::MatmulTiled | Kernel::MatmulReduce => {
-            [&WEIGHT_FORMATS[..], &[("MLP_ACT", 1.0), ("MLP_ACT", 3.0)]].concat()
-        }
+        Kernel::Matmul
+        | Kernel::MatmulNormed
+        | Kernel::MatmulSubgroup
+        | Kernel::MatmulTiled
+        | Kernel::MatmulReduce
+        | Kernel::MatmulExperts => [&WEIGHT_FORMATS[..], &[("MLP_ACT", 1.0), ("MLP_ACT", 3.0)]].concat(),
         // the wide shapes also at 8 outputs per thread and in 8-lane workgroups (the shuffled norm)
         Kernel::MatmulWide | Kernel::MatmulWideSubgroup => {
             [&WEIGHT_FORMATS[..], &[("MLP_ACT", 1.0), ("MLP_ACT", 3.0), ("OUTS", 8.0), ("WG", 8.0)]].concat()

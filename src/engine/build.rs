@@ -112,8 +112,15 @@ impl Engine {
         let rows = opts.rows;
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
         let engram_width = cfg.engram.as_ref().map_or(0, |e| e.width());
-        let widest =
-            [d, hd, kvd, cfg.mlp.in_factor() * cfg.ffn, engram_width, 2 * d].into_iter().max().unwrap_or(d) * 4;
+        // a MoE layer's per-token activations: router logits, routes of every MoE layer, and the
+        // routed experts' activations (top_k of them)
+        let (moe_logits, moe_routes, moe_act) =
+            cfg.moe.as_ref().map_or((0, 0, 0), |m| (m.experts, m.layers.len() * m.top_k, m.top_k * m.ffn));
+        let widest = [d, hd, kvd, cfg.mlp.in_factor() * cfg.ffn, engram_width, 2 * d, moe_logits, moe_routes, moe_act]
+            .into_iter()
+            .max()
+            .unwrap_or(d)
+            * 4;
         // chunk width: as many tokens per row as fit one binding for the widest activation
         let chunk = CHUNK.min(gpu.max_binding() as usize / (rows * widest));
         if chunk == 0 {
@@ -151,6 +158,10 @@ impl Engine {
             act: gpu.storage("mlp act", f4(t * cfg.ffn))?,
             engram_e: gpu.storage("engram lookups", f4(if engram_width > 0 { t * engram_width } else { 4 }))?,
             engram_kv: gpu.storage("engram k/v", f4(if engram_width > 0 { t * 2 * d } else { 4 }))?,
+            router_logits: gpu.storage("router logits", f4((t * moe_logits).max(4)))?,
+            routes: gpu.storage("routes", f4((t * moe_routes).max(4)))?,
+            route_weights: gpu.storage("route weights", f4((t * moe_routes).max(4)))?,
+            expert_act: gpu.storage("expert activations", f4((t * moe_act).max(4)))?,
             last_h: gpu.storage("last hidden", f4(rows * d))?,
             logits: gpu.storage("logits", f4(rows * cfg.vocab))?,
             samplers: gpu.storage("samplers", (rows * 32) as u64)?,

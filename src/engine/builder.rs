@@ -11,7 +11,7 @@ use crate::gpu::kernels::{self, Lanes, Paging, Shard, Specialize};
 use crate::gpu::shaders::{Kernel, Pipelines};
 use crate::gpu::variants::{AttentionKernel, Fusion};
 use crate::gpu::weights::{GpuLayer, GpuMatrix, GpuWeights, QkvWeights};
-use crate::model::config::{MlpKind, ModelConfig};
+use crate::model::config::{MlpKind, ModelConfig, MoeConfig};
 
 /// Where a matrix product reads and writes: `y[n, y_offset + o] (+)= x[n, ..K] . W[o]`, with rows
 /// of `x_stride` floats in x and `y_stride` in y; `per_row`: x holds one row per chunk row (the LM
@@ -575,7 +575,12 @@ impl Builder<'_> {
             );
         }
         // 8. MLP and residual; the activation is the up projection's epilogue where its matrix is
-        //    one part (a gated one pairs rows o and F + o)
+        //    one part (a gated one pairs rows o and F + o). MoE layers: the router and the routed
+        //    experts instead.
+        if let (Some(moe), Some(ordinal), Some(router)) = (&c.moe, c.moe_layer(i), lw.router.as_ref()) {
+            self.moe_mlp(&mut out, moe, ordinal, router, lw);
+            return out;
+        }
         let f = c.ffn;
         let mlp_in = self.block_input(&mut out, lw.mlp_norm.as_ref());
         if self.fusion.act && lw.mlp_in.parts.len() == 1 {
@@ -595,5 +600,75 @@ impl Builder<'_> {
             out.extend(self.matmul(&s.act, &lw.mlp_out, &s.x, c.d_model, true));
         }
         out
+    }
+
+    /// A MoE layer's MLP and residual: the block's input written once (the router and every
+    /// expert read it), the router's logits (a product like any other, f32 weights), each token's
+    /// top-k experts and weights (`moe.wgsl`), then the routed experts' gated MLP in and their
+    /// weighted sum out (`matmul_experts.wgsl`), added to the stream.
+    fn moe_mlp(&self, out: &mut Vec<Dispatch>, moe: &MoeConfig, ordinal: usize, router: &GpuMatrix, lw: &GpuLayer) {
+        let (c, s) = (self.cfg, self.s);
+        let h = if c.pre_norms {
+            out.push(self.norm(&s.x, lw.mlp_norm.as_ref(), &s.h, false));
+            &s.h
+        } else {
+            &s.x
+        };
+        out.extend(self.product(router, ProductIo::new(h, c.d_model, &s.router_logits, moe.experts)));
+        let slots = kernels::RouteSlots {
+            experts: moe.experts,
+            top_k: moe.top_k,
+            stride: moe.layers.len() * moe.top_k,
+            offset: ordinal * moe.top_k,
+        };
+        out.push(self.dispatch(
+            &kernels::MoeRoute { slots, norm_topk: moe.norm_topk },
+            &[&s.step, &s.router_logits, &s.routes, &s.route_weights],
+            Grid::Tokens(1),
+        ));
+        // (GpuWeights::upload refuses a MoE layer whose experts need more than one binding)
+        let experts = |w: &GpuMatrix, x_stride: usize, out_rows: usize, act: Option<MlpKind>, accumulate: bool| {
+            kernels::Product {
+                kernel: Kernel::MatmulExperts,
+                k: w.cols,
+                x_stride,
+                out_rows,
+                out_stride: if act.is_some() { moe.ffn } else { c.d_model },
+                out_offset: 0,
+                format: w.format,
+                accumulate,
+                softcap: 0.0,
+                per_row: false,
+                norm: None,
+                act,
+                bias: false,
+                lanes: Lanes::Fixed,
+            }
+        };
+        let spec_in = kernels::ExpertProduct {
+            product: experts(&lw.mlp_in, c.d_model, moe.ffn, Some(c.mlp), false),
+            slots,
+            sum_slots: false,
+        };
+        let routes = [&s.routes, &s.route_weights];
+        out.push(self.dispatch(
+            &spec_in,
+            &[&s.step, h, &lw.mlp_in.parts[0].buffer, &s.expert_act, &s.dummy, &s.dummy, routes[0], routes[1]],
+            Grid::Experts { out_rows: moe.ffn },
+        ));
+        let (y, accumulate) = if c.post_norms { (&s.tmp, false) } else { (&s.x, true) };
+        let spec_out = kernels::ExpertProduct {
+            product: experts(&lw.mlp_out, moe.ffn, c.d_model, None, accumulate),
+            slots,
+            sum_slots: true,
+        };
+        out.push(self.dispatch(
+            &spec_out,
+            &[&s.step, &s.expert_act, &lw.mlp_out.parts[0].buffer, y, &s.dummy, &s.dummy, routes[0], routes[1]],
+            Grid::Experts { out_rows: c.d_model },
+        ));
+        if c.post_norms {
+            out.push(self.norm(&s.tmp, lw.post_mlp_norm.as_ref(), &s.x, true));
+        }
     }
 }

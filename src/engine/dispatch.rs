@@ -19,6 +19,9 @@ pub(super) enum Grid {
     MatmulPerOutput { out_rows: usize, per_row: bool },
     /// Tiled matmul: one workgroup per 32 tokens and 32 weight rows (16 outputs when `gated`).
     MatmulTiled { out_rows: usize, per_row: bool, gated: bool },
+    /// A MoE layer's expert products: one thread per output, one token per workgroup row (past
+    /// 65535 tokens, on in z).
+    Experts { out_rows: usize },
     /// One workgroup per chunk row.
     WorkgroupPerRow,
     /// `per_token` threads per token of token group `group` (`size` tokens per group), linear.
@@ -73,6 +76,10 @@ impl Dispatch {
             Grid::MatmulTiled { out_rows, per_row, gated } => {
                 let n = if per_row { rows } else { rows * width };
                 (out_rows.div_ceil(if gated { 16 } else { 32 }) as u32, n.div_ceil(32).max(1) as u32, 1)
+            }
+            Grid::Experts { out_rows } => {
+                let n = (rows * width).max(1);
+                (out_rows.div_ceil(self.wg as usize) as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
             }
             Grid::WorkgroupPerRow => (rows as u32, 1, 1),
             Grid::TokenGroup { group, size, per_token } => {

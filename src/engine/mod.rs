@@ -56,6 +56,10 @@ pub(crate) struct Scratch {
     act: wgpu::Buffer,               // [T, F]
     engram_e: wgpu::Buffer,          // [T, orders * heads * dim] Engram lookups
     engram_kv: wgpu::Buffer,         // [T, 2, d] Engram k then v
+    router_logits: wgpu::Buffer,     // [T, experts] a MoE layer's router logits
+    routes: wgpu::Buffer,            // [T, MoE layers, top_k] u32 experts each token was routed to
+    route_weights: wgpu::Buffer,     // [T, MoE layers, top_k] their weights
+    expert_act: wgpu::Buffer,        // [T, top_k, moe ffn] the routed experts' activations
     last_h: wgpu::Buffer,            // [rows, d] final-normed hidden state of each row's last real token
     logits: wgpu::Buffer,            // [rows, vocab]
     samplers: wgpu::Buffer,          // [rows] Sampler

@@ -80,6 +80,7 @@ impl Profile {
             | Kernel::MatmulTiled
             | Kernel::MatmulReduce
             | Kernel::MatmulInt
+            | Kernel::MatmulExperts
             | Kernel::Quantize => self.matmul += seconds,
             Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => {
                 self.attention += seconds
@@ -95,6 +96,7 @@ impl Profile {
             | Kernel::LogitBias
             | Kernel::EngramGather
             | Kernel::EngramMix
+            | Kernel::MoeRoute
             | Kernel::Copy => self.other += seconds,
         }
         self.dispatches += 1;

@@ -86,11 +86,16 @@ pub enum Kernel {
     /// The integer-dot product (`matmul.wgsl` + `matmul_int.wgsl`): Q8_0 / Q4_0 / Q4_1 weights
     /// against quantized activations with `dot4I8Packed`; built only when asked for.
     MatmulInt,
+    /// A mixture of experts' router: each token's top-k experts and their weights (`moe.wgsl`).
+    MoeRoute,
+    /// The routed experts' products (`matmul.wgsl` + `matmul_experts.wgsl`): each token against
+    /// only its experts' rows, the portable kernel's sums.
+    MatmulExperts,
 }
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 24] = [
+    pub const ALL: [Kernel; 26] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -115,6 +120,8 @@ impl Kernel {
         Kernel::Copy,
         Kernel::Quantize,
         Kernel::MatmulInt,
+        Kernel::MoeRoute,
+        Kernel::MatmulExperts,
     ];
 
     /// A short name for reports: the WGSL file, and the entry point where two kernels share one.
@@ -129,6 +136,7 @@ impl Kernel {
             Kernel::MatmulTiled => "matmul_tiled.wgsl",
             Kernel::MatmulReduce => "matmul_reduce.wgsl",
             Kernel::MatmulInt => "matmul_int.wgsl",
+            Kernel::MatmulExperts => "matmul_experts.wgsl",
             k => k.file(),
         }
     }
@@ -155,6 +163,8 @@ impl Kernel {
             Kernel::Copy => "copy.wgsl",
             Kernel::Quantize => "quantize.wgsl",
             Kernel::MatmulInt => "matmul_int.wgsl",
+            Kernel::MoeRoute => "moe.wgsl",
+            Kernel::MatmulExperts => "matmul_experts.wgsl",
         }
     }
 
@@ -170,6 +180,7 @@ impl Kernel {
             Kernel::MatmulWide => "main_wide",
             Kernel::MatmulNormed => "main_normed",
             Kernel::MatmulInt => "main_int",
+            Kernel::MatmulExperts => "main_experts",
             _ => "main",
         }
     }
@@ -208,6 +219,14 @@ impl Kernel {
             Kernel::EngramMix => include_str!("../../shaders/engram_mix.wgsl"),
             Kernel::Copy => include_str!("../../shaders/copy.wgsl"),
             Kernel::Quantize => include_str!("../../shaders/quantize.wgsl"),
+            Kernel::MoeRoute => include_str!("../../shaders/moe.wgsl"),
+            Kernel::MatmulExperts => {
+                return format!(
+                    "{COMMON}\n{MATMUL}\n{}\n{}",
+                    include_str!("../../shaders/matmul_lanes.wgsl"),
+                    include_str!("../../shaders/matmul_experts.wgsl")
+                );
+            }
             Kernel::MatmulTiled => {
                 return format!(
                     "{COMMON}\n{MATMUL}\n{}\n{}",
@@ -269,6 +288,9 @@ impl Kernel {
             Kernel::Quantize => &[Uniform, Read, ReadWrite],
             // matmul.wgsl's six (x and norm_w unused), then the quantized input
             Kernel::MatmulInt => &[Uniform, Read, Read, ReadWrite, Read, Read, Read],
+            Kernel::MoeRoute => &[Uniform, Read, ReadWrite, ReadWrite],
+            // matmul.wgsl's six, then the routes and their weights
+            Kernel::MatmulExperts => &[Uniform, Read, Read, ReadWrite, Read, Read, Read, Read],
         }
     }
 

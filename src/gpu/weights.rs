@@ -73,6 +73,7 @@ pub(crate) fn bytes_needed(w: &ModelWeights, dtype: WeightDtype) -> u64 {
     let mut total = m(&w.embed) + w.head.as_ref().map_or(0, m) + v(&w.final_norm) + w.cfg.vocab as u64 * 4;
     for l in &w.layers {
         total += m(&l.wq) + m(&l.wo) + m(&l.mlp_in) + m(&l.mlp_out);
+        total += l.router.as_ref().map_or(0, |r| layout(r, WeightDtype::F32).row_bytes * r.rows as u64);
         total += l.kv_global.as_ref().map_or(0, m) + l.kv_local.as_ref().map_or(0, m);
         total += [&l.attn_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.mlp_norm, &l.post_mlp_norm]
             .into_iter()
@@ -277,6 +278,9 @@ pub(crate) struct GpuLayer {
     pub post_mlp_norm: Option<wgpu::Buffer>,
     pub mlp_in: GpuMatrix,
     pub mlp_out: GpuMatrix,
+    /// A MoE layer's router, f32 whatever the engine's weight type (the routing decides which
+    /// experts run; it is kept as exact as the file has it).
+    pub router: Option<GpuMatrix>,
     pub engram: Option<GpuEngram>,
 }
 
@@ -327,6 +331,7 @@ impl GpuWeights {
             LayerSlot::Wo => rows(&l.wo, row0),
             LayerSlot::MlpIn => rows(&l.mlp_in, row0),
             LayerSlot::MlpOut => rows(&l.mlp_out, row0),
+            LayerSlot::Router => rows(l.router.as_ref()?, row0),
             LayerSlot::EngramKv => rows(&l.engram.as_ref()?.w_kv, row0),
             LayerSlot::EngramTable(k) => {
                 let e = cfg.engram.as_ref()?;
@@ -375,6 +380,7 @@ impl GpuWeights {
             out.extend(parts(&mut l.wo));
             out.extend(parts(&mut l.mlp_in));
             out.extend(parts(&mut l.mlp_out));
+            out.extend(l.router.iter_mut().flat_map(parts));
             for n in [&mut l.attn_norm, &mut l.q_norm, &mut l.k_norm, &mut l.post_attn_norm, &mut l.mlp_norm] {
                 out.extend(n.iter_mut());
             }
@@ -394,6 +400,7 @@ impl GpuWeights {
         for l in &self.layers {
             total += l.qkv.matrices().into_iter().map(m).sum::<u64>();
             total += m(&l.wo) + m(&l.mlp_in) + m(&l.mlp_out) + l.kv_local.as_ref().map_or(0, m);
+            total += l.router.as_ref().map_or(0, m);
             total += l.engram.as_ref().map_or(0, |e| m(&e.w_kv));
         }
         total
@@ -437,6 +444,11 @@ impl GpuWeights {
                 post_mlp_norm: norm(p("post_mlp_norm"), &l.post_mlp_norm)?,
                 mlp_in: mat(p("mlp_in"), &l.mlp_in)?,
                 mlp_out: mat(p("mlp_out"), &l.mlp_out)?,
+                router: l
+                    .router
+                    .as_ref()
+                    .map(|r| GpuMatrix::upload(gpu, &p("router"), r, WeightDtype::F32))
+                    .transpose()?,
                 engram: match &l.engram {
                     Some(e) => {
                         let flat: Vec<f32> = e.tables.iter().flat_map(|t| t.data.iter().copied()).collect();
@@ -448,6 +460,18 @@ impl GpuWeights {
                     None => None,
                 },
             });
+        }
+        // the expert products index a MoE layer's experts in one binding
+        for (i, l) in layers.iter().enumerate().filter(|(i, _)| cfg.moe_layer(*i).is_some()) {
+            for (name, m) in [("mlp_in", &l.mlp_in), ("mlp_out", &l.mlp_out)] {
+                if m.parts.len() > 1 {
+                    return Err(Error::Limit(format!(
+                        "layer {i} {name}: the experts' matrix is larger than one storage binding ({} bytes on this \
+                         device), and the expert products read every expert from one",
+                        gpu.max_binding()
+                    )));
+                }
+            }
         }
         Ok(GpuWeights {
             embed: mat("embed".into(), &w.embed)?,

@@ -1,7 +1,8 @@
 //! Hugging Face checkpoints: a directory with `config.json` and one or more `*.safetensors`, for
 //! the Llama (`llama`, Llama 3.x included), Mistral (`mistral`), Qwen2 and 2.5 (`qwen2`), Qwen3
 //! (`qwen3`), SmolLM3 (`smollm3`), OLMo 2 (`olmo2`), Phi-3, 3.5 and 4-mini (`phi3`), Gemma 2
-//! (`gemma2`) and Gemma 3 (`gemma3_text`, or `gemma3` with a `text_config`) families. Config forms
+//! (`gemma2`) and Gemma 3 (`gemma3_text`, or `gemma3` with a `text_config`) families, and the
+//! mixtures of experts Qwen3-MoE (`qwen3_moe`), OLMoE (`olmoe`) and Mixtral (`mixtral`). Config forms
 //! of older and newer transformers versions are read: `rope_theta` and `rope_scaling`, or
 //! `rope_parameters` (flat or per layer type), with RoPE scaling of types `linear`, `llama3`,
 //! `yarn` and `longrope` and a `partial_rotary_factor`; `layer_types` or each family's window
@@ -13,7 +14,7 @@ use serde_json::Value;
 
 use crate::error::{file_err, Error, Result};
 use crate::io::safetensors::TensorFile;
-use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig, NormKind};
+use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig, MoeConfig, NormKind};
 use crate::model::family::{assemble, tensor_names, Naming, Tensor, HF_PREFIXES};
 use crate::model::rope::{yarn_mscale, RopeScaling};
 use crate::model::weights::ModelWeights;
@@ -194,6 +195,55 @@ fn layer_type_flags(cfg: &Value, n_layers: usize) -> Result<Option<Vec<bool>>> {
         .map(Some)
 }
 
+/// The mixture of experts of a MoE family's config: the experts, how many a token takes, each
+/// one's size, which layers have them and whether their weights are renormalized, with each
+/// config class's defaults (`None`: a dense model, as a Qwen3-MoE without experts is).
+fn moe_config(cfg: &Value, family: Family, n_layers: usize, ffn: usize) -> Result<Option<MoeConfig>> {
+    if !matches!(family, Family::Qwen3Moe | Family::Olmoe | Family::Mixtral) {
+        return Ok(None);
+    }
+    // transformers 5 writes `num_local_experts` for every one of these (an alias of num_experts)
+    let experts = match get_usize(cfg, "num_experts")?.or(get_usize(cfg, "num_local_experts")?) {
+        Some(n) => n,
+        None => return Err(Error::Config("config.json: `num_experts` (or `num_local_experts`) is missing".into())),
+    };
+    let top_k = need_usize(cfg, "num_experts_per_tok")?;
+    // Qwen3-MoE's experts have a size of their own; OLMoE's and Mixtral's are intermediate_size
+    let expert_ffn = if family == Family::Qwen3Moe { need_usize(cfg, "moe_intermediate_size")? } else { ffn };
+    check_file_dims(n_layers, 0, &[("num_experts", experts), ("moe_intermediate_size", expert_ffn)])?;
+    if experts == 0 {
+        return Ok(None);
+    }
+    let layers: Vec<usize> = if family == Family::Qwen3Moe {
+        // transformers: sparse unless in mlp_only_layers, every decoder_sparse_step-th layer
+        let step = get_usize(cfg, "decoder_sparse_step")?.unwrap_or(1).max(1);
+        let dense: Vec<usize> = match cfg.get("mlp_only_layers") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => v
+                .as_array()
+                .and_then(|a| a.iter().map(|l| l.as_u64().map(|l| l as usize)).collect::<Option<_>>())
+                .ok_or_else(|| {
+                    Error::Config(format!("config.json: mlp_only_layers must be a list of layers, got {v}"))
+                })?,
+        };
+        (0..n_layers).filter(|i| !dense.contains(i) && (i + 1) % step == 0).collect()
+    } else {
+        (0..n_layers).collect()
+    };
+    if family == Family::Olmoe && cfg.get("clip_qkv").is_some_and(|v| !v.is_null()) {
+        return Err(Error::Config("config.json: clip_qkv is not supported for olmoe".into()));
+    }
+    let norm_topk = match cfg.get("norm_topk_prob") {
+        // Mixtral always renormalizes (its config has no such key)
+        _ if family == Family::Mixtral => true,
+        None | Some(Value::Null) => false,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| Error::Config(format!("config.json: norm_topk_prob must be true or false, got {v}")))?,
+    };
+    Ok((!layers.is_empty()).then_some(MoeConfig { experts, top_k, ffn: expert_ffn, layers, norm_topk }))
+}
+
 /// Parse a Hugging Face `config.json` into a [`ModelConfig`] and its family.
 pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
     let root: Value = serde_json::from_str(text).map_err(|e| Error::Config(format!("config.json: {e}")))?;
@@ -207,6 +257,9 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         "gemma2" => (&root, Family::Gemma2),
         "olmo2" => (&root, Family::Olmo2),
         "phi3" => (&root, Family::Phi3),
+        "qwen3_moe" => (&root, Family::Qwen3Moe),
+        "olmoe" => (&root, Family::Olmoe),
+        "mixtral" => (&root, Family::Mixtral),
         "gemma3_text" => (&root, Family::Gemma3),
         "gemma3" => match root.get("text_config") {
             Some(t) if t.is_object() => (t, Family::Gemma3),
@@ -215,7 +268,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         _ => {
             let arch = root.get("architectures").map(|a| a.to_string()).unwrap_or_default();
             return Err(Error::Config(format!(
-                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3, olmo2, phi3"
+                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3, olmo2, phi3, qwen3_moe, olmoe, mixtral"
             )));
         }
     };
@@ -290,8 +343,12 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
                 let pattern = get_usize(cfg, "sliding_window_pattern")?.unwrap_or(default).max(1);
                 (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
             }
-            // Mistral: every layer, when the window is set
+            // Mistral and Mixtral: every layer, when the window is set
             Family::Llama => vec![model_type == "mistral" && window_key.is_some(); n_layers],
+            Family::Mixtral => vec![window_key.is_some(); n_layers],
+            Family::Qwen3Moe if use_window => {
+                return Err(Error::Config("config.json: use_sliding_window=true is not supported for qwen3_moe".into()))
+            }
             // Qwen2: layers from `max_window_layers` on, when `use_sliding_window`
             Family::Qwen2 => {
                 let from = get_usize(cfg, "max_window_layers")?.unwrap_or(28);
@@ -309,7 +366,8 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         },
     };
     let window = if sliding.iter().any(|&s| s) { need_usize(cfg, "sliding_window")? } else { 0 };
-    let eps = get_f32(cfg, "rms_norm_eps").unwrap_or(if family == Family::Olmo2 { 1e-5 } else { 1e-6 });
+    let eps_default = if matches!(family, Family::Olmo2 | Family::Olmoe | Family::Mixtral) { 1e-5 } else { 1e-6 };
+    let eps = get_f32(cfg, "rms_norm_eps").unwrap_or(eps_default);
     let tie_default = matches!(family, Family::Gemma3 | Family::Gemma2 | Family::SmolLM3);
     let tied = cfg
         .get("tie_word_embeddings")
@@ -341,17 +399,27 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         | Family::SmolLM3
         | Family::Olmo2
         | Family::Phi3
+        | Family::Qwen3Moe
+        | Family::Olmoe
+        | Family::Mixtral
         | Family::Kvdecode => {
-            let default = if family == Family::SmolLM3 { 2_000_000.0 } else { 10000.0 };
+            let default = match family {
+                Family::SmolLM3 => 2_000_000.0,
+                Family::Mixtral => 1_000_000.0,
+                _ => 10000.0,
+            };
             (c.rope_theta, c.rope_scaling) = rope(cfg, "full_attention", "rope_theta", default, true)?;
             (c.rope_theta_local, c.rope_scaling_local) =
                 rope(cfg, "sliding_attention", "rope_theta", c.rope_theta, true)?;
-            c.qk_norm = matches!(family, Family::Qwen3 | Family::Olmo2);
+            c.qk_norm = matches!(family, Family::Qwen3 | Family::Olmo2 | Family::Qwen3Moe | Family::Olmoe);
             c.qkv_bias = family == Family::Qwen2;
             if family == Family::Olmo2 {
                 // norms on the blocks' outputs only; q and k normed over their whole projection
                 (c.pre_norms, c.post_norms, c.qk_norm_whole) = (false, true, true);
             }
+            // OLMoE: Llama's norms, q and k normed over their whole projection
+            c.qk_norm_whole |= family == Family::Olmoe;
+            c.moe = moe_config(cfg, family, n_layers, ffn)?;
             // Phi's partial rotary: the first `int(head_dim * factor)` dimensions of a head rotate
             let partial = rope_params(cfg, "full_attention")
                 .and_then(|p| p.get("partial_rotary_factor"))

@@ -92,6 +92,9 @@ impl ModelWeights {
             m(named_ref, format!("{b}.attn.w_o.weight"), &l.wo);
             m(named_ref, format!("{b}.mlp.fc.weight"), &l.mlp_in);
             m(named_ref, format!("{b}.mlp.proj.weight"), &l.mlp_out);
+            if let Some(r) = &l.router {
+                m(named_ref, format!("{b}.mlp.router.weight"), r);
+            }
         }
         let d = self.cfg.d_model;
         let halves: Vec<(usize, Matrix, Matrix)> = self

@@ -136,7 +136,33 @@ pub struct ModelConfig {
     /// [`Family::Kvdecode`], which has kvdecode's names only.
     #[serde(default)]
     pub family: Family,
+    /// A mixture of experts in place of the dense MLP on some layers (Qwen3-MoE, OLMoE,
+    /// Mixtral).
+    #[serde(default)]
+    pub moe: Option<MoeConfig>,
 }
+
+/// A mixture of experts: on its layers a router picks `top_k` of `experts` gated MLPs per token
+/// and the block's output is their weighted sum (docs/MODELS.md, "Mixtures of experts").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoeConfig {
+    /// Experts per MoE layer.
+    pub experts: usize,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// Each expert's feed-forward size (the dense layers keep [`ModelConfig::ffn`]).
+    pub ffn: usize,
+    /// The layers whose MLP is the mixture, ascending.
+    pub layers: Vec<usize>,
+    /// The top-k probabilities are divided by their sum (Qwen3-MoE's `norm_topk_prob`, Mixtral);
+    /// else they weigh the experts as the softmax over all experts gave them (OLMoE).
+    pub norm_topk: bool,
+}
+
+/// Most experts a MoE layer may have: the router's top-k runs one thread per token over them.
+pub const MAX_EXPERTS: usize = 1024;
+/// Most experts a token may be routed to.
+pub const MAX_TOP_K: usize = 32;
 
 fn yes() -> bool {
     true
@@ -247,6 +273,7 @@ impl ModelConfig {
             engram: None,
             context_len: None,
             family: Family::Kvdecode,
+            moe: None,
         }
     }
 
@@ -297,6 +324,7 @@ impl ModelConfig {
             engram: None,
             context_len: None,
             family: Family::Llama,
+            moe: None,
         }
     }
 
@@ -306,6 +334,19 @@ impl ModelConfig {
             (self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim)
         } else {
             (self.head_dim, self.head_dim)
+        }
+    }
+
+    /// Layer `i`'s place among the MoE layers, if its MLP is the mixture.
+    pub fn moe_layer(&self, i: usize) -> Option<usize> {
+        self.moe.as_ref()?.layers.iter().position(|&l| l == i)
+    }
+
+    /// Feed-forward size of layer `i`'s MLP (of each expert on a MoE layer).
+    pub fn layer_ffn(&self, i: usize) -> usize {
+        match &self.moe {
+            Some(m) if m.layers.contains(&i) => m.ffn,
+            _ => self.ffn,
         }
     }
 
@@ -443,6 +484,31 @@ impl ModelConfig {
             }
             if e.heads * e.orders.len() > 64 || e.table_rows > 1 << 24 || e.dim > 1024 {
                 return err("engram tables are larger than supported".into());
+            }
+        }
+        if let Some(m) = &self.moe {
+            if m.experts == 0 || m.experts > MAX_EXPERTS {
+                return err(format!("moe experts {} must be 1..={MAX_EXPERTS}", m.experts));
+            }
+            if m.top_k == 0 || m.top_k > m.experts.min(MAX_TOP_K) {
+                return err(format!(
+                    "moe top_k {} must be 1..={} (experts {}, at most {MAX_TOP_K})",
+                    m.top_k,
+                    m.experts.min(MAX_TOP_K),
+                    m.experts
+                ));
+            }
+            if m.ffn == 0 || !m.ffn.is_multiple_of(4) {
+                return err(format!("moe ffn {} must be a positive multiple of 4", m.ffn));
+            }
+            if m.layers.windows(2).any(|w| w[0] >= w[1]) {
+                return err(format!("moe layers {:?} must be ascending, each once", m.layers));
+            }
+            if let Some(&l) = m.layers.iter().find(|&&l| l >= self.layers.len()) {
+                return err(format!("moe layer {l} does not exist ({} layers)", self.layers.len()));
+            }
+            if !matches!(self.mlp, MlpKind::SwiGlu | MlpKind::GeluTanhGated) {
+                return err(format!("moe experts are gated MLPs; {:?} is not gated", self.mlp));
             }
         }
         let mut next_group = 0usize;

@@ -2,7 +2,7 @@
 //! It is the oracle for every GPU path. f32 weights and activations, f64 accumulation.
 
 use crate::error::{Error, Result};
-use crate::model::config::{MlpKind, ModelConfig, NormKind};
+use crate::model::config::{MlpKind, ModelConfig, MoeConfig, NormKind};
 use crate::model::dtype::KvDtype;
 use crate::model::rope::Rope;
 use crate::model::weights::{Matrix, ModelWeights};
@@ -160,6 +160,12 @@ pub fn forward(w: &ModelWeights, tokens: &[u32]) -> Result<Vec<f32>> {
 
 /// [`forward`] with K/V rounded as a 16-bit cache stores them and/or a key-padding mask.
 pub fn forward_with(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> Result<Vec<f32>> {
+    forward_routed(w, tokens, opts).map(|(logits, _)| logits)
+}
+
+/// [`forward_with`], and the experts each token was routed to: `[T, moe layers, top_k]`, each
+/// token's experts in the router's order (empty for a dense model).
+pub fn forward_routed(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> Result<(Vec<f32>, Vec<u32>)> {
     let cfg = &w.cfg;
     if let Some(m) = opts.key_mask {
         if m.len() != tokens.len() {
@@ -186,6 +192,8 @@ pub fn forward_with(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> R
     let cid = |t: u32| w.cid_map.as_ref().map_or(t, |m| m[t as usize]);
     let cids: Vec<u32> = tokens.iter().map(|&t| cid(t)).collect();
     let before_start = cid(0);
+    // per token, per MoE layer, its experts
+    let mut routes: Vec<Vec<u32>> = vec![Vec::new(); n];
     for (li, (lw, spec)) in w.layers.iter().zip(&cfg.layers).enumerate() {
         if let (Some(ew), Some(e)) = (&lw.engram, &cfg.engram) {
             let add: Vec<Vec<f32>> = (0..n)
@@ -276,16 +284,39 @@ pub fn forward_with(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> R
             }
         }
         let h2: Vec<Vec<f32>> = x.iter().map(|xt| block_in(xt, lw.mlp_norm.as_deref())).collect();
-        let f = cfg.ffn;
-        let acts: Vec<Vec<f32>> = matmat(&lw.mlp_in, &h2)
-            .into_iter()
-            .map(|u| match cfg.mlp {
-                MlpKind::ReluSquared => u.iter().map(|&v| v.max(0.0) * v.max(0.0)).collect(),
-                MlpKind::SwiGlu => (0..f).map(|i| silu(u[i]) * u[f + i]).collect(),
-                MlpKind::GeluTanhGated => (0..f).map(|i| gelu_tanh(u[i]) * u[f + i]).collect(),
-            })
-            .collect();
-        for (xt, mut mo) in x.iter_mut().zip(matmat(&lw.mlp_out, &acts)) {
+        let f = cfg.layer_ffn(li);
+        let mlp_outs = match (&cfg.moe, &lw.router) {
+            (Some(moe), Some(router)) => {
+                let mut outs = Vec::with_capacity(n);
+                for (t, (h, logits)) in h2.iter().zip(matmat(router, &h2)).enumerate() {
+                    let (experts, weights) = route(moe, &logits);
+                    let mut sum = vec![0f64; cfg.d_model];
+                    for (&e, &wt) in experts.iter().zip(&weights) {
+                        let e = e as usize;
+                        let gate = rows_dot(&lw.mlp_in, e * f, f, h);
+                        let up = rows_dot(&lw.mlp_in, (moe.experts + e) * f, f, h);
+                        let a: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| act(cfg.mlp, g) * u).collect();
+                        for (s, y) in sum.iter_mut().zip(rows_dot(&lw.mlp_out, e * cfg.d_model, cfg.d_model, &a)) {
+                            *s += wt * y as f64;
+                        }
+                    }
+                    routes[t].extend(experts);
+                    outs.push(sum.into_iter().map(|v| v as f32).collect::<Vec<f32>>());
+                }
+                outs
+            }
+            _ => {
+                let acts: Vec<Vec<f32>> = matmat(&lw.mlp_in, &h2)
+                    .into_iter()
+                    .map(|u| match cfg.mlp {
+                        MlpKind::ReluSquared => u.iter().map(|&v| v.max(0.0) * v.max(0.0)).collect(),
+                        kind => (0..f).map(|i| act(kind, u[i]) * u[f + i]).collect(),
+                    })
+                    .collect();
+                matmat(&lw.mlp_out, &acts)
+            }
+        };
+        for (xt, mut mo) in x.iter_mut().zip(mlp_outs) {
             if cfg.post_norms {
                 mo = rms_norm(&mo, lw.post_mlp_norm.as_deref(), cfg.norm, cfg.norm_eps);
             }
@@ -305,7 +336,40 @@ pub fn forward_with(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) -> R
         }
         logits.extend(l);
     }
-    Ok(logits)
+    Ok((logits, routes.concat()))
+}
+
+/// A MoE router's choice for one token from its logits: the `top_k` experts of the highest
+/// logits (the highest probabilities: softmax keeps their order), ties to the lower expert id,
+/// and their weights, the softmax over all experts (f64), renormalized over the chosen ones with
+/// `norm_topk`.
+pub fn route(moe: &MoeConfig, logits: &[f32]) -> (Vec<u32>, Vec<f64>) {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    // a stable sort: equal logits keep ascending ids
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let top: Vec<u32> = order[..moe.top_k].iter().map(|&e| e as u32).collect();
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let denom: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
+    let mut weights: Vec<f64> = top.iter().map(|&e| (logits[e as usize] as f64 - max).exp() / denom).collect();
+    if moe.norm_topk {
+        let total: f64 = weights.iter().sum();
+        weights.iter_mut().for_each(|w| *w /= total);
+    }
+    (top, weights)
+}
+
+/// Rows `r0 .. r0 + n` of `m` times `x`, each an f64 sum in column order, rounded once.
+fn rows_dot(m: &Matrix, r0: usize, n: usize, x: &[f32]) -> Vec<f32> {
+    (r0..r0 + n).map(|r| m.row(r).iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32).collect()
+}
+
+/// A gated MLP's activation of the gate.
+fn act(kind: MlpKind, g: f32) -> f32 {
+    match kind {
+        MlpKind::GeluTanhGated => gelu_tanh(g),
+        MlpKind::SwiGlu => silu(g),
+        MlpKind::ReluSquared => g.max(0.0) * g.max(0.0),
+    }
 }
 
 fn silu(x: f32) -> f32 {

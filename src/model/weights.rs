@@ -131,10 +131,14 @@ pub struct LayerWeights {
     pub mlp_norm: Option<Vec<f32>>,
     /// Gemma: norm of the MLP output before the residual add.
     pub post_mlp_norm: Option<Vec<f32>>,
-    /// MLP input projection `[in_factor * ffn, d_model]`.
+    /// MLP input projection `[in_factor * ffn, d_model]`. On a MoE layer every expert's:
+    /// `[gate_0; ..; gate_{E-1}; up_0; ..; up_{E-1}]`, `[2 * experts * moe.ffn, d_model]`.
     pub mlp_in: Matrix,
-    /// MLP output projection `[d_model, ffn]`.
+    /// MLP output projection `[d_model, ffn]`. On a MoE layer every expert's stacked,
+    /// `[experts * d_model, moe.ffn]`.
     pub mlp_out: Matrix,
+    /// The router of a MoE layer, `[experts, d_model]`: one logit per expert.
+    pub router: Option<Matrix>,
     /// The Engram module, on the layers the config names.
     pub engram: Option<EngramWeights>,
 }
@@ -228,15 +232,33 @@ impl ModelWeights {
             (0..cfg.vocab).map(|_| 1 + rng.below(distinct) as u32).collect()
         });
         let mut layer_mats = Vec::new();
-        for l in &cfg.layers {
+        for (i, l) in cfg.layers.iter().enumerate() {
             let wq = mat(hd, d, 1.0);
             let kv_global = l.writes_global.then(|| mat(kvd, d, 1.0));
             let kv_local = l.local.then(|| mat(kvd, d, 1.0));
             let wo = mat(d, hd, 0.5);
-            let mlp_in = mat(cfg.mlp.in_factor() * cfg.ffn, d, 1.0);
-            let mlp_out = mat(d, cfg.ffn, 0.5);
+            let (experts, f) =
+                (cfg.moe_layer(i).map_or(1, |_| cfg.moe.as_ref().map_or(1, |m| m.experts)), cfg.layer_ffn(i));
+            let mlp_in = mat(experts * cfg.mlp.in_factor() * f, d, 1.0);
+            let mlp_out = mat(experts * d, f, 0.5);
             layer_mats.push((wq, kv_global, kv_local, wo, mlp_in, mlp_out));
         }
+        // routers from a generator of their own (dense models draw as before), with a gain that
+        // keeps a token's top-k clear of ties
+        let mut rng = SplitMix64(seed ^ 0x0E0E_7E75);
+        let mut routers: Vec<Option<Matrix>> = (0..cfg.layers.len())
+            .map(|i| {
+                let e = cfg.moe.as_ref().filter(|_| cfg.moe_layer(i).is_some())?.experts;
+                let s = 4.0 / (d as f32).sqrt();
+                Some(Matrix {
+                    rows: e,
+                    cols: d,
+                    data: (0..e * d).map(|_| rng.normal() * s).collect(),
+                    quant: None,
+                    half: None,
+                })
+            })
+            .collect();
         let embed = mat(cfg.vocab, d, (d as f32).sqrt());
         let head = (!cfg.tie_embeddings).then(|| mat(cfg.vocab, d, 2.0));
         let mut rng = SplitMix64(seed ^ 0x05EE_D0F4_E0A3);
@@ -251,7 +273,9 @@ impl ModelWeights {
         let mut rng = SplitMix64(seed ^ 0x00B1_A5E5);
         let mut bias = |n: usize| cfg.qkv_bias.then(|| (0..n).map(|_| 0.5 * rng.normal()).collect::<Vec<f32>>());
         let mut layers = Vec::new();
-        for ((wq, kv_global, kv_local, wo, mlp_in, mlp_out), engram) in layer_mats.into_iter().zip(engrams) {
+        for (i, ((wq, kv_global, kv_local, wo, mlp_in, mlp_out), engram)) in
+            layer_mats.into_iter().zip(engrams).enumerate()
+        {
             let qk = cfg.qk_norm;
             let (q_len, k_len) = cfg.qk_norm_lens();
             let pre = cfg.pre_norms;
@@ -270,6 +294,7 @@ impl ModelWeights {
                 post_mlp_norm: if cfg.post_norms { norm(d) } else { None },
                 mlp_in,
                 mlp_out,
+                router: routers[i].take(),
                 engram,
             });
         }
@@ -410,8 +435,18 @@ impl ModelWeights {
             vec(&p("kv_bias"), &l.kv_bias, kvd, c.qkv_bias)?;
             shape(&p("wq"), &l.wq, hd, d)?;
             shape(&p("wo"), &l.wo, d, hd)?;
-            shape(&p("mlp_in"), &l.mlp_in, c.mlp.in_factor() * c.ffn, d)?;
-            shape(&p("mlp_out"), &l.mlp_out, d, c.ffn)?;
+            let (experts, f) = match (&c.moe, c.moe_layer(i)) {
+                (Some(m), Some(_)) => (m.experts, m.ffn),
+                _ => (1, c.ffn),
+            };
+            shape(&p("mlp_in"), &l.mlp_in, experts * c.mlp.in_factor() * f, d)?;
+            shape(&p("mlp_out"), &l.mlp_out, experts * d, f)?;
+            match (&l.router, c.moe_layer(i)) {
+                (Some(m), Some(_)) => shape(&p("router"), m, experts, d)?,
+                (None, None) => {}
+                (None, Some(_)) => return Err(Error::Weights(p("router: missing on a MoE layer"))),
+                (Some(_), None) => return Err(Error::Weights(p("router: present on a dense layer"))),
+            }
             match (&l.kv_global, spec.writes_global) {
                 (Some(m), true) => shape(&p("kv_global"), m, kvd, d)?,
                 (None, false) => {}

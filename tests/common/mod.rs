@@ -89,6 +89,20 @@ pub fn phi3_cfg() -> ModelConfig {
     c
 }
 
+/// Mixtures of experts: Qwen3-MoE's shape (per-head qk-norm, 8 experts, top 2 renormalized,
+/// a dense layer between two MoE layers) and OLMoE's (qk-norm over the whole projection, 6
+/// experts, top 3 weighed as the softmax gave them, 6 heads over 3 KV heads).
+pub fn moe_cfgs() -> [ModelConfig; 2] {
+    use kvdecode::model::config::MoeConfig;
+    let mut qwen = ModelConfig::llama(96, 32, 4, 2, 8, 48, 3, 10000.0, 1e-6, false);
+    qwen.qk_norm = true;
+    qwen.moe = Some(MoeConfig { experts: 8, top_k: 2, ffn: 16, layers: vec![0, 2], norm_topk: true });
+    let mut olmoe = ModelConfig::llama(96, 48, 6, 3, 8, 48, 2, 10000.0, 1e-5, true);
+    (olmoe.qk_norm, olmoe.qk_norm_whole) = (true, true);
+    olmoe.moe = Some(MoeConfig { experts: 6, top_k: 3, ffn: 20, layers: vec![0, 1], norm_topk: false });
+    [qwen, olmoe]
+}
+
 pub fn model(cfg: &ModelConfig, seed: u64) -> ModelWeights {
     ModelWeights::random(cfg, seed).expect("random weights")
 }

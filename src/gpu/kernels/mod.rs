@@ -234,6 +234,7 @@ impl Specialize for Product {
             (Kernel::MatmulTiled, _) => "matmul_tiled",
             (Kernel::MatmulReduce, _) => "matmul_workgroup",
             (Kernel::MatmulInt, _) => "matmul_int",
+            (Kernel::MatmulExperts, _) => "matmul",
             _ => "product",
         };
         let mut l = format!("{variant}_{}", self.format.name());
@@ -271,6 +272,69 @@ impl Product {
     /// The same product with the mat-mat kernel (`tiled`): one shape, so no lane constants.
     pub(crate) fn tiled(self) -> Product {
         Product { kernel: Kernel::MatmulTiled, lanes: Lanes::Fixed, ..self }
+    }
+}
+
+/// Where a MoE layer's routes live: each token's entries of the routes and their weights hold
+/// every MoE layer's `top_k` in turn.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RouteSlots {
+    pub experts: usize,
+    pub top_k: usize,
+    /// Entries per token: MoE layers x top_k.
+    pub stride: usize,
+    /// This layer's first entry.
+    pub offset: usize,
+}
+
+impl RouteSlots {
+    fn add(self, o: Overrides) -> Overrides {
+        o.count("EXPERTS", self.experts)
+            .count("TOP_K", self.top_k)
+            .count("ROUTE_STRIDE", self.stride)
+            .count("ROUTE_OFFSET", self.offset)
+    }
+}
+
+/// `moe.wgsl`: each token's top-k experts from its router logits, and their weights.
+pub(crate) struct MoeRoute {
+    pub slots: RouteSlots,
+    pub norm_topk: bool,
+}
+
+impl Specialize for MoeRoute {
+    fn kernel(&self) -> Kernel {
+        Kernel::MoeRoute
+    }
+    fn constants(&self) -> Constants {
+        self.slots.add(Overrides::default()).flag("NORM_TOPK", self.norm_topk).0
+    }
+    fn label(&self) -> String {
+        format!("moe_route_top{}{}", self.slots.top_k, if self.norm_topk { "_norm" } else { "" })
+    }
+}
+
+/// `matmul_experts.wgsl`: the routed experts' products of a MoE layer (`product`'s kernel is
+/// [`Kernel::MatmulExperts`], its `out_rows` one expert's rows); `sum_slots`: the experts' MLP
+/// out, summed into one row per token by the routes' weights.
+pub(crate) struct ExpertProduct {
+    pub product: Product,
+    pub slots: RouteSlots,
+    pub sum_slots: bool,
+}
+
+impl Specialize for ExpertProduct {
+    fn kernel(&self) -> Kernel {
+        Kernel::MatmulExperts
+    }
+    fn constants(&self) -> Constants {
+        let mut o = Overrides(self.product.constants());
+        o = self.slots.add(o).flag("SUM_SLOTS", self.sum_slots);
+        o.0
+    }
+    fn label(&self) -> String {
+        let what = if self.sum_slots { "out" } else { "in" };
+        format!("{}_experts_{what}_top{}", self.product.label(), self.slots.top_k)
     }
 }
 
@@ -532,6 +596,20 @@ mod tests {
             Box::new(EngramGather { heads: 2, orders: 2, table_rows: 64, dim: 8, max_len: 32 }),
             Box::new(EngramMix { d: 64, eps: 1e-6 }),
             Box::new(Copy { n4: 1024 }),
+            Box::new(MoeRoute { slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 }, norm_topk: true }),
+            Box::new(ExpertProduct {
+                product: Product {
+                    kernel: Kernel::MatmulExperts,
+                    norm: None,
+                    per_row: false,
+                    softcap: 0.0,
+                    bias: false,
+                    lanes: Lanes::Fixed,
+                    ..product
+                },
+                slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 },
+                sum_slots: true,
+            }),
         ]
     }
 

@@ -88,6 +88,7 @@ pub fn assemble(
             post_mlp_norm: vecs.remove(&s(LayerSlot::PostMlpNorm)),
             mlp_in: need(&mut mats, s(LayerSlot::MlpIn))?,
             mlp_out: need(&mut mats, s(LayerSlot::MlpOut))?,
+            router: take_matrix(&mut mats, s(LayerSlot::Router))?,
             engram,
         });
     }
@@ -144,6 +145,7 @@ pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>
             LayerSlot::Wo => Some(&l.wo),
             LayerSlot::MlpIn => Some(&l.mlp_in),
             LayerSlot::MlpOut => Some(&l.mlp_out),
+            LayerSlot::Router => l.router.as_ref(),
             LayerSlot::EngramKv => l.engram.as_ref().map(|e| &e.w_kv),
             LayerSlot::EngramTable(k) => l.engram.as_ref().and_then(|e| e.tables.get(k)),
             _ => None,

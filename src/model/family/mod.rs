@@ -42,6 +42,13 @@ pub enum Family {
     /// Phi-3, 3.5 and 4-mini (Llama with fused q/k/v and gate/up tensors, partial rotary,
     /// LongRoPE).
     Phi3,
+    /// Qwen3-MoE (Qwen3's attention; routed experts, dense layers among them where the config
+    /// says).
+    Qwen3Moe,
+    /// OLMoE (Llama's norms, qk-norm over the whole projection, routed experts on every layer).
+    Olmoe,
+    /// Mixtral (Mistral's attention, routed experts on every layer under `block_sparse_moe`).
+    Mixtral,
 }
 
 /// What one per-layer tensor of a checkpoint fills (the rows of a fused matrix, or a whole
@@ -84,6 +91,26 @@ pub enum Part {
     Qkv,
     /// The gate and up projections in one tensor, `[gate; up]` (Phi-3): `mlp_in` itself.
     GateUp,
+    /// A MoE layer's router, `[experts, d]`.
+    Router,
+    /// Expert `{e}`'s gate projection: rows `e * F ..` of the layer's stacked `mlp_in`.
+    ExpertGate,
+    /// Expert `{e}`'s up projection: rows `(experts + e) * F ..` of `mlp_in`.
+    ExpertUp,
+    /// Expert `{e}`'s down projection: rows `e * d ..` of the stacked `mlp_out`.
+    ExpertDown,
+}
+
+impl Part {
+    /// Whether a MoE layer has this tensor and a dense one does not (the router and experts), or
+    /// the reverse (the dense MLP's), or both have it (`None`).
+    fn moe_only(self) -> Option<bool> {
+        match self {
+            Part::Router | Part::ExpertGate | Part::ExpertUp | Part::ExpertDown => Some(true),
+            Part::Gate | Part::Up | Part::Down | Part::GateUp => Some(false),
+            _ => None,
+        }
+    }
 }
 
 /// One row of a family's table: what a per-layer tensor fills, its Hugging Face name after
@@ -119,6 +146,42 @@ const LLAMA: &[LayerTensor] = &[
     t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
     t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
     t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+];
+
+// Qwen3-MoE's and OLMoE's layout: Llama's (with its qk-norms; a dense layer's MLP under the same
+// names), the router and each expert `{e}` on MoE layers. GGUF keeps each layer's experts
+// stacked in one tensor per projection (llama.cpp's `_exps`).
+const QWEN3_MOE: &[LayerTensor] = &[
+    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
+    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
+    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
+    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
+    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
+    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+    t(Part::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
+    t(Part::ExpertGate, "mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
+    t(Part::ExpertUp, "mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
+    t(Part::ExpertDown, "mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
+];
+
+// Mixtral's layout: Llama's attention, the experts under `block_sparse_moe` as w1 (gate), w3
+// (up) and w2 (down).
+const MIXTRAL: &[LayerTensor] = &[
+    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
+    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Part::Router, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
+    t(Part::ExpertGate, "block_sparse_moe.experts.{e}.w1.weight", "ffn_gate_exps.weight"),
+    t(Part::ExpertUp, "block_sparse_moe.experts.{e}.w3.weight", "ffn_up_exps.weight"),
+    t(Part::ExpertDown, "block_sparse_moe.experts.{e}.w2.weight", "ffn_down_exps.weight"),
 ];
 
 // Gemma's layout: `post_attention_layernorm` is the norm of the attention output, not the MLP's
@@ -166,14 +229,15 @@ pub fn hf_config_defaults(model_type: &str) -> (Option<usize>, Option<usize>) {
         "gemma2" | "gemma3" | "gemma3_text" => (Some(256), Some(4)),
         "qwen2" => (None, Some(32)),
         "mistral" => (None, Some(8)),
-        "smollm3" => (None, Some(4)),
+        "smollm3" | "qwen3_moe" => (None, Some(4)),
+        "mixtral" => (None, Some(8)),
         _ => (None, None),
     }
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 9] = [
+    pub const ALL: [Family; 12] = [
         Family::Kvdecode,
         Family::Llama,
         Family::Qwen2,
@@ -183,6 +247,9 @@ impl Family {
         Family::Gemma3,
         Family::Olmo2,
         Family::Phi3,
+        Family::Qwen3Moe,
+        Family::Olmoe,
+        Family::Mixtral,
     ];
 
     /// The family's per-layer tensors (empty for [`Family::Kvdecode`], which has only kvdecode's
@@ -193,6 +260,8 @@ impl Family {
             Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 => LLAMA,
             Family::Gemma2 | Family::Gemma3 | Family::Olmo2 => GEMMA,
             Family::Phi3 => PHI3,
+            Family::Qwen3Moe | Family::Olmoe => QWEN3_MOE,
+            Family::Mixtral => MIXTRAL,
         }
     }
 
@@ -208,6 +277,8 @@ impl Family {
             Family::Gemma2 => Some("gemma2"),
             Family::Olmo2 => Some("olmo2"),
             Family::Phi3 => Some("phi3"),
+            // llama.cpp's MoE files are not read yet: their architectures stay unknown
+            Family::Qwen3Moe | Family::Olmoe | Family::Mixtral => None,
         }
     }
 

@@ -48,6 +48,8 @@ pub enum LayerSlot {
     MlpIn,
     /// `mlp_out`.
     MlpOut,
+    /// `router` (MoE layers).
+    Router,
     /// Engram `[W_k; W_v]`.
     EngramKv,
     /// Engram table `k` (orders first, then heads).
@@ -186,6 +188,8 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
         let norm = |on: bool, s: LayerSlot| if has_w && on { vec![(slot(s), 0)] } else { vec![] };
         let bias = |s: Slot, row0: usize| if cfg.qkv_bias { vec![(s, row0)] } else { vec![] };
         let (q_norm_len, k_norm_len) = cfg.qk_norm_lens();
+        let moe = cfg.moe.as_ref().filter(|_| cfg.moe_layer(i).is_some());
+        let (experts, f) = (moe.map_or(1, |m| m.experts), cfg.layer_ffn(i));
         if naming == Naming::Kvdecode {
             let b = format!("blocks.{i}");
             push(
@@ -258,20 +262,30 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                 norm(cfg.post_norms, LayerSlot::PostMlpNorm),
                 RowOrder::AsIs,
             );
+            // a MoE layer's experts stacked: fc [gates; ups], proj one [d, ffn] per expert
             push(
                 &mut out,
                 format!("{b}.mlp.fc.weight"),
-                vec![cfg.mlp.in_factor() * cfg.ffn, d],
+                vec![experts * cfg.mlp.in_factor() * f, d],
                 whole(slot(LayerSlot::MlpIn)),
                 RowOrder::AsIs,
             );
             push(
                 &mut out,
                 format!("{b}.mlp.proj.weight"),
-                vec![d, cfg.ffn],
+                vec![experts * d, f],
                 whole(slot(LayerSlot::MlpOut)),
                 RowOrder::AsIs,
             );
+            if let Some(m) = moe {
+                push(
+                    &mut out,
+                    format!("{b}.mlp.router.weight"),
+                    vec![m.experts, d],
+                    whole(slot(LayerSlot::Router)),
+                    RowOrder::AsIs,
+                );
+            }
             if let Some(e) = cfg.engram.as_ref().filter(|e| e.layers.contains(&i)) {
                 let mut k = 0;
                 for n in &e.orders {
@@ -312,46 +326,62 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
             _ => RowOrder::AsIs,
         };
         for lt in cfg.family.layer_tensors() {
-            let name = match naming {
-                Naming::HuggingFace(p) => format!("{p}layers.{i}.{}", lt.hf),
-                _ => format!("blk.{i}.{}", lt.gguf),
-            };
-            let (shape, places, order) = match lt.part {
-                Part::AttnNorm => (vec![d], norm(cfg.pre_norms, LayerSlot::AttnNorm), RowOrder::AsIs),
-                Part::Q => (vec![hd, d], whole(slot(LayerSlot::Wq)), qk_order(cfg.n_heads)),
-                Part::K => (vec![kvd, d], kv.iter().map(|&s| (slot(s), 0)).collect(), qk_order(cfg.n_kv_heads)),
-                Part::V => (vec![kvd, d], kv.iter().map(|&s| (slot(s), kvd)).collect(), RowOrder::AsIs),
-                Part::QNorm => (vec![q_norm_len], norm(cfg.qk_norm, LayerSlot::QNorm), RowOrder::AsIs),
-                Part::KNorm => (vec![k_norm_len], norm(cfg.qk_norm, LayerSlot::KNorm), RowOrder::AsIs),
-                Part::O => (vec![d, hd], whole(slot(LayerSlot::Wo)), RowOrder::AsIs),
-                Part::PostAttnNorm => (vec![d], norm(cfg.post_norms, LayerSlot::PostAttnNorm), RowOrder::AsIs),
-                Part::MlpNorm => (vec![d], norm(cfg.pre_norms, LayerSlot::MlpNorm), RowOrder::AsIs),
-                Part::PostMlpNorm => (vec![d], norm(cfg.post_norms, LayerSlot::PostMlpNorm), RowOrder::AsIs),
-                Part::Gate => (vec![cfg.ffn, d], whole(slot(LayerSlot::MlpIn)), RowOrder::AsIs),
-                Part::Up => (vec![cfg.ffn, d], vec![(slot(LayerSlot::MlpIn), cfg.ffn)], RowOrder::AsIs),
-                Part::Down => (vec![d, cfg.ffn], whole(slot(LayerSlot::MlpOut)), RowOrder::AsIs),
-                Part::QBias => (vec![hd], bias(slot(LayerSlot::QBias), 0), qk_order(cfg.n_heads)),
-                Part::KBias => (vec![kvd], bias(slot(LayerSlot::KvBias), 0), qk_order(cfg.n_kv_heads)),
-                Part::VBias => (vec![kvd], bias(slot(LayerSlot::KvBias), kvd), RowOrder::AsIs),
-                Part::Qkv => {
-                    // rows [q; k; v] of one tensor: q fills wq, k and v each K/V matrix
-                    let (q_order, k_order) = (qk_order(cfg.n_heads), qk_order(cfg.n_kv_heads));
-                    let mut places = vec![Place { slot: slot(LayerSlot::Wq), row0: 0, rows: 0..hd, order: q_order }];
-                    for &s in &kv {
-                        places.push(Place { slot: slot(s), row0: 0, rows: hd..hd + kvd, order: k_order });
-                        places.push(Place {
-                            slot: slot(s),
-                            row0: kvd,
-                            rows: hd + kvd..hd + 2 * kvd,
-                            order: RowOrder::AsIs,
-                        });
+            if lt.part.moe_only().is_some_and(|m| m != moe.is_some()) {
+                continue;
+            }
+            // Hugging Face names each expert's tensors (`{e}`); GGUF stacks a layer's experts
+            let per_expert = lt.hf.contains("{e}") && matches!(naming, Naming::HuggingFace(_));
+            for e in 0..if per_expert { experts } else { 1 } {
+                let name = match naming {
+                    Naming::HuggingFace(p) => format!("{p}layers.{i}.{}", lt.hf.replace("{e}", &e.to_string())),
+                    _ => format!("blk.{i}.{}", lt.gguf),
+                };
+                // a stacked GGUF tensor holds all experts: it starts at expert 0's rows
+                let (stack, e) = if per_expert { (1, e) } else { (experts, 0) };
+                let (shape, places, order) = match lt.part {
+                    Part::AttnNorm => (vec![d], norm(cfg.pre_norms, LayerSlot::AttnNorm), RowOrder::AsIs),
+                    Part::Q => (vec![hd, d], whole(slot(LayerSlot::Wq)), qk_order(cfg.n_heads)),
+                    Part::K => (vec![kvd, d], kv.iter().map(|&s| (slot(s), 0)).collect(), qk_order(cfg.n_kv_heads)),
+                    Part::V => (vec![kvd, d], kv.iter().map(|&s| (slot(s), kvd)).collect(), RowOrder::AsIs),
+                    Part::QNorm => (vec![q_norm_len], norm(cfg.qk_norm, LayerSlot::QNorm), RowOrder::AsIs),
+                    Part::KNorm => (vec![k_norm_len], norm(cfg.qk_norm, LayerSlot::KNorm), RowOrder::AsIs),
+                    Part::O => (vec![d, hd], whole(slot(LayerSlot::Wo)), RowOrder::AsIs),
+                    Part::PostAttnNorm => (vec![d], norm(cfg.post_norms, LayerSlot::PostAttnNorm), RowOrder::AsIs),
+                    Part::MlpNorm => (vec![d], norm(cfg.pre_norms, LayerSlot::MlpNorm), RowOrder::AsIs),
+                    Part::PostMlpNorm => (vec![d], norm(cfg.post_norms, LayerSlot::PostMlpNorm), RowOrder::AsIs),
+                    Part::Gate => (vec![f, d], whole(slot(LayerSlot::MlpIn)), RowOrder::AsIs),
+                    Part::Up => (vec![f, d], vec![(slot(LayerSlot::MlpIn), f)], RowOrder::AsIs),
+                    Part::Down => (vec![d, f], whole(slot(LayerSlot::MlpOut)), RowOrder::AsIs),
+                    Part::Router => (vec![experts, d], whole(slot(LayerSlot::Router)), RowOrder::AsIs),
+                    Part::ExpertGate => (vec![stack * f, d], vec![(slot(LayerSlot::MlpIn), e * f)], RowOrder::AsIs),
+                    Part::ExpertUp => {
+                        (vec![stack * f, d], vec![(slot(LayerSlot::MlpIn), (experts + e) * f)], RowOrder::AsIs)
                     }
-                    out.push(TensorName { name, shape: vec![hd + 2 * kvd, d], places });
-                    continue;
-                }
-                Part::GateUp => (vec![2 * cfg.ffn, d], whole(slot(LayerSlot::MlpIn)), RowOrder::AsIs),
-            };
-            push(&mut out, name, shape, places, order);
+                    Part::ExpertDown => (vec![stack * d, f], vec![(slot(LayerSlot::MlpOut), e * d)], RowOrder::AsIs),
+                    Part::QBias => (vec![hd], bias(slot(LayerSlot::QBias), 0), qk_order(cfg.n_heads)),
+                    Part::KBias => (vec![kvd], bias(slot(LayerSlot::KvBias), 0), qk_order(cfg.n_kv_heads)),
+                    Part::VBias => (vec![kvd], bias(slot(LayerSlot::KvBias), kvd), RowOrder::AsIs),
+                    Part::Qkv => {
+                        // rows [q; k; v] of one tensor: q fills wq, k and v each K/V matrix
+                        let (q_order, k_order) = (qk_order(cfg.n_heads), qk_order(cfg.n_kv_heads));
+                        let mut places =
+                            vec![Place { slot: slot(LayerSlot::Wq), row0: 0, rows: 0..hd, order: q_order }];
+                        for &s in &kv {
+                            places.push(Place { slot: slot(s), row0: 0, rows: hd..hd + kvd, order: k_order });
+                            places.push(Place {
+                                slot: slot(s),
+                                row0: kvd,
+                                rows: hd + kvd..hd + 2 * kvd,
+                                order: RowOrder::AsIs,
+                            });
+                        }
+                        out.push(TensorName { name, shape: vec![hd + 2 * kvd, d], places });
+                        continue;
+                    }
+                    Part::GateUp => (vec![2 * f, d], whole(slot(LayerSlot::MlpIn)), RowOrder::AsIs),
+                };
+                push(&mut out, name, shape, places, order);
+            }
         }
     }
     push(&mut out, final_norm, vec![d], if has_w { whole(Slot::FinalNorm) } else { vec![] }, RowOrder::AsIs);

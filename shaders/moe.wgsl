@@ -1,0 +1,57 @@
+// The router of a mixture of experts, per token: the TOP_K experts of the highest router logits,
+// in that order, ties to the lower expert id (the highest probabilities: softmax keeps the order
+// of the logits, and rounding cannot swap two of them), and their weights, each the softmax over
+// all EXPERTS logits, divided by the chosen ones' sum (in rank order) with NORM_TOPK. One thread
+// per token and a fixed order of operations: a token's routes do not depend on the batch.
+// The expert products (matmul_experts.wgsl) read what this writes.
+
+override EXPERTS: u32;
+override TOP_K: u32;
+override NORM_TOPK: bool = false;
+override ROUTE_STRIDE: u32;      // entries per token of routes and weights: MoE layers x TOP_K
+override ROUTE_OFFSET: u32;      // this layer's first entry (its place among the MoE layers x TOP_K)
+override WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;          // [N, EXPERTS]
+@group(0) @binding(2) var<storage, read_write> routes: array<u32>;    // [N, ROUTE_STRIDE]: expert ids
+@group(0) @binding(3) var<storage, read_write> weights: array<f32>;   // [N, ROUTE_STRIDE]
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let n = gid.x + gid.y * nwg.x * WG;  // 2D grids for more than 65535 workgroups
+    if n >= step.tokens { return; }
+    let base = n * EXPERTS;
+    var top = logits[base];
+    for (var e = 1u; e < EXPERTS; e++) { top = max(top, logits[base + e]); }
+    var denom = 0.0;
+    for (var e = 0u; e < EXPERTS; e++) { denom += exp(logits[base + e] - top); }
+    let out = n * ROUTE_STRIDE + ROUTE_OFFSET;
+    // pick s: the first expert in (logit descending, id ascending) order after pick s - 1
+    var prev_logit = 0.0;
+    var prev_id = -1;
+    var total = 0.0;
+    for (var s = 0u; s < TOP_K; s++) {
+        var best = -1;
+        var best_logit = 0.0;
+        for (var e = 0u; e < EXPERTS; e++) {
+            let l = logits[base + e];
+            let after = s == 0u || l < prev_logit || (l == prev_logit && i32(e) > prev_id);
+            if after && (best < 0 || l > best_logit) {
+                best = i32(e);
+                best_logit = l;
+            }
+        }
+        // NaN logits pick nothing: expert 0, so no product reads past the experts
+        let id = u32(max(best, 0));
+        let w = exp(logits[base + id] - top) / denom;
+        routes[out + s] = id;
+        weights[out + s] = w;
+        total += w;
+        prev_logit = best_logit;
+        prev_id = best;
+    }
+    if NORM_TOPK {
+        for (var s = 0u; s < TOP_K; s++) { weights[out + s] /= total; }
+    }
+}
