@@ -3,19 +3,24 @@
 // of the logits, and rounding cannot swap two of them), and their weights, each the softmax over
 // all EXPERTS logits, divided by the chosen ones' sum (in rank order) with NORM_TOPK. One thread
 // per token and a fixed order of operations: a token's routes do not depend on the batch.
-// The expert products (matmul_experts.wgsl) read what this writes.
+// The expert products (matmul_experts.wgsl) read what this writes. With LOG, each real token's
+// experts are also kept at its row and position in the route log (`Engine::routes`).
 
 override EXPERTS: u32;
 override TOP_K: u32;
 override NORM_TOPK: bool = false;
 override ROUTE_STRIDE: u32;      // entries per token of routes and weights: MoE layers x TOP_K
 override ROUTE_OFFSET: u32;      // this layer's first entry (its place among the MoE layers x TOP_K)
+override LOG: bool = false;      // keep the routes of real tokens in route_log
+override MAX_LEN: u32 = 1u;      // positions per row of route_log
 override WG: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<storage, read> logits: array<f32>;          // [N, EXPERTS]
-@group(0) @binding(2) var<storage, read_write> routes: array<u32>;    // [N, ROUTE_STRIDE]: expert ids
-@group(0) @binding(3) var<storage, read_write> weights: array<f32>;   // [N, ROUTE_STRIDE]
+@group(0) @binding(1) var<storage, read> row_info: array<RowInfo>;     // [R]
+@group(0) @binding(2) var<storage, read> logits: array<f32>;           // [N, EXPERTS]
+@group(0) @binding(3) var<storage, read_write> routes: array<u32>;     // [N, ROUTE_STRIDE]: expert ids
+@group(0) @binding(4) var<storage, read_write> weights: array<f32>;    // [N, ROUTE_STRIDE]
+@group(0) @binding(5) var<storage, read_write> route_log: array<u32>;  // [cache rows, MAX_LEN, ROUTE_STRIDE] (LOG)
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -53,5 +58,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     if NORM_TOPK {
         for (var s = 0u; s < TOP_K; s++) { weights[out + s] /= total; }
+    }
+    if LOG {
+        let info = row_info[n / step.width];
+        let j = n % step.width;
+        if j < info.n_new {
+            let at = (info.cache_row * MAX_LEN + info.pos0 + j) * ROUTE_STRIDE + ROUTE_OFFSET;
+            for (var s = 0u; s < TOP_K; s++) { route_log[at + s] = routes[out + s]; }
+        }
     }
 }

@@ -82,10 +82,17 @@ fn logits_full_and_incremental(family: &str) {
     // tests/attention_variants.rs `query_tiles_give_the_bits_of_one_token_at_a_time`).
     const SINGLE_STEPS_UNTIL: usize = 48;
     let gpu = gpu();
-    let mut engine = Engine::new(&gpu, &w, EngineOptions::new(1, max_len(n))).unwrap();
+    let moe = w.cfg.moe.is_some();
+    let opts = EngineOptions { record_routes: moe, ..EngineOptions::new(1, max_len(n)) };
+    let mut engine = Engine::new(&gpu, &w, opts).unwrap();
     let out = engine.append(&tokens, n, &[n], None).unwrap();
     let d_last = max_abs_diff(out.row(0).unwrap(), &full[(n - 1) * v..]);
     assert!(d_last <= 1e-4, "{family}: {n}-token append vs logits_full[{}]: {d_last}", n - 1);
+    // the experts of every token and MoE layer, as transformers' routers chose them
+    let routes_want = moe.then(|| npy::read(dir.join("routes.npy")).unwrap().to_u32().unwrap());
+    if let Some(want) = &routes_want {
+        assert_eq!(&engine.routes(0).unwrap(), want, "{family}: routes of one {n}-token append");
+    }
 
     engine.reset(&[0]).unwrap();
     let (mut worst_full, mut worst_incr) = (0f32, 0f32);
@@ -105,6 +112,27 @@ fn logits_full_and_incremental(family: &str) {
         for (i, got) in rows[0].iter().enumerate() {
             check(start + i, got);
         }
+    }
+    if let Some(want) = &routes_want {
+        assert_eq!(&engine.routes(0).unwrap(), want, "{family}: routes token by token and in chunks");
+        // the fixture's nearest tie: the smallest gap between a token's k-th and (k+1)-th router
+        // logit, far above the engine's differences from transformers (a few 1e-6)
+        let (k, logits) = (w.cfg.moe.as_ref().unwrap().top_k, npy::read(dir.join("router_logits.npy")).unwrap());
+        let experts = *logits.shape.last().unwrap();
+        let margin = logits
+            .to_f32()
+            .chunks(experts)
+            .map(|l| {
+                let mut l = l.to_vec();
+                l.sort_by(|a, b| b.total_cmp(a));
+                l[k - 1] - l[k]
+            })
+            .fold(f32::INFINITY, f32::min);
+        println!(
+            "{family}: routes equal transformers' at {} (token, layer) decisions; nearest tie {margin:e}",
+            want.len() / k
+        );
+        assert!(margin > 1e-4, "{family}: the fixture's routers have a near-tie ({margin}): a flip would be noise");
     }
     println!("{family}: engine vs logits_full: {worst_full:e}, vs logits_incremental: {worst_incr:e}");
     assert!(worst_full <= 1e-4, "{family}: engine vs logits_full: {worst_full}");

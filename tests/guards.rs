@@ -7,7 +7,9 @@ use common::*;
 use kvdecode::{Engine, EngineOptions, Error, ModelWeights};
 
 fn engine(w: &ModelWeights, rows: usize, max_len: usize) -> Engine {
-    Engine::new(&gpu(), w, EngineOptions::new(rows, max_len)).unwrap()
+    // a mixture of experts keeps its routes, so a test can compare them too
+    let record_routes = w.cfg.moe.is_some();
+    Engine::new(&gpu(), w, EngineOptions { record_routes, ..EngineOptions::new(rows, max_len) }).unwrap()
 }
 
 /// Decode `more` on every row and compare with the reference over each row's history.
@@ -98,6 +100,10 @@ fn rows_are_independent_bitwise_for(w: &kvdecode::ModelWeights) {
         };
         let r0 = if step % 2 == 0 { 0 } else { 1 };
         assert_eq!(a.row(0).unwrap(), b.row(r0).unwrap(), "step {step}");
+    }
+    // a mixture of experts: row 0's experts at every position too, whatever the others picked
+    if w.cfg.moe.is_some() {
+        assert_eq!(alone.routes(0).unwrap(), busy.routes(0).unwrap(), "routes");
     }
 }
 

@@ -82,6 +82,36 @@ fn llama_rolls_back_any_depth() {
     assert!(max_abs_diff(out.row(0).unwrap(), &ref_last(&w, &want_seq)) <= 1e-4);
 }
 
+/// A mixture of experts' route log follows a row through forks, appends in chunks, rollbacks
+/// and resets: every position's experts are what the CPU reference routes the row's history to.
+#[test]
+fn moe_routes_follow_forks_rollbacks_and_resets() {
+    let s = seed(65);
+    let w = model(&moe_cfgs()[0], s);
+    let opts = EngineOptions { record_routes: true, ..EngineOptions::new(3, 48) };
+    let mut e = Engine::new(&gpu(), &w, opts).unwrap();
+    assert_eq!(e.route_stride(), Some(2 * 2));
+    let mut rng = SplitMix64(s);
+    let mut draw = |n: usize| (0..n).map(|_| rng.below(96) as u32).collect::<Vec<u32>>();
+    let prompt = draw(13);
+    e.append(&prompt, 13, &[13], Some(&[0])).unwrap();
+    e.fork(0, &[1, 2]).unwrap();
+    let (a, b) = (draw(7), draw(3));
+    e.append(&[a.clone(), b.iter().copied().chain([0; 4]).collect()].concat(), 7, &[7, 3], Some(&[1, 2])).unwrap();
+    e.rollback(&[1], &[4]).unwrap();
+    e.append(&draw(2), 2, &[2], Some(&[1])).unwrap();
+    e.reset(&[0]).unwrap();
+    e.append(&draw(5), 5, &[5], Some(&[0])).unwrap();
+    for row in 0..3 {
+        let history = e.cache().history(row).to_vec();
+        let (_, want) = kvdecode::model::reference::forward_routed(&w, &history, Default::default()).unwrap();
+        assert_eq!(e.routes(row).unwrap(), want, "seed {s}: row {row}");
+    }
+    // a dense model has no routes to keep
+    let dense = EngineOptions { record_routes: true, ..EngineOptions::new(1, 16) };
+    assert!(Engine::new(&gpu(), &model(&llama_cfg(), s), dense).is_err());
+}
+
 #[test]
 fn fork_continues_from_the_same_prefix() {
     let w = model(&tiny_agent_cfg(), 64);

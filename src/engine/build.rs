@@ -82,9 +82,27 @@ impl Engine {
         }
     }
 
-    fn build_parts(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
+    fn build_parts(gpu: &Gpu, weights: &ModelWeights, mut opts: EngineOptions) -> Result<Self> {
         weights.check()?;
         let cfg = weights.cfg.clone();
+        // the route log: every MoE layer's top-k at every position of every row
+        let route_stride = cfg.moe.as_ref().map_or(0, |m| m.layers.len() * m.top_k);
+        if opts.record_routes {
+            if route_stride == 0 {
+                return Err(Error::Input("record_routes: the model has no mixture-of-experts layers".into()));
+            }
+            let bytes = (opts.rows * opts.max_len * route_stride * 4) as u64;
+            if bytes > gpu.max_binding() {
+                return Err(Error::Limit(format!(
+                    "record_routes: a route log of {} rows x {} positions x {route_stride} routes ({bytes} bytes) \
+                     exceeds one storage binding ({} bytes); use fewer rows or a shorter max_len",
+                    opts.rows,
+                    opts.max_len,
+                    gpu.max_binding()
+                )));
+            }
+            opts.prompt_cache = false;
+        }
         if let Some(ctx) = cfg.context_len.filter(|&c| opts.max_len > c && !opts.beyond_trained_context) {
             return Err(Error::Limit(format!(
                 "max_len {} is longer than the model's trained context of {ctx} tokens; use max_len <= {ctx} \
@@ -162,6 +180,18 @@ impl Engine {
             routes: gpu.storage("routes", f4((t * moe_routes).max(4)))?,
             route_weights: gpu.storage("route weights", f4((t * moe_routes).max(4)))?,
             expert_act: gpu.storage("expert activations", f4((t * moe_act).max(4)))?,
+            route_log: match opts.record_routes {
+                true => gpu.storage("route log", f4(rows * opts.max_len * route_stride))?,
+                false => gpu.storage("no route log", 16)?,
+            },
+            route_log_row: match opts.record_routes {
+                true => gpu.storage("route log row", f4(opts.max_len * route_stride))?,
+                false => gpu.storage("no route log row", 16)?,
+            },
+            route_log_read: match opts.record_routes {
+                true => map_read("route log readback", f4(opts.max_len * route_stride))?,
+                false => map_read("no route log readback", 16)?,
+            },
             last_h: gpu.storage("last hidden", f4(rows * d))?,
             logits: gpu.storage("logits", f4(rows * cfg.vocab))?,
             samplers: gpu.storage("samplers", (rows * 32) as u64)?,
@@ -212,6 +242,7 @@ impl Engine {
             rope: &rope,
             gw: &gw,
             sampling: &sampling,
+            route_log: opts.record_routes,
         })?;
         Ok(Engine {
             gpu: gpu.clone(),
@@ -240,6 +271,7 @@ impl Engine {
             attention,
             fusion,
             matmul,
+            record_routes: opts.record_routes,
         })
     }
 }
@@ -257,6 +289,8 @@ pub(super) struct DispatchInputs<'a> {
     pub(super) rope: &'a RopeTables,
     pub(super) gw: &'a GpuWeights,
     pub(super) sampling: &'a RowSampling,
+    /// MoE layers keep real tokens' routes in the route log.
+    pub(super) route_log: bool,
 }
 
 /// Every dispatch of an engine.
@@ -274,7 +308,8 @@ pub(super) struct Dispatches {
 /// `Engine::new`, and again when [`Engine::wake`] brings back buffers that were released (the
 /// pipelines come from the device's cache; only bind groups are new).
 pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
-    let DispatchInputs { gpu, cfg, max_len, matmul, fusion, attention, cache, s, rope, gw, sampling } = *inputs;
+    let DispatchInputs { gpu, cfg, max_len, matmul, fusion, attention, cache, s, rope, gw, sampling, route_log } =
+        *inputs;
     let d = cfg.d_model;
     let pipelines = &gpu.pipelines;
     // the products' float kernel (int-dot: for the formats it does not take, what `Auto` picks)
@@ -289,6 +324,7 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
         product_wg: product_wg(float_kernel, gpu),
         attention,
         fusion,
+        route_log,
         cfg,
         pipelines,
         built: Default::default(),

@@ -104,6 +104,8 @@ pub(super) struct Builder<'a> {
     pub(super) attention: AttentionPlan,
     /// Which kernels run fused.
     pub(super) fusion: Fusion,
+    /// MoE layers keep each real token's experts in `route_log` ([`crate::EngineOptions::record_routes`]).
+    pub(super) route_log: bool,
 }
 
 impl Builder<'_> {
@@ -621,9 +623,10 @@ impl Builder<'_> {
             stride: moe.layers.len() * moe.top_k,
             offset: ordinal * moe.top_k,
         };
+        let log_max_len = self.route_log.then_some(self.cache.max_len());
         out.push(self.dispatch(
-            &kernels::MoeRoute { slots, norm_topk: moe.norm_topk },
-            &[&s.step, &s.router_logits, &s.routes, &s.route_weights],
+            &kernels::MoeRoute { slots, norm_topk: moe.norm_topk, log_max_len },
+            &[&s.step, &s.row_info, &s.router_logits, &s.routes, &s.route_weights, &s.route_log],
             Grid::Tokens(1),
         ));
         // (GpuWeights::upload refuses a MoE layer whose experts need more than one binding)

@@ -44,31 +44,35 @@ pub const CHUNK: usize = 64;
 
 /// Activation buffers, sized once for `rows * chunk` tokens.
 pub(crate) struct Scratch {
-    step: wgpu::Buffer,              // uniform Step
-    row_info: wgpu::Buffer,          // [rows] RowInfo
-    ids: wgpu::Buffer,               // [rows * chunk] u32
-    x: wgpu::Buffer,                 // [T, d] residual stream
-    h: wgpu::Buffer,                 // [T, d] normed input of a block
-    qkv: wgpu::Buffer,               // [T, (H + 2 Hk) D] queries (then attention out), fresh global K, V
-    kv_local: wgpu::Buffer,          // [T, 2 * Hk * D] fresh local K then V
-    tmp: wgpu::Buffer,               // [T, d] projection output before a post-norm
-    up: wgpu::Buffer,                // [T, in_factor * F]
-    act: wgpu::Buffer,               // [T, F]
-    engram_e: wgpu::Buffer,          // [T, orders * heads * dim] Engram lookups
-    engram_kv: wgpu::Buffer,         // [T, 2, d] Engram k then v
-    router_logits: wgpu::Buffer,     // [T, experts] a MoE layer's router logits
-    routes: wgpu::Buffer,            // [T, MoE layers, top_k] u32 experts each token was routed to
-    route_weights: wgpu::Buffer,     // [T, MoE layers, top_k] their weights
-    expert_act: wgpu::Buffer,        // [T, top_k, moe ffn] the routed experts' activations
-    last_h: wgpu::Buffer,            // [rows, d] final-normed hidden state of each row's last real token
-    logits: wgpu::Buffer,            // [rows, vocab]
-    samplers: wgpu::Buffer,          // [rows] Sampler
-    sampled: wgpu::Buffer,           // [2, rows]: sampled ids, then their logprobs (f32 bits)
-    all_logits: wgpu::Buffer,        // [all_logits_tokens, vocab]
-    dummy: wgpu::Buffer,             // bound where a kernel's optional input is absent
-    dummy_rw: wgpu::Buffer,          // the same for an optional output (one buffer may not be bound both ways)
-    xq: wgpu::Buffer,                // int-dot products: [T, K / 32, Q8_BLOCK_WORDS] quantized input
-    partials: wgpu::Buffer,          // split attention: [group tokens, H, parts, 4 + D] partial softmax states
+    step: wgpu::Buffer,           // uniform Step
+    row_info: wgpu::Buffer,       // [rows] RowInfo
+    ids: wgpu::Buffer,            // [rows * chunk] u32
+    x: wgpu::Buffer,              // [T, d] residual stream
+    h: wgpu::Buffer,              // [T, d] normed input of a block
+    qkv: wgpu::Buffer,            // [T, (H + 2 Hk) D] queries (then attention out), fresh global K, V
+    kv_local: wgpu::Buffer,       // [T, 2 * Hk * D] fresh local K then V
+    tmp: wgpu::Buffer,            // [T, d] projection output before a post-norm
+    up: wgpu::Buffer,             // [T, in_factor * F]
+    act: wgpu::Buffer,            // [T, F]
+    engram_e: wgpu::Buffer,       // [T, orders * heads * dim] Engram lookups
+    engram_kv: wgpu::Buffer,      // [T, 2, d] Engram k then v
+    router_logits: wgpu::Buffer,  // [T, experts] a MoE layer's router logits
+    routes: wgpu::Buffer,         // [T, MoE layers, top_k] u32 experts each token was routed to
+    route_weights: wgpu::Buffer,  // [T, MoE layers, top_k] their weights
+    expert_act: wgpu::Buffer,     // [T, top_k, moe ffn] the routed experts' activations
+    route_log: wgpu::Buffer,      // [rows, max_len, MoE layers, top_k] u32 (record_routes)
+    route_log_read: wgpu::Buffer, // [max_len, MoE layers, top_k]: one row's routes, read back
+    route_log_row: wgpu::Buffer,  // [max_len, MoE layers, top_k]: a fork's source row on its way (a
+    // buffer is never its own copy's source and destination)
+    last_h: wgpu::Buffer,     // [rows, d] final-normed hidden state of each row's last real token
+    logits: wgpu::Buffer,     // [rows, vocab]
+    samplers: wgpu::Buffer,   // [rows] Sampler
+    sampled: wgpu::Buffer,    // [2, rows]: sampled ids, then their logprobs (f32 bits)
+    all_logits: wgpu::Buffer, // [all_logits_tokens, vocab]
+    dummy: wgpu::Buffer,      // bound where a kernel's optional input is absent
+    dummy_rw: wgpu::Buffer,   // the same for an optional output (one buffer may not be bound both ways)
+    xq: wgpu::Buffer,         // int-dot products: [T, K / 32, Q8_BLOCK_WORDS] quantized input
+    partials: wgpu::Buffer,   // split attention: [group tokens, H, parts, 4 + D] partial softmax states
     token_groups: Vec<wgpu::Buffer>, // uniform TokenGroup of each token group
     logits_read: wgpu::Buffer,
     pub(crate) sampled_read: wgpu::Buffer, // [max_window, 2, rows]: one slot per multi-step step
@@ -116,6 +120,8 @@ pub struct Engine {
     attention: AttentionPlan,
     fusion: Fusion,
     matmul: MatmulKernel,
+    /// MoE layers keep every real token's routes in `s.route_log` ([`EngineOptions::record_routes`]).
+    record_routes: bool,
 }
 
 impl Drop for Engine {
@@ -356,6 +362,58 @@ impl Engine {
         self.ready()?;
         self.cache.fork(&self.gpu, src, dst)?;
         self.sampling.clear(&self.gpu, dst);
+        // the forks' routes up to the fork point are the source's
+        if let Some(stride) = self.route_stride().filter(|_| self.record_routes) {
+            let row_bytes = (self.cache.max_len() * stride * 4) as u64;
+            let held = (self.cache.lens()[src] * stride * 4) as u64;
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(&self.s.route_log, src as u64 * row_bytes, &self.s.route_log_row, 0, held);
+            for &d in dst.iter().filter(|&&d| d != src) {
+                enc.copy_buffer_to_buffer(&self.s.route_log_row, 0, &self.s.route_log, d as u64 * row_bytes, held);
+            }
+            self.gpu.queue.submit([enc.finish()]);
+        }
         Ok(())
+    }
+
+    /// Entries per position of [`Engine::routes`]: MoE layers x top_k (`None`: a dense model).
+    pub fn route_stride(&self) -> Option<usize> {
+        self.cfg.moe.as_ref().map(|m| m.layers.len() * m.top_k)
+    }
+
+    /// The experts every position of `row` was routed to, `[len, MoE layers, top_k]` (each
+    /// position's experts in the router's order, the MoE layers in layer order), aligned with
+    /// the row's token history ([`crate::KvCache::history`]). Needs
+    /// [`EngineOptions::record_routes`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn routes(&self, row: usize) -> Result<Vec<u32>> {
+        pollster::block_on(self.routes_async(row))
+    }
+
+    /// [`Engine::routes`] that awaits the readback instead of blocking.
+    pub async fn routes_async(&self, row: usize) -> Result<Vec<u32>> {
+        self.ready()?;
+        self.cache.check_rows(&[row])?;
+        let Some(stride) = self.route_stride().filter(|_| self.record_routes) else {
+            return Err(Error::Input(
+                "routes are not recorded: build the engine with EngineOptions::record_routes".into(),
+            ));
+        };
+        let len = self.cache.lens()[row];
+        let mut out = vec![0u32; len * stride];
+        if len > 0 {
+            let row_bytes = (self.cache.max_len() * stride * 4) as u64;
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(
+                &self.s.route_log,
+                row as u64 * row_bytes,
+                &self.s.route_log_read,
+                0,
+                (out.len() * 4) as u64,
+            );
+            self.gpu.queue.submit([enc.finish()]);
+            self.read_async(&self.s.route_log_read, bytemuck::cast_slice_mut(&mut out)).await?;
+        }
+        Ok(out)
     }
 }

@@ -58,6 +58,13 @@ pub struct EngineOptions {
     /// Which product kernel to build; `None` (the default): the `KVDECODE_MATMUL` environment
     /// variable ([`MatmulKernel::from_env`]), else [`MatmulKernel::Auto`].
     pub matmul: Option<MatmulKernel>,
+    /// Keep the experts each token of a mixture of experts was routed to, every MoE layer's
+    /// top-k at every position of every row ([`Engine::routes`]; vLLM's
+    /// `return_routed_experts`), for a trainer to replay. Off by default: with it off, a step
+    /// writes nothing more. On, it needs a model with MoE layers, a route log of rows x max_len x
+    /// MoE layers x top_k u32 within one storage binding, and turns the prompt cache off (a
+    /// reused prefix's tokens would hold no routes in their new row).
+    pub record_routes: bool,
 }
 
 impl EngineOptions {
@@ -79,6 +86,7 @@ impl EngineOptions {
             prompt_cache: true,
             fusion: None,
             matmul: None,
+            record_routes: false,
         }
     }
 

@@ -154,6 +154,7 @@ impl Engine {
             rope: &self._rope,
             gw: &self.weights,
             sampling: &self.sampling,
+            route_log: self.record_routes,
         })?;
         self.chunk_dispatches = d.chunk;
         self.head_dispatches = d.head;

@@ -300,6 +300,8 @@ impl RouteSlots {
 pub(crate) struct MoeRoute {
     pub slots: RouteSlots,
     pub norm_topk: bool,
+    /// Keep real tokens' routes in the route log of this many positions per row.
+    pub log_max_len: Option<usize>,
 }
 
 impl Specialize for MoeRoute {
@@ -307,10 +309,16 @@ impl Specialize for MoeRoute {
         Kernel::MoeRoute
     }
     fn constants(&self) -> Constants {
-        self.slots.add(Overrides::default()).flag("NORM_TOPK", self.norm_topk).0
+        let o = self.slots.add(Overrides::default()).flag("NORM_TOPK", self.norm_topk);
+        match self.log_max_len {
+            Some(n) => o.flag("LOG", true).count("MAX_LEN", n).0,
+            None => o.0,
+        }
     }
     fn label(&self) -> String {
-        format!("moe_route_top{}{}", self.slots.top_k, if self.norm_topk { "_norm" } else { "" })
+        let norm = if self.norm_topk { "_norm" } else { "" };
+        let log = if self.log_max_len.is_some() { "_log" } else { "" };
+        format!("moe_route_top{}{norm}{log}", self.slots.top_k)
     }
 }
 
@@ -596,7 +604,11 @@ mod tests {
             Box::new(EngramGather { heads: 2, orders: 2, table_rows: 64, dim: 8, max_len: 32 }),
             Box::new(EngramMix { d: 64, eps: 1e-6 }),
             Box::new(Copy { n4: 1024 }),
-            Box::new(MoeRoute { slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 }, norm_topk: true }),
+            Box::new(MoeRoute {
+                slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 },
+                norm_topk: true,
+                log_max_len: Some(32),
+            }),
             Box::new(ExpertProduct {
                 product: Product {
                     kernel: Kernel::MatmulExperts,
