@@ -64,6 +64,8 @@ fn an_update_and_a_recompute_give_the_bits_of_a_fresh_engine() {
     let phi3 = phi3_cfg();
     let (p0, p1) = (model(&phi3, s), model(&phi3, s + 1));
     let q4 = |w: &ModelWeights| w.quantized(QuantKind::Q4_1).unwrap();
+    let [qwen_moe, olmoe] = moe_cfgs();
+    let (m0, m1, o0, o1) = (model(&qwen_moe, s), model(&qwen_moe, s + 1), model(&olmoe, s), model(&olmoe, s + 1));
     let hf = Naming::HuggingFace("model.");
     let cases: Vec<(&str, ModelWeights, &ModelWeights, ModelWeights, Naming, WeightDtype)> = vec![
         ("llama f32, HF names", l0.clone(), &l1, l1.clone(), hf, WeightDtype::F32),
@@ -76,6 +78,9 @@ fn an_update_and_a_recompute_give_the_bits_of_a_fresh_engine() {
         // q, k and v from one tensor, gate and up from another, q and k rows reordered for
         // partial rotary (the names' round trip in every naming: model::family's unit tests)
         ("phi3 Q4_1, GGUF names", q4(&p0), &p1, q4(&p1), Naming::Gguf, WeightDtype::F32),
+        // each expert's tensors into the stacked experts' rows, the routers (kept f32)
+        ("qwen3-moe Q4_1, HF names", q4(&m0), &m1, q4(&m1), hf, WeightDtype::F32),
+        ("olmoe f16, kvdecode names", o0, &o1, o1.clone(), Naming::Kvdecode, WeightDtype::F16),
     ];
     for (case, old, update, new, naming, dtype) in cases {
         let opts = EngineOptions { weights: dtype, prompt_cache: true, ..EngineOptions::new(3, 64) };
@@ -133,6 +138,46 @@ fn a_subset_update_writes_just_what_it_names() {
     let got = next_logits(&mut e, &next);
     assert_eq!(got, next_logits(&mut fresh(&want, &opts, &seqs), &next));
     assert_ne!(got, next_logits(&mut fresh(&old, &opts, &seqs), &next), "the bias changed nothing");
+}
+
+/// One expert's down projection and one layer's router, by their Hugging Face names: a MoE engine
+/// updated and recomputed holds the bits of a fresh engine of the old weights with just those
+/// two tensors replaced.
+#[test]
+fn a_moe_update_of_one_expert_and_one_router() {
+    use kvdecode::model::family::{assemble, tensor_names, Tensor};
+    use kvdecode::model::weights::Matrix;
+    let s = seed(94);
+    let cfg = moe_cfgs()[0].clone();
+    let (old, other) = (model(&cfg, s), model(&cfg, s + 7));
+    let hf = Naming::HuggingFace("model.");
+    let picked = ["model.layers.0.mlp.experts.3.down_proj.weight", "model.layers.2.mlp.gate.weight"];
+    let tensors: Vec<_> = named(&other, hf).into_iter().filter(|t| picked.contains(&t.0.as_str())).collect();
+    assert_eq!(tensors.len(), 2);
+    // the old weights with those two tensors replaced, assembled through the same name map
+    let mut values = named(&old, hf);
+    for v in &mut values {
+        if let Some(t) = tensors.iter().find(|t| t.0 == v.0) {
+            v.2 = t.2.clone();
+        }
+    }
+    let want = assemble(&cfg, &tensor_names(&cfg, hf), &mut |t| {
+        let v = values.iter().find(|v| v.0 == t.name).unwrap().2.clone();
+        Ok(match t.shape[..] {
+            [_] => Tensor::Vector(v),
+            _ => Tensor::Matrix(Matrix::new(t.shape[0], t.shape[1], v)?),
+        })
+    })
+    .unwrap();
+    assert_ne!(want, old);
+    let opts = EngineOptions::new(3, 64);
+    let mut e = Engine::new(&gpu(), &old, opts).unwrap();
+    let seqs = fill(&mut e, &mut SplitMix64(s), cfg.vocab);
+    e.update_weights(&host(&tensors), InFlight::Recompute).unwrap();
+    let next = [5, 6, 7];
+    let got = next_logits(&mut e, &next);
+    assert_eq!(got, next_logits(&mut fresh(&want, &opts, &seqs), &next));
+    assert_ne!(got, next_logits(&mut fresh(&old, &opts, &seqs), &next), "the update changed nothing");
 }
 
 #[test]

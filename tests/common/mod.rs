@@ -97,9 +97,11 @@ pub fn moe_cfgs() -> [ModelConfig; 2] {
     let mut qwen = ModelConfig::llama(96, 32, 4, 2, 8, 48, 3, 10000.0, 1e-6, false);
     qwen.qk_norm = true;
     qwen.moe = Some(MoeConfig { experts: 8, top_k: 2, ffn: 16, layers: vec![0, 2], norm_topk: true });
+    qwen.family = kvdecode::Family::Qwen3Moe;
     let mut olmoe = ModelConfig::llama(96, 48, 6, 3, 8, 48, 2, 10000.0, 1e-5, true);
     (olmoe.qk_norm, olmoe.qk_norm_whole) = (true, true);
     olmoe.moe = Some(MoeConfig { experts: 6, top_k: 3, ffn: 20, layers: vec![0, 1], norm_topk: false });
+    olmoe.family = kvdecode::Family::Olmoe;
     [qwen, olmoe]
 }
 

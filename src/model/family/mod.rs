@@ -322,6 +322,42 @@ mod tests {
         assert_eq!(src, [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15]);
     }
 
+    /// Qwen3-MoE's shape: 4 experts of 8 on layers 0 and 2, a dense layer between.
+    fn qwen3_moe() -> ModelConfig {
+        let mut c = ModelConfig::llama(64, 32, 2, 1, 16, 24, 3, 10000.0, 1e-6, false);
+        c.qk_norm = true;
+        c.moe =
+            Some(crate::model::config::MoeConfig { experts: 4, top_k: 2, ffn: 8, layers: vec![0, 2], norm_topk: true });
+        c.family = Family::Qwen3Moe;
+        c
+    }
+
+    #[test]
+    fn a_moe_model_round_trips_per_expert_and_stacked_names() {
+        let cfg = qwen3_moe();
+        let w = ModelWeights::random(&cfg, 7).unwrap();
+        for naming in [Naming::Kvdecode, Naming::HuggingFace("model."), Naming::Gguf] {
+            let names = tensor_names(&cfg, naming);
+            let values = tensors_of(&w, naming);
+            assert_eq!(values.len(), names.len(), "{naming:?}: every name has its values");
+            let back = assemble(&cfg, &names, &mut |t| {
+                let v = &values.iter().find(|(n, _)| n.name == t.name).unwrap().1;
+                Ok(match t.shape[..] {
+                    [_] => Tensor::Vector(v.clone()),
+                    _ => Tensor::Matrix(Matrix::new(t.shape[0], t.shape[1], v.clone())?),
+                })
+            })
+            .unwrap();
+            assert_eq!(back, w, "{naming:?}");
+        }
+        // expert 3's up projection of layer 2 is rows (4 + 3) * 8 .. of its stacked mlp_in
+        let hf = tensors_of(&w, Naming::HuggingFace("model."));
+        let up = &hf.iter().find(|(t, _)| t.name == "model.layers.2.mlp.experts.3.up_proj.weight").unwrap().1;
+        assert_eq!(&up[..32], w.layers[2].mlp_in.row(7 * 8));
+        // the dense layer keeps the dense MLP's names
+        assert!(hf.iter().any(|(t, _)| t.name == "model.layers.1.mlp.gate_proj.weight"));
+    }
+
     #[test]
     fn every_naming_round_trips_fused_and_reordered_rows() {
         let cfg = phi3();
