@@ -18,9 +18,10 @@ override WG: u32 = 64u;
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> row_info: array<RowInfo>;     // [R]
 @group(0) @binding(2) var<storage, read> logits: array<f32>;           // [N, EXPERTS]
-@group(0) @binding(3) var<storage, read_write> routes: array<u32>;     // [N, ROUTE_STRIDE]: expert ids
-@group(0) @binding(4) var<storage, read_write> weights: array<f32>;    // [N, ROUTE_STRIDE]
-@group(0) @binding(5) var<storage, read_write> route_log: array<u32>;  // [cache rows, MAX_LEN, ROUTE_STRIDE] (LOG)
+// each route an expert id and its weight's bits: one binding for both, as the expert products
+// are at WebGPU's 8 storage buffers per stage
+@group(0) @binding(3) var<storage, read_write> routes: array<u32>;     // [N, ROUTE_STRIDE, 2]
+@group(0) @binding(4) var<storage, read_write> route_log: array<u32>;  // [cache rows, MAX_LEN, ROUTE_STRIDE] (LOG)
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -50,21 +51,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         // NaN logits pick nothing: expert 0, so no product reads past the experts
         let id = u32(max(best, 0));
         let w = exp(logits[base + id] - top) / denom;
-        routes[out + s] = id;
-        weights[out + s] = w;
+        routes[2u * (out + s)] = id;
+        routes[2u * (out + s) + 1u] = bitcast<u32>(w);
         total += w;
         prev_logit = best_logit;
         prev_id = best;
     }
     if NORM_TOPK {
-        for (var s = 0u; s < TOP_K; s++) { weights[out + s] /= total; }
+        for (var s = 0u; s < TOP_K; s++) {
+            let at = 2u * (out + s) + 1u;
+            routes[at] = bitcast<u32>(bitcast<f32>(routes[at]) / total);
+        }
     }
     if LOG {
         let info = row_info[n / step.width];
         let j = n % step.width;
         if j < info.n_new {
             let at = (info.cache_row * MAX_LEN + info.pos0 + j) * ROUTE_STRIDE + ROUTE_OFFSET;
-            for (var s = 0u; s < TOP_K; s++) { route_log[at + s] = routes[out + s]; }
+            for (var s = 0u; s < TOP_K; s++) { route_log[at + s] = routes[2u * (out + s)]; }
         }
     }
 }

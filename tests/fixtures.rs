@@ -8,7 +8,8 @@
 //!   (fused tensors, LongRoPE, partial rotary, every layer sliding) over 300, past the scaled
 //!   RoPE's original context of 128 and seven times round the window; and the mixtures of experts
 //!   Qwen3-MoE (a dense layer among sparse ones, top-k renormalized), OLMoE (top-k as the softmax
-//!   weighs it, whole-projection qk-norm) and Mixtral (every layer slides) over 300, with the
+//!   weighs it, whole-projection qk-norm), Mixtral (every layer slides) and Qwen2-MoE (a shared
+//!   expert, q/k/v biases) over 300, with the
 //!   experts transformers routed every token to;
 //! - `seed-tinyagent`: the TinyAgent layout with Engram (`cid_map[0] != 0`) under a random schedule
 //!   of ragged appends, sub-batches and resets, by full recomputation in PyTorch (the seed's own
@@ -21,7 +22,7 @@ use std::path::PathBuf;
 use common::*;
 use kvdecode::{io::npy, model::reference, Engine, EngineOptions, ModelWeights};
 
-const FAMILIES: [&str; 13] = [
+const FAMILIES: [&str; 14] = [
     "llama",
     "qwen3",
     "gemma3",
@@ -35,6 +36,7 @@ const FAMILIES: [&str; 13] = [
     "qwen3_moe",
     "olmoe",
     "mixtral",
+    "qwen2_moe",
 ];
 
 /// Cache positions for a fixture's longest sequence.

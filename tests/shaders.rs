@@ -210,6 +210,9 @@ fn kernel_bindings_match_the_wgsl_declarations() {
         let indices: Vec<u32> = declared.iter().map(|d| d.0).collect();
         assert_eq!(indices, (0..declared.len() as u32).collect::<Vec<_>>(), "{}: bindings are not 0..n", k.file());
         let kinds: Vec<Bind> = declared.iter().map(|d| d.1).collect();
+        // WebGPU's default limit, which browsers keep: a ninth storage buffer is refused there
+        let storage = kinds.iter().filter(|&&b| b != Bind::Uniform).count();
+        assert!(storage <= 8, "{}: {storage} storage buffers, WebGPU allows 8 per stage", k.file());
         let names: Vec<&str> = declared.iter().map(|d| d.2.as_str()).collect();
         assert_eq!(
             k.bindings(),

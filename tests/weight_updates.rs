@@ -64,7 +64,7 @@ fn an_update_and_a_recompute_give_the_bits_of_a_fresh_engine() {
     let phi3 = phi3_cfg();
     let (p0, p1) = (model(&phi3, s), model(&phi3, s + 1));
     let q4 = |w: &ModelWeights| w.quantized(QuantKind::Q4_1).unwrap();
-    let [qwen_moe, olmoe] = moe_cfgs();
+    let [qwen_moe, olmoe, _] = moe_cfgs();
     let (m0, m1, o0, o1) = (model(&qwen_moe, s), model(&qwen_moe, s + 1), model(&olmoe, s), model(&olmoe, s + 1));
     let hf = Naming::HuggingFace("model.");
     let cases: Vec<(&str, ModelWeights, &ModelWeights, ModelWeights, Naming, WeightDtype)> = vec![

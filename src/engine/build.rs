@@ -134,11 +134,15 @@ impl Engine {
         // routed experts' activations (top_k of them)
         let (moe_logits, moe_routes, moe_act) =
             cfg.moe.as_ref().map_or((0, 0, 0), |m| (m.experts, m.layers.len() * m.top_k, m.top_k * m.ffn));
-        let widest = [d, hd, kvd, cfg.mlp.in_factor() * cfg.ffn, engram_width, 2 * d, moe_logits, moe_routes, moe_act]
-            .into_iter()
-            .max()
-            .unwrap_or(d)
-            * 4;
+        // the dense MLPs' size: the dense layers' and a MoE layer's shared expert's
+        let dense_ffn = cfg.ffn.max(cfg.moe.as_ref().and_then(|m| m.shared_ffn).unwrap_or(0));
+        let moe_routes = 2 * moe_routes; // an expert id and its weight each
+        let widest =
+            [d, hd, kvd, cfg.mlp.in_factor() * dense_ffn, engram_width, 2 * d, moe_logits, moe_routes, moe_act]
+                .into_iter()
+                .max()
+                .unwrap_or(d)
+                * 4;
         // chunk width: as many tokens per row as fit one binding for the widest activation
         let chunk = CHUNK.min(gpu.max_binding() as usize / (rows * widest));
         if chunk == 0 {
@@ -172,14 +176,14 @@ impl Engine {
             qkv: gpu.storage("q and fresh global kv", f4(t * (hd + kvd)))?,
             kv_local: gpu.storage("fresh local kv", f4(t * kvd))?,
             tmp: gpu.storage("tmp", f4(t * d))?,
-            up: gpu.storage("mlp up", f4(t * cfg.mlp.in_factor() * cfg.ffn))?,
-            act: gpu.storage("mlp act", f4(t * cfg.ffn))?,
+            up: gpu.storage("mlp up", f4(t * cfg.mlp.in_factor() * dense_ffn))?,
+            act: gpu.storage("mlp act", f4(t * dense_ffn))?,
             engram_e: gpu.storage("engram lookups", f4(if engram_width > 0 { t * engram_width } else { 4 }))?,
             engram_kv: gpu.storage("engram k/v", f4(if engram_width > 0 { t * 2 * d } else { 4 }))?,
             router_logits: gpu.storage("router logits", f4((t * moe_logits).max(4)))?,
             routes: gpu.storage("routes", f4((t * moe_routes).max(4)))?,
-            route_weights: gpu.storage("route weights", f4((t * moe_routes).max(4)))?,
             expert_act: gpu.storage("expert activations", f4((t * moe_act).max(4)))?,
+            shared_gate: gpu.storage("shared expert gate", f4(t))?,
             route_log: match opts.record_routes {
                 true => gpu.storage("route log", f4(rows * opts.max_len * route_stride))?,
                 false => gpu.storage("no route log", 16)?,

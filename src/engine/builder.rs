@@ -626,7 +626,7 @@ impl Builder<'_> {
         let log_max_len = self.route_log.then_some(self.cache.max_len());
         out.push(self.dispatch(
             &kernels::MoeRoute { slots, norm_topk: moe.norm_topk, log_max_len },
-            &[&s.step, &s.row_info, &s.router_logits, &s.routes, &s.route_weights, &s.route_log],
+            &[&s.step, &s.row_info, &s.router_logits, &s.routes, &s.route_log],
             Grid::Tokens(1),
         ));
         // (GpuWeights::upload refuses a MoE layer whose experts need more than one binding)
@@ -652,22 +652,47 @@ impl Builder<'_> {
             product: experts(&lw.mlp_in, c.d_model, moe.ffn, Some(c.mlp), false),
             slots,
             sum_slots: false,
+            shared: false,
         };
-        let routes = [&s.routes, &s.route_weights];
+        let dummy = &s.dummy;
         out.push(self.dispatch(
             &spec_in,
-            &[&s.step, h, &lw.mlp_in.parts[0].buffer, &s.expert_act, &s.dummy, &s.dummy, routes[0], routes[1]],
+            &[&s.step, h, &lw.mlp_in.parts[0].buffer, &s.expert_act, dummy, dummy, &s.routes, dummy, dummy],
             Grid::Experts { out_rows: moe.ffn },
         ));
+        // a shared expert: a dense gated MLP into tmp and its gate's logit, which the experts' sum
+        // adds (config validation keeps post-norms, which would also use tmp, away from it)
+        if let Some(sh) = &lw.shared {
+            let fs = sh.mlp_out.cols;
+            if self.fusion.act && sh.mlp_in.parts.len() == 1 {
+                out.extend(
+                    self.product(
+                        &sh.mlp_in,
+                        ProductIo { act: Some(c.mlp), ..ProductIo::new(h, c.d_model, &s.act, fs) },
+                    ),
+                );
+            } else {
+                out.extend(self.product(&sh.mlp_in, ProductIo::new(h, c.d_model, &s.up, 2 * fs)));
+                out.push(self.dispatch(
+                    &kernels::MlpAct { ffn: fs, act: c.mlp },
+                    &[&s.step, &s.up, &s.act],
+                    Grid::Tokens(fs),
+                ));
+            }
+            out.extend(self.matmul(&s.act, &sh.mlp_out, &s.tmp, c.d_model, false));
+            out.extend(self.product(&sh.gate, ProductIo::new(h, c.d_model, &s.shared_gate, 1)));
+        }
         let (y, accumulate) = if c.post_norms { (&s.tmp, false) } else { (&s.x, true) };
         let spec_out = kernels::ExpertProduct {
             product: experts(&lw.mlp_out, moe.ffn, c.d_model, None, accumulate),
             slots,
             sum_slots: true,
+            shared: lw.shared.is_some(),
         };
+        let (shared_out, shared_gate) = if lw.shared.is_some() { (&s.tmp, &s.shared_gate) } else { (dummy, dummy) };
         out.push(self.dispatch(
             &spec_out,
-            &[&s.step, &s.expert_act, &lw.mlp_out.parts[0].buffer, y, &s.dummy, &s.dummy, routes[0], routes[1]],
+            &[&s.step, &s.expert_act, &lw.mlp_out.parts[0].buffer, y, dummy, dummy, &s.routes, shared_out, shared_gate],
             Grid::Experts { out_rows: c.d_model },
         ));
         if c.post_norms {

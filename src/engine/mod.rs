@@ -57,9 +57,9 @@ pub(crate) struct Scratch {
     engram_e: wgpu::Buffer,       // [T, orders * heads * dim] Engram lookups
     engram_kv: wgpu::Buffer,      // [T, 2, d] Engram k then v
     router_logits: wgpu::Buffer,  // [T, experts] a MoE layer's router logits
-    routes: wgpu::Buffer,         // [T, MoE layers, top_k] u32 experts each token was routed to
-    route_weights: wgpu::Buffer,  // [T, MoE layers, top_k] their weights
+    routes: wgpu::Buffer,         // [T, MoE layers, top_k, 2] u32: each token's experts and their weights' bits
     expert_act: wgpu::Buffer,     // [T, top_k, moe ffn] the routed experts' activations
+    shared_gate: wgpu::Buffer,    // [T] a shared expert's gate logit
     route_log: wgpu::Buffer,      // [rows, max_len, MoE layers, top_k] u32 (record_routes)
     route_log_read: wgpu::Buffer, // [max_len, MoE layers, top_k]: one row's routes, read back
     route_log_row: wgpu::Buffer,  // [max_len, MoE layers, top_k]: a fork's source row on its way (a

@@ -288,9 +288,9 @@ impl Kernel {
             Kernel::Quantize => &[Uniform, Read, ReadWrite],
             // matmul.wgsl's six (x and norm_w unused), then the quantized input
             Kernel::MatmulInt => &[Uniform, Read, Read, ReadWrite, Read, Read, Read],
-            Kernel::MoeRoute => &[Uniform, Read, Read, ReadWrite, ReadWrite, ReadWrite],
-            // matmul.wgsl's six, then the routes and their weights
-            Kernel::MatmulExperts => &[Uniform, Read, Read, ReadWrite, Read, Read, Read, Read],
+            Kernel::MoeRoute => &[Uniform, Read, Read, ReadWrite, ReadWrite],
+            // matmul.wgsl's six, then the routes (ids and weights), the shared expert's output and gate
+            Kernel::MatmulExperts => &[Uniform, Read, Read, ReadWrite, Read, Read, Read, Read, Read],
         }
     }
 

@@ -74,6 +74,7 @@ pub(crate) fn bytes_needed(w: &ModelWeights, dtype: WeightDtype) -> u64 {
     for l in &w.layers {
         total += m(&l.wq) + m(&l.wo) + m(&l.mlp_in) + m(&l.mlp_out);
         total += l.router.as_ref().map_or(0, |r| layout(r, WeightDtype::F32).row_bytes * r.rows as u64);
+        total += l.shared_expert.as_ref().map_or(0, |s| m(&s.mlp_in) + m(&s.mlp_out) + s.gate.cols as u64 * 4);
         total += l.kv_global.as_ref().map_or(0, m) + l.kv_local.as_ref().map_or(0, m);
         total += [&l.attn_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.mlp_norm, &l.post_mlp_norm]
             .into_iter()
@@ -281,7 +282,16 @@ pub(crate) struct GpuLayer {
     /// A MoE layer's router, f32 whatever the engine's weight type (the routing decides which
     /// experts run; it is kept as exact as the file has it).
     pub router: Option<GpuMatrix>,
+    /// A MoE layer's shared expert (its gate f32, as the router).
+    pub shared: Option<GpuShared>,
     pub engram: Option<GpuEngram>,
+}
+
+/// A MoE layer's shared expert on the GPU.
+pub(crate) struct GpuShared {
+    pub mlp_in: GpuMatrix,
+    pub mlp_out: GpuMatrix,
+    pub gate: GpuMatrix,
 }
 
 /// One layer's Engram module on the GPU.
@@ -332,6 +342,9 @@ impl GpuWeights {
             LayerSlot::MlpIn => rows(&l.mlp_in, row0),
             LayerSlot::MlpOut => rows(&l.mlp_out, row0),
             LayerSlot::Router => rows(l.router.as_ref()?, row0),
+            LayerSlot::SharedIn => rows(&l.shared.as_ref()?.mlp_in, row0),
+            LayerSlot::SharedOut => rows(&l.shared.as_ref()?.mlp_out, row0),
+            LayerSlot::SharedGate => rows(&l.shared.as_ref()?.gate, row0),
             LayerSlot::EngramKv => rows(&l.engram.as_ref()?.w_kv, row0),
             LayerSlot::EngramTable(k) => {
                 let e = cfg.engram.as_ref()?;
@@ -381,6 +394,11 @@ impl GpuWeights {
             out.extend(parts(&mut l.mlp_in));
             out.extend(parts(&mut l.mlp_out));
             out.extend(l.router.iter_mut().flat_map(parts));
+            if let Some(s) = &mut l.shared {
+                out.extend(parts(&mut s.mlp_in));
+                out.extend(parts(&mut s.mlp_out));
+                out.extend(parts(&mut s.gate));
+            }
             for n in [&mut l.attn_norm, &mut l.q_norm, &mut l.k_norm, &mut l.post_attn_norm, &mut l.mlp_norm] {
                 out.extend(n.iter_mut());
             }
@@ -401,6 +419,7 @@ impl GpuWeights {
             total += l.qkv.matrices().into_iter().map(m).sum::<u64>();
             total += m(&l.wo) + m(&l.mlp_in) + m(&l.mlp_out) + l.kv_local.as_ref().map_or(0, m);
             total += l.router.as_ref().map_or(0, m);
+            total += l.shared.as_ref().map_or(0, |s| m(&s.mlp_in) + m(&s.mlp_out) + m(&s.gate));
             total += l.engram.as_ref().map_or(0, |e| m(&e.w_kv));
         }
         total
@@ -444,6 +463,14 @@ impl GpuWeights {
                 post_mlp_norm: norm(p("post_mlp_norm"), &l.post_mlp_norm)?,
                 mlp_in: mat(p("mlp_in"), &l.mlp_in)?,
                 mlp_out: mat(p("mlp_out"), &l.mlp_out)?,
+                shared: match &l.shared_expert {
+                    Some(s) => Some(GpuShared {
+                        mlp_in: mat(p("shared expert mlp_in"), &s.mlp_in)?,
+                        mlp_out: mat(p("shared expert mlp_out"), &s.mlp_out)?,
+                        gate: GpuMatrix::upload(gpu, &p("shared expert gate"), &s.gate, WeightDtype::F32)?,
+                    }),
+                    None => None,
+                },
                 router: l
                     .router
                     .as_ref()

@@ -2,7 +2,8 @@
 //! the Llama (`llama`, Llama 3.x included), Mistral (`mistral`), Qwen2 and 2.5 (`qwen2`), Qwen3
 //! (`qwen3`), SmolLM3 (`smollm3`), OLMo 2 (`olmo2`), Phi-3, 3.5 and 4-mini (`phi3`), Gemma 2
 //! (`gemma2`) and Gemma 3 (`gemma3_text`, or `gemma3` with a `text_config`) families, and the
-//! mixtures of experts Qwen3-MoE (`qwen3_moe`), OLMoE (`olmoe`) and Mixtral (`mixtral`). Config forms
+//! mixtures of experts Qwen3-MoE (`qwen3_moe`), Qwen2-MoE (`qwen2_moe`, with its shared expert),
+//! OLMoE (`olmoe`) and Mixtral (`mixtral`). Config forms
 //! of older and newer transformers versions are read: `rope_theta` and `rope_scaling`, or
 //! `rope_parameters` (flat or per layer type), with RoPE scaling of types `linear`, `llama3`,
 //! `yarn` and `longrope` and a `partial_rotary_factor`; `layer_types` or each family's window
@@ -199,22 +200,36 @@ fn layer_type_flags(cfg: &Value, n_layers: usize) -> Result<Option<Vec<bool>>> {
 /// one's size, which layers have them and whether their weights are renormalized, with each
 /// config class's defaults (`None`: a dense model, as a Qwen3-MoE without experts is).
 fn moe_config(cfg: &Value, family: Family, n_layers: usize, ffn: usize) -> Result<Option<MoeConfig>> {
-    if !matches!(family, Family::Qwen3Moe | Family::Olmoe | Family::Mixtral) {
+    if !matches!(family, Family::Qwen3Moe | Family::Qwen2Moe | Family::Olmoe | Family::Mixtral) {
         return Ok(None);
     }
+    let qwen = matches!(family, Family::Qwen3Moe | Family::Qwen2Moe);
     // transformers 5 writes `num_local_experts` for every one of these (an alias of num_experts)
     let experts = match get_usize(cfg, "num_experts")?.or(get_usize(cfg, "num_local_experts")?) {
         Some(n) => n,
         None => return Err(Error::Config("config.json: `num_experts` (or `num_local_experts`) is missing".into())),
     };
     let top_k = need_usize(cfg, "num_experts_per_tok")?;
-    // Qwen3-MoE's experts have a size of their own; OLMoE's and Mixtral's are intermediate_size
-    let expert_ffn = if family == Family::Qwen3Moe { need_usize(cfg, "moe_intermediate_size")? } else { ffn };
-    check_file_dims(n_layers, 0, &[("num_experts", experts), ("moe_intermediate_size", expert_ffn)])?;
+    // Qwen's experts have a size of their own; OLMoE's and Mixtral's are intermediate_size
+    let expert_ffn = if qwen { need_usize(cfg, "moe_intermediate_size")? } else { ffn };
+    // Qwen2-MoE's shared expert (none where its size is 0)
+    let shared_ffn = match family {
+        Family::Qwen2Moe => need_usize(cfg, "shared_expert_intermediate_size")?,
+        _ => 0,
+    };
+    check_file_dims(
+        n_layers,
+        0,
+        &[
+            ("num_experts", experts),
+            ("moe_intermediate_size", expert_ffn),
+            ("shared_expert_intermediate_size", shared_ffn),
+        ],
+    )?;
     if experts == 0 {
         return Ok(None);
     }
-    let layers: Vec<usize> = if family == Family::Qwen3Moe {
+    let layers: Vec<usize> = if qwen {
         // transformers: sparse unless in mlp_only_layers, every decoder_sparse_step-th layer
         let step = get_usize(cfg, "decoder_sparse_step")?.unwrap_or(1).max(1);
         let dense: Vec<usize> = match cfg.get("mlp_only_layers") {
@@ -241,7 +256,8 @@ fn moe_config(cfg: &Value, family: Family, n_layers: usize, ffn: usize) -> Resul
             .as_bool()
             .ok_or_else(|| Error::Config(format!("config.json: norm_topk_prob must be true or false, got {v}")))?,
     };
-    Ok((!layers.is_empty()).then_some(MoeConfig { experts, top_k, ffn: expert_ffn, layers, norm_topk }))
+    let shared_ffn = (shared_ffn > 0).then_some(shared_ffn);
+    Ok((!layers.is_empty()).then_some(MoeConfig { experts, top_k, ffn: expert_ffn, layers, norm_topk, shared_ffn }))
 }
 
 /// Parse a Hugging Face `config.json` into a [`ModelConfig`] and its family.
@@ -260,6 +276,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         "qwen3_moe" => (&root, Family::Qwen3Moe),
         "olmoe" => (&root, Family::Olmoe),
         "mixtral" => (&root, Family::Mixtral),
+        "qwen2_moe" => (&root, Family::Qwen2Moe),
         "gemma3_text" => (&root, Family::Gemma3),
         "gemma3" => match root.get("text_config") {
             Some(t) if t.is_object() => (t, Family::Gemma3),
@@ -268,7 +285,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         _ => {
             let arch = root.get("architectures").map(|a| a.to_string()).unwrap_or_default();
             return Err(Error::Config(format!(
-                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3, olmo2, phi3, qwen3_moe, olmoe, mixtral"
+                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3, olmo2, phi3, qwen3_moe, qwen2_moe, olmoe, mixtral"
             )));
         }
     };
@@ -346,8 +363,10 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
             // Mistral and Mixtral: every layer, when the window is set
             Family::Llama => vec![model_type == "mistral" && window_key.is_some(); n_layers],
             Family::Mixtral => vec![window_key.is_some(); n_layers],
-            Family::Qwen3Moe if use_window => {
-                return Err(Error::Config("config.json: use_sliding_window=true is not supported for qwen3_moe".into()))
+            Family::Qwen3Moe | Family::Qwen2Moe if use_window => {
+                return Err(Error::Config(format!(
+                    "config.json: use_sliding_window=true is not supported for {model_type}"
+                )))
             }
             // Qwen2: layers from `max_window_layers` on, when `use_sliding_window`
             Family::Qwen2 => {
@@ -402,6 +421,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         | Family::Qwen3Moe
         | Family::Olmoe
         | Family::Mixtral
+        | Family::Qwen2Moe
         | Family::Kvdecode => {
             let default = match family {
                 Family::SmolLM3 => 2_000_000.0,
@@ -412,7 +432,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
             (c.rope_theta_local, c.rope_scaling_local) =
                 rope(cfg, "sliding_attention", "rope_theta", c.rope_theta, true)?;
             c.qk_norm = matches!(family, Family::Qwen3 | Family::Olmo2 | Family::Qwen3Moe | Family::Olmoe);
-            c.qkv_bias = family == Family::Qwen2;
+            c.qkv_bias = matches!(family, Family::Qwen2 | Family::Qwen2Moe);
             if family == Family::Olmo2 {
                 // norms on the blocks' outputs only; q and k normed over their whole projection
                 (c.pre_norms, c.post_norms, c.qk_norm_whole) = (false, true, true);

@@ -95,6 +95,11 @@ impl ModelWeights {
             if let Some(r) = &l.router {
                 m(named_ref, format!("{b}.mlp.router.weight"), r);
             }
+            if let Some(s) = &l.shared_expert {
+                m(named_ref, format!("{b}.mlp.shared.fc.weight"), &s.mlp_in);
+                m(named_ref, format!("{b}.mlp.shared.proj.weight"), &s.mlp_out);
+                m(named_ref, format!("{b}.mlp.shared.gate.weight"), &s.gate);
+            }
         }
         let d = self.cfg.d_model;
         let halves: Vec<(usize, Matrix, Matrix)> = self

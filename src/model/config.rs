@@ -157,6 +157,10 @@ pub struct MoeConfig {
     /// The top-k probabilities are divided by their sum (Qwen3-MoE's `norm_topk_prob`, Mixtral);
     /// else they weigh the experts as the softmax over all experts gave them (OLMoE).
     pub norm_topk: bool,
+    /// A shared expert of this feed-forward size beside the routed ones, every token through
+    /// it, weighed by `sigmoid(gate . x)` (Qwen2-MoE).
+    #[serde(default)]
+    pub shared_ffn: Option<usize>,
 }
 
 /// Most experts a MoE layer may have: the router's top-k runs one thread per token over them.
@@ -509,6 +513,14 @@ impl ModelConfig {
             }
             if !matches!(self.mlp, MlpKind::SwiGlu | MlpKind::GeluTanhGated) {
                 return err(format!("moe experts are gated MLPs; {:?} is not gated", self.mlp));
+            }
+            if let Some(f) = m.shared_ffn {
+                if f == 0 || !f.is_multiple_of(4) {
+                    return err(format!("moe shared_ffn {f} must be a positive multiple of 4"));
+                }
+                if self.post_norms {
+                    return err("a shared expert together with post_norms is not supported".into());
+                }
             }
         }
         let mut next_group = 0usize;

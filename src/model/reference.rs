@@ -301,7 +301,19 @@ pub fn forward_routed(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) ->
                         }
                     }
                     routes[t].extend(experts);
-                    outs.push(sum.into_iter().map(|v| v as f32).collect::<Vec<f32>>());
+                    let mut out: Vec<f32> = sum.into_iter().map(|v| v as f32).collect();
+                    // the shared expert, weighed by the sigmoid of its gate, beside the routed sum
+                    if let Some(s) = &lw.shared_expert {
+                        let fs = s.mlp_out.cols;
+                        let (gate, up) = (rows_dot(&s.mlp_in, 0, fs, h), rows_dot(&s.mlp_in, fs, fs, h));
+                        let a: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| act(cfg.mlp, g) * u).collect();
+                        let g = rows_dot(&s.gate, 0, 1, h)[0];
+                        let weight = 1.0 / (1.0 + (-g as f64).exp());
+                        for (o, y) in out.iter_mut().zip(rows_dot(&s.mlp_out, 0, cfg.d_model, &a)) {
+                            *o = (*o as f64 + weight * y as f64) as f32;
+                        }
+                    }
+                    outs.push(out);
                 }
                 outs
             }

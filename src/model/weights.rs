@@ -139,8 +139,22 @@ pub struct LayerWeights {
     pub mlp_out: Matrix,
     /// The router of a MoE layer, `[experts, d_model]`: one logit per expert.
     pub router: Option<Matrix>,
+    /// A MoE layer's shared expert (Qwen2-MoE).
+    pub shared_expert: Option<SharedExpert>,
     /// The Engram module, on the layers the config names.
     pub engram: Option<EngramWeights>,
+}
+
+/// A MoE layer's shared expert: a gated MLP every token goes through, its output weighed by
+/// `sigmoid(gate . x)` and added to the routed experts' sum.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedExpert {
+    /// `[gate; up]`, `[2 * shared_ffn, d_model]`.
+    pub mlp_in: Matrix,
+    /// `[d_model, shared_ffn]`.
+    pub mlp_out: Matrix,
+    /// `[1, d_model]`: the logit of the expert's sigmoid weight.
+    pub gate: Matrix,
 }
 
 /// One layer's Engram module (docs/DESIGN.md, "Engram").
@@ -259,6 +273,16 @@ impl ModelWeights {
                 })
             })
             .collect();
+        let mut shared: Vec<Option<SharedExpert>> = (0..cfg.layers.len())
+            .map(|i| {
+                let f = cfg.moe.as_ref().filter(|_| cfg.moe_layer(i).is_some())?.shared_ffn?;
+                let mut mat = |rows: usize, cols: usize, gain: f32| {
+                    let s = gain / (cols as f32).sqrt();
+                    Matrix::new(rows, cols, (0..rows * cols).map(|_| rng.normal() * s).collect()).expect("sized")
+                };
+                Some(SharedExpert { mlp_in: mat(2 * f, d, 1.0), mlp_out: mat(d, f, 0.5), gate: mat(1, d, 1.0) })
+            })
+            .collect();
         let embed = mat(cfg.vocab, d, (d as f32).sqrt());
         let head = (!cfg.tie_embeddings).then(|| mat(cfg.vocab, d, 2.0));
         let mut rng = SplitMix64(seed ^ 0x05EE_D0F4_E0A3);
@@ -295,6 +319,7 @@ impl ModelWeights {
                 mlp_in,
                 mlp_out,
                 router: routers[i].take(),
+                shared_expert: shared[i].take(),
                 engram,
             });
         }
@@ -337,6 +362,10 @@ impl ModelWeights {
             for m in [&mut l.wq, &mut l.wo, &mut l.mlp_in, &mut l.mlp_out] {
                 q(m)?;
             }
+            if let Some(s) = &mut l.shared_expert {
+                q(&mut s.mlp_in)?;
+                q(&mut s.mlp_out)?;
+            }
             for m in [&mut l.kv_global, &mut l.kv_local].into_iter().flatten() {
                 q(m)?;
             }
@@ -373,6 +402,10 @@ impl ModelWeights {
             r(&mut l.wo);
             r(&mut l.mlp_in);
             r(&mut l.mlp_out);
+            if let Some(s) = &mut l.shared_expert {
+                r(&mut s.mlp_in);
+                r(&mut s.mlp_out);
+            }
             if let Some(m) = &mut l.kv_global {
                 r(m);
             }
@@ -446,6 +479,17 @@ impl ModelWeights {
                 (None, None) => {}
                 (None, Some(_)) => return Err(Error::Weights(p("router: missing on a MoE layer"))),
                 (Some(_), None) => return Err(Error::Weights(p("router: present on a dense layer"))),
+            }
+            let shared_ffn = c.moe.as_ref().filter(|_| c.moe_layer(i).is_some()).and_then(|m| m.shared_ffn);
+            match (&l.shared_expert, shared_ffn) {
+                (Some(s), Some(f)) => {
+                    shape(&p("shared expert mlp_in"), &s.mlp_in, 2 * f, d)?;
+                    shape(&p("shared expert mlp_out"), &s.mlp_out, d, f)?;
+                    shape(&p("shared expert gate"), &s.gate, 1, d)?;
+                }
+                (None, None) => {}
+                (None, Some(_)) => return Err(Error::Weights(p("shared expert: missing"))),
+                (Some(_), None) => return Err(Error::Weights(p("shared expert: present but the config has none"))),
             }
             match (&l.kv_global, spec.writes_global) {
                 (Some(m), true) => shape(&p("kv_global"), m, kvd, d)?,

@@ -90,19 +90,26 @@ pub fn phi3_cfg() -> ModelConfig {
 }
 
 /// Mixtures of experts: Qwen3-MoE's shape (per-head qk-norm, 8 experts, top 2 renormalized,
-/// a dense layer between two MoE layers) and OLMoE's (qk-norm over the whole projection, 6
-/// experts, top 3 weighed as the softmax gave them, 6 heads over 3 KV heads).
-pub fn moe_cfgs() -> [ModelConfig; 2] {
+/// a dense layer between two MoE layers), OLMoE's (qk-norm over the whole projection, 6
+/// experts, top 3 weighed as the softmax gave them, 6 heads over 3 KV heads) and Qwen2-MoE's
+/// (q/k/v biases, 4 experts and a shared one wider than they are).
+pub fn moe_cfgs() -> [ModelConfig; 3] {
     use kvdecode::model::config::MoeConfig;
     let mut qwen = ModelConfig::llama(96, 32, 4, 2, 8, 48, 3, 10000.0, 1e-6, false);
     qwen.qk_norm = true;
-    qwen.moe = Some(MoeConfig { experts: 8, top_k: 2, ffn: 16, layers: vec![0, 2], norm_topk: true });
+    qwen.moe = Some(MoeConfig { experts: 8, top_k: 2, ffn: 16, layers: vec![0, 2], norm_topk: true, shared_ffn: None });
     qwen.family = kvdecode::Family::Qwen3Moe;
     let mut olmoe = ModelConfig::llama(96, 48, 6, 3, 8, 48, 2, 10000.0, 1e-5, true);
     (olmoe.qk_norm, olmoe.qk_norm_whole) = (true, true);
-    olmoe.moe = Some(MoeConfig { experts: 6, top_k: 3, ffn: 20, layers: vec![0, 1], norm_topk: false });
+    olmoe.moe =
+        Some(MoeConfig { experts: 6, top_k: 3, ffn: 20, layers: vec![0, 1], norm_topk: false, shared_ffn: None });
     olmoe.family = kvdecode::Family::Olmoe;
-    [qwen, olmoe]
+    let mut qwen2 = ModelConfig::llama(96, 32, 4, 2, 8, 48, 2, 10000.0, 1e-6, false);
+    qwen2.qkv_bias = true;
+    qwen2.moe =
+        Some(MoeConfig { experts: 4, top_k: 2, ffn: 12, layers: vec![1], norm_topk: false, shared_ffn: Some(24) });
+    qwen2.family = kvdecode::Family::Qwen2Moe;
+    [qwen, olmoe, qwen2]
 }
 
 pub fn model(cfg: &ModelConfig, seed: u64) -> ModelWeights {

@@ -329,6 +329,8 @@ pub(crate) struct ExpertProduct {
     pub product: Product,
     pub slots: RouteSlots,
     pub sum_slots: bool,
+    /// Add the shared expert's output, weighed by the sigmoid of its gate (with `sum_slots`).
+    pub shared: bool,
 }
 
 impl Specialize for ExpertProduct {
@@ -337,12 +339,13 @@ impl Specialize for ExpertProduct {
     }
     fn constants(&self) -> Constants {
         let mut o = Overrides(self.product.constants());
-        o = self.slots.add(o).flag("SUM_SLOTS", self.sum_slots);
+        o = self.slots.add(o).flag("SUM_SLOTS", self.sum_slots).flag("SHARED", self.shared);
         o.0
     }
     fn label(&self) -> String {
         let what = if self.sum_slots { "out" } else { "in" };
-        format!("{}_experts_{what}_top{}", self.product.label(), self.slots.top_k)
+        let shared = if self.shared { "_shared" } else { "" };
+        format!("{}_experts_{what}_top{}{shared}", self.product.label(), self.slots.top_k)
     }
 }
 
@@ -621,6 +624,7 @@ mod tests {
                 },
                 slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 },
                 sum_slots: true,
+                shared: true,
             }),
         ]
     }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::names::{tensor_names, LayerSlot, Naming, Slot, TensorName};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
-use crate::model::weights::{EngramWeights, LayerWeights, Matrix, ModelWeights};
+use crate::model::weights::{EngramWeights, LayerWeights, Matrix, ModelWeights, SharedExpert};
 
 /// A tensor as a checkpoint reader returns it.
 pub enum Tensor {
@@ -89,6 +89,23 @@ pub fn assemble(
             mlp_in: need(&mut mats, s(LayerSlot::MlpIn))?,
             mlp_out: need(&mut mats, s(LayerSlot::MlpOut))?,
             router: take_matrix(&mut mats, s(LayerSlot::Router))?,
+            shared_expert: match take_matrix(&mut mats, s(LayerSlot::SharedIn))? {
+                Some(mlp_in) => Some(SharedExpert {
+                    mlp_in,
+                    mlp_out: need(&mut mats, s(LayerSlot::SharedOut))?,
+                    // a matrix of one row (Hugging Face), or a vector (GGUF)
+                    gate: match take_matrix(&mut mats, s(LayerSlot::SharedGate))? {
+                        Some(m) => m,
+                        None => match vecs.remove(&s(LayerSlot::SharedGate)) {
+                            Some(v) => Matrix::new(1, v.len(), v)?,
+                            None => {
+                                return Err(Error::Weights(format!("layer {i}: the shared expert's gate is missing")))
+                            }
+                        },
+                    },
+                }),
+                None => None,
+            },
             engram,
         });
     }
@@ -146,6 +163,9 @@ pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>
             LayerSlot::MlpIn => Some(&l.mlp_in),
             LayerSlot::MlpOut => Some(&l.mlp_out),
             LayerSlot::Router => l.router.as_ref(),
+            LayerSlot::SharedIn => l.shared_expert.as_ref().map(|s| &s.mlp_in),
+            LayerSlot::SharedOut => l.shared_expert.as_ref().map(|s| &s.mlp_out),
+            LayerSlot::SharedGate => l.shared_expert.as_ref().map(|s| &s.gate),
             LayerSlot::EngramKv => l.engram.as_ref().map(|e| &e.w_kv),
             LayerSlot::EngramTable(k) => l.engram.as_ref().and_then(|e| e.tables.get(k)),
             _ => None,
@@ -163,6 +183,7 @@ pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>
             LayerSlot::PostMlpNorm => l.post_mlp_norm.as_ref(),
             LayerSlot::QBias => l.q_bias.as_ref(),
             LayerSlot::KvBias => l.kv_bias.as_ref(),
+            LayerSlot::SharedGate => l.shared_expert.as_ref().map(|s| &s.gate.data),
             _ => None,
         }
     };

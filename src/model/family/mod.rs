@@ -49,6 +49,8 @@ pub enum Family {
     Olmoe,
     /// Mixtral (Mistral's attention, routed experts on every layer under `block_sparse_moe`).
     Mixtral,
+    /// Qwen2-MoE (Qwen2's attention with q/k/v biases; routed experts and a shared one).
+    Qwen2Moe,
 }
 
 /// What one per-layer tensor of a checkpoint fills (the rows of a fused matrix, or a whole
@@ -99,6 +101,14 @@ pub enum Part {
     ExpertUp,
     /// Expert `{e}`'s down projection: rows `e * d ..` of the stacked `mlp_out`.
     ExpertDown,
+    /// The shared expert's gate projection: the first half of its `mlp_in`.
+    SharedGateProj,
+    /// The shared expert's up projection: the second half.
+    SharedUpProj,
+    /// The shared expert's down projection.
+    SharedDownProj,
+    /// The shared expert's sigmoid gate, `[1, d]`.
+    SharedMix,
 }
 
 impl Part {
@@ -106,7 +116,14 @@ impl Part {
     /// the reverse (the dense MLP's), or both have it (`None`).
     fn moe_only(self) -> Option<bool> {
         match self {
-            Part::Router | Part::ExpertGate | Part::ExpertUp | Part::ExpertDown => Some(true),
+            Part::Router
+            | Part::ExpertGate
+            | Part::ExpertUp
+            | Part::ExpertDown
+            | Part::SharedGateProj
+            | Part::SharedUpProj
+            | Part::SharedDownProj
+            | Part::SharedMix => Some(true),
             Part::Gate | Part::Up | Part::Down | Part::GateUp => Some(false),
             _ => None,
         }
@@ -167,6 +184,31 @@ const QWEN3_MOE: &[LayerTensor] = &[
     t(Part::ExpertGate, "mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
     t(Part::ExpertUp, "mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
     t(Part::ExpertDown, "mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
+];
+
+// Qwen2-MoE's layout: Qwen2's attention (q/k/v biases), Qwen3-MoE's experts, and a shared expert
+// with its sigmoid gate.
+const QWEN2_MOE: &[LayerTensor] = &[
+    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
+    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    t(Part::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Part::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Part::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
+    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
+    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+    t(Part::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
+    t(Part::ExpertGate, "mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
+    t(Part::ExpertUp, "mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
+    t(Part::ExpertDown, "mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
+    t(Part::SharedGateProj, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+    t(Part::SharedUpProj, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+    t(Part::SharedDownProj, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+    t(Part::SharedMix, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
 ];
 
 // Mixtral's layout: Llama's attention, the experts under `block_sparse_moe` as w1 (gate), w3
@@ -230,6 +272,7 @@ pub fn hf_config_defaults(model_type: &str) -> (Option<usize>, Option<usize>) {
         "qwen2" => (None, Some(32)),
         "mistral" => (None, Some(8)),
         "smollm3" | "qwen3_moe" => (None, Some(4)),
+        "qwen2_moe" => (None, Some(16)),
         "mixtral" => (None, Some(8)),
         _ => (None, None),
     }
@@ -237,7 +280,7 @@ pub fn hf_config_defaults(model_type: &str) -> (Option<usize>, Option<usize>) {
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 12] = [
+    pub const ALL: [Family; 13] = [
         Family::Kvdecode,
         Family::Llama,
         Family::Qwen2,
@@ -250,6 +293,7 @@ impl Family {
         Family::Qwen3Moe,
         Family::Olmoe,
         Family::Mixtral,
+        Family::Qwen2Moe,
     ];
 
     /// The family's per-layer tensors (empty for [`Family::Kvdecode`], which has only kvdecode's
@@ -262,6 +306,7 @@ impl Family {
             Family::Phi3 => PHI3,
             Family::Qwen3Moe | Family::Olmoe => QWEN3_MOE,
             Family::Mixtral => MIXTRAL,
+            Family::Qwen2Moe => QWEN2_MOE,
         }
     }
 
@@ -278,7 +323,7 @@ impl Family {
             Family::Olmo2 => Some("olmo2"),
             Family::Phi3 => Some("phi3"),
             // llama.cpp's MoE files are not read yet: their architectures stay unknown
-            Family::Qwen3Moe | Family::Olmoe | Family::Mixtral => None,
+            Family::Qwen3Moe | Family::Olmoe | Family::Mixtral | Family::Qwen2Moe => None,
         }
     }
 
@@ -322,19 +367,26 @@ mod tests {
         assert_eq!(src, [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15]);
     }
 
-    /// Qwen3-MoE's shape: 4 experts of 8 on layers 0 and 2, a dense layer between.
-    fn qwen3_moe() -> ModelConfig {
+    /// Qwen2-MoE's shape: 4 experts of 8 and a shared expert of 12 on layers 0 and 2, a dense
+    /// layer between, q/k/v biases.
+    fn qwen2_moe() -> ModelConfig {
         let mut c = ModelConfig::llama(64, 32, 2, 1, 16, 24, 3, 10000.0, 1e-6, false);
-        c.qk_norm = true;
-        c.moe =
-            Some(crate::model::config::MoeConfig { experts: 4, top_k: 2, ffn: 8, layers: vec![0, 2], norm_topk: true });
-        c.family = Family::Qwen3Moe;
+        c.qkv_bias = true;
+        c.moe = Some(crate::model::config::MoeConfig {
+            experts: 4,
+            top_k: 2,
+            ffn: 8,
+            layers: vec![0, 2],
+            norm_topk: true,
+            shared_ffn: Some(12),
+        });
+        c.family = Family::Qwen2Moe;
         c
     }
 
     #[test]
     fn a_moe_model_round_trips_per_expert_and_stacked_names() {
-        let cfg = qwen3_moe();
+        let cfg = qwen2_moe();
         let w = ModelWeights::random(&cfg, 7).unwrap();
         for naming in [Naming::Kvdecode, Naming::HuggingFace("model."), Naming::Gguf] {
             let names = tensor_names(&cfg, naming);
@@ -354,8 +406,13 @@ mod tests {
         let hf = tensors_of(&w, Naming::HuggingFace("model."));
         let up = &hf.iter().find(|(t, _)| t.name == "model.layers.2.mlp.experts.3.up_proj.weight").unwrap().1;
         assert_eq!(&up[..32], w.layers[2].mlp_in.row(7 * 8));
-        // the dense layer keeps the dense MLP's names
+        // the dense layer keeps the dense MLP's names; the shared expert's gate is a vector in GGUF
         assert!(hf.iter().any(|(t, _)| t.name == "model.layers.1.mlp.gate_proj.weight"));
+        let gguf = tensor_names(&cfg, Naming::Gguf);
+        assert_eq!(
+            gguf.iter().find(|t| t.name == "blk.2.ffn_gate_inp_shexp.weight").map(|t| &t.shape[..]),
+            Some(&[32][..])
+        );
     }
 
     #[test]

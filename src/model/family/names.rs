@@ -50,6 +50,12 @@ pub enum LayerSlot {
     MlpOut,
     /// `router` (MoE layers).
     Router,
+    /// The shared expert's `mlp_in` (`[gate; up]`).
+    SharedIn,
+    /// The shared expert's `mlp_out`.
+    SharedOut,
+    /// The shared expert's gate (`[1, d]`).
+    SharedGate,
     /// Engram `[W_k; W_v]`.
     EngramKv,
     /// Engram table `k` (orders first, then heads).
@@ -277,6 +283,15 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                 whole(slot(LayerSlot::MlpOut)),
                 RowOrder::AsIs,
             );
+            if let Some(fs) = moe.and_then(|m| m.shared_ffn) {
+                for (name, shape, s) in [
+                    ("fc", vec![2 * fs, d], LayerSlot::SharedIn),
+                    ("proj", vec![d, fs], LayerSlot::SharedOut),
+                    ("gate", vec![1, d], LayerSlot::SharedGate),
+                ] {
+                    push(&mut out, format!("{b}.mlp.shared.{name}.weight"), shape, whole(slot(s)), RowOrder::AsIs);
+                }
+            }
             if let Some(m) = moe {
                 push(
                     &mut out,
@@ -358,6 +373,19 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                         (vec![stack * f, d], vec![(slot(LayerSlot::MlpIn), (experts + e) * f)], RowOrder::AsIs)
                     }
                     Part::ExpertDown => (vec![stack * d, f], vec![(slot(LayerSlot::MlpOut), e * d)], RowOrder::AsIs),
+                    Part::SharedGateProj | Part::SharedUpProj | Part::SharedDownProj | Part::SharedMix => {
+                        let Some(fs) = moe.and_then(|m| m.shared_ffn) else { continue };
+                        match lt.part {
+                            Part::SharedGateProj => (vec![fs, d], whole(slot(LayerSlot::SharedIn)), RowOrder::AsIs),
+                            Part::SharedUpProj => (vec![fs, d], vec![(slot(LayerSlot::SharedIn), fs)], RowOrder::AsIs),
+                            Part::SharedDownProj => (vec![d, fs], whole(slot(LayerSlot::SharedOut)), RowOrder::AsIs),
+                            // GGUF keeps the gate as a vector of d
+                            _ if naming == Naming::Gguf => {
+                                (vec![d], whole(slot(LayerSlot::SharedGate)), RowOrder::AsIs)
+                            }
+                            _ => (vec![1, d], whole(slot(LayerSlot::SharedGate)), RowOrder::AsIs),
+                        }
+                    }
                     Part::QBias => (vec![hd], bias(slot(LayerSlot::QBias), 0), qk_order(cfg.n_heads)),
                     Part::KBias => (vec![kvd], bias(slot(LayerSlot::KvBias), 0), qk_order(cfg.n_kv_heads)),
                     Part::VBias => (vec![kvd], bias(slot(LayerSlot::KvBias), kvd), RowOrder::AsIs),
