@@ -1,7 +1,7 @@
 //! The engine: a KV cache of `rows` rows on the GPU and the calls that feed and decode them.
 
-use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
+use numpy::ndarray::{Array2, Array3};
+use numpy::{IntoPyArray, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 
 use crate::model::Model;
@@ -194,7 +194,7 @@ impl Engine {
 impl Engine {
     #[new]
     #[pyo3(signature = (model, rows, max_len, *, kv="f32", weights="f32", rollback=8, beyond_trained_context=false,
-        block_len=16, pool_blocks=None, prompt_cache=true))]
+        block_len=16, pool_blocks=None, prompt_cache=true, record_routes=false))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         py: Python<'_>,
@@ -208,6 +208,7 @@ impl Engine {
         block_len: usize,
         pool_blocks: Option<usize>,
         prompt_cache: bool,
+        record_routes: bool,
     ) -> PyResult<Self> {
         let opts = kvdecode::EngineOptions {
             kv: kv_dtype(kv)?,
@@ -217,6 +218,7 @@ impl Engine {
             block_len,
             pool_blocks,
             prompt_cache,
+            record_routes,
             ..kvdecode::EngineOptions::new(rows, max_len)
         };
         let gpu = default_gpu(py)?;
@@ -350,6 +352,19 @@ impl Engine {
     /// The token ids row `row` holds, in order.
     fn history(&self, row: usize) -> PyResult<Vec<u32>> {
         Ok(self.inner.cache().history(self.row(row, "history")?).to_vec())
+    }
+
+    /// The experts every position of row `row` was routed to, `[len, MoE layers, top_k]`
+    /// (`record_routes`).
+    fn routes<'py>(&self, py: Python<'py>, row: usize) -> PyResult<Bound<'py, PyArray3<u32>>> {
+        let row = self.row(row, "routes")?;
+        let e = &self.inner;
+        let stride = e.route_stride().unwrap_or(1);
+        let top_k = e.config().moe.as_ref().map_or(1, |m| m.top_k);
+        let routes = py.detach(|| e.routes(row)).map_err(to_py)?;
+        let shape = (routes.len() / stride, stride / top_k, top_k);
+        let arr = Array3::from_shape_vec(shape, routes).map_err(|e| invalid(format!("routes: {e}")))?;
+        Ok(arr.into_pyarray(py))
     }
 
     /// Tokens row `row` can roll back exactly now.

@@ -408,18 +408,25 @@ def test_sleep_and_wake_are_exact(demo):
     assert np.array_equal(engine.append(nxt), twin.append(nxt))
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"])
+MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral", "qwen2_moe"]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"] + MOE_FAMILIES)
 def test_hugging_face_families_match_transformers(family):
     """Each newer family's fixture directory (tests/fixtures/hf, made by transformers) loads through
     the Python package and reproduces transformers' logits: the last of a 300-token prompt in one
-    append, then a prefill of 16 and single tokens for 8 more positions."""
+    append, then a prefill of 16 and single tokens for 8 more positions. A mixture of experts
+    also returns the experts transformers routed every token to."""
     d = ROOT / "tests/fixtures/hf" / family
     model = kvdecode.load(d)
     tokens = np.load(d / "tokens.npy")[0]
     want = np.load(d / "logits_full.npy")[0]
-    engine = kvdecode.Engine(model, rows=1, max_len=320)
+    moe = family in MOE_FAMILIES
+    engine = kvdecode.Engine(model, rows=1, max_len=320, record_routes=moe)
     last = engine.append(tokens[None, :])[0]
     assert np.abs(last - want[-1]).max() <= 1e-4
+    if moe:
+        assert np.array_equal(engine.routes(0), np.load(d / "routes.npy"))
     engine.reset()
     got = [engine.append(tokens[None, :16])[0]] + [engine.append([[t]])[0] for t in tokens[16:24]]
     assert np.abs(np.stack(got) - want[15:24]).max() <= 1e-4

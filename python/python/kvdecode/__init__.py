@@ -253,6 +253,9 @@ class Engine:
             raises :class:`OutOfBlocks`.
         prompt_cache: keep full K/V blocks for later sequences that start with the same tokens
             (models with sliding-window layers recompute a few blocks before the reuse point).
+        record_routes: a mixture of experts keeps the experts every token was routed to
+            (:meth:`routes`; vLLM's ``return_routed_experts``), for a trainer to replay. It turns
+            the prompt cache off.
 
     A row's results never depend on what else is in the batch or how its tokens were chunked
     (bit for bit). One engine is used from one thread at a time.
@@ -271,13 +274,14 @@ class Engine:
         block_len: int = 16,
         pool_blocks: Optional[int] = None,
         prompt_cache: bool = True,
+        record_routes: bool = False,
     ):
         if not isinstance(model, Model):
             raise InvalidInput(f"invalid input: model: expected a kvdecode.Model, got {type(model).__name__}")
         self._e = _native.Engine(
             model._m, rows, max_len, kv=kv, weights=weights, rollback=rollback,
             beyond_trained_context=beyond_trained_context, block_len=block_len, pool_blocks=pool_blocks,
-            prompt_cache=prompt_cache,
+            prompt_cache=prompt_cache, record_routes=record_routes,
         )
 
     def append(self, ids: Any, n_new: Any = None, rows: Any = None) -> np.ndarray:
@@ -337,6 +341,12 @@ class Engine:
     def history(self, row: int) -> List[int]:
         """The token ids row ``row`` holds, in order."""
         return self._e.history(int(row))
+
+    def routes(self, row: int) -> np.ndarray:
+        """The experts every position of row ``row`` was routed to: uint32 ``(len, MoE layers,
+        top_k)``, aligned with :meth:`history`, each token's experts in the router's order (the
+        engine needs ``record_routes=True``)."""
+        return self._e.routes(int(row))
 
     def max_rollback(self, row: int) -> int:
         """Tokens row ``row`` can roll back exactly now."""
