@@ -116,6 +116,37 @@ fn groups_prefill_once_and_equal_their_members_alone() {
     assert!(e.contains("a group of 6 needs 1 to 5 rows"), "{e}");
 }
 
+/// A mixture of experts' requests ask for their routes: a group (prefilled once, forked) and a
+/// single request on 3 rows, each completion's routes those the CPU reference gives the prompt
+/// and the generated tokens that were fed (all but the last); a request that does not ask gets
+/// none, and an engine that keeps no routes refuses the ask.
+#[test]
+fn moe_requests_return_their_routes() {
+    let s = seed(86);
+    let w = model(&moe_cfgs()[0], s);
+    let opts = EngineOptions { record_routes: true, ..EngineOptions::new(3, 48) };
+    let mut engine = Engine::new(&gpu(), &w, opts).unwrap();
+    let mut sched = Scheduler::new(&engine, 8);
+    let base = Request { tokens: (1..20).collect(), max_new: 7, return_routes: true, ..Default::default() };
+    let samplers: Vec<Sampler> = (0..2).map(|i| Sampler::temperature(1.0, 200 + i)).collect();
+    sched.submit_group(base.clone(), &samplers).unwrap();
+    let plain = sched.submit(Request { tokens: vec![3; 9], max_new: 5, ..Default::default() }).unwrap();
+    let done = sched.run(&mut engine, &mut |_| {}).unwrap();
+    assert_eq!(done.len(), 3);
+    for c in &done {
+        if c.id == plain {
+            assert!(c.routes.is_none());
+            continue;
+        }
+        let fed: Vec<u32> = base.tokens.iter().chain(&c.tokens[..c.tokens.len() - 1]).copied().collect();
+        let (_, want) = kvdecode::model::reference::forward_routed(&w, &fed, Default::default()).unwrap();
+        assert_eq!(c.routes.as_ref(), Some(&want), "seed {s}: request {}", c.id);
+    }
+    let quiet = Engine::new(&gpu(), &w, EngineOptions::new(1, 48)).unwrap();
+    let e = Scheduler::new(&quiet, 8).submit(base).unwrap_err().to_string();
+    assert!(e.contains("record_routes"), "{e}");
+}
+
 #[test]
 fn cancel_frees_the_row_and_others_are_untouched() {
     let s = seed(85);

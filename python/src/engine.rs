@@ -367,6 +367,13 @@ impl Engine {
         Ok(arr.into_pyarray(py))
     }
 
+    /// `(MoE layers, top_k)` of a mixture of experts' routes (`None`: a dense model).
+    #[getter]
+    fn route_shape(&self) -> Option<(usize, usize)> {
+        let m = self.inner.config().moe.as_ref()?;
+        Some((m.layers.len(), m.top_k))
+    }
+
     /// Tokens row `row` can roll back exactly now.
     fn max_rollback(&self, row: usize) -> PyResult<usize> {
         Ok(self.inner.cache().max_rollback(self.row(row, "max_rollback")?))

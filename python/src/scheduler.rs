@@ -34,6 +34,10 @@ pub struct Completion {
     /// Seconds from submission to the end.
     #[pyo3(get)]
     total_time: f64,
+    /// With `return_routes`: the experts each fed token (the prompt and every generated id but
+    /// the last) was routed to, flat; `numpy.reshape(routes, (-1, *Engine.route_shape))`.
+    #[pyo3(get)]
+    routes: Option<Vec<u32>>,
 }
 
 impl From<&kvdecode::Completion> for Completion {
@@ -53,6 +57,7 @@ impl From<&kvdecode::Completion> for Completion {
             prompt_tokens: c.stats.prompt_tokens,
             time_to_first_token: c.stats.time_to_first_token.as_secs_f64(),
             total_time: c.stats.total_time.as_secs_f64(),
+            routes: c.routes.clone(),
         }
     }
 }
@@ -148,7 +153,7 @@ impl Scheduler {
     }
 
     /// Queue a request; returns its id.
-    #[pyo3(signature = (tokens, max_new, stop, sampler, logit_bias, presence_penalty, frequency_penalty))]
+    #[pyo3(signature = (tokens, max_new, stop, sampler, logit_bias, presence_penalty, frequency_penalty, return_routes=false))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn submit(
         &mut self,
@@ -159,14 +164,16 @@ impl Scheduler {
         logit_bias: Vec<(i64, f32)>,
         presence_penalty: f32,
         frequency_penalty: f32,
+        return_routes: bool,
     ) -> PyResult<usize> {
         let mut req = request(tokens, max_new, stop, logit_bias, presence_penalty, frequency_penalty)?;
         req.sampler = samplers(sampler, 1)?[0];
+        req.return_routes = return_routes;
         self.sched()?.submit(req).map_err(to_py)
     }
 
     /// Queue requests sharing one prompt, one per sampler; returns their ids.
-    #[pyo3(signature = (tokens, max_new, stop, samplers, logit_bias, presence_penalty, frequency_penalty))]
+    #[pyo3(signature = (tokens, max_new, stop, samplers, logit_bias, presence_penalty, frequency_penalty, return_routes=false))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn submit_group(
         &mut self,
@@ -177,8 +184,10 @@ impl Scheduler {
         logit_bias: Vec<(i64, f32)>,
         presence_penalty: f32,
         frequency_penalty: f32,
+        return_routes: bool,
     ) -> PyResult<Vec<usize>> {
-        let req = request(tokens, max_new, stop, logit_bias, presence_penalty, frequency_penalty)?;
+        let mut req = request(tokens, max_new, stop, logit_bias, presence_penalty, frequency_penalty)?;
+        req.return_routes = return_routes;
         let n = samplers.len().map_err(|_| invalid("samplers: expected a sequence of Samplers"))?;
         let s = crate::engine::samplers(Some(samplers), n)?;
         self.sched()?.submit_group(req, &s).map_err(to_py)

@@ -426,7 +426,17 @@ def test_hugging_face_families_match_transformers(family):
     last = engine.append(tokens[None, :])[0]
     assert np.abs(last - want[-1]).max() <= 1e-4
     if moe:
-        assert np.array_equal(engine.routes(0), np.load(d / "routes.npy"))
+        want_routes = np.load(d / "routes.npy")
+        assert np.array_equal(engine.routes(0), want_routes)
+        # through the scheduler: the prompt's routes are transformers' (causal: what came later
+        # changes nothing before it), one entry per fed token
+        engine.reset()
+        sched = kvdecode.Scheduler(engine)
+        sched.submit(tokens[:20], max_new=4, return_routes=True)
+        (done,) = sched.run()
+        routes = np.array(done.routes).reshape(-1, *engine.route_shape)
+        assert routes.shape[0] == 20 + 4 - 1
+        assert np.array_equal(routes[:20], want_routes[:20])
     engine.reset()
     got = [engine.append(tokens[None, :16])[0]] + [engine.append([[t]])[0] for t in tokens[16:24]]
     assert np.abs(np.stack(got) - want[15:24]).max() <= 1e-4

@@ -376,6 +376,11 @@ impl Engine {
         Ok(())
     }
 
+    /// Whether the engine keeps every token's routes ([`EngineOptions::record_routes`]).
+    pub fn records_routes(&self) -> bool {
+        self.record_routes
+    }
+
     /// Entries per position of [`Engine::routes`]: MoE layers x top_k (`None`: a dense model).
     pub fn route_stride(&self) -> Option<usize> {
         self.cfg.moe.as_ref().map(|m| m.layers.len() * m.top_k)

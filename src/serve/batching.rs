@@ -110,6 +110,7 @@ impl Active {
             weights_versions: self.weights_versions,
             finish,
             error: None,
+            routes: None,
         }
     }
 }
@@ -128,6 +129,8 @@ pub struct Scheduler {
     max_len: usize,
     vocab: usize,
     bias_slots: usize,
+    /// The engine keeps every token's routes (requests may ask for them).
+    routes_recorded: bool,
     steps: usize,
     /// Positions per block, and positions one row can reach in its pool shard.
     block_len: usize,
@@ -151,6 +154,7 @@ impl Scheduler {
             max_len: engine.cache().max_len(),
             vocab: engine.config().vocab,
             bias_slots: engine.logit_bias_slots(),
+            routes_recorded: engine.route_stride().is_some() && engine.records_routes(),
             steps: 0,
             block_len: engine.cache().block_len(),
             row_capacity: engine.cache().row_capacity(),
@@ -218,6 +222,7 @@ impl Scheduler {
                     weights_versions: Vec::new(),
                     finish: Finish::Cancelled,
                     error: None,
+                    routes: None,
                     stats: RequestStats { prompt_tokens, total_time: submitted.elapsed(), ..Default::default() },
                 });
             }
@@ -246,6 +251,11 @@ impl Scheduler {
     fn check(&self, id: usize, req: &Request) -> Result<()> {
         if req.tokens.is_empty() {
             return Err(Error::Input(format!("request {id}: empty prompt")));
+        }
+        if req.return_routes && !self.routes_recorded {
+            return Err(Error::Input(format!(
+                "request {id}: return_routes needs a mixture of experts on an engine built with record_routes"
+            )));
         }
         if req.max_new == 0 {
             return Err(Error::Input(format!("request {id}: max_new is 0; ask for at least one token")));
@@ -470,10 +480,12 @@ impl Scheduler {
                 None
             };
             if let Some(finish) = finish {
+                // the routes the row holds, before the reset empties it
+                let routes = if a.req.return_routes { Some(engine.routes(r)?) } else { None };
                 engine.reset(&[r])?; // its blocks go back to the pool now (full ones stay cached)
                 engine.release_rows(self.owner, &[r]);
                 let mut done = self.rows[r].take().expect("active").complete(finish);
-                done.error = error;
+                (done.error, done.routes) = (error, routes);
                 on_event(Event::Done(&done));
                 finished.push(done);
             }

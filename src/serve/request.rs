@@ -28,6 +28,9 @@ pub struct Request {
     /// Constrained decoding: which tokens may come next (a JSON schema, a grammar), applied by
     /// the GPU sampler to this request's row only. Each request of a group gets its own.
     pub constraint: Option<ConstraintFactory>,
+    /// Return the experts every token was routed to ([`Completion::routes`]; a mixture of
+    /// experts on an engine built with [`crate::EngineOptions::record_routes`]).
+    pub return_routes: bool,
 }
 
 /// Constrained decoding for one request: before each token the scheduler asks which tokens may
@@ -168,6 +171,10 @@ pub struct Completion {
     pub finish: Finish,
     /// What went wrong, when `finish` is [`Finish::ConstraintError`].
     pub error: Option<String>,
+    /// With [`Request::return_routes`]: the experts each token that went through the model was
+    /// routed to, `[prompt + generated - 1, MoE layers, top_k]` flattened (the last generated
+    /// token is returned, never fed), as [`crate::Engine::routes`] gives them.
+    pub routes: Option<Vec<u32>>,
     /// Measurements.
     pub stats: RequestStats,
 }

@@ -319,6 +319,7 @@ async fn run_gen(app: Arc<App>, g: Gen) -> std::result::Result<Response, ApiErro
             presence_penalty: g.presence_penalty,
             frequency_penalty: g.frequency_penalty,
             constraint: g.constraint.clone(),
+            return_routes: false,
         },
         samplers: g.samplers.clone(),
         events: tx,

@@ -342,6 +342,11 @@ class Engine:
         """The token ids row ``row`` holds, in order."""
         return self._e.history(int(row))
 
+    @property
+    def route_shape(self) -> Optional[Tuple[int, int]]:
+        """``(MoE layers, top_k)`` of a mixture of experts' routes (``None``: a dense model)."""
+        return self._e.route_shape
+
     def routes(self, row: int) -> np.ndarray:
         """The experts every position of row ``row`` was routed to: uint32 ``(len, MoE layers,
         top_k)``, aligned with :meth:`history`, each token's experts in the router's order (the
@@ -550,12 +555,16 @@ class Scheduler:
         logit_bias: Optional[Mapping[int, float]] = None,
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
+        return_routes: bool = False,
     ) -> int:
         """Queue a request (prompt ids, at most ``max_new`` new tokens, ending early on a ``stop``
         id, which is returned but not appended); returns its id. A request that could never fit
-        a row, or has bad ids or parameters, raises here, so nothing fails mid-way."""
+        a row, or has bad ids or parameters, raises here, so nothing fails mid-way.
+        ``return_routes``: its :class:`Completion` carries the experts every fed token was
+        routed to (a mixture of experts on an engine with ``record_routes=True``)."""
         return self._s.submit(_int_list(tokens, "tokens"), int(max_new), _int_list(list(stop), "stop"), sampler,
-                              _bias(logit_bias), float(presence_penalty), float(frequency_penalty))
+                              _bias(logit_bias), float(presence_penalty), float(frequency_penalty),
+                              bool(return_routes))
 
     def submit_group(
         self,
@@ -566,12 +575,13 @@ class Scheduler:
         logit_bias: Optional[Mapping[int, float]] = None,
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
+        return_routes: bool = False,
     ) -> List[int]:
         """Queue one request per sampler sharing the prompt (a GRPO group, OpenAI's ``n``): the
         prompt is prefilled once and forked on the GPU. Returns the ids in sampler order."""
         return self._s.submit_group(_int_list(tokens, "tokens"), int(max_new), _int_list(list(stop), "stop"),
                                     list(samplers), _bias(logit_bias), float(presence_penalty),
-                                    float(frequency_penalty))
+                                    float(frequency_penalty), bool(return_routes))
 
     def step(self) -> List[Union[Token, Completion]]:
         """One step: admit, append a chunk per active row, sample, release finished rows."""
