@@ -13,6 +13,7 @@ mod builder;
 pub mod decode;
 mod dispatch;
 mod inspect;
+mod moe;
 pub mod options;
 mod plan;
 pub mod sampling;
@@ -362,63 +363,7 @@ impl Engine {
         self.ready()?;
         self.cache.fork(&self.gpu, src, dst)?;
         self.sampling.clear(&self.gpu, dst);
-        // the forks' routes up to the fork point are the source's
-        if let Some(stride) = self.route_stride().filter(|_| self.record_routes) {
-            let row_bytes = (self.cache.max_len() * stride * 4) as u64;
-            let held = (self.cache.lens()[src] * stride * 4) as u64;
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(&self.s.route_log, src as u64 * row_bytes, &self.s.route_log_row, 0, held);
-            for &d in dst.iter().filter(|&&d| d != src) {
-                enc.copy_buffer_to_buffer(&self.s.route_log_row, 0, &self.s.route_log, d as u64 * row_bytes, held);
-            }
-            self.gpu.queue.submit([enc.finish()]);
-        }
+        self.copy_routes(src, dst);
         Ok(())
-    }
-
-    /// Whether the engine keeps every token's routes ([`EngineOptions::record_routes`]).
-    pub fn records_routes(&self) -> bool {
-        self.record_routes
-    }
-
-    /// Entries per position of [`Engine::routes`]: MoE layers x top_k (`None`: a dense model).
-    pub fn route_stride(&self) -> Option<usize> {
-        self.cfg.moe.as_ref().map(|m| m.layers.len() * m.top_k)
-    }
-
-    /// The experts every position of `row` was routed to, `[len, MoE layers, top_k]` (each
-    /// position's experts in the router's order, the MoE layers in layer order), aligned with
-    /// the row's token history ([`crate::KvCache::history`]). Needs
-    /// [`EngineOptions::record_routes`].
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn routes(&self, row: usize) -> Result<Vec<u32>> {
-        pollster::block_on(self.routes_async(row))
-    }
-
-    /// [`Engine::routes`] that awaits the readback instead of blocking.
-    pub async fn routes_async(&self, row: usize) -> Result<Vec<u32>> {
-        self.ready()?;
-        self.cache.check_rows(&[row])?;
-        let Some(stride) = self.route_stride().filter(|_| self.record_routes) else {
-            return Err(Error::Input(
-                "routes are not recorded: build the engine with EngineOptions::record_routes".into(),
-            ));
-        };
-        let len = self.cache.lens()[row];
-        let mut out = vec![0u32; len * stride];
-        if len > 0 {
-            let row_bytes = (self.cache.max_len() * stride * 4) as u64;
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(
-                &self.s.route_log,
-                row as u64 * row_bytes,
-                &self.s.route_log_read,
-                0,
-                (out.len() * 4) as u64,
-            );
-            self.gpu.queue.submit([enc.finish()]);
-            self.read_async(&self.s.route_log_read, bytemuck::cast_slice_mut(&mut out)).await?;
-        }
-        Ok(out)
     }
 }

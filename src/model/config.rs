@@ -163,6 +163,10 @@ pub struct MoeConfig {
     pub shared_ffn: Option<usize>,
 }
 
+/// The most heads (queries, keys, values) a token may have with a whole-projection qk-norm:
+/// `qk_rope.wgsl` then runs one workgroup per token, a thread per head (its `MAX_TOKEN_HEADS`).
+pub const QK_NORM_WHOLE_MAX_HEADS: usize = 256;
+
 /// Most experts a MoE layer may have: the router's top-k runs one thread per token over them.
 pub const MAX_EXPERTS: usize = 1024;
 /// Most experts a token may be routed to.
@@ -442,13 +446,11 @@ impl ModelConfig {
             return err("qk_norm_whole needs qk_norm".into());
         }
         let token_heads = self.n_heads + 3 * self.n_kv_heads;
-        if self.qk_norm_whole && token_heads > crate::gpu::kernels::QK_NORM_WHOLE_MAX_HEADS {
+        if self.qk_norm_whole && token_heads > QK_NORM_WHOLE_MAX_HEADS {
             return err(format!(
                 "qk_norm_whole with {} heads and {} KV heads: a token's heads (queries, keys of two kinds, \
                  values: {token_heads}) are one workgroup, of at most {}",
-                self.n_heads,
-                self.n_kv_heads,
-                crate::gpu::kernels::QK_NORM_WHOLE_MAX_HEADS
+                self.n_heads, self.n_kv_heads, QK_NORM_WHOLE_MAX_HEADS
             ));
         }
         if !self.pre_norms && !self.post_norms {

@@ -5,9 +5,7 @@ use super::{Overrides, Paging, Shard, Specialize};
 use crate::gpu::shaders::{Constants, Kernel};
 use crate::model::dtype::KvDtype;
 
-/// The most heads (queries, keys, values) a token may have with a whole-projection qk-norm:
-/// `qk_rope.wgsl` then runs one workgroup per token, a thread per head (`MAX_TOKEN_HEADS`).
-pub(crate) const QK_NORM_WHOLE_MAX_HEADS: usize = 256;
+use crate::model::config::QK_NORM_WHOLE_MAX_HEADS;
 
 /// `qk_rope.wgsl`: qk-norm and RoPE of the queries and fresh keys, in place, and (fused) the
 /// global pool write of the keys and values.

@@ -1,0 +1,178 @@
+//! Mixtures of experts in the engine: a MoE layer's dispatches ([`Builder::moe_mlp`]) and the
+//! route log ([`Engine::routes`]).
+
+use crate::engine::builder::{Builder, ProductIo};
+use crate::engine::dispatch::{Dispatch, Grid};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::gpu::kernels::{self, Lanes};
+use crate::gpu::shaders::Kernel;
+use crate::gpu::weights::{GpuLayer, GpuMatrix};
+use crate::model::config::{MlpKind, MoeConfig};
+
+impl Builder<'_> {
+    /// A MoE layer's MLP and residual: the block's input written once (the router and every
+    /// expert read it), the router's logits (a product like any other, f32 weights), each token's
+    /// top-k experts and weights (`moe.wgsl`), then the routed experts' gated MLP in and their
+    /// weighted sum out (`matmul_experts.wgsl`), added to the stream.
+    pub(super) fn moe_mlp(
+        &self,
+        out: &mut Vec<Dispatch>,
+        moe: &MoeConfig,
+        ordinal: usize,
+        router: &GpuMatrix,
+        lw: &GpuLayer,
+    ) {
+        let (c, s) = (self.cfg, self.s);
+        let h = if c.pre_norms {
+            out.push(self.norm(&s.x, lw.mlp_norm.as_ref(), &s.h, false));
+            &s.h
+        } else {
+            &s.x
+        };
+        out.extend(self.product(router, ProductIo::new(h, c.d_model, &s.router_logits, moe.experts)));
+        let slots = kernels::RouteSlots {
+            experts: moe.experts,
+            top_k: moe.top_k,
+            stride: moe.layers.len() * moe.top_k,
+            offset: ordinal * moe.top_k,
+        };
+        let log_max_len = self.route_log.then_some(self.cache.max_len());
+        out.push(self.dispatch(
+            &kernels::MoeRoute { slots, norm_topk: moe.norm_topk, log_max_len },
+            &[&s.step, &s.row_info, &s.router_logits, &s.routes, &s.route_log],
+            Grid::Tokens(1),
+        ));
+        // (GpuWeights::upload refuses a MoE layer whose experts need more than one binding)
+        let experts = |w: &GpuMatrix, x_stride: usize, out_rows: usize, act: Option<MlpKind>, accumulate: bool| {
+            kernels::Product {
+                kernel: Kernel::MatmulExperts,
+                k: w.cols,
+                x_stride,
+                out_rows,
+                out_stride: if act.is_some() { moe.ffn } else { c.d_model },
+                out_offset: 0,
+                format: w.format,
+                accumulate,
+                softcap: 0.0,
+                per_row: false,
+                norm: None,
+                act,
+                bias: false,
+                lanes: Lanes::Fixed,
+            }
+        };
+        let spec_in = kernels::ExpertProduct {
+            product: experts(&lw.mlp_in, c.d_model, moe.ffn, Some(c.mlp), false),
+            slots,
+            sum_slots: false,
+            shared: false,
+        };
+        let dummy = &s.dummy;
+        out.push(self.dispatch(
+            &spec_in,
+            &[&s.step, h, &lw.mlp_in.parts[0].buffer, &s.expert_act, dummy, dummy, &s.routes, dummy, dummy],
+            Grid::Experts { out_rows: moe.ffn },
+        ));
+        // a shared expert: a dense gated MLP into tmp and its gate's logit, which the experts' sum
+        // adds (config validation keeps post-norms, which would also use tmp, away from it)
+        if let Some(sh) = &lw.shared {
+            let fs = sh.mlp_out.cols;
+            if self.fusion.act && sh.mlp_in.parts.len() == 1 {
+                out.extend(
+                    self.product(
+                        &sh.mlp_in,
+                        ProductIo { act: Some(c.mlp), ..ProductIo::new(h, c.d_model, &s.act, fs) },
+                    ),
+                );
+            } else {
+                out.extend(self.product(&sh.mlp_in, ProductIo::new(h, c.d_model, &s.up, 2 * fs)));
+                out.push(self.dispatch(
+                    &kernels::MlpAct { ffn: fs, act: c.mlp },
+                    &[&s.step, &s.up, &s.act],
+                    Grid::Tokens(fs),
+                ));
+            }
+            out.extend(self.matmul(&s.act, &sh.mlp_out, &s.tmp, c.d_model, false));
+            out.extend(self.product(&sh.gate, ProductIo::new(h, c.d_model, &s.shared_gate, 1)));
+        }
+        let (y, accumulate) = if c.post_norms { (&s.tmp, false) } else { (&s.x, true) };
+        let spec_out = kernels::ExpertProduct {
+            product: experts(&lw.mlp_out, moe.ffn, c.d_model, None, accumulate),
+            slots,
+            sum_slots: true,
+            shared: lw.shared.is_some(),
+        };
+        let (shared_out, shared_gate) = if lw.shared.is_some() { (&s.tmp, &s.shared_gate) } else { (dummy, dummy) };
+        out.push(self.dispatch(
+            &spec_out,
+            &[&s.step, &s.expert_act, &lw.mlp_out.parts[0].buffer, y, dummy, dummy, &s.routes, shared_out, shared_gate],
+            Grid::Experts { out_rows: c.d_model },
+        ));
+        if c.post_norms {
+            out.push(self.norm(&s.tmp, lw.post_mlp_norm.as_ref(), &s.x, true));
+        }
+    }
+}
+
+impl Engine {
+    /// Give forks `dst` the routes of `src` up to the fork point (with `record_routes`).
+    pub(super) fn copy_routes(&mut self, src: usize, dst: &[usize]) {
+        if let Some(stride) = self.route_stride().filter(|_| self.record_routes) {
+            let row_bytes = (self.cache.max_len() * stride * 4) as u64;
+            let held = (self.cache.lens()[src] * stride * 4) as u64;
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(&self.s.route_log, src as u64 * row_bytes, &self.s.route_log_row, 0, held);
+            for &d in dst.iter().filter(|&&d| d != src) {
+                enc.copy_buffer_to_buffer(&self.s.route_log_row, 0, &self.s.route_log, d as u64 * row_bytes, held);
+            }
+            self.gpu.queue.submit([enc.finish()]);
+        }
+    }
+
+    /// Whether the engine keeps every token's routes ([`EngineOptions::record_routes`]).
+    pub fn records_routes(&self) -> bool {
+        self.record_routes
+    }
+
+    /// Entries per position of [`Engine::routes`]: MoE layers x top_k (`None`: a dense model).
+    pub fn route_stride(&self) -> Option<usize> {
+        self.cfg.moe.as_ref().map(|m| m.layers.len() * m.top_k)
+    }
+
+    /// The experts every position of `row` was routed to, `[len, MoE layers, top_k]` (each
+    /// position's experts in the router's order, the MoE layers in layer order), aligned with
+    /// the row's token history ([`crate::KvCache::history`]). Needs
+    /// [`EngineOptions::record_routes`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn routes(&self, row: usize) -> Result<Vec<u32>> {
+        pollster::block_on(self.routes_async(row))
+    }
+
+    /// [`Engine::routes`] that awaits the readback instead of blocking.
+    pub async fn routes_async(&self, row: usize) -> Result<Vec<u32>> {
+        self.ready()?;
+        self.cache.check_rows(&[row])?;
+        let Some(stride) = self.route_stride().filter(|_| self.record_routes) else {
+            return Err(Error::Input(
+                "routes are not recorded: build the engine with EngineOptions::record_routes".into(),
+            ));
+        };
+        let len = self.cache.lens()[row];
+        let mut out = vec![0u32; len * stride];
+        if len > 0 {
+            let row_bytes = (self.cache.max_len() * stride * 4) as u64;
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(
+                &self.s.route_log,
+                row as u64 * row_bytes,
+                &self.s.route_log_read,
+                0,
+                (out.len() * 4) as u64,
+            );
+            self.gpu.queue.submit([enc.finish()]);
+            self.read_async(&self.s.route_log_read, bytemuck::cast_slice_mut(&mut out)).await?;
+        }
+        Ok(out)
+    }
+}
