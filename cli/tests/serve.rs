@@ -535,7 +535,10 @@ fn newer_families_serve_transformers_greedy_answers() {
         "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
     });
-    for family in ["qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"] {
+    // the mixtures of experts also return the experts every token went to (vLLM's
+    // return_routed_experts): the prompt's are transformers' routes of those positions
+    let moe = ["qwen3_moe", "olmoe", "mixtral", "qwen2_moe"];
+    for family in ["qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"].into_iter().chain(moe) {
         let dir = std::env::temp_dir().join(format!("kvdecode-serve-{family}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         for f in ["config.json", "model.safetensors"] {
@@ -546,13 +549,50 @@ fn newer_families_serve_transformers_greedy_answers() {
         let (prompt, want) = ids.split_at(16);
         // rows of 128 positions: Phi-3's LongRoPE takes its short factors, as transformers does
         // for a generation this short
-        let s = start_with(dir.to_str().unwrap(), &["--max-len", "128"]);
-        let (st, v) =
-            post(s.port, "/v1/completions", json!({"prompt": prompt, "max_tokens": want.len(), "temperature": 0}));
+        let is_moe = moe.contains(&family);
+        let flags: &[&str] =
+            if is_moe { &["--max-len", "128", "--enable-return-routed-experts"] } else { &["--max-len", "128"] };
+        let s = start_with(dir.to_str().unwrap(), flags);
+        let body =
+            json!({"prompt": prompt, "max_tokens": want.len(), "temperature": 0, "return_routed_experts": is_moe});
+        let (st, v) = post(s.port, "/v1/completions", body.clone());
+        if !is_moe && family == "qwen2" {
+            // a dense model has no routes to return: named, not ignored
+            let (st, e) = post(s.port, "/v1/completions", json!({"prompt": prompt, "return_routed_experts": true}));
+            assert_eq!(st, 400, "{e}");
+            assert_eq!(e["error"]["param"], "return_routed_experts", "{e}");
+        }
         assert_eq!(st, 200, "{family}: {v}");
         let text = v["choices"][0]["text"].as_str().unwrap();
         let got: Vec<u32> = text.split_whitespace().map(|t| t.trim_start_matches('t').parse().unwrap()).collect();
         assert_eq!(got, want, "{family}: served greedy tokens against transformers' generate");
+        if is_moe {
+            let routes = &v["choices"][0]["routed_experts"];
+            let routes: Vec<u32> = routes
+                .as_array()
+                .unwrap_or_else(|| panic!("{family}: no routed_experts: {v}"))
+                .iter()
+                .flat_map(|t| t.as_array().unwrap().iter().flat_map(|l| l.as_array().unwrap().iter()))
+                .map(|e| e.as_u64().unwrap() as u32)
+                .collect();
+            let want_routes =
+                kvdecode::io::npy::read(fixtures.join(family).join("routes.npy")).unwrap().to_u32().unwrap();
+            let per_token = want_routes.len() / 300;
+            assert_eq!(
+                routes.len(),
+                (prompt.len() + want.len() - 1) * per_token,
+                "{family}: routes of every fed token"
+            );
+            assert_eq!(routes[..16 * per_token], want_routes[..16 * per_token], "{family}: the prompt's routes");
+            // streamed: the choice's last chunk carries the same routes
+            let mut body = body;
+            body["stream"] = json!(true);
+            let (st, _, raw) = http(s.port, "POST", "/v1/completions", &body.to_string());
+            assert_eq!(st, 200);
+            let events = sse(&raw);
+            let last: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+            assert_eq!(last["choices"][0]["routed_experts"], v["choices"][0]["routed_experts"], "{family}: streamed");
+        }
         drop(s);
         std::fs::remove_dir_all(&dir).ok();
     }

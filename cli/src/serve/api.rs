@@ -74,6 +74,9 @@ pub struct Gen {
     pub constraint: Option<ConstraintFactory>,
     /// Tools the model may call: its output is parsed for calls.
     pub tools: Option<Tools>,
+    /// Return each choice's `routed_experts` (a mixture of experts served with
+    /// `--enable-return-routed-experts`).
+    pub return_routes: bool,
 }
 
 /// The function tools of a chat request.
@@ -194,6 +197,8 @@ pub struct Limits {
     pub max_n: usize,
     /// Largest `max_tokens` accepted.
     pub max_tokens: usize,
+    /// `(MoE layers, top_k)` when the engine keeps routes (`--enable-return-routed-experts`).
+    pub routes: Option<(usize, usize)>,
 }
 
 /// Fields accepted and ignored: they inform, they do not change generation.
@@ -300,6 +305,13 @@ pub fn parse(
         Some(v) => return Err(ApiError::bad("stream_options", format!("`stream_options` must be an object, got {v}"))),
     };
     let stream = f.bool("stream")?;
+    let return_routes = f.bool("return_routed_experts")?;
+    if return_routes && limits.routes.is_none() {
+        return Err(ApiError::bad(
+            "return_routed_experts",
+            "`return_routed_experts` needs a mixture-of-experts model served with --enable-return-routed-experts",
+        ));
+    }
     if include_usage && !stream {
         return Err(ApiError::bad("stream_options", "`stream_options` is only allowed when `stream` is true"));
     }
@@ -481,6 +493,7 @@ pub fn parse(
         include_usage,
         constraint,
         tools,
+        return_routes,
     })
 }
 

@@ -30,7 +30,7 @@ pub struct Job {
 #[derive(Debug)]
 pub enum JobEvent {
     Token { choice: usize, sampled: Sampled, weights_version: u64 },
-    Done { choice: usize, finish: Finish },
+    Done { choice: usize, finish: Finish, routes: Option<Vec<u32>> },
     Error(String),
 }
 
@@ -158,7 +158,7 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
                     last_token.remove(&c.id);
                     let ev = match &c.error {
                         Some(e) => JobEvent::Error(e.clone()),
-                        None => JobEvent::Done { choice: r.choice, finish: c.finish },
+                        None => JobEvent::Done { choice: r.choice, finish: c.finish, routes: c.routes.clone() },
                     };
                     let _ = r.job.events.send(ev);
                 }
@@ -227,7 +227,7 @@ impl Loop {
         if let Some(r) = self.running.remove(&id) {
             self.sched.cancel(engine, id);
             self.last_token.remove(&id);
-            let _ = r.job.events.send(JobEvent::Done { choice: r.choice, finish: Finish::Cancelled });
+            let _ = r.job.events.send(JobEvent::Done { choice: r.choice, finish: Finish::Cancelled, routes: None });
             self.metrics.cancelled.inc();
         }
     }

@@ -72,6 +72,11 @@ pub struct Args {
     /// /v1/reset_prefix_cache.
     #[arg(long, env = "KVDECODE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// A mixture of experts keeps the experts every token was routed to, and a request with
+    /// `"return_routed_experts": true` gets them in each choice's `routed_experts` (vLLM's names).
+    /// Turns the prompt cache off.
+    #[arg(long)]
+    enable_return_routed_experts: bool,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -97,7 +102,10 @@ pub fn run(a: Args) -> Result<()> {
     let tok = tok.ok_or(format!("{}: the model has no tokenizer to serve text with", a.model))?;
     let gpu = Gpu::new()?;
     let max_len = a.engine.max_len(&gpu, &weights, a.rows);
-    let engine = Engine::new(&gpu, &weights, a.engine.options(a.rows, max_len))?;
+    let opts =
+        kvdecode::EngineOptions { record_routes: a.enable_return_routed_experts, ..a.engine.options(a.rows, max_len) };
+    let engine = Engine::new(&gpu, &weights, opts)?;
+    let routes = weights.cfg.moe.as_ref().filter(|_| a.enable_return_routed_experts).map(|m| (m.layers.len(), m.top_k));
     let guide = guide::Guide::new(&tok, weights.cfg.vocab);
     if let Err(e) = &guide {
         eprintln!("structured output is off: llguidance could not read the tokenizer: {e}");
@@ -119,7 +127,7 @@ pub fn run(a: Args) -> Result<()> {
         jobs: jobs_tx,
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         metrics,
-        limits: Limits { max_len, max_n: a.rows, max_tokens: a.max_tokens.unwrap_or(max_len) },
+        limits: Limits { max_len, max_n: a.rows, max_tokens: a.max_tokens.unwrap_or(max_len), routes },
         max_body: a.max_body,
         created: now,
         seeds: AtomicU64::new(now.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
@@ -319,7 +327,7 @@ async fn run_gen(app: Arc<App>, g: Gen) -> std::result::Result<Response, ApiErro
             presence_penalty: g.presence_penalty,
             frequency_penalty: g.frequency_penalty,
             constraint: g.constraint.clone(),
-            return_routes: false,
+            return_routes: g.return_routes,
         },
         samplers: g.samplers.clone(),
         events: tx,
@@ -423,10 +431,11 @@ impl Output {
                 }
                 Ok(Some((choice, text, now_done)))
             }
-            JobEvent::Done { choice, finish } => {
+            JobEvent::Done { choice, finish, routes } => {
                 let c = &mut choices[choice];
                 let was_done = c.finish.is_some();
                 let text = c.done(finish);
+                c.routes = routes;
                 Ok(Some((choice, text, !was_done)))
             }
             JobEvent::Error(e) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
@@ -475,14 +484,18 @@ impl Output {
         let list: Vec<Value> = choices
             .iter()
             .enumerate()
-            .map(|(i, c)| match self.g.kind {
-                Kind::Chat => {
-                    let (message, finish) = self.message(i, c);
-                    json!({"index": i, "message": message, "logprobs": self.logprobs_of(c, 0), "finish_reason": finish})
-                }
-                Kind::Completion => json!({
-                    "index": i, "text": c.text, "logprobs": self.logprobs_of(c, 0), "finish_reason": c.finish,
-                }),
+            .map(|(i, c)| {
+                let mut choice = match self.g.kind {
+                    Kind::Chat => {
+                        let (message, finish) = self.message(i, c);
+                        json!({"index": i, "message": message, "logprobs": self.logprobs_of(c, 0), "finish_reason": finish})
+                    }
+                    Kind::Completion => json!({
+                        "index": i, "text": c.text, "logprobs": self.logprobs_of(c, 0), "finish_reason": c.finish,
+                    }),
+                };
+                self.add_routes(&mut choice, c);
+                choice
             })
             .collect();
         self.app.metrics.ok.inc();
@@ -492,6 +505,15 @@ impl Output {
         });
         self.stamp(&mut v, &choices);
         Ok(Json(v).into_response())
+    }
+
+    /// With `return_routed_experts`: the choice's `routed_experts`, `[tokens][MoE layers][top_k]`
+    /// for every token that went through the model (the prompt and the completion but its last).
+    fn add_routes(&self, choice: &mut Value, c: &ChoiceText) {
+        if let (true, Some((layers, k)), Some(routes)) = (self.g.return_routes, self.app.limits.routes, &c.routes) {
+            let per_token: Vec<Vec<&[u32]>> = routes.chunks(layers * k).map(|t| t.chunks(k).collect()).collect();
+            choice["routed_experts"] = json!(per_token);
+        }
     }
 
     /// One server-sent event; `of` is the choices so far (its versions stamp the chunk).
@@ -578,12 +600,14 @@ impl Output {
                     }
                 }
                 if finished {
-                    let last = match self.g.kind {
-                        Kind::Chat => json!([{"index": i, "delta": {}, "logprobs": null, "finish_reason": c.finish}]),
+                    let mut last = match self.g.kind {
+                        Kind::Chat => json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": c.finish}),
                         Kind::Completion => {
-                            json!([{"index": i, "text": "", "logprobs": null, "finish_reason": c.finish}])
+                            json!({"index": i, "text": "", "logprobs": null, "finish_reason": c.finish})
                         }
                     };
+                    self.add_routes(&mut last, c);
+                    let last = json!([last]);
                     if sse_tx.send(Ok(self.chunk(last, None, &choices))).await.is_err() {
                         return;
                     }

@@ -48,6 +48,8 @@ pub struct ChoiceText {
     /// Bytes of `text` already released.
     pub released: usize,
     pub finish: Option<&'static str>,
+    /// The experts its tokens were routed to (`return_routed_experts`), flat.
+    pub routes: Option<Vec<u32>>,
 }
 
 impl ChoiceText {
