@@ -43,10 +43,15 @@ pub struct Args {
     /// Rows of the attention-variant table.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     attention_rows: Vec<usize>,
+    /// Rows of the MoE table.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    moe_rows: Vec<usize>,
     /// Tables to print: throughput, profile, attention, multistep, prefix; and, only when named,
     /// weights (a full weight update against `queue.write_buffer` of the same bytes, memory over
-    /// many updates and sleep/wake cycles) and formats (the model's weights in each block format:
-    /// GPU time of the products per decode step against Q4_1's, same run).
+    /// many updates and sleep/wake cycles), formats (the model's weights in each block format:
+    /// GPU time of the products per decode step against Q4_1's, same run) and moe (a mixture of
+    /// experts' decode step against the dense model of its active parameters, and the distinct
+    /// experts the rows read).
     #[arg(long, value_delimiter = ',', default_value = "throughput,profile,attention,multistep,prefix")]
     tables: Vec<String>,
     /// Prefix table: tokens of the system prompt every request shares.
@@ -79,9 +84,11 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let (rows_list, ctx_list, steps) = (a.rows.clone(), a.ctx.clone(), a.steps);
     for t in &a.tables {
-        if !["throughput", "profile", "attention", "multistep", "prefix", "weights", "formats"].contains(&t.as_str()) {
+        if !["throughput", "profile", "attention", "multistep", "prefix", "weights", "formats", "moe"]
+            .contains(&t.as_str())
+        {
             return Err(format!(
-                "--tables: unknown table {t:?} (throughput, profile, attention, multistep, prefix, weights, formats)"
+                "--tables: unknown table {t:?} (throughput, profile, attention, multistep, prefix, weights, formats, moe)"
             )
             .into());
         }
@@ -202,6 +209,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     if table("formats") {
         json.insert("formats".into(), formats_table(&gpu, &model, steps, a.format_rounds.max(1))?.into());
+    }
+    if table("moe") {
+        let rows = crate::bench_moe::moe_table(&gpu, &model, a.weights, &a.moe_rows, steps)?;
+        json.insert("moe".into(), rows.into());
     }
     if a.json {
         println!("{}", serde_json::Value::Object(json));

@@ -8,12 +8,36 @@ use kvdecode::{EngineOptions, KvDtype, ModelConfig, ModelWeights, WeightDtype};
 /// SmolLM2-135M's dimensions; `synthetic:1b`: a Llama-3.2-1B-like shape). It runs at the speed of
 /// the real weights, so benchmarks can run where the real files cannot travel. `synthetic:tiny`
 /// is the demo model's size in the Llama layout (every layer global, no sliding window).
+/// Mixtures of experts: `synthetic:olmoe` (OLMoE-1B-7B: 64 experts, top 8, about 1.3B active; its
+/// f32 draw needs about 60 GB of host memory), `synthetic:qwen3-moe` (a Qwen3-MoE of 32 experts,
+/// top 4, 12 layers: about 0.7B parameters, 0.14B active), and `-dense` after either name for
+/// the dense model of the same active parameters.
 fn synthetic(name: &str) -> Result<ModelWeights> {
+    use kvdecode::model::config::MoeConfig;
+    let moe = |mut c: ModelConfig, experts, top_k, ffn, norm_topk, family| {
+        let layers = (0..c.n_layers()).collect();
+        c.moe = Some(MoeConfig { experts, top_k, ffn, layers, norm_topk, shared_ffn: None });
+        c.family = family;
+        c
+    };
+    let mut qwen3_moe = ModelConfig::llama(32000, 1024, 16, 4, 64, 2048, 12, 1_000_000.0, 1e-6, false);
+    qwen3_moe.qk_norm = true;
+    let mut olmoe = ModelConfig::llama(50304, 2048, 16, 16, 128, 8192, 16, 10_000.0, 1e-5, false);
+    (olmoe.qk_norm, olmoe.qk_norm_whole) = (true, true);
     let cfg = match name {
         "smollm2" => ModelConfig::llama(49152, 576, 9, 3, 64, 1536, 30, 100_000.0, 1e-5, true),
         "1b" => ModelConfig::llama(128_256, 2048, 32, 8, 64, 8192, 16, 500_000.0, 1e-5, true),
         "tiny" => ModelConfig::llama(512, 128, 4, 2, 32, 384, 6, 10_000.0, 1e-5, false),
-        _ => return Err(format!("unknown synthetic model {name:?} (smollm2, 1b, tiny)").into()),
+        "qwen3-moe" => moe(qwen3_moe, 32, 4, 512, true, kvdecode::Family::Qwen3Moe),
+        "qwen3-moe-dense" => qwen3_moe,
+        "olmoe" => moe(olmoe, 64, 8, 1024, false, kvdecode::Family::Olmoe),
+        "olmoe-dense" => olmoe,
+        _ => {
+            return Err(format!(
+                "unknown synthetic model {name:?} (smollm2, 1b, tiny, qwen3-moe, qwen3-moe-dense, olmoe, olmoe-dense)"
+            )
+            .into())
+        }
     };
     Ok(ModelWeights::random(&cfg, 0x5eed)?.quantized(kvdecode::model::quant::QuantKind::Q4_1)?)
 }

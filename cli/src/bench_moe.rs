@@ -1,0 +1,122 @@
+//! `kvdecode bench --tables moe`: a mixture of experts' decode step against a dense model of the
+//! same active parameters (each MoE layer's MLP replaced by one of top_k x expert size, plus the
+//! shared expert's), GPU time by timestamp queries, in one run; beside it how many distinct
+//! experts the step's rows read per layer.
+
+use kvdecode::{Engine, EngineOptions, Gpu, ModelWeights, Sampler, SplitMix64, WeightDtype};
+use serde_json::json;
+
+use crate::common::Result;
+
+/// The dense model of `model`'s active parameters: its attention, and on every layer an MLP of
+/// top_k x expert size (+ the shared expert's), in the experts' block format.
+pub fn dense_twin(model: &ModelWeights) -> Result<ModelWeights> {
+    let moe = model.cfg.moe.as_ref().ok_or("the moe table needs a mixture of experts (synthetic:qwen3-moe, ...)")?;
+    let mut cfg = model.cfg.clone();
+    cfg.ffn = moe.top_k * moe.ffn + moe.shared_ffn.unwrap_or(0);
+    cfg.moe = None;
+    let w = ModelWeights::random(&cfg, 0x5eed)?;
+    let kind = model.layers[moe.layers[0]].mlp_in.quant.as_ref().map(|q| q.kind);
+    Ok(match kind {
+        Some(k) => w.quantized(k)?,
+        None => w,
+    })
+}
+
+/// GPU ms per decode step (the median of `steps` profiled steps after two untimed ones) of
+/// `rows` rows at context `ctx`, and with `routes` the mean distinct experts per MoE layer that
+/// the timed steps read.
+fn time_steps(
+    gpu: &Gpu,
+    w: &ModelWeights,
+    dtype: WeightDtype,
+    rows: usize,
+    ctx: usize,
+    steps: usize,
+) -> Result<(f64, Option<f64>)> {
+    let moe = w.cfg.moe.is_some();
+    let opts = EngineOptions {
+        weights: dtype,
+        beyond_trained_context: true,
+        record_routes: moe,
+        ..EngineOptions::new(rows, ctx + steps + 3)
+    };
+    let mut e = Engine::new(gpu, w, opts)?;
+    let mut rng = SplitMix64(11);
+    let ids: Vec<u32> = (0..rows * ctx).map(|_| rng.below(w.cfg.vocab) as u32).collect();
+    let greedy = vec![Sampler::GREEDY; rows];
+    e.append_sample(&ids, ctx, &vec![ctx; rows], None, &greedy)?;
+    let mut step = |e: &mut Engine| {
+        let next: Vec<u32> = (0..rows).map(|_| rng.below(w.cfg.vocab) as u32).collect();
+        e.profile_step(&next, 1, &vec![1; rows], None, Some(&greedy))
+    };
+    for _ in 0..2 {
+        step(&mut e)?;
+    }
+    let mut ms = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        ms.push(1e3 * step(&mut e)?.total());
+    }
+    ms.sort_by(f64::total_cmp);
+    let distinct = match (&w.cfg.moe, moe) {
+        (Some(m), true) => {
+            // per timed step and MoE layer, the experts the rows' tokens were routed to
+            let routes: Vec<Vec<u32>> = (0..rows).map(|r| e.routes(r)).collect::<kvdecode::Result<_>>()?;
+            let (stride, layers) = (m.layers.len() * m.top_k, m.layers.len());
+            let len = e.cache().lens()[0];
+            let mut total = 0usize;
+            for pos in len - steps..len {
+                for l in 0..layers {
+                    let mut seen: Vec<u32> = routes
+                        .iter()
+                        .flat_map(|r| r[pos * stride + l * m.top_k..pos * stride + (l + 1) * m.top_k].iter().copied())
+                        .collect();
+                    seen.sort_unstable();
+                    seen.dedup();
+                    total += seen.len();
+                }
+            }
+            Some(total as f64 / (steps * layers) as f64)
+        }
+        _ => None,
+    };
+    Ok((ms[ms.len() / 2], distinct))
+}
+
+/// The table: per row count, the MoE step's GPU time, the dense twin's, their ratio and the
+/// distinct experts read per layer (of the experts there are; rows x top_k reads in all).
+pub fn moe_table(
+    gpu: &Gpu,
+    model: &ModelWeights,
+    dtype: WeightDtype,
+    rows_list: &[usize],
+    steps: usize,
+) -> Result<Vec<serde_json::Value>> {
+    let moe = model.cfg.moe.clone().ok_or("the moe table needs a mixture of experts (synthetic:qwen3-moe, ...)")?;
+    let dense = dense_twin(model)?;
+    let ctx = 128;
+    println!(
+        "\nMixture of experts vs dense of the same active parameters (context {ctx}; GPU ms per decode step by \
+         timestamp queries, median of {steps}; dense twin: MLP of {} on every layer; {} experts, top {})",
+        dense.cfg.ffn, moe.experts, moe.top_k
+    );
+    println!("| rows | MoE ms / step | dense ms / step | MoE / dense | distinct experts read per layer | expert reads per layer |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let mut out = Vec::new();
+    for &rows in rows_list {
+        let (moe_ms, distinct) = time_steps(gpu, model, dtype, rows, ctx, steps)?;
+        let (dense_ms, _) = time_steps(gpu, &dense, dtype, rows, ctx, steps)?;
+        let distinct = distinct.unwrap_or(0.0);
+        println!(
+            "| {rows} | {moe_ms:.2} | {dense_ms:.2} | {:.2} | {distinct:.1} of {} | {} |",
+            moe_ms / dense_ms,
+            moe.experts,
+            rows * moe.top_k
+        );
+        out.push(json!({
+            "rows": rows, "moe_ms": moe_ms, "dense_ms": dense_ms, "ratio": moe_ms / dense_ms,
+            "distinct_experts_per_layer": distinct, "experts": moe.experts, "top_k": moe.top_k,
+        }));
+    }
+    Ok(out)
+}
