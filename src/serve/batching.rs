@@ -481,7 +481,7 @@ impl Scheduler {
             };
             if let Some(finish) = finish {
                 // the routes the row holds, before the reset empties it
-                let routes = if a.req.return_routes { Some(engine.routes(r)?) } else { None };
+                let routes = if a.req.return_routes { Some(engine.routes_async(r).await?) } else { None };
                 engine.reset(&[r])?; // its blocks go back to the pool now (full ones stay cached)
                 engine.release_rows(self.owner, &[r]);
                 let mut done = self.rows[r].take().expect("active").complete(finish);
