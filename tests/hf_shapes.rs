@@ -36,8 +36,6 @@ fn draw(name: &str, shape: &[usize]) -> Vec<f32> {
             let u = (z >> 40) as f32 / 16_777_216.0 * 2.0 - 1.0;
             if name.contains("norm") {
                 1.0 + 0.2 * u
-            } else if name.contains("embed") {
-                1.7 * u
             } else if let Some(s) = matrix_scale {
                 u * s
             } else {
@@ -99,7 +97,8 @@ fn check(fixture: &Path) -> Result<(), String> {
     let want = npy::read(fixture.join("logits_full.npy")).unwrap().to_f32();
     let (n, v) = (tokens.len(), w.cfg.vocab);
 
-    let d_ref = max_abs_diff(&reference::forward(&w, &tokens).unwrap(), &want);
+    let reference = reference::forward(&w, &tokens).unwrap();
+    let d_ref = max_abs_diff(&reference, &want);
 
     let t_ref = t0.elapsed().as_secs_f32();
     let gpu = gpu();
@@ -113,6 +112,7 @@ fn check(fixture: &Path) -> Result<(), String> {
         stepped.extend_from_slice(engine.append(&[t], 1, &[1], None).unwrap().row(0).unwrap());
     }
     let d_step = max_abs_diff(&stepped, &want);
+    let d_engine = max_abs_diff(&whole[0].concat(), &reference).max(max_abs_diff(&stepped, &reference));
     let worst_pos = (0..n)
         .max_by(|&a, &b| {
             let d = |p: usize| max_abs_diff(&stepped[p * v..(p + 1) * v], &want[p * v..(p + 1) * v]);
@@ -120,16 +120,28 @@ fn check(fixture: &Path) -> Result<(), String> {
         })
         .unwrap();
     println!(
-        "{name} (head_dim {}, {} / {} heads): reference {d_ref:.1e}, one append {d_whole:.1e}, \
-         token by token {d_step:.1e} (worst at position {worst_pos}); {t_ref:.1} s reference, {:.1} s engine",
+        "{name} (head_dim {}, {} / {} heads): vs transformers: reference {d_ref:.1e}, one append {d_whole:.1e}, \
+         token by token {d_step:.1e} (worst at position {worst_pos}); engine vs reference {d_engine:.1e}; \
+         {t_ref:.1} s reference, {:.1} s engine",
         w.cfg.head_dim,
         w.cfg.n_heads,
         w.cfg.n_kv_heads,
         t0.elapsed().as_secs_f32() - t_ref
     );
-    for (what, d) in [("the CPU reference", d_ref), ("one append", d_whole), ("token by token", d_step)] {
-        if d > 1e-4 {
-            return Err(format!("{name}: {what} vs transformers: {d} (token by token worst at position {worst_pos})"));
+    // An indexing bug is off by 0.1 and more. Plain f32 rounding is not: transformers' own reaches
+    // 1.5e-4 on Gemma 3 with head_dim 256 (the f64 reference's difference there), and the
+    // engine's reaches 9.4e-5 from the reference on Gemma's fixtures (logits up to 8.3, scores
+    // scaled by query_pre_attn_scalar 24, GELU, four norms a layer), where every other family
+    // stays under 7e-6: held to transformers within 3e-4 and to the reference within 2e-4.
+    let checks = [
+        ("the CPU reference vs transformers", d_ref, 3e-4),
+        ("one append vs transformers", d_whole, 3e-4),
+        ("token by token vs transformers", d_step, 3e-4),
+        ("the engine vs the CPU reference", d_engine, 2e-4),
+    ];
+    for (what, d, tol) in checks {
+        if d > tol {
+            return Err(format!("{name}: {what}: {d} (token by token worst at position {worst_pos})"));
         }
     }
     Ok(())
