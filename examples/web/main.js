@@ -292,6 +292,9 @@ $("forget").onclick = async () => {
   document.querySelector("input[value=demo]").checked = true;
 };
 await showStored();
+// Load works from here on: the button stays disabled while the module initializes, so a click
+// then is not lost (a test clicking at once waited 300 s for a load that never began)
+$("load").disabled = false;
 
 const auto = params.get("auto");
 if (auto) {
