@@ -3,8 +3,10 @@
 //! - `kv3`: 6 heads over 3 KV heads (an odd count), `head_dim` left out of config.json (32 for
 //!   most families; Qwen3's config defaults to 128, Gemma's to 256);
 //! - `gqa4`: 8 heads over 2 KV heads, head_dim 64 with a hidden size of 96 (Phi-3, which reads no
-//!   head_dim: 512);
-//! - `hd128`: 4 heads over 1 KV head, head_dim 128 with a hidden size of 128 (Phi-3: 512).
+//!   head_dim, and OLMoE, whose q-norm spans the hidden size: 512);
+//! - `hd128`: 4 heads over 1 KV head, head_dim 128 with a hidden size of 128 (Phi-3, OLMoE: 512).
+//!
+//! The ten dense families and the four mixtures of experts, 42 fixtures.
 //!
 //! The families' own fixtures (tests/fixtures.rs) share one shape, 4 heads of 16 over 2 KV heads,
 //! at which an OLMo 2 with 3 KV heads and an implicit head_dim once came out wrong from its second
@@ -155,8 +157,9 @@ fn every_family_at_three_shapes_matches_transformers() {
         .map(|e| e.unwrap().path())
         .collect();
     fixtures.sort();
-    // 10 families x 3 shapes: a fixture lost from the directory fails here, not silently
-    assert_eq!(fixtures.len(), 30, "fixtures in {}", root.display());
+    // 14 families (the mixtures of experts among them) x 3 shapes: a fixture lost from the
+    // directory fails here, not silently
+    assert_eq!(fixtures.len(), 42, "fixtures in {}", root.display());
     // every fixture runs, so one failure shows the others too
     let failed: Vec<String> = fixtures.iter().filter_map(|f| check(f).err()).collect();
     assert!(failed.is_empty(), "{} of {} fixtures failed:\n{}", failed.len(), fixtures.len(), failed.join("\n"));
