@@ -583,24 +583,27 @@ impl Builder<'_> {
             self.moe_mlp(&mut out, moe, ordinal, router, lw);
             return out;
         }
-        let f = c.ffn;
         let mlp_in = self.block_input(&mut out, lw.mlp_norm.as_ref());
-        if self.fusion.act && lw.mlp_in.parts.len() == 1 {
-            out.extend(self.product(&lw.mlp_in, ProductIo { act: Some(c.mlp), ..mlp_in.to(&s.act, f, 0) }));
-        } else {
-            out.extend(self.product(&lw.mlp_in, mlp_in.to(&s.up, c.mlp.in_factor() * f, 0)));
-            out.push(self.dispatch(
-                &kernels::MlpAct { ffn: f, act: c.mlp },
-                &[&s.step, &s.up, &s.act],
-                Grid::Tokens(f),
-            ));
-        }
+        out.extend(self.mlp_in(&lw.mlp_in, mlp_in.to(&s.act, c.ffn, 0), c.ffn));
         if c.post_norms {
             out.extend(self.matmul(&s.act, &lw.mlp_out, &s.tmp, c.d_model, false));
             out.push(self.norm(&s.tmp, lw.post_mlp_norm.as_ref(), &s.x, true));
         } else {
             out.extend(self.matmul(&s.act, &lw.mlp_out, &s.x, c.d_model, true));
         }
+        out
+    }
+
+    /// `act = act(x W^T)` for an MLP of `f` outputs, x as `io` reads it: the activation as the
+    /// product's epilogue where the matrix is one part (a gated one pairs rows o and F + o), else
+    /// the product into `up`, then `mlp_act.wgsl`.
+    pub(super) fn mlp_in(&self, w: &GpuMatrix, io: ProductIo, f: usize) -> Vec<Dispatch> {
+        let (c, s) = (self.cfg, self.s);
+        if self.fusion.act && w.parts.len() == 1 {
+            return self.product(w, ProductIo { y: &s.act, y_stride: f, y_offset: 0, act: Some(c.mlp), ..io });
+        }
+        let mut out = self.product(w, ProductIo { y: &s.up, y_stride: c.mlp.in_factor() * f, y_offset: 0, ..io });
+        out.push(self.dispatch(&kernels::MlpAct { ffn: f, act: c.mlp }, &[&s.step, &s.up, &s.act], Grid::Tokens(f)));
         out
     }
 }

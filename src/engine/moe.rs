@@ -78,21 +78,7 @@ impl Builder<'_> {
         // adds (config validation keeps post-norms, which would also use tmp, away from it)
         if let Some(sh) = &lw.shared {
             let fs = sh.mlp_out.cols;
-            if self.fusion.act && sh.mlp_in.parts.len() == 1 {
-                out.extend(
-                    self.product(
-                        &sh.mlp_in,
-                        ProductIo { act: Some(c.mlp), ..ProductIo::new(h, c.d_model, &s.act, fs) },
-                    ),
-                );
-            } else {
-                out.extend(self.product(&sh.mlp_in, ProductIo::new(h, c.d_model, &s.up, 2 * fs)));
-                out.push(self.dispatch(
-                    &kernels::MlpAct { ffn: fs, act: c.mlp },
-                    &[&s.step, &s.up, &s.act],
-                    Grid::Tokens(fs),
-                ));
-            }
+            out.extend(self.mlp_in(&sh.mlp_in, ProductIo::new(h, c.d_model, &s.act, fs), fs));
             out.extend(self.matmul(&s.act, &sh.mlp_out, &s.tmp, c.d_model, false));
             out.extend(self.product(&sh.gate, ProductIo::new(h, c.d_model, &s.shared_gate, 1)));
         }

@@ -350,6 +350,16 @@ impl ModelConfig {
         self.moe.as_ref()?.layers.iter().position(|&l| l == i)
     }
 
+    /// The mixture of experts of layer `i`, if its MLP is one.
+    pub fn layer_moe(&self, i: usize) -> Option<&MoeConfig> {
+        self.moe.as_ref().filter(|m| m.layers.contains(&i))
+    }
+
+    /// Experts of layer `i`'s MLP: 1 on a dense layer.
+    pub fn layer_experts(&self, i: usize) -> usize {
+        self.layer_moe(i).map_or(1, |m| m.experts)
+    }
+
     /// Feed-forward size of layer `i`'s MLP (of each expert on a MoE layer).
     pub fn layer_ffn(&self, i: usize) -> usize {
         match &self.moe {

@@ -251,8 +251,7 @@ impl ModelWeights {
             let kv_global = l.writes_global.then(|| mat(kvd, d, 1.0));
             let kv_local = l.local.then(|| mat(kvd, d, 1.0));
             let wo = mat(d, hd, 0.5);
-            let (experts, f) =
-                (cfg.moe_layer(i).map_or(1, |_| cfg.moe.as_ref().map_or(1, |m| m.experts)), cfg.layer_ffn(i));
+            let (experts, f) = (cfg.layer_experts(i), cfg.layer_ffn(i));
             let mlp_in = mat(experts * cfg.mlp.in_factor() * f, d, 1.0);
             let mlp_out = mat(experts * d, f, 0.5);
             layer_mats.push((wq, kv_global, kv_local, wo, mlp_in, mlp_out));
@@ -262,7 +261,7 @@ impl ModelWeights {
         let mut rng = SplitMix64(seed ^ 0x0E0E_7E75);
         let mut routers: Vec<Option<Matrix>> = (0..cfg.layers.len())
             .map(|i| {
-                let e = cfg.moe.as_ref().filter(|_| cfg.moe_layer(i).is_some())?.experts;
+                let e = cfg.layer_moe(i)?.experts;
                 let s = 4.0 / (d as f32).sqrt();
                 Some(Matrix {
                     rows: e,
@@ -275,7 +274,7 @@ impl ModelWeights {
             .collect();
         let mut shared: Vec<Option<SharedExpert>> = (0..cfg.layers.len())
             .map(|i| {
-                let f = cfg.moe.as_ref().filter(|_| cfg.moe_layer(i).is_some())?.shared_ffn?;
+                let f = cfg.layer_moe(i)?.shared_ffn?;
                 let mut mat = |rows: usize, cols: usize, gain: f32| {
                     let s = gain / (cols as f32).sqrt();
                     Matrix::new(rows, cols, (0..rows * cols).map(|_| rng.normal() * s).collect()).expect("sized")
@@ -468,19 +467,16 @@ impl ModelWeights {
             vec(&p("kv_bias"), &l.kv_bias, kvd, c.qkv_bias)?;
             shape(&p("wq"), &l.wq, hd, d)?;
             shape(&p("wo"), &l.wo, d, hd)?;
-            let (experts, f) = match (&c.moe, c.moe_layer(i)) {
-                (Some(m), Some(_)) => (m.experts, m.ffn),
-                _ => (1, c.ffn),
-            };
+            let (experts, f) = (c.layer_experts(i), c.layer_ffn(i));
             shape(&p("mlp_in"), &l.mlp_in, experts * c.mlp.in_factor() * f, d)?;
             shape(&p("mlp_out"), &l.mlp_out, experts * d, f)?;
-            match (&l.router, c.moe_layer(i)) {
+            match (&l.router, c.layer_moe(i)) {
                 (Some(m), Some(_)) => shape(&p("router"), m, experts, d)?,
                 (None, None) => {}
                 (None, Some(_)) => return Err(Error::Weights(p("router: missing on a MoE layer"))),
                 (Some(_), None) => return Err(Error::Weights(p("router: present on a dense layer"))),
             }
-            let shared_ffn = c.moe.as_ref().filter(|_| c.moe_layer(i).is_some()).and_then(|m| m.shared_ffn);
+            let shared_ffn = c.layer_moe(i).and_then(|m| m.shared_ffn);
             match (&l.shared_expert, shared_ffn) {
                 (Some(s), Some(f)) => {
                     shape(&p("shared expert mlp_in"), &s.mlp_in, 2 * f, d)?;

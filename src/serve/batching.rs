@@ -154,7 +154,7 @@ impl Scheduler {
             max_len: engine.cache().max_len(),
             vocab: engine.config().vocab,
             bias_slots: engine.logit_bias_slots(),
-            routes_recorded: engine.route_stride().is_some() && engine.records_routes(),
+            routes_recorded: engine.records_routes(),
             steps: 0,
             block_len: engine.cache().block_len(),
             row_capacity: engine.cache().row_capacity(),

@@ -165,30 +165,12 @@ const LLAMA: &[LayerTensor] = &[
     t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
 ];
 
-// Qwen3-MoE's and OLMoE's layout: Llama's (with its qk-norms; a dense layer's MLP under the same
-// names), the router and each expert `{e}` on MoE layers. GGUF keeps each layer's experts
-// stacked in one tensor per projection (llama.cpp's `_exps`).
-const QWEN3_MOE: &[LayerTensor] = &[
-    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
-    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
-    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
-    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
-    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
-    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
-    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
-    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
-    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
-    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
-    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
-    t(Part::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
-    t(Part::ExpertGate, "mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
-    t(Part::ExpertUp, "mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
-    t(Part::ExpertDown, "mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
-];
-
-// Qwen2-MoE's layout: Qwen2's attention (q/k/v biases), Qwen3-MoE's experts, and a shared expert
-// with its sigmoid gate.
-const QWEN2_MOE: &[LayerTensor] = &[
+// The mixtures of experts' layout (Qwen3-MoE, Qwen2-MoE, OLMoE): Llama's (its q/k/v biases and
+// qk-norms listed only where the config has them; a dense layer's MLP under the same names), the
+// router and each expert `{e}` on MoE layers, and Qwen2-MoE's shared expert with its sigmoid gate
+// where the config has one. GGUF keeps each layer's experts stacked in one tensor per projection
+// (llama.cpp's `_exps`).
+const MOE: &[LayerTensor] = &[
     t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
     t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
     t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
@@ -196,6 +178,8 @@ const QWEN2_MOE: &[LayerTensor] = &[
     t(Part::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
     t(Part::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
     t(Part::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
+    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
     t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
     t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
     t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
@@ -304,9 +288,8 @@ impl Family {
             Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 => LLAMA,
             Family::Gemma2 | Family::Gemma3 | Family::Olmo2 => GEMMA,
             Family::Phi3 => PHI3,
-            Family::Qwen3Moe | Family::Olmoe => QWEN3_MOE,
+            Family::Qwen3Moe | Family::Olmoe | Family::Qwen2Moe => MOE,
             Family::Mixtral => MIXTRAL,
-            Family::Qwen2Moe => QWEN2_MOE,
         }
     }
 

@@ -194,7 +194,7 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
         let norm = |on: bool, s: LayerSlot| if has_w && on { vec![(slot(s), 0)] } else { vec![] };
         let bias = |s: Slot, row0: usize| if cfg.qkv_bias { vec![(s, row0)] } else { vec![] };
         let (q_norm_len, k_norm_len) = cfg.qk_norm_lens();
-        let moe = cfg.moe.as_ref().filter(|_| cfg.moe_layer(i).is_some());
+        let moe = cfg.layer_moe(i);
         let (experts, f) = (moe.map_or(1, |m| m.experts), cfg.layer_ffn(i));
         if naming == Naming::Kvdecode {
             let b = format!("blocks.{i}");
