@@ -147,7 +147,8 @@ const fn t(part: Part, hf: &'static str, gguf: &'static str) -> LayerTensor {
 
 // Llama's layout: `post_attention_layernorm` is the MLP's input norm. Qwen3's qk-norms and
 // Qwen2's biases are rows here too; `tensor_names` lists a row only where the config has that
-// weight (`qk_norm`, `qkv_bias`), so one table serves Llama, Qwen2, Qwen3 and SmolLM3.
+// weight (`qk_norm`, `qkv_bias`), so one table serves Llama, Qwen2, Qwen3, SmolLM3 and the
+// mixtures of experts' attention.
 const LLAMA: &[LayerTensor] = &[
     t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
     t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
@@ -165,26 +166,12 @@ const LLAMA: &[LayerTensor] = &[
     t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
 ];
 
-// The mixtures of experts' layout (Qwen3-MoE, Qwen2-MoE, OLMoE): Llama's (its q/k/v biases and
-// qk-norms listed only where the config has them; a dense layer's MLP under the same names), the
+// The mixtures of experts' layers are Llama's (its rows for q/k/v biases and qk-norms listed only
+// where the config has them; a dense layer's MLP under the same names) followed by these: the
 // router and each expert `{e}` on MoE layers, and Qwen2-MoE's shared expert with its sigmoid gate
-// where the config has one. GGUF keeps each layer's experts stacked in one tensor per projection
-// (llama.cpp's `_exps`).
-const MOE: &[LayerTensor] = &[
-    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
-    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
-    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
-    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
-    t(Part::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
-    t(Part::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
-    t(Part::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
-    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
-    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
-    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
-    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
-    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
-    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
-    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+// where the config has one (Qwen3-MoE, Qwen2-MoE, OLMoE). GGUF keeps each layer's experts stacked
+// in one tensor per projection (llama.cpp's `_exps`).
+const EXPERTS: &[LayerTensor] = &[
     t(Part::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
     t(Part::ExpertGate, "mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
     t(Part::ExpertUp, "mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
@@ -195,15 +182,9 @@ const MOE: &[LayerTensor] = &[
     t(Part::SharedMix, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
 ];
 
-// Mixtral's layout: Llama's attention, the experts under `block_sparse_moe` as w1 (gate), w3
-// (up) and w2 (down).
-const MIXTRAL: &[LayerTensor] = &[
-    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
-    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
-    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
-    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
-    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
-    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+// Mixtral's experts after Llama's rows: under `block_sparse_moe` as w1 (gate), w3 (up) and w2
+// (down).
+const MIXTRAL_EXPERTS: &[LayerTensor] = &[
     t(Part::Router, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
     t(Part::ExpertGate, "block_sparse_moe.experts.{e}.w1.weight", "ffn_gate_exps.weight"),
     t(Part::ExpertUp, "block_sparse_moe.experts.{e}.w3.weight", "ffn_up_exps.weight"),
@@ -280,17 +261,18 @@ impl Family {
         Family::Qwen2Moe,
     ];
 
-    /// The family's per-layer tensors (empty for [`Family::Kvdecode`], which has only kvdecode's
-    /// names).
-    pub fn layer_tensors(self) -> &'static [LayerTensor] {
-        match self {
-            Family::Kvdecode => &[],
-            Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 => LLAMA,
-            Family::Gemma2 | Family::Gemma3 | Family::Olmo2 => GEMMA,
-            Family::Phi3 => PHI3,
-            Family::Qwen3Moe | Family::Olmoe | Family::Qwen2Moe => MOE,
-            Family::Mixtral => MIXTRAL,
-        }
+    /// The family's per-layer tensors (none for [`Family::Kvdecode`], which has only kvdecode's
+    /// names): its table, and a mixture of experts' rows after Llama's.
+    pub fn layer_tensors(self) -> impl Iterator<Item = &'static LayerTensor> {
+        let (table, experts): (&'static [LayerTensor], &'static [LayerTensor]) = match self {
+            Family::Kvdecode => (&[], &[]),
+            Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 => (LLAMA, &[]),
+            Family::Gemma2 | Family::Gemma3 | Family::Olmo2 => (GEMMA, &[]),
+            Family::Phi3 => (PHI3, &[]),
+            Family::Qwen3Moe | Family::Olmoe | Family::Qwen2Moe => (LLAMA, EXPERTS),
+            Family::Mixtral => (LLAMA, MIXTRAL_EXPERTS),
+        };
+        table.iter().chain(experts)
     }
 
     /// `general.architecture` in GGUF files.
