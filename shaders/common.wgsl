@@ -49,12 +49,40 @@ fn bf16_bits(x: f32) -> u32 {
     return (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;
 }
 
-// Two values packed into one word in a 16-bit format (1 f16, 5 bf16).
+// f16 bits of x, rounded to nearest even (as `half::f16::from_f32` and PyTorch), in integer
+// arithmetic. Not `pack2x16float`: a compiler may fold `unpack2x16float(pack2x16float(k))` within
+// one shader into k itself. On an NVIDIA H200 it did, for 199,986 of 200,000 random values, so a
+// key read fresh from the chunk kept its f32 bits while the same key read back from the ring had
+// been rounded, and a row's logits depended on its chunking (by 3e-4). Integer bits cannot be
+// folded, and their rounding is ours rather than the driver's.
+fn f16_bits(x: f32) -> u32 {
+    let u = bitcast<u32>(x);
+    let sign = (u >> 16u) & 0x8000u;
+    let a = u & 0x7fffffffu;
+    if a > 0x7f800000u { return sign | 0x7e00u; }  // NaN
+    if a >= 0x477ff000u { return sign | 0x7c00u; }  // 65520 and above round to infinity
+    if a >= 0x38800000u {
+        // normal: rebias the exponent (127 -> 15), round the 13 dropped bits to nearest even
+        let r = a - 0x38000000u;
+        return sign | ((r + 0xfffu + ((r >> 13u) & 1u)) >> 13u);
+    }
+    // subnormal: m * 2^-24 with m = mant * 2^(e - 126), e the biased f32 exponent
+    let e = a >> 23u;
+    if e < 102u { return sign; }  // below 2^-25: rounds to zero
+    let mant = (a & 0x7fffffu) | 0x800000u;
+    let shift = 126u - e;  // 14 ..= 24
+    let m = mant >> shift;
+    let rem = mant & ((1u << shift) - 1u);
+    let half = 1u << (shift - 1u);
+    return sign | (m + select(0u, 1u, rem > half || (rem == half && (m & 1u) == 1u)));
+}
+
+// Two values packed into one word in a 16-bit format (1 f16, 5 bf16), each rounded to nearest even.
 fn pack2(fmt: u32, v: vec2<f32>) -> u32 {
     if fmt == 5u {
         return bf16_bits(v.x) | (bf16_bits(v.y) << 16u);
     }
-    return pack2x16float(v);
+    return f16_bits(v.x) | (f16_bits(v.y) << 16u);
 }
 
 // v rounded to what storage in `fmt` keeps (0: unchanged).

@@ -138,3 +138,91 @@ fn kv_dtype_names_parse_and_unknown_is_a_clear_error() {
     let e = KvDtype::parse("fp8").unwrap_err().to_string();
     assert!(e.contains("\"fp8\"") && e.contains("bf16"), "{e}");
 }
+
+/// The kernels' f16 rounding (`pack2` in common.wgsl, integer arithmetic) on the device gives
+/// `half::f16::from_f32`'s bits, nearest even, for every finite f16, the midpoints between
+/// neighbours (the ties) and the f32 values either side of them, subnormals, overflow and the
+/// specials. A driver's own `pack2x16float` is not used: its rounding is the driver's, and a
+/// compiler may fold a pack-unpack pair within one shader (see common.wgsl's `f16_bits`).
+#[test]
+fn f16_rounding_on_the_device_is_nearest_even() {
+    use wgpu::util::DeviceExt;
+    let mut xs: Vec<f32> =
+        vec![0.0, f32::INFINITY, f32::NAN, 1e-45, 1e-30, 2.9802322e-8, 65504.0, 65519.99, 65520.0, 1e10];
+    for h in 0u16..0x7c00 {
+        let v = half::f16::from_bits(h).to_f32();
+        let next = half::f16::from_bits(h + 1).to_f32();
+        let mid = if h + 1 == 0x7c00 { 65520.0 } else { (v + next) / 2.0 };
+        xs.extend([v, mid, f32::from_bits(mid.to_bits() - 1), f32::from_bits(mid.to_bits() + 1)]);
+    }
+    xs.extend(xs.clone().iter().map(|x| -x));
+    let gpu = gpu();
+    let src = format!(
+        "{}\n{}",
+        include_str!("../shaders/common.wgsl"),
+        "@group(0) @binding(0) var<storage, read> xs: array<vec2<f32>>;  // [n / 2]
+         @group(0) @binding(1) var<storage, read_write> out: array<u32>;  // [n / 2] f16 pairs
+         @compute @workgroup_size(64)
+         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+             if gid.x < arrayLength(&out) { out[gid.x] = pack2(1u, xs[gid.x]); }
+         }"
+    );
+    let d = &gpu.device;
+    let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("f16 rounding"),
+        source: wgpu::ShaderSource::Wgsl(src.into()),
+    });
+    let pipeline = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("f16 rounding"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let input = d.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: None,
+        contents: bytemuck::cast_slice(&xs),
+        usage: wgpu::BufferUsages::STORAGE,
+    });
+    let size = (xs.len() / 2 * 4) as u64;
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+    let out = d.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage, mapped_at_creation: false });
+    let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+    let read = d.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage, mapped_at_creation: false });
+    let bind = d.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry { binding: 0, resource: input.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 1, resource: out.as_entire_binding() },
+        ],
+    });
+    let mut enc = d.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups((xs.len() / 2).div_ceil(64) as u32, 1, 1);
+    }
+    enc.copy_buffer_to_buffer(&out, 0, &read, 0, size);
+    gpu.queue.submit([enc.finish()]);
+    read.slice(..).map_async(wgpu::MapMode::Read, |r| r.expect("map"));
+    d.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let words: Vec<u32> = bytemuck::cast_slice(&read.slice(..).get_mapped_range().unwrap()).to_vec();
+    let mut wrong = Vec::new();
+    for (i, x) in xs.iter().enumerate() {
+        let got = (words[i / 2] >> (16 * (i % 2))) & 0xffff;
+        let want = u32::from(half::f16::from_f32(*x).to_bits());
+        if got != want {
+            wrong.push(format!("{x:e} ({:#010x}): {got:#06x}, want {want:#06x}", x.to_bits()));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} values rounded wrong, first: {:?}",
+        wrong.len(),
+        xs.len(),
+        &wrong[..wrong.len().min(8)]
+    );
+}

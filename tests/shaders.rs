@@ -234,9 +234,10 @@ fn every_binding_has_a_shape_comment() {
 }
 
 /// Bitwise exactness on GPU compilers: a float multiply feeding an add (or a subtract) may be
-/// compiled to one fused multiply-add or to two rounded operations, and the compiler chooses per
-/// code instance and per pipeline, so one value computed in two places could differ in its last
-/// bit (seen on an NVIDIA H200: a row alone and the same row in a crowd differed). The kernels
+/// compiled to one fused multiply-add or to two rounded operations, and the compiler may choose
+/// per code instance and per pipeline, so one value computed in two places could differ in its
+/// last bit (WGSL allows the fusion; the one H200 failure seen so far was another fold, f16
+/// rounding: common.wgsl's `f16_bits`). The kernels
 /// write every such multiply-add as an explicit `fma`, and use no `dot` (a sum of products in an
 /// order of the compiler's choosing). This finds a multiply or dot that feeds an add directly or
 /// through a `let`; one stored in a `var` first is beyond its sight.
