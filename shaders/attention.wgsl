@@ -12,7 +12,8 @@
 // Padding queries produce zeros. A query that sees no key produces zeros too, never NaN.
 // SPLIT: the global keys were already folded per partition by attention_split.wgsl; this kernel
 // merges those partial states in partition (= position) order instead of walking the keys, then
-// goes on with the local keys as above. Binding 4 then holds the partials.
+// goes on with the local keys as above. Binding 4 then holds the partials. A layer without local
+// keys merges with a thread per (token, head, value vec4) (`merge_element`), else per (token, head).
 
 override H: u32;                // query heads
 override HK: u32;               // kv heads
@@ -97,9 +98,56 @@ fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
     }
 }
 
+// SPLIT without local keys: the merge alone, one thread per (token, query head, value vec4)
+// instead of per (token, query head). A thread per head walked the partitions with its head's
+// whole output in a private array, so a row at one step ran a few threads, each spilling to slow
+// memory (on an H200, 44 us per layer for SmolLM2's 9 heads). Every thread of a head repeats the
+// same (max, sum) folds, and its element takes the same operations in the same order as the walk
+// below, so the bits are the walk's.
+fn merge_element(idx: u32) {
+    let d4n = D / 4u;
+    let t = idx / (H * d4n);
+    let n = group.token0 + t;
+    if t >= GROUP_TOKENS || n >= step.tokens { return; }  // the next group's, or past the chunk
+    let h = (idx / d4n) % H;
+    let i = idx % d4n;
+    let r = n / step.width;
+    let j = n % step.width;
+    let info = rows[r];
+    if info.cache_row < ROW0 || info.cache_row - ROW0 >= SHARD_ROWS { return; }  // another shard's row
+    let out = n * (Q_STRIDE / 4u) + h * d4n + i;
+    if j >= info.n_new {
+        qy[out] = vec4<f32>(0.0);
+        return;
+    }
+    let p = info.pos0 + j;
+    var mm = -3.0e38;
+    var ll = 0.0;
+    var a = vec4<f32>(0.0);
+    let stride = 4u * (1u + d4n);  // words per partial
+    let first = (t * H + h) * PARTS * stride;
+    for (var s = 0u; s * SPAN <= p; s++) {
+        let at = first + s * stride;
+        let ms = bitcast<f32>(gkv[at]);
+        let mn = max(mm, ms);
+        let ca = exp(mm - mn);
+        let cb = exp(ms - mn);
+        ll = fma(ll, ca, bitcast<f32>(gkv[at + 1u]) * cb);
+        let e = at + 4u * (1u + i);
+        a = fma(a, vec4<f32>(ca), bitcast<vec4<f32>>(vec4<u32>(gkv[e], gkv[e + 1u], gkv[e + 2u], gkv[e + 3u])) * cb);
+        mm = mn;
+    }
+    let inv = select(0.0, 1.0 / ll, ll > 0.0);
+    qy[out] = a * inv;
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let idx = gid.x + gid.y * nwg.x * WG;  // 2D grids for more than 65535 workgroups
+    if HAS_GLOBAL && SPLIT && !HAS_LOCAL {
+        merge_element(idx);
+        return;
+    }
     let n = group.token0 + idx / H;
     let h = idx % H;
     if idx / H >= GROUP_TOKENS || n >= step.tokens { return; }  // the next group's, or past the chunk

@@ -468,7 +468,8 @@ impl Builder<'_> {
                         token_group,
                         &cache.block_tables,
                     ],
-                    Grid::TokenGroup { group: g, size, per_token: c.n_heads },
+                    // the merge alone takes a thread per value vec4 of each head (attention.wgsl)
+                    Grid::TokenGroup { group: g, size, per_token: merge.threads_per_token(c.n_heads, c.head_dim) },
                 ));
             }
         }

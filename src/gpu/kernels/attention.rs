@@ -175,6 +175,18 @@ pub(crate) struct Attention {
     pub split: bool,
 }
 
+impl Attention {
+    /// Threads per token: one per query head, or for the merge alone (split, no local keys) one
+    /// per value vec4 of each head.
+    pub(crate) fn threads_per_token(&self, heads: usize, head_dim: usize) -> usize {
+        if self.global && self.split && !self.local {
+            heads * head_dim / 4
+        } else {
+            heads
+        }
+    }
+}
+
 impl Specialize for Attention {
     fn kernel(&self) -> Kernel {
         Kernel::Attention
