@@ -80,7 +80,7 @@ struct Reply {
 async fn request(addr: &str, body: &str, stream: bool, cancel_after_first: bool) -> std::io::Result<Reply> {
     let mut s = TcpStream::connect(addr).await?;
     let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let t0 = Instant::now();

@@ -211,12 +211,65 @@ fn bad_requests_are_named_and_the_server_keeps_serving() {
     let (st, _, raw) = http(s2.port, "POST", "/v1/completions", &long);
     assert_eq!(st, 400, "{raw}");
     assert!(raw.contains("rows hold 64 tokens"), "{raw}");
+    let bias: serde_json::Map<_, _> = (0..1025).map(|t| (t.to_string(), json!(1))).collect();
+    let (st, _, raw) =
+        http(s2.port, "POST", "/v1/completions", &json!({"prompt": "hi", "logit_bias": bias}).to_string());
+    assert_eq!(st, 400, "{raw}");
+    assert!(raw.contains("more than the limit of 1024"), "{raw}");
     // and everyone still gets answers
     let (st, _, _) = http(s.port, "GET", "/health", "");
     assert_eq!(st, 200);
     chat(s.port, json!({"temperature": 0, "max_tokens": 2}));
+    // a penalty with no max_tokens: one bias slot per token of the rest of the row (more than the
+    // engine's default 1024 slots), which once came back as a 500; the end of turn ends it at once
+    let tok =
+        kvdecode::io::tokenizer::Tokenizer::from_gguf(&kvdecode::io::gguf::GgufFile::open(MODEL).unwrap()).unwrap();
+    let eot = tok.end_of_turn()[0].to_string();
+    let body =
+        json!({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5, "logit_bias": {eot: 100}});
+    let (status, v) = post(s.port, "/v1/chat/completions", body);
+    assert_eq!((status, &v["choices"][0]["finish_reason"]), (200, &json!("stop")), "{v}");
     let (_, _, m) = http(s.port, "GET", "/metrics", "");
     assert!(m.contains(&format!("kvdecode_requests_total{{outcome=\"client_error\"}} {}", cases.len())), "{m}");
+}
+
+/// A server on a port browsers can reach: other Host names (DNS rebinding: bound to loopback
+/// without a key), other origins (unless --allowed-origins names them) and bodies that are not
+/// JSON (a text/plain POST needs no preflight) are refused before anything runs.
+#[test]
+fn hosts_origins_and_content_types_are_checked() {
+    let s = start(&["--allowed-origins", "http://app.example"]);
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).to_string();
+    let json_ct = "Content-Type: application/json\r\n";
+    let chat = "/v1/chat/completions";
+    let cases = [
+        ("Host: evil.example\r\n", "POST", json_ct, 403, "is not served"),
+        ("Host: evil.example:8080\r\n", "GET", "", 403, "is not served"),
+        ("Host: localhost\r\nOrigin: http://evil.example\r\n", "POST", json_ct, 403, "cross-origin"),
+        ("Host: localhost\r\n", "POST", "Content-Type: text/plain\r\n", 415, "application/json"),
+        ("Host: localhost\r\n", "POST", "", 415, "application/json"),
+    ];
+    for (host, method, ct, want, msg) in cases {
+        let path = if method == "GET" { "/v1/models" } else { chat };
+        let (status, _, out) = http_raw(s.port, method, path, &body, &format!("{host}{ct}"));
+        assert_eq!(status, want, "{host:?} {ct:?}: {out}");
+        assert!(out.contains(msg), "{out}");
+    }
+    // allowed: loopback names, this server's own pages, the named origin (with CORS headers)
+    for headers in ["Host: 127.0.0.1:9\r\n", "Host: [::1]\r\n", "Host: localhost:9\r\nOrigin: http://localhost:9\r\n"] {
+        let (status, _, out) = http_raw(s.port, "POST", chat, &body, &format!("{headers}{json_ct}"));
+        assert_eq!(status, 200, "{headers:?}: {out}");
+    }
+    let app = "Host: localhost\r\nOrigin: http://app.example\r\n";
+    let (status, head, _) = http_raw(s.port, "POST", chat, &body, &format!("{app}{json_ct}"));
+    assert_eq!(status, 200);
+    assert!(head.to_ascii_lowercase().contains("access-control-allow-origin: http://app.example"), "{head}");
+    let (status, head, _) = http_raw(s.port, "OPTIONS", chat, "", app);
+    assert_eq!(status, 204);
+    assert!(head.to_ascii_lowercase().contains("access-control-allow-methods"), "{head}");
+    // nothing refused reached the engine: one generation per allowed POST
+    let (_, _, m) = http(s.port, "GET", "/metrics", "");
+    assert!(m.contains("kvdecode_requests_total{outcome=\"ok\"} 4"), "{m}");
 }
 
 #[test]
@@ -226,7 +279,8 @@ fn a_client_that_disconnects_frees_its_row() {
                       "stream": true, "logit_bias": {"0": -100, "1": -100}});
     let mut sock = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
     let b = body.to_string();
-    write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{b}", b.len()).unwrap();
+    write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len())
+        .unwrap();
     let mut buf = [0u8; 512];
     let n = sock.read(&mut buf).unwrap();
     let head = String::from_utf8_lossy(&buf[..n]).into_owned();

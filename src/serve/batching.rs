@@ -296,17 +296,14 @@ impl Scheduler {
             )));
         }
         // penalties add one bias entry per distinct generated token: make sure they all fit
-        let entries = req.logit_bias.len() + if req.has_penalties() { req.max_new } else { 0 };
+        let penalized = if req.has_penalties() { req.max_new.min(self.vocab) } else { 0 };
+        let entries = req.logit_bias.len() + penalized;
         if entries > self.bias_slots {
             return Err(Error::Input(format!(
                 "request {id}: {} logit_bias entries{} need more than the engine's {} bias slots \
                  (EngineOptions::logit_bias_slots)",
                 req.logit_bias.len(),
-                if req.has_penalties() {
-                    format!(" plus up to {} penalized tokens", req.max_new)
-                } else {
-                    String::new()
-                },
+                if req.has_penalties() { format!(" plus up to {penalized} penalized tokens") } else { String::new() },
                 self.bias_slots
             )));
         }

@@ -199,6 +199,19 @@ pub struct Limits {
     pub max_tokens: usize,
     /// `(MoE layers, top_k)` when the engine keeps routes (`--enable-return-routed-experts`).
     pub routes: Option<(usize, usize)>,
+    /// The engine's logit-bias slots per row: `logit_bias` entries, plus one per distinct
+    /// generated token when a penalty is on. The server sizes them so that every request within
+    /// the other limits fits ([`bias_slots`]).
+    pub bias_slots: usize,
+}
+
+/// Most entries of a request's `logit_bias` object.
+pub const LOGIT_BIAS_MAX: usize = 1024;
+
+/// Logit-bias slots per row for requests of up to `max_tokens` tokens: a full `logit_bias`
+/// object, plus a penalty entry for every token the request may generate.
+pub fn bias_slots(max_tokens: usize, vocab: usize) -> usize {
+    LOGIT_BIAS_MAX + max_tokens.min(vocab)
 }
 
 /// Fields accepted and ignored: they inform, they do not change generation.
@@ -432,6 +445,12 @@ pub fn parse(
     };
     let logit_bias = match f.take("logit_bias") {
         None => Vec::new(),
+        Some(Value::Object(o)) if o.len() > LOGIT_BIAS_MAX => {
+            return Err(ApiError::bad(
+                "logit_bias",
+                format!("`logit_bias` has {} entries, more than the limit of {LOGIT_BIAS_MAX}", o.len()),
+            ))
+        }
         Some(Value::Object(o)) => o
             .iter()
             .map(|(k, v)| {
@@ -446,6 +465,21 @@ pub fn parse(
             .collect::<Result<_, _>>()?,
         Some(v) => return Err(ApiError::bad("logit_bias", format!("`logit_bias` must be an object, got {v}"))),
     };
+    // a penalty takes a bias slot per distinct generated token: refuse here what the engine would
+    // (the server sizes the slots so that this holds for every request within the other limits)
+    let penalized =
+        if presence_penalty != 0.0 || frequency_penalty != 0.0 { max_tokens.min(tok.vocab_size()) } else { 0 };
+    if logit_bias.len() + penalized > limits.bias_slots {
+        let param = if presence_penalty != 0.0 { "presence_penalty" } else { "logit_bias" };
+        return Err(ApiError::bad(
+            param,
+            format!(
+                "{} `logit_bias` entries plus {penalized} penalized tokens need more than the {} bias slots a row has",
+                logit_bias.len(),
+                limits.bias_slots
+            ),
+        ));
+    }
     let stop_strings = match f.take("stop") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s],

@@ -6,6 +6,7 @@
 
 pub mod api;
 mod engine;
+mod gate;
 pub mod guide;
 mod metrics;
 pub mod response;
@@ -72,6 +73,11 @@ pub struct Args {
     /// /v1/reset_prefix_cache.
     #[arg(long, env = "KVDECODE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Origins whose cross-origin (browser) requests are served, comma-separated (`*`: any).
+    /// Requests from other origins get 403; without it only this server's own pages (--web) may
+    /// call it from a browser.
+    #[arg(long, value_delimiter = ',')]
+    allowed_origins: Vec<String>,
     /// A mixture of experts keeps the experts every token was routed to, and a request with
     /// `"return_routed_experts": true` gets them in each choice's `routed_experts` (vLLM's names).
     /// Turns the prompt cache off.
@@ -88,7 +94,7 @@ struct App {
     guide: std::result::Result<guide::Guide, String>,
     jobs: mpsc::Sender<Msg>,
     /// `--api-key`: what `Authorization: Bearer` must carry.
-    api_key: Option<String>,
+    api_key: Option<gate::Key>,
     metrics: Arc<Metrics>,
     limits: Limits,
     max_body: usize,
@@ -102,8 +108,14 @@ pub fn run(a: Args) -> Result<()> {
     let tok = tok.ok_or(format!("{}: the model has no tokenizer to serve text with", a.model))?;
     let gpu = Gpu::new()?;
     let max_len = a.engine.max_len(&gpu, &weights, a.rows);
-    let opts =
-        kvdecode::EngineOptions { record_routes: a.enable_return_routed_experts, ..a.engine.options(a.rows, max_len) };
+    let max_tokens = a.max_tokens.unwrap_or(max_len);
+    // every request within the other limits fits its bias and penalties (api::bias_slots)
+    let bias_slots = api::bias_slots(max_tokens, weights.cfg.vocab);
+    let opts = kvdecode::EngineOptions {
+        record_routes: a.enable_return_routed_experts,
+        logit_bias_slots: bias_slots,
+        ..a.engine.options(a.rows, max_len)
+    };
     let engine = Engine::new(&gpu, &weights, opts)?;
     let routes = weights.cfg.moe.as_ref().filter(|_| a.enable_return_routed_experts).map(|m| (m.layers.len(), m.top_k));
     let guide = guide::Guide::new(&tok, weights.cfg.vocab);
@@ -125,9 +137,9 @@ pub fn run(a: Args) -> Result<()> {
         tok,
         guide,
         jobs: jobs_tx,
-        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        api_key: a.api_key.as_deref().filter(|k| !k.is_empty()).map(gate::Key::new),
         metrics,
-        limits: Limits { max_len, max_n: a.rows, max_tokens: a.max_tokens.unwrap_or(max_len), routes },
+        limits: Limits { max_len, max_n: a.rows, max_tokens, routes, bias_slots },
         max_body: a.max_body,
         created: now,
         seeds: AtomicU64::new(now.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
@@ -153,7 +165,11 @@ pub fn run(a: Args) -> Result<()> {
         .route("/health", get(health))
         // bodies are read (and bounded) by the handlers, which answer in OpenAI's error shape
         .layer(DefaultBodyLimit::disable())
-        .with_state(app.clone());
+        .with_state(app.clone())
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(gate::Gate::new(a.allowed_origins.clone(), &a.host, app.api_key.is_some())),
+            gate::check,
+        ));
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse()?;
@@ -175,10 +191,9 @@ pub fn run(a: Args) -> Result<()> {
     })
 }
 
-/// With `--api-key`, a request must carry `Authorization: Bearer KEY`; the key is compared in
-/// constant time (subtle), so the time taken says nothing about how much of a guess was right.
+/// With `--api-key`, a request must carry `Authorization: Bearer KEY`; the key is compared by
+/// its digest in constant time ([`gate::Key`]), so the time taken says nothing about the key.
 async fn authorize(State(app): State<Arc<App>>, req: HttpRequest, next: Next) -> Response {
-    use subtle::ConstantTimeEq;
     let Some(key) = &app.api_key else { return next.run(req).await };
     let given = req
         .headers()
@@ -186,7 +201,7 @@ async fn authorize(State(app): State<Arc<App>>, req: HttpRequest, next: Next) ->
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+    if key.matches(given) {
         return next.run(req).await;
     }
     app.metrics.client_errors.inc();

@@ -62,14 +62,15 @@ pub fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String, St
 
 /// [`http`] with extra header lines (each ending in `\r\n`).
 pub fn http_with(port: u16, method: &str, path: &str, body: &str, headers: &str) -> (u16, String, String) {
+    http_raw(port, method, path, body, &format!("Host: localhost\r\nContent-Type: application/json\r\n{headers}"))
+}
+
+/// One request with exactly the header lines given (Host and Content-Type included, or not).
+pub fn http_raw(port: u16, method: &str, path: &str, body: &str, headers: &str) -> (u16, String, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+        .unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
     let raw = String::from_utf8_lossy(&raw).into_owned();
