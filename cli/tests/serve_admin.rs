@@ -1,6 +1,7 @@
-//! `kvdecode serve --api-key`: every endpoint but /health needs the key, and the admin endpoints
-//! (new weights, pause, resume, prompt-cache reset) exist; every response says which weights
-//! made it. The model is the tiny random GGUF of the other server tests.
+//! `kvdecode serve --api-key`: every endpoint but /health and the admin ones needs the key;
+//! `--admin-key` (another key) opens the admin endpoints (new weights from `--weights-dir`, pause,
+//! resume, prompt-cache reset); every response says which weights made it. The model is the tiny
+//! random GGUF of the other server tests.
 
 mod common;
 
@@ -12,6 +13,7 @@ use kvdecode::DiskDtype;
 use serde_json::{json, Value};
 
 const KEY: &str = "sekret-key-1";
+const ADMIN: &str = "admin-key-7";
 
 fn auth(key: &str) -> String {
     format!("Authorization: Bearer {key}\r\n")
@@ -19,8 +21,38 @@ fn auth(key: &str) -> String {
 
 /// POST with the key; (status, JSON body).
 fn post_key(port: u16, path: &str, body: Value) -> (u16, Value) {
-    let (status, _, body) = http_with(port, "POST", path, &body.to_string(), &auth(KEY));
+    post_with(port, path, body, KEY)
+}
+
+/// POST with the admin key.
+fn post_admin(port: u16, path: &str, body: Value) -> (u16, Value) {
+    post_with(port, path, body, ADMIN)
+}
+
+fn post_with(port: u16, path: &str, body: Value, key: &str) -> (u16, Value) {
+    let (status, _, body) = http_with(port, "POST", path, &body.to_string(), &auth(key));
     (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")))
+}
+
+/// A fresh weights folder holding the test model (`model.gguf`); removed when dropped.
+struct WeightsDir(std::path::PathBuf);
+
+impl WeightsDir {
+    fn new(what: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("kvdecode-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(MODEL, dir.join("model.gguf")).unwrap();
+        WeightsDir(dir)
+    }
+    fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for WeightsDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// New random weights of the test model's shape in a safetensors file (kvdecode's names).
@@ -38,7 +70,7 @@ fn request(i: usize) -> Value {
 
 #[test]
 fn the_api_key_guards_every_endpoint_but_health() {
-    let s = start(&["--api-key", KEY]);
+    let s = start(&["--api-key", KEY, "--admin-key", ADMIN]);
     let body = request(0).to_string();
     assert_eq!(http(s.port, "GET", "/health", "").0, 200, "/health stays open");
     for (headers, what) in
@@ -56,15 +88,19 @@ fn the_api_key_guards_every_endpoint_but_health() {
         let (status, _, _) = http_with(s.port, "POST", "/v1/pause", "{}", &headers);
         assert_eq!(status, 401, "{what} on an admin endpoint");
     }
+    // the API key opens no admin endpoint, and the admin key no generation
+    assert_eq!(post_key(s.port, "/v1/pause", json!({})).0, 401);
+    assert_eq!(post_admin(s.port, "/v1/chat/completions", request(0)).0, 401);
+    assert_eq!(post_admin(s.port, "/v1/resume", json!({})).0, 200);
     let (status, v) = post_key(s.port, "/v1/chat/completions", request(0));
     assert_eq!(status, 200, "{v}");
     assert_eq!(
         (v["weights_version"].as_u64(), v["system_fingerprint"].as_str()),
         (Some(0), Some("kvdecode-weights-v0"))
     );
-    // without --api-key there are no admin endpoints, and the key comes from the environment too
-    let open = start(&[]);
-    assert_eq!(http(open.port, "POST", "/v1/pause", "{}").0, 404);
+    // without --admin-key there are no admin endpoints, and the key comes from the environment too
+    let open = start(&["--api-key", KEY]);
+    assert_eq!(http_with(open.port, "POST", "/v1/pause", "{}", &auth(KEY)).0, 404);
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvdecode"));
     child.env("KVDECODE_API_KEY", KEY);
     let env_server = start_command(child, MODEL, &[]);
@@ -89,10 +125,9 @@ fn until(port: u16, what: &str, ok: impl Fn(&dyn Fn(&str) -> u64) -> bool) {
 
 #[test]
 fn an_update_while_sixteen_requests_run_gives_each_response_one_version() {
-    let dir = std::env::temp_dir().join(format!("kvdecode-serve-admin-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let new = other_weights(&dir, 77);
-    let s = start(&["--api-key", KEY, "--rows", "4"]);
+    let dir = WeightsDir::new("serve-admin");
+    let new = other_weights(&dir.0, 77);
+    let s = start(&["--api-key", KEY, "--admin-key", ADMIN, "--weights-dir", dir.arg(), "--rows", "4"]);
     let port = s.port;
     let (tx, rx) = mpsc::channel();
     let send = |i: usize, tx: mpsc::Sender<(usize, Value)>| {
@@ -104,15 +139,15 @@ fn an_update_while_sixteen_requests_run_gives_each_response_one_version() {
     };
     // 16 requests in flight (held by a pause so none can finish early), then an update with mode
     // wait (the default), then 8 more while it waits
-    post_key(port, "/v1/pause", json!({}));
+    post_admin(port, "/v1/pause", json!({}));
     let mut threads: Vec<_> = (0..16).map(|i| send(i, tx.clone())).collect();
     let in_server = |m: &dyn Fn(&str) -> u64| m("kvdecode_queue_depth") + m("kvdecode_rows_in_use");
     until(port, "16 requests in flight", |m| in_server(m) == 16);
-    let update = std::thread::spawn(move || post_key(port, "/v1/weights", json!({"path": new})));
+    let update = std::thread::spawn(move || post_admin(port, "/v1/weights", json!({"path": new})));
     until(port, "the update waiting", |m| m("kvdecode_update_waiting") == 1);
     threads.extend((16..24).map(|i| send(i, tx.clone())));
     until(port, "8 more queued", |m| in_server(m) == 24);
-    post_key(port, "/v1/resume", json!({}));
+    post_admin(port, "/v1/resume", json!({}));
     let (status, v) = update.join().unwrap();
     assert_eq!((status, v["weights_version"].as_u64()), (200, Some(1)), "{v}");
     for t in threads {
@@ -129,9 +164,9 @@ fn an_update_while_sixteen_requests_run_gives_each_response_one_version() {
     assert_eq!(versions, [[0; 16].as_slice(), &[1; 8]].concat(), "the 16 in flight finish on the old weights");
     // each equals the same request alone on its version's weights: first the new ones (the
     // server holds them now), then the old ones (loaded back as version 2)
-    for (want_version, path) in [(1, None), (0, Some(MODEL))] {
+    for (want_version, path) in [(1, None), (0, Some("model.gguf"))] {
         if let Some(p) = path {
-            let (status, v) = post_key(port, "/v1/weights", json!({"path": p}));
+            let (status, v) = post_admin(port, "/v1/weights", json!({"path": p}));
             assert_eq!((status, v["weights_version"].as_u64()), (200, Some(2)), "{v}");
         }
         for (i, v) in got.iter().filter(|(_, v)| version(v) == want_version) {
@@ -139,24 +174,33 @@ fn an_update_while_sixteen_requests_run_gives_each_response_one_version() {
             assert_eq!(text(&alone, 0), text(v, 0), "request {i} on version {want_version}'s weights");
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn pause_resume_keep_abort_and_the_prompt_cache_reset() {
-    let dir = std::env::temp_dir().join(format!("kvdecode-serve-pause-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let new = other_weights(&dir, 78);
-    let s = start(&["--api-key", KEY, "--rows", "2", "--max-len", "1024"]);
+    let dir = WeightsDir::new("serve-pause");
+    let new = other_weights(&dir.0, 78);
+    let s = start(&[
+        "--api-key",
+        KEY,
+        "--admin-key",
+        ADMIN,
+        "--weights-dir",
+        dir.arg(),
+        "--rows",
+        "2",
+        "--max-len",
+        "1024",
+    ]);
     let port = s.port;
     // paused, a request waits; resumed, it answers
-    assert_eq!(post_key(port, "/v1/pause", json!({})).1["paused"], true);
+    assert_eq!(post_admin(port, "/v1/pause", json!({})).1["paused"], true);
     let (tx, rx) = mpsc::channel();
     let waiting = std::thread::spawn(move || tx.send(post_key(port, "/v1/chat/completions", request(1))).unwrap());
     until(port, "the request in", |m| m("kvdecode_queue_depth") + m("kvdecode_rows_in_use") == 1);
     std::thread::sleep(Duration::from_millis(100));
     assert!(rx.try_recv().is_err(), "a paused server answered");
-    assert_eq!(post_key(port, "/v1/resume", json!({})).1["paused"], false);
+    assert_eq!(post_admin(port, "/v1/resume", json!({})).1["paused"], false);
     waiting.join().unwrap();
     assert_eq!(rx.recv().unwrap().0, 200);
     // keep: a streamed answer in flight across the update goes on, its later chunks say version 1
@@ -166,10 +210,10 @@ fn pause_resume_keep_abort_and_the_prompt_cache_reset() {
         std::thread::spawn(move || http_with(port, "POST", "/v1/chat/completions", &long.to_string(), &auth(KEY)));
     let done = metric(port, "kvdecode_completion_tokens_total");
     until(port, "some tokens of the long answer", |m| m("kvdecode_completion_tokens_total") >= done + 5);
-    post_key(port, "/v1/pause", json!({}));
-    let (status, v) = post_key(port, "/v1/weights", json!({"path": new, "mode": "keep"}));
+    post_admin(port, "/v1/pause", json!({}));
+    let (status, v) = post_admin(port, "/v1/weights", json!({"path": new, "mode": "keep"}));
     assert_eq!((status, v["weights_version"].as_u64()), (200, Some(1)), "{v}");
-    post_key(port, "/v1/resume", json!({}));
+    post_admin(port, "/v1/resume", json!({}));
     let (status, _, body) = streamed.join().unwrap();
     assert_eq!(status, 200);
     let chunks: Vec<Value> =
@@ -184,7 +228,7 @@ fn pause_resume_keep_abort_and_the_prompt_cache_reset() {
     let aborted = std::thread::spawn(move || post_key(port, "/v1/completions", long));
     let done = metric(port, "kvdecode_completion_tokens_total");
     until(port, "some tokens of the long answer", |m| m("kvdecode_completion_tokens_total") >= done + 5);
-    let (status, v) = post_key(port, "/v1/weights", json!({"path": MODEL, "mode": "abort"}));
+    let (status, v) = post_admin(port, "/v1/weights", json!({"path": "model.gguf", "mode": "abort"}));
     assert_eq!((status, v["weights_version"].as_u64()), (200, Some(2)), "{v}");
     let (status, v) = aborted.join().unwrap();
     assert_eq!((status, v["choices"][0]["finish_reason"].as_str()), (200, Some("abort")), "{v}");
@@ -193,14 +237,60 @@ fn pause_resume_keep_abort_and_the_prompt_cache_reset() {
         post_key(port, "/v1/chat/completions", request(5));
     }
     assert!(metric(port, "kvdecode_kv_blocks_cached") > 0);
-    assert_eq!(post_key(port, "/v1/reset_prefix_cache", json!({})).1["reset"], true);
+    assert_eq!(post_admin(port, "/v1/reset_prefix_cache", json!({})).1["reset"], true);
     assert_eq!(metric(port, "kvdecode_kv_blocks_cached"), 0);
     assert_eq!(metric(port, "kvdecode_weights_version"), 2);
     // bad admin requests are named
-    let (status, v) = post_key(port, "/v1/weights", json!({"path": "/no/such/file.safetensors"}));
+    let (status, v) = post_admin(port, "/v1/weights", json!({"path": "no-such-file.safetensors"}));
     assert_eq!(status, 400, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("/no/such/file"), "{v}");
-    let (status, v) = post_key(port, "/v1/weights", json!({"path": MODEL, "mode": "later"}));
+    assert!(v["error"]["message"].as_str().unwrap().contains("no-such-file"), "{v}");
+    let (status, v) = post_admin(port, "/v1/weights", json!({"path": "model.gguf", "mode": "later"}));
     assert_eq!((status, v["error"]["param"].as_str()), (400, Some("mode")), "{v}");
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `POST /v1/weights` reads only regular files inside `--weights-dir`, within
+/// `--max-weights-bytes`: a path outside it, a symlink out of it (to `/dev/zero`, which would
+/// exhaust memory), a FIFO (which would stall the reader for good) and a file that does not exist
+/// all get one answer, which tells nothing about what exists. Without `--weights-dir` no file is
+/// read; the admin key may not be the API key.
+#[test]
+fn weights_come_only_from_the_weights_dir() {
+    let dir = WeightsDir::new("serve-weights-dir");
+    let size = std::fs::metadata(MODEL).unwrap().len();
+    std::os::unix::fs::symlink("/dev/zero", dir.0.join("zero.gguf")).unwrap();
+    std::os::unix::fs::symlink(MODEL, dir.0.join("outside.gguf")).unwrap();
+    assert!(std::process::Command::new("mkfifo").arg(dir.0.join("fifo.gguf")).status().unwrap().success());
+    let big = dir.0.join("big");
+    std::fs::create_dir(&big).unwrap();
+    std::fs::write(big.join("a.safetensors"), vec![0u8; size as usize + 1]).unwrap();
+    let max = size.to_string();
+    let s = start(&["--admin-key", ADMIN, "--weights-dir", dir.arg(), "--max-weights-bytes", &max]);
+    let refused = |path: &str| {
+        let (status, v) = post_admin(s.port, "/v1/weights", json!({"path": path}));
+        assert_eq!(status, 400, "{path}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap().to_string();
+        msg.replace(path, "PATH")
+    };
+    let want = refused("no-such-file.gguf");
+    assert!(want.contains("is not a weights file or Hugging Face folder inside --weights-dir"), "{want}");
+    for path in ["/etc/passwd", "../../etc/passwd", "zero.gguf", "outside.gguf", "fifo.gguf", "/dev/zero", MODEL] {
+        assert_eq!(refused(path), want, "{path}");
+    }
+    assert!(refused("big").contains(&format!("more than --max-weights-bytes {size}")));
+    // what is inside is read, and the server serves on
+    let (status, v) = post_admin(s.port, "/v1/weights", json!({"path": "model.gguf"}));
+    assert_eq!((status, v["weights_version"].as_u64()), (200, Some(1)), "{v}");
+    chat(s.port, json!({"max_tokens": 2}));
+    // no --weights-dir: nothing is read
+    let none = start(&["--admin-key", ADMIN]);
+    let (status, v) = post_admin(none.port, "/v1/weights", json!({"path": MODEL}));
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("start it with --weights-dir"), "{v}");
+    // one key for both is refused at start
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvdecode"))
+        .args(["serve", "--model", MODEL, "--port", "0", "--api-key", KEY, "--admin-key", KEY])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--admin-key must differ from --api-key"));
 }

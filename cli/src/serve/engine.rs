@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kvdecode::io::model_file::TensorFiles;
 use kvdecode::{Engine, Event, Finish, InFlight, Request, Sampled, Sampler, Scheduler};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -53,7 +54,12 @@ pub enum UpdateMode {
 
 /// An admin command.
 pub enum Admin {
-    Weights { path: std::path::PathBuf, mode: UpdateMode },
+    /// New weights, already read from disk (off this thread) and named by `source` in errors.
+    Weights {
+        files: Box<TensorFiles>,
+        source: String,
+        mode: UpdateMode,
+    },
     Pause,
     Resume,
     ResetPrefixCache,
@@ -83,7 +89,7 @@ struct Loop {
     /// `POST /v1/pause`: no step runs until `/v1/resume`.
     paused: bool,
     /// An update (mode `wait`) waiting for the requests in flight to finish.
-    waiting: Option<(std::path::PathBuf, Reply)>,
+    waiting: Option<(Box<TensorFiles>, String, Reply)>,
     /// Jobs that arrived while an update waits: they run on the new weights.
     held: Vec<Job>,
     metrics: Arc<Metrics>,
@@ -103,9 +109,9 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
     };
     loop {
         if l.running.is_empty() {
-            if let Some((path, reply)) = l.waiting.take() {
+            if let Some((files, source, reply)) = l.waiting.take() {
                 l.metrics.update_waiting.set(0);
-                l.update(&mut engine, &path, InFlight::Keep, reply);
+                l.update(&mut engine, &files, &source, InFlight::Keep, reply);
                 for job in std::mem::take(&mut l.held) {
                     l.submit(job);
                 }
@@ -246,23 +252,24 @@ impl Loop {
                 let _ = reply.send(Err("an update is already waiting for the requests in flight".into()));
             }
             // past a pause too: the requests finish once resumed
-            Admin::Weights { path, mode: UpdateMode::Wait } if !self.running.is_empty() => {
+            Admin::Weights { files, source, mode: UpdateMode::Wait } if !self.running.is_empty() => {
                 self.metrics.update_waiting.set(1);
-                self.waiting = Some((path, reply));
+                self.waiting = Some((files, source, reply));
             }
-            Admin::Weights { path, mode: UpdateMode::Abort } => {
+            Admin::Weights { files, source, mode: UpdateMode::Abort } => {
                 for id in self.running.keys().copied().collect::<Vec<_>>() {
                     self.cancel(engine, id);
                 }
-                self.update(engine, &path, InFlight::Reset, reply);
+                self.update(engine, &files, &source, InFlight::Reset, reply);
             }
-            Admin::Weights { path, .. } => self.update(engine, &path, InFlight::Keep, reply),
+            Admin::Weights { files, source, .. } => self.update(engine, &files, &source, InFlight::Keep, reply),
         }
     }
 
-    fn update(&mut self, engine: &mut Engine, path: &std::path::Path, in_flight: InFlight, reply: Reply) {
+    fn update(&mut self, engine: &mut Engine, files: &TensorFiles, source: &str, in_flight: InFlight, reply: Reply) {
         let t0 = Instant::now();
-        let r = engine.update_weights_from_path(path, in_flight);
+        let r = files.tensors().and_then(|t| engine.update_weights(&t, in_flight));
+        let r = r.map_err(|e| format!("{source}: {e}"));
         let r = r.map(|u| {
             self.metrics.weights_version.set(u.version);
             json!({
@@ -270,7 +277,7 @@ impl Loop {
                 "ignored": u.ignored, "seconds": t0.elapsed().as_secs_f64(),
             })
         });
-        let _ = reply.send(r.map_err(|e| e.to_string()));
+        let _ = reply.send(r);
     }
 }
 

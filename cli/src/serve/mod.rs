@@ -4,6 +4,7 @@
 //! bounded channel (full: 429 with Retry-After) and turn the engine's tokens into responses or
 //! server-sent events. A client that goes away cancels its generation at once.
 
+mod admin;
 pub mod api;
 mod engine;
 mod gate;
@@ -31,7 +32,7 @@ use tokio::sync::mpsc;
 
 use crate::common::{load_model, EngineArgs, Result};
 use api::{ApiError, Gen, Kind, Limits};
-use engine::{Admin, Job, JobEvent, Msg, UpdateMode};
+use engine::{Job, JobEvent, Msg};
 use metrics::Metrics;
 use response::ChoiceText;
 
@@ -68,11 +69,22 @@ pub struct Args {
     /// --web examples/web).
     #[arg(long)]
     web: Option<std::path::PathBuf>,
-    /// Every endpoint but /health then needs `Authorization: Bearer KEY` (401 otherwise), and
-    /// the admin endpoints exist: POST /v1/weights, /v1/pause, /v1/resume,
-    /// /v1/reset_prefix_cache.
+    /// Every endpoint but /health and the admin ones then needs `Authorization: Bearer KEY`
+    /// (401 otherwise).
     #[arg(long, env = "KVDECODE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// The admin endpoints exist, behind `Authorization: Bearer ADMIN_KEY` (not the API key):
+    /// POST /v1/weights, /v1/pause, /v1/resume, /v1/reset_prefix_cache.
+    #[arg(long, env = "KVDECODE_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<String>,
+    /// The folder POST /v1/weights reads from: a `path` must name a file or Hugging Face folder
+    /// inside it (symlinks out of it, devices and FIFOs are refused). Without it no weights file
+    /// is read.
+    #[arg(long)]
+    weights_dir: Option<std::path::PathBuf>,
+    /// Largest weights file (or folder) POST /v1/weights reads, in bytes.
+    #[arg(long, default_value_t = 64 << 30)]
+    max_weights_bytes: u64,
     /// Origins whose cross-origin (browser) requests are served, comma-separated (`*`: any).
     /// Requests from other origins get 403; without it only this server's own pages (--web) may
     /// call it from a browser.
@@ -95,6 +107,10 @@ struct App {
     jobs: mpsc::Sender<Msg>,
     /// `--api-key`: what `Authorization: Bearer` must carry.
     api_key: Option<gate::Key>,
+    /// `--admin-key`: what the admin endpoints' `Authorization: Bearer` must carry.
+    admin_key: Option<gate::Key>,
+    /// `--weights-dir`.
+    weights_dir: Option<admin::WeightsDir>,
     metrics: Arc<Metrics>,
     limits: Limits,
     max_body: usize,
@@ -104,6 +120,20 @@ struct App {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let api_key = a.api_key.as_deref().filter(|k| !k.is_empty());
+    let admin_key = a.admin_key.as_deref().filter(|k| !k.is_empty());
+    if admin_key.is_some() && admin_key == api_key {
+        return Err(
+            "--admin-key must differ from --api-key: a client that may generate may not replace the model".into()
+        );
+    }
+    let weights_dir = match &a.weights_dir {
+        Some(d) => Some(
+            admin::WeightsDir::new(d, a.max_weights_bytes)
+                .map_err(|e| format!("--weights-dir {}: {e}", d.display()))?,
+        ),
+        None => None,
+    };
     let (weights, tok) = load_model(&a.model)?;
     let tok = tok.ok_or(format!("{}: the model has no tokenizer to serve text with", a.model))?;
     let gpu = Gpu::new()?;
@@ -137,7 +167,9 @@ pub fn run(a: Args) -> Result<()> {
         tok,
         guide,
         jobs: jobs_tx,
-        api_key: a.api_key.as_deref().filter(|k| !k.is_empty()).map(gate::Key::new),
+        api_key: api_key.map(gate::Key::new),
+        admin_key: admin_key.map(gate::Key::new),
+        weights_dir,
         metrics,
         limits: Limits { max_len, max_n: a.rows, max_tokens, routes, bias_slots },
         max_body: a.max_body,
@@ -150,18 +182,20 @@ pub fn run(a: Args) -> Result<()> {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions));
-    if app.api_key.is_some() {
-        guarded = guarded
-            .route("/v1/weights", post(update_weights))
-            .route("/v1/pause", post(pause))
-            .route("/v1/resume", post(resume))
-            .route("/v1/reset_prefix_cache", post(reset_prefix_cache));
-    }
     if let Some(dir) = &a.web {
         guarded = guarded.fallback_service(tower_http::services::ServeDir::new(dir));
     }
-    let router = guarded
-        .layer(axum::middleware::from_fn_with_state(app.clone(), authorize))
+    let mut router = guarded.layer(axum::middleware::from_fn_with_state(app.clone(), authorize));
+    if app.admin_key.is_some() {
+        let admin = Router::new()
+            .route("/v1/weights", post(admin::update_weights))
+            .route("/v1/pause", post(admin::pause))
+            .route("/v1/resume", post(admin::resume))
+            .route("/v1/reset_prefix_cache", post(admin::reset_prefix_cache))
+            .layer(axum::middleware::from_fn_with_state(app.clone(), admin::authorize));
+        router = router.merge(admin);
+    }
+    let router = router
         .route("/health", get(health))
         // bodies are read (and bounded) by the handlers, which answer in OpenAI's error shape
         .layer(DefaultBodyLimit::disable())
@@ -215,63 +249,12 @@ async fn authorize(State(app): State<Arc<App>>, req: HttpRequest, next: Next) ->
     (StatusCode::UNAUTHORIZED, [(axum::http::header::WWW_AUTHENTICATE, "Bearer")], Json(body)).into_response()
 }
 
-/// Send an admin command to the engine thread and answer with what it says.
-async fn admin(app: &App, cmd: Admin) -> Response {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    if app.jobs.send(Msg::Admin(cmd, tx)).await.is_err() {
-        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped").into_response();
-    }
-    match rx.await {
-        Ok(Ok(v)) => Json(v).into_response(),
-        Ok(Err(e)) => ApiError::bad("", e).into_response(),
-        Err(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the command").into_response(),
-    }
-}
-
-/// `POST /v1/weights {"path": ..., "mode": "wait" | "abort" | "keep"}`: load new weights from a
-/// file on the server's disk (safetensors, a Hugging Face directory or GGUF with the model's
-/// shapes) and answer with the new version. `wait` (the default): requests in flight finish on
-/// the old weights while new ones queue; `abort`: they end now (finish reason `abort`); `keep`:
-/// they go on from their K/V with the new weights.
-async fn update_weights(State(app): State<Arc<App>>, req: HttpRequest) -> Response {
-    let body = match read_body(req.into_body(), app.max_body).await {
-        Ok(b) => b,
-        Err(e) => return e.into_response(),
-    };
-    let v: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return ApiError::bad("", format!("the body is not JSON: {e}")).into_response(),
-    };
-    let Some(path) = v.get("path").and_then(Value::as_str) else {
-        return ApiError::bad("path", "`path` (a file on the server's disk) is required").into_response();
-    };
-    let mode = match v.get("mode").and_then(Value::as_str).unwrap_or("wait") {
-        "wait" => UpdateMode::Wait,
-        "abort" => UpdateMode::Abort,
-        "keep" => UpdateMode::Keep,
-        other => {
-            return ApiError::bad("mode", format!("`mode` {other:?}: expected wait, abort or keep")).into_response()
-        }
-    };
-    admin(&app, Admin::Weights { path: path.into(), mode }).await
-}
-
-/// `POST /v1/pause`: no step runs (requests keep their rows; new ones queue) until `/v1/resume`.
-async fn pause(State(app): State<Arc<App>>) -> Response {
-    admin(&app, Admin::Pause).await
-}
-
-/// `POST /v1/resume`.
-async fn resume(State(app): State<Arc<App>>) -> Response {
-    admin(&app, Admin::Resume).await
-}
-
-/// `POST /v1/reset_prefix_cache`: forget every block the prompt cache holds.
-async fn reset_prefix_cache(State(app): State<Arc<App>>) -> Response {
-    admin(&app, Admin::ResetPrefixCache).await
-}
-
 async fn health(State(app): State<Arc<App>>) -> Response {
+    // the engine thread gone (device lost, or a panic) drops the jobs' receiver
+    if app.jobs.is_closed() {
+        let body = json!({"status": "error", "error": "the engine thread has stopped"});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
     if app.metrics.healthy.load(Ordering::Relaxed) {
         Json(json!({"status": "ok"})).into_response()
     } else {

@@ -1,0 +1,172 @@
+//! The admin endpoints (`--admin-key`): new weights from files under `--weights-dir`, pause,
+//! resume, prompt-cache reset. The admin key is not the API key: a client that may generate may
+//! not replace the model. Weights are read on a blocking thread, never on the engine's, from
+//! regular files inside the weights folder only (no symlink out of it, no device or FIFO), and a
+//! path that is refused gets the same answer whether or not it exists.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Request as HttpRequest, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kvdecode::io::model_file::TensorFiles;
+use serde_json::{json, Value};
+
+use super::api::ApiError;
+use super::engine::{Admin, Msg, UpdateMode};
+use super::{read_body, App};
+
+/// Where weights may be read from, and how much.
+pub struct WeightsDir {
+    /// Canonical.
+    pub dir: PathBuf,
+    /// `--max-weights-bytes`.
+    pub max_bytes: u64,
+}
+
+impl WeightsDir {
+    pub fn new(dir: &Path, max_bytes: u64) -> std::io::Result<Self> {
+        Ok(WeightsDir { dir: dir.canonicalize()?, max_bytes })
+    }
+
+    /// The canonical path of `given` (relative to the folder, or absolute inside it) if it is a
+    /// regular file, or a folder whose `*.safetensors` are regular files, inside the folder and
+    /// within the byte limit.
+    pub fn resolve(&self, given: &str) -> Result<PathBuf, ApiError> {
+        let refused = || {
+            ApiError::bad(
+                "path",
+                format!("`path` {given:?} is not a weights file or Hugging Face folder inside --weights-dir"),
+            )
+        };
+        let inside = |p: &Path| -> Result<(PathBuf, std::fs::Metadata), ApiError> {
+            let c = p.canonicalize().map_err(|_| refused())?;
+            let meta = std::fs::metadata(&c).map_err(|_| refused())?;
+            if !c.starts_with(&self.dir) {
+                return Err(refused());
+            }
+            Ok((c, meta))
+        };
+        let (path, meta) = inside(&self.dir.join(given))?;
+        let bytes = if meta.is_file() {
+            meta.len()
+        } else if meta.is_dir() {
+            let mut total = 0;
+            for e in std::fs::read_dir(&path).map_err(|_| refused())?.flatten() {
+                if e.path().extension().is_some_and(|x| x == "safetensors") {
+                    let (_, m) = inside(&e.path())?;
+                    if !m.is_file() {
+                        return Err(refused());
+                    }
+                    total += m.len();
+                }
+            }
+            total
+        } else {
+            return Err(refused());
+        };
+        if bytes > self.max_bytes {
+            return Err(ApiError::bad(
+                "path",
+                format!("`path` {given:?} holds {bytes} bytes, more than --max-weights-bytes {}", self.max_bytes),
+            ));
+        }
+        Ok(path)
+    }
+}
+
+/// Admin endpoints need `Authorization: Bearer ADMIN_KEY`.
+pub async fn authorize(State(app): State<Arc<App>>, req: HttpRequest, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if app.admin_key.as_ref().is_some_and(|k| k.matches(given)) {
+        return next.run(req).await;
+    }
+    app.metrics.client_errors.inc();
+    let body = json!({"error": {"message": "an admin endpoint: send `Authorization: Bearer <admin key>`",
+                                "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}});
+    (StatusCode::UNAUTHORIZED, [(axum::http::header::WWW_AUTHENTICATE, "Bearer")], Json(body)).into_response()
+}
+
+/// Send an admin command to the engine thread and answer with what it says.
+async fn command(app: &App, cmd: Admin) -> Result<Value, ApiError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if app.jobs.send(Msg::Admin(cmd, tx)).await.is_err() {
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped"));
+    }
+    match rx.await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(ApiError::bad("", e)),
+        Err(_) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped")),
+    }
+}
+
+fn answer(r: Result<Value, ApiError>) -> Response {
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /v1/weights {"path": ..., "mode": "wait" | "abort" | "keep"}`: new weights from a file
+/// or folder under `--weights-dir` (safetensors, a Hugging Face folder or GGUF with the model's
+/// shapes); answers with the new version. `wait` (the default): requests in flight finish on the
+/// old weights while new ones queue; `abort`: they end now (finish reason `abort`); `keep`: they
+/// go on from their K/V with the new weights.
+pub async fn update_weights(State(app): State<Arc<App>>, req: HttpRequest) -> Response {
+    answer(weights(app, req).await)
+}
+
+async fn weights(app: Arc<App>, req: HttpRequest) -> Result<Value, ApiError> {
+    let body = read_body(req.into_body(), app.max_body).await?;
+    let v: Value =
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad("", format!("the body is not JSON: {e}")))?;
+    let Some(given) = v.get("path").and_then(Value::as_str).map(str::to_string) else {
+        return Err(ApiError::bad("path", "`path` (a file or folder under --weights-dir) is required"));
+    };
+    let mode = match v.get("mode").and_then(Value::as_str).unwrap_or("wait") {
+        "wait" => UpdateMode::Wait,
+        "abort" => UpdateMode::Abort,
+        "keep" => UpdateMode::Keep,
+        other => return Err(ApiError::bad("mode", format!("`mode` {other:?}: expected wait, abort or keep"))),
+    };
+    let Some(dir) = &app.weights_dir else {
+        return Err(ApiError::bad("path", "this server reads no weights files: start it with --weights-dir"));
+    };
+    let path = dir.resolve(&given)?;
+    let t0 = Instant::now();
+    let read = tokio::task::spawn_blocking(move || TensorFiles::open(&path)).await;
+    let files = match read {
+        Ok(Ok(f)) => f,
+        // what the reader says names the file and its format, never the OS's view of other paths
+        Ok(Err(e)) => return Err(ApiError::bad("path", format!("`path` {given:?} could not be read as weights: {e}"))),
+        Err(_) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "reading the weights failed")),
+    };
+    let read_seconds = t0.elapsed().as_secs_f64();
+    let mut v = command(&app, Admin::Weights { files: Box::new(files), source: given, mode }).await?;
+    v["read_seconds"] = json!(read_seconds);
+    Ok(v)
+}
+
+/// `POST /v1/pause`: no step runs (requests keep their rows; new ones queue) until `/v1/resume`.
+pub async fn pause(State(app): State<Arc<App>>) -> Response {
+    answer(command(&app, Admin::Pause).await)
+}
+
+/// `POST /v1/resume`.
+pub async fn resume(State(app): State<Arc<App>>) -> Response {
+    answer(command(&app, Admin::Resume).await)
+}
+
+/// `POST /v1/reset_prefix_cache`: forget every block the prompt cache holds.
+pub async fn reset_prefix_cache(State(app): State<Arc<App>>) -> Response {
+    answer(command(&app, Admin::ResetPrefixCache).await)
+}
