@@ -39,8 +39,12 @@ fn random_masks(w: &ModelWeights, seed: u64, widths: &[usize], interior: bool) {
         let got = seq.forward_masked(&mut e, &chunk, batch, t, &pm).unwrap();
         for b in 0..batch {
             let key_mask = &mask[b][..at + t];
-            let want = reference::forward_with(w, &ids[b][..at + t], RefOptions { key_mask: Some(key_mask), kv: None })
-                .unwrap();
+            let want = reference::forward_with(
+                w,
+                &ids[b][..at + t],
+                RefOptions { key_mask: Some(key_mask), ..Default::default() },
+            )
+            .unwrap();
             for j in 0..t {
                 let g = &got[(b * t + j) * v..(b * t + j + 1) * v];
                 if mask[b][at + j] {

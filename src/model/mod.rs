@@ -5,6 +5,7 @@ pub mod config;
 pub mod dtype;
 pub mod engram;
 pub mod family;
+pub mod lora;
 pub mod quant;
 pub mod reference;
 pub mod rope;

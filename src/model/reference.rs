@@ -4,6 +4,7 @@
 use crate::error::{Error, Result};
 use crate::model::config::{MlpKind, ModelConfig, MoeConfig, NormKind};
 use crate::model::dtype::KvDtype;
+use crate::model::lora::{LoraAdapter, LoraTarget};
 use crate::model::rope::Rope;
 use crate::model::weights::{Matrix, ModelWeights};
 
@@ -98,6 +99,8 @@ pub struct RefOptions<'a> {
     /// where `key_mask[s]`; every query always sees its own key (the seed's forced diagonal, which
     /// keeps a padding query's softmax finite).
     pub key_mask: Option<&'a [bool]>,
+    /// A LoRA adapter applied unmerged: every projection it changes gives `W x + scale B (A x)`.
+    pub lora: Option<&'a LoraAdapter>,
 }
 
 /// `x` as stored in a K/V cache of type `kv` (round to nearest even).
@@ -129,11 +132,17 @@ fn project_kv(
     h: &[Vec<f32>],
     rope_t: Option<&[[f32; 2]]>,
     kv_type: Option<KvDtype>,
+    lora: Option<(&LoraAdapter, usize)>,
 ) -> Kv {
     let (hk, d) = (cfg.n_kv_heads, cfg.head_dim);
     let half = d / 2;
     let mut kv = Kv { k: Vec::new(), v: Vec::new() };
-    for (t, out) in project(w, bias, h).into_iter().enumerate() {
+    let mut outs = project(w, bias, h);
+    if let Some((l, layer)) = lora {
+        l.add_to(layer, LoraTarget::K, h, &mut outs, 0);
+        l.add_to(layer, LoraTarget::V, h, &mut outs, hk * d);
+    }
+    for (t, out) in outs.into_iter().enumerate() {
         let mut k = out[..hk * d].to_vec();
         if cfg.qk_norm_whole {
             k = rms_norm(&k, k_norm, cfg.norm, cfg.norm_eps);
@@ -218,17 +227,26 @@ pub fn forward_routed(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) ->
             }
         };
         let h: Vec<Vec<f32>> = x.iter().map(|xt| block_in(xt, lw.attn_norm.as_deref())).collect();
+        let lora = opts.lora.map(|l| (l, li));
+        let add_lora = |target, xs: &[Vec<f32>], ys: &mut [Vec<f32>], at| {
+            if let Some(l) = opts.lora {
+                l.add_to(li, target, xs, ys, at);
+            }
+        };
         if spec.writes_global {
             let kv_global = lw.kv_global.as_ref().expect("checked");
-            groups.push(project_kv(cfg, kv_global, lw.kv_bias.as_deref(), lw.k_norm.as_deref(), &h, rope_t, opts.kv));
+            let (bias, norm) = (lw.kv_bias.as_deref(), lw.k_norm.as_deref());
+            groups.push(project_kv(cfg, kv_global, bias, norm, &h, rope_t, opts.kv, lora));
         }
         let local = spec.local.then(|| {
             let kv_local = lw.kv_local.as_ref().expect("checked");
-            project_kv(cfg, kv_local, lw.kv_bias.as_deref(), lw.k_norm.as_deref(), &h, rope_t, opts.kv)
+            project_kv(cfg, kv_local, lw.kv_bias.as_deref(), lw.k_norm.as_deref(), &h, rope_t, opts.kv, lora)
         });
         let global = spec.global_group.map(|g| &groups[g]);
         let mut ys = Vec::with_capacity(n);
-        for (t, mut q) in project(&lw.wq, lw.q_bias.as_deref(), &h).into_iter().enumerate() {
+        let mut qs = project(&lw.wq, lw.q_bias.as_deref(), &h);
+        add_lora(LoraTarget::Q, &h, &mut qs, 0);
+        for (t, mut q) in qs.into_iter().enumerate() {
             if cfg.qk_norm_whole {
                 q = rms_norm(&q, lw.q_norm.as_deref(), cfg.norm, cfg.norm_eps);
             }
@@ -275,7 +293,9 @@ pub fn forward_routed(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) ->
             ys.push(y);
         }
         // every token's attention read h, so the residuals can all be added now
-        for (xt, mut o) in x.iter_mut().zip(matmat(&lw.wo, &ys)) {
+        let mut os = matmat(&lw.wo, &ys);
+        add_lora(LoraTarget::O, &ys, &mut os, 0);
+        for (xt, mut o) in x.iter_mut().zip(os) {
             if cfg.post_norms {
                 o = rms_norm(&o, lw.post_attn_norm.as_deref(), cfg.norm, cfg.norm_eps);
             }
@@ -318,14 +338,19 @@ pub fn forward_routed(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) ->
                 outs
             }
             _ => {
-                let acts: Vec<Vec<f32>> = matmat(&lw.mlp_in, &h2)
+                let mut us = matmat(&lw.mlp_in, &h2);
+                add_lora(LoraTarget::Gate, &h2, &mut us, 0);
+                add_lora(LoraTarget::Up, &h2, &mut us, f);
+                let acts: Vec<Vec<f32>> = us
                     .into_iter()
                     .map(|u| match cfg.mlp {
                         MlpKind::ReluSquared => u.iter().map(|&v| v.max(0.0) * v.max(0.0)).collect(),
                         kind => (0..f).map(|i| act(kind, u[i]) * u[f + i]).collect(),
                     })
                     .collect();
-                matmat(&lw.mlp_out, &acts)
+                let mut downs = matmat(&lw.mlp_out, &acts);
+                add_lora(LoraTarget::Down, &acts, &mut downs, 0);
+                downs
             }
         };
         for (xt, mut mo) in x.iter_mut().zip(mlp_outs) {

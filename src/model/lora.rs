@@ -1,0 +1,361 @@
+//! LoRA adapters on the host, read as PEFT saves them: per block and projection, `A` `[rank,
+//! in]` and `B` `[out, rank]` in f32 and the scale, so a projection's output becomes
+//! `W x + scale * B (A x)` with `W` untouched. Phi-3's fused `qkv_proj` and `gate_up_proj` are
+//! split into their parts here (one `A`, the rows of `B` cut as the fused output is), so every
+//! family's adapter has the same seven targets. What is not supported is refused by name: DoRA,
+//! adapters on the embedding or the LM head, biases, `modules_to_save`, modules a family does not
+//! have, and the experts of a mixture of experts.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::model::config::{MlpKind, ModelConfig};
+use crate::model::family::{tensor_names, LayerSlot, Naming, Place, RowOrder, Slot, TensorName, HF_PREFIXES};
+use crate::model::tensor::{HostDtype, HostTensor};
+
+/// A projection of a block an adapter may change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoraTarget {
+    /// The queries (`q_proj`, or the first rows of Phi-3's `qkv_proj`).
+    Q,
+    /// The keys.
+    K,
+    /// The values.
+    V,
+    /// The attention's output (`o_proj`).
+    O,
+    /// The MLP's gate (`gate_proj`, or the first half of `gate_up_proj`).
+    Gate,
+    /// The MLP's up projection.
+    Up,
+    /// The MLP's down projection.
+    Down,
+}
+
+impl LoraTarget {
+    /// Every target, in the order [`LoraAdapter`] keeps them.
+    pub const ALL: [LoraTarget; 7] = [
+        LoraTarget::Q,
+        LoraTarget::K,
+        LoraTarget::V,
+        LoraTarget::O,
+        LoraTarget::Gate,
+        LoraTarget::Up,
+        LoraTarget::Down,
+    ];
+
+    /// `(in, out)` features of this projection in block `layer` of `cfg`.
+    pub fn dims(self, cfg: &ModelConfig, layer: usize) -> (usize, usize) {
+        let (d, q, kv, f) =
+            (cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.layer_ffn(layer));
+        match self {
+            LoraTarget::Q => (d, q),
+            LoraTarget::K | LoraTarget::V => (d, kv),
+            LoraTarget::O => (q, d),
+            LoraTarget::Gate | LoraTarget::Up => (d, f),
+            LoraTarget::Down => (f, d),
+        }
+    }
+}
+
+/// One adapted projection: `scale * B (A x)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraModule {
+    /// Its rank: the rows of `a`, the columns of `b`.
+    pub rank: usize,
+    /// `lora_alpha / rank` (`/ sqrt(rank)` with rsLoRA), per module where the patterns say.
+    pub scale: f32,
+    /// `[rank, in]`, row-major.
+    pub a: Vec<f32>,
+    /// `[out, rank]`, row-major.
+    pub b: Vec<f32>,
+}
+
+impl LoraModule {
+    /// `scale * B (A x)` for one input, summed in f64 (the CPU reference's precision).
+    pub fn delta(&self, x: &[f32]) -> Vec<f64> {
+        let ax: Vec<f64> =
+            self.a.chunks(x.len()).map(|row| row.iter().zip(x).map(|(&a, &v)| a as f64 * v as f64).sum()).collect();
+        self.b
+            .chunks(self.rank)
+            .map(|row| self.scale as f64 * row.iter().zip(&ax).map(|(&b, &a)| b as f64 * a).sum::<f64>())
+            .collect()
+    }
+}
+
+/// An adapter: for every block, the projections it changes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoraAdapter {
+    /// `[layers][LoraTarget::ALL]`.
+    pub layers: Vec<[Option<LoraModule>; 7]>,
+}
+
+/// The adapter's settings from `adapter_config.json` that decide each module's rank and scale.
+struct Settings {
+    r: usize,
+    alpha: f64,
+    rslora: bool,
+    rank_pattern: Vec<(fancy_regex::Regex, usize)>,
+    alpha_pattern: Vec<(fancy_regex::Regex, f64)>,
+}
+
+impl Settings {
+    fn parse(config: &Value) -> Result<Self> {
+        let bad = |m: String| Error::Config(format!("adapter_config.json: {m}"));
+        let get = |k: &str| config.get(k).filter(|v| !v.is_null());
+        if let Some(t) = get("peft_type").and_then(Value::as_str).filter(|t| *t != "LORA") {
+            return Err(bad(format!("peft_type {t:?}: only LORA adapters are read")));
+        }
+        if get("use_dora").and_then(Value::as_bool) == Some(true) {
+            return Err(bad("use_dora: DoRA adapters are not supported".into()));
+        }
+        if get("bias").and_then(Value::as_str).is_some_and(|b| b != "none")
+            || get("lora_bias") == Some(&Value::Bool(true))
+        {
+            return Err(bad("LoRA biases (bias / lora_bias) are not supported".into()));
+        }
+        if get("modules_to_save").is_some_and(|m| m.as_array().is_none_or(|a| !a.is_empty())) {
+            return Err(bad("modules_to_save (full copies of modules) is not supported".into()));
+        }
+        if get("fan_in_fan_out").and_then(Value::as_bool) == Some(true) {
+            return Err(bad("fan_in_fan_out (GPT-2's transposed layers) is not supported".into()));
+        }
+        let r = get("r")
+            .and_then(Value::as_u64)
+            .filter(|&r| r > 0)
+            .ok_or_else(|| bad("`r` must be a positive integer".into()))?;
+        let alpha = get("lora_alpha").and_then(Value::as_f64).unwrap_or(8.0);
+        let rslora = get("use_rslora").and_then(Value::as_bool).unwrap_or(false);
+        // PEFT's get_pattern_key: a key matches a module's name if the name is `(.*\.)?key`
+        let patterns = |k: &str| -> Result<Vec<(fancy_regex::Regex, f64)>> {
+            let Some(m) = get(k) else { return Ok(Vec::new()) };
+            let m = m.as_object().ok_or_else(|| bad(format!("{k} must be an object")))?;
+            m.iter()
+                .map(|(key, v)| {
+                    let re = fancy_regex::Regex::new(&format!(r"^(?:.*\.)?(?:{key})$"))
+                        .map_err(|e| bad(format!("{k} key {key:?} is not a regular expression: {e}")))?;
+                    let v =
+                        v.as_f64().filter(|v| *v > 0.0).ok_or_else(|| bad(format!("{k}[{key:?}] must be positive")))?;
+                    Ok((re, v))
+                })
+                .collect()
+        };
+        let rank_pattern = patterns("rank_pattern")?.into_iter().map(|(re, v)| (re, v as usize)).collect();
+        Ok(Settings { r: r as usize, alpha, rslora, rank_pattern, alpha_pattern: patterns("alpha_pattern")? })
+    }
+
+    /// `(rank, scale)` of the module named `name` (PEFT's module path, `model.layers.0.mlp.up_proj`).
+    fn rank_scale(&self, name: &str) -> (usize, f32) {
+        let find =
+            |p: &[(fancy_regex::Regex, f64)]| p.iter().find(|(re, _)| re.is_match(name).unwrap_or(false)).map(|x| x.1);
+        let ranks: Vec<(fancy_regex::Regex, f64)> =
+            self.rank_pattern.iter().map(|(re, r)| (re.clone(), *r as f64)).collect();
+        let r = find(&ranks).map_or(self.r, |r| r as usize);
+        let alpha = find(&self.alpha_pattern).unwrap_or(self.alpha);
+        let scale = if self.rslora { alpha / (r as f64).sqrt() } else { alpha / r as f64 };
+        (r, scale as f32)
+    }
+}
+
+/// What one tensor name of a PEFT adapter holds.
+struct TensorSlot {
+    layer: usize,
+    /// PEFT's module path, for the patterns and errors.
+    module: String,
+    /// The projection's name (`q_proj`, `qkv_proj`, ...).
+    proj: String,
+    is_b: bool,
+}
+
+/// Parse `base_model.model.model.layers.N.{self_attn,mlp}.PROJ.lora_{A,B}[.ADAPTER].weight`.
+fn parse_name(name: &str) -> Result<TensorSlot> {
+    let unsupported = |what: &str| Error::Weights(format!("adapter tensor `{name}`: {what}"));
+    if name.contains("lora_magnitude_vector") {
+        return Err(unsupported("DoRA adapters are not supported"));
+    }
+    if name.contains("lora_embedding") || name.contains("embed_tokens") || name.contains("lm_head") {
+        return Err(unsupported("adapters on the embedding or the LM head are not supported"));
+    }
+    let path = name.strip_prefix("base_model.model.").unwrap_or(name);
+    let (module, rest) = path
+        .split_once(".lora_A")
+        .map(|(m, r)| (m, (false, r)))
+        .or_else(|| path.split_once(".lora_B").map(|(m, r)| (m, (true, r))))
+        .ok_or_else(|| unsupported("not a LoRA tensor (no lora_A or lora_B in its name)"))?;
+    if !rest.1.ends_with(".weight") {
+        return Err(unsupported("not a LoRA weight"));
+    }
+    let parts: Vec<&str> = module.split('.').collect();
+    let at = parts.iter().position(|p| *p == "layers").ok_or_else(|| unsupported("not in a block (`layers.N`)"))?;
+    let (layer, group, proj) = match &parts[at + 1..] {
+        [n, g, p] => (n.parse::<usize>().map_err(|_| unsupported("no block number"))?, *g, *p),
+        _ if parts.contains(&"experts") => {
+            return Err(unsupported("adapters on a mixture of experts' experts are not supported"))
+        }
+        _ => return Err(unsupported("not a block's attention or MLP projection")),
+    };
+    if group != "self_attn" && group != "mlp" {
+        return Err(unsupported("not a block's attention or MLP projection"));
+    }
+    Ok(TensorSlot { layer, module: module.to_string(), proj: proj.to_string(), is_b: rest.0 })
+}
+
+impl LoraAdapter {
+    /// A PEFT adapter directory (`adapter_config.json` and `adapter_model.safetensors`) for a
+    /// model of `cfg`.
+    pub fn from_peft_dir(dir: impl AsRef<Path>, cfg: &ModelConfig) -> Result<Self> {
+        let dir = dir.as_ref();
+        let file = |n: &str| dir.join(n);
+        let config = std::fs::read_to_string(file("adapter_config.json"))
+            .map_err(|e| crate::error::file_err(file("adapter_config.json"), e))?;
+        let config: Value = serde_json::from_str(&config)
+            .map_err(|e| Error::Config(format!("{}: not JSON: {e}", file("adapter_config.json").display())))?;
+        let path = file("adapter_model.safetensors");
+        let bytes = std::fs::read(&path).map_err(|e| crate::error::file_err(&path, e))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| crate::error::file_err(&path, format!("not a valid safetensors file: {e}")))?;
+        let mut tensors = Vec::new();
+        for (name, view) in st.tensors() {
+            let dtype = match view.dtype() {
+                safetensors::Dtype::F32 => HostDtype::F32,
+                safetensors::Dtype::F16 => HostDtype::F16,
+                safetensors::Dtype::BF16 => HostDtype::BF16,
+                other => {
+                    return Err(Error::Weights(format!("adapter tensor `{name}`: dtype {other:?} (F32, F16 or BF16)")))
+                }
+            };
+            tensors.push(HostTensor { name, shape: view.shape().to_vec(), dtype, bytes: view.data() });
+        }
+        Self::from_peft(&config, &tensors, cfg)
+    }
+
+    /// An adapter from PEFT's config (the `adapter_config.json` object) and its tensors, by
+    /// PEFT's names (`base_model.model.` in front or not; an adapter name before `.weight` is
+    /// allowed, as `peft_model.state_dict()` writes it). Every tensor is checked before the
+    /// adapter is made.
+    pub fn from_peft(config: &Value, tensors: &[HostTensor], cfg: &ModelConfig) -> Result<Self> {
+        let settings = Settings::parse(config)?;
+        // (block, module) -> [A, B]
+        let mut halves: std::collections::BTreeMap<(usize, String), [Option<&HostTensor>; 2]> = Default::default();
+        for t in tensors {
+            let slot = parse_name(&t.name)?;
+            if slot.layer >= cfg.layers.len() {
+                return Err(Error::Weights(format!(
+                    "adapter tensor `{}`: block {} of a model with {}",
+                    t.name,
+                    slot.layer,
+                    cfg.layers.len()
+                )));
+            }
+            let is_mlp = ["gate_proj", "up_proj", "down_proj", "gate_up_proj"].contains(&slot.proj.as_str());
+            if is_mlp && (cfg.layer_moe(slot.layer).is_some() || cfg.mlp == MlpKind::ReluSquared) {
+                return Err(Error::Weights(format!(
+                    "adapter tensor `{}`: block {}'s MLP is not one kvdecode adapts (a mixture of experts, or no gate)",
+                    t.name, slot.layer
+                )));
+            }
+            let pair = halves.entry((slot.layer, slot.module.clone())).or_default();
+            let i = usize::from(slot.is_b);
+            if pair[i].is_some() {
+                return Err(Error::Weights(format!("adapter tensor `{}` is given twice", t.name)));
+            }
+            pair[i] = Some(t);
+        }
+        // the base weight each module adapts, and where its rows go: the family's own tables, so
+        // fused tensors split and rows reorder (Phi-3's partial rotary) as the base's did
+        let names: std::collections::HashMap<String, TensorName> = HF_PREFIXES
+            .iter()
+            .flat_map(|p| tensor_names(cfg, Naming::HuggingFace(p)))
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        let mut adapter = LoraAdapter { layers: vec![Default::default(); cfg.layers.len()] };
+        for ((layer, module), pair) in &halves {
+            let [Some(a), Some(b)] = pair else {
+                let (have, miss) = if pair[0].is_some() { ("lora_A", "lora_B") } else { ("lora_B", "lora_A") };
+                return Err(Error::Weights(format!("adapter module `{module}` has {have} but no {miss}")));
+            };
+            let parts = names.get(&format!("{module}.weight")).map(|t| targets(cfg, t)).unwrap_or_default();
+            if parts.is_empty() {
+                return Err(Error::Weights(format!(
+                    "adapter module `{module}`: not a projection this {:?} model has (q, k, v, o, gate, up, down; Phi-3's \
+                     qkv_proj and gate_up_proj)",
+                    cfg.family
+                )));
+            }
+            let (rank, scale) = settings.rank_scale(module);
+            let inputs = parts[0].0.dims(cfg, *layer).0;
+            let out = names[&format!("{module}.weight")].shape[0];
+            a.check(&[rank, inputs]).map_err(|e| rank_hint(e, module, rank))?;
+            b.check(&[out, rank]).map_err(|e| rank_hint(e, module, rank))?;
+            let (av, bv) = (a.values_f32(), b.values_f32());
+            for (target, place) in parts {
+                let rows = (0..place.rows.len()).flat_map(|i| &bv[place.source(i) * rank..][..rank]);
+                let module = LoraModule { rank, scale, a: av.clone(), b: rows.copied().collect() };
+                adapter.layers[*layer][target as usize] = Some(module);
+            }
+        }
+        Ok(adapter)
+    }
+
+    /// The module that changes `target` of block `layer`, if any.
+    pub fn module(&self, layer: usize, target: LoraTarget) -> Option<&LoraModule> {
+        self.layers.get(layer).and_then(|l| l[target as usize].as_ref())
+    }
+
+    /// Add the adapter's change of `target` in block `layer` to each output (f64 sums, rounded
+    /// once), for the CPU reference.
+    pub(crate) fn add_to(&self, layer: usize, target: LoraTarget, xs: &[Vec<f32>], ys: &mut [Vec<f32>], at: usize) {
+        let Some(m) = self.module(layer, target) else { return };
+        for (x, y) in xs.iter().zip(ys) {
+            for (o, d) in y[at..].iter_mut().zip(m.delta(x)) {
+                *o = (*o as f64 + d) as f32;
+            }
+        }
+    }
+}
+
+/// The targets a base weight's places fill (a key projection fills the global and the local
+/// K/V alike: once).
+fn targets(cfg: &ModelConfig, t: &TensorName) -> Vec<(LoraTarget, Place)> {
+    let kv = cfg.n_kv_heads * cfg.head_dim;
+    let mut out: Vec<(LoraTarget, Place)> = Vec::new();
+    // a place that fills both halves of a stacked weight ([k; v], [gate; up]) is two targets
+    let halves = |p: &Place, half: usize| -> Vec<Place> {
+        if p.row0 == 0 && p.rows.len() == 2 * half && p.order == RowOrder::AsIs {
+            let (s, m) = (p.rows.start, p.rows.start + half);
+            let first = Place { rows: s..m, ..p.clone() };
+            vec![first, Place { row0: half, rows: m..p.rows.end, ..p.clone() }]
+        } else {
+            vec![p.clone()]
+        }
+    };
+    let places = t.places.iter().flat_map(|p| match p.slot {
+        Slot::Layer(_, LayerSlot::KvGlobal | LayerSlot::KvLocal) => halves(p, kv),
+        Slot::Layer(layer, LayerSlot::MlpIn) => halves(p, cfg.layer_ffn(layer)),
+        _ => vec![p.clone()],
+    });
+    for p in places {
+        let Slot::Layer(layer, slot) = p.slot else { continue };
+        let target = match slot {
+            LayerSlot::Wq => LoraTarget::Q,
+            LayerSlot::KvGlobal | LayerSlot::KvLocal if p.row0 == 0 => LoraTarget::K,
+            LayerSlot::KvGlobal | LayerSlot::KvLocal if p.row0 == kv => LoraTarget::V,
+            LayerSlot::Wo => LoraTarget::O,
+            LayerSlot::MlpIn if p.row0 == 0 => LoraTarget::Gate,
+            LayerSlot::MlpIn if p.row0 == cfg.layer_ffn(layer) => LoraTarget::Up,
+            LayerSlot::MlpOut => LoraTarget::Down,
+            _ => continue,
+        };
+        if !out.iter().any(|(t, _)| *t == target) {
+            out.push((target, p));
+        }
+    }
+    out
+}
+
+/// A shape error of `module`'s tensors also names the rank the config gives it.
+fn rank_hint(e: Error, module: &str, rank: usize) -> Error {
+    Error::Weights(format!("{e} (adapter module `{module}`: rank {rank} by adapter_config.json's r / rank_pattern)"))
+}
