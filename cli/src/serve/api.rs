@@ -205,6 +205,9 @@ pub struct Limits {
     pub bias_slots: usize,
 }
 
+/// Longest `stop` string, in bytes (each is matched against the text's tail at every token).
+pub const STOP_MAX_BYTES: usize = 8192;
+
 /// Most entries of a request's `logit_bias` object.
 pub const LOGIT_BIAS_MAX: usize = 1024;
 
@@ -490,6 +493,12 @@ pub fn parse(
     };
     if stop_strings.iter().any(String::is_empty) {
         return Err(ApiError::bad("stop", "`stop` strings must not be empty"));
+    }
+    if let Some(s) = stop_strings.iter().find(|s| s.len() > STOP_MAX_BYTES) {
+        return Err(ApiError::bad(
+            "stop",
+            format!("a `stop` string of {} bytes is longer than the limit of {STOP_MAX_BYTES}", s.len()),
+        ));
     }
     const UNSUPPORTED: &[&str] = &[
         "functions",

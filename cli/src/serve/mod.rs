@@ -13,7 +13,7 @@ mod metrics;
 pub mod response;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -50,7 +50,8 @@ pub struct Args {
     /// Cache rows: generations decoded side by side.
     #[arg(long, default_value_t = 8)]
     rows: usize,
-    /// Generations that may wait for a row before requests get 429.
+    /// Generations that may wait beyond the rows (queued, held during an update or waiting for a
+    /// row) before requests get 429 with Retry-After.
     #[arg(long, default_value_t = 64)]
     queue: usize,
     /// Largest request body, in bytes.
@@ -117,6 +118,9 @@ struct App {
     created: u64,
     seeds: AtomicU64,
     next_id: AtomicU64,
+    /// Generations in the server ([`Admission`]), and how many may be: rows + `--queue`.
+    admitted: Arc<AtomicUsize>,
+    admit_limit: usize,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -176,6 +180,8 @@ pub fn run(a: Args) -> Result<()> {
         created: now,
         seeds: AtomicU64::new(now.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
         next_id: AtomicU64::new(1),
+        admitted: Arc::new(AtomicUsize::new(0)),
+        admit_limit: a.rows + a.queue,
     });
     let mut guarded = Router::new()
         .route("/metrics", get(metrics_text))
@@ -332,13 +338,17 @@ async fn run_gen(app: Arc<App>, g: Gen) -> std::result::Result<Response, ApiErro
         stop: stop.clone(),
         received: Instant::now(),
     };
+    let queue_full = || {
+        let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "the server's queue is full; retry shortly");
+        e.retry_after = Some(1);
+        e
+    };
+    let Some(admitted) = Admission::take(&app.admitted, n, app.admit_limit) else {
+        return Err(queue_full());
+    };
     match app.jobs.try_send(Msg::Job(job)) {
         Ok(()) => {}
-        Err(mpsc::error::TrySendError::Full(_)) => {
-            let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "the server's queue is full; retry shortly");
-            e.retry_after = Some(1);
-            return Err(e);
-        }
+        Err(mpsc::error::TrySendError::Full(_)) => return Err(queue_full()),
         Err(mpsc::error::TrySendError::Closed(_)) => {
             return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped"));
         }
@@ -350,7 +360,7 @@ async fn run_gen(app: Arc<App>, g: Gen) -> std::result::Result<Response, ApiErro
         app.next_id.fetch_add(1, Ordering::Relaxed)
     );
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let out = Output { app, g, id, created, stop };
+    let out = Output { app, g, id, created, stop, _admitted: admitted };
     if out.g.stream {
         Ok(out.stream(rx))
     } else {
@@ -365,6 +375,31 @@ struct Output {
     id: String,
     created: u64,
     stop: Arc<Vec<AtomicBool>>,
+    /// Counted among the generations in the server until this response is done or dropped.
+    _admitted: Admission,
+}
+
+/// Generations admitted into the server (queued, held during an update, waiting for a row or
+/// decoding), counted from admission until their response ends or its client goes: `--queue`
+/// bounds what waits beyond the rows, whatever the engine thread has taken from the channel.
+struct Admission {
+    count: Arc<AtomicUsize>,
+    n: usize,
+}
+
+impl Admission {
+    /// `n` more generations, if `limit` allows them.
+    fn take(count: &Arc<AtomicUsize>, n: usize, limit: usize) -> Option<Self> {
+        let before = count.fetch_add(n, Ordering::AcqRel);
+        let a = Admission { count: count.clone(), n };
+        (before + n <= limit).then_some(a)
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.n, Ordering::AcqRel);
+    }
 }
 
 impl Output {
