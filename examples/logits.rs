@@ -20,6 +20,15 @@ fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let get = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let usage = "usage: logits --model PATH --tokens FILE.npy [--prefill N] [--kv f32|f16|bf16] --out OUT.npy";
+    // every argument is a known flag and its value: a misspelt flag is an error, not ignored
+    for pair in args.chunks(2) {
+        match pair {
+            [flag, _] if ["--model", "--tokens", "--prefill", "--kv", "--out"].contains(&flag.as_str()) => {}
+            [flag] => return Err(format!("{flag} needs a value\n{usage}")),
+            [flag, ..] => return Err(format!("unknown argument {flag:?}\n{usage}")),
+            [] => {}
+        }
+    }
     let model_path = get("--model").ok_or(usage)?;
     let tokens_path = get("--tokens").ok_or(usage)?;
     let out_path = get("--out").ok_or(usage)?;
