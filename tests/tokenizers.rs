@@ -7,7 +7,7 @@ mod common;
 use common::gguf_writer::{write_llama_with, Meta, Store};
 use common::*;
 use kvdecode::io::gguf::GgufFile;
-use kvdecode::io::tokenizer::{Message, Tokenizer};
+use kvdecode::io::tokenizer::{Message, TextStream, Tokenizer};
 
 /// A small SentencePiece vocabulary: specials, the 256 byte pieces, and scored pieces.
 fn spm_gguf() -> Vec<u8> {
@@ -68,6 +68,48 @@ fn sentencepiece_vocabulary_with_byte_fallback() {
     let chat = t.apply_chat_template(&[Message::new("user", "  hi  ")], true).unwrap();
     assert_eq!(chat, "<s>[USER] hi\n[ASSISTANT]");
     assert!(t.end_of_turn().contains(&2));
+}
+
+/// Streaming a byte-fallback vocabulary token by token (the server's events, `kvdecode chat`):
+/// emoji and CJK arrive as 3 and 4 byte tokens, and no released piece holds a U+FFFD or splits a
+/// character; what a stream releases in all is the whole sequence's text, invalid bytes included
+/// (held at most a few tokens, then released as U+FFFD).
+#[test]
+fn byte_fallback_text_streams_whole_characters() {
+    let g = GgufFile::parse(spm_gguf()).unwrap();
+    let t = Tokenizer::from_gguf(&g).unwrap();
+    let byte = |b: u8| t.token_id(&format!("<0x{b:02X}>")).unwrap();
+    for text in ["hello 🦀 world", "中文 hello 日本語", "héllo wörld 🦀🦀", "🦀", "the\tend\n"] {
+        let ids = t.encode(text).unwrap();
+        assert!(ids.len() > text.chars().count() / 2, "{text:?} goes in byte tokens: {ids:?}");
+        let mut s = TextStream::new(true);
+        let pieces: Vec<String> = ids.iter().map(|&id| s.push(&t, id).unwrap()).collect();
+        assert!(pieces.iter().all(|p| !p.contains('\u{fffd}')), "{text:?}: {pieces:?}");
+        assert_eq!(pieces.concat() + &s.finish(&t).unwrap(), t.decode(&ids, true).unwrap(), "{text:?}");
+        assert_eq!(pieces.concat(), text, "{text:?}: every character released by its last byte");
+    }
+    // invalid bytes: a lead byte, then bytes that are never UTF-8
+    let mut ids = vec![t.token_id("▁hello").unwrap(), byte(0xF0)];
+    ids.extend(std::iter::repeat_n(byte(0xFF), 20));
+    ids.push(t.token_id("▁world").unwrap());
+    let mut s = TextStream::new(true);
+    let pieces: Vec<String> = ids.iter().map(|&id| s.push(&t, id).unwrap()).collect();
+    let all = pieces.concat() + &s.finish(&t).unwrap();
+    assert_eq!(all, t.decode(&ids, true).unwrap());
+    assert_eq!(all, format!("hello{} world", "\u{fffd}".repeat(21)));
+    // released while the run went on, not held to its end
+    let last = pieces.len() - 1;
+    assert!(pieces[..last].iter().any(|p| p.contains('\u{fffd}')), "{pieces:?}");
+    // valid characters before bytes that turn out invalid stay as released (a whole-sequence
+    // decode turns the whole run of byte tokens into U+FFFDs, those characters too)
+    let ids: Vec<u32> = "日本".bytes().chain([0xF0]).map(byte).chain([t.token_id("▁world").unwrap()]).collect();
+    let mut s = TextStream::new(true);
+    let all: String = ids.iter().map(|&id| s.push(&t, id).unwrap()).collect::<String>() + &s.finish(&t).unwrap();
+    assert!(all.starts_with("日本\u{fffd}") && all.ends_with("\u{fffd} world"), "{all:?}");
+    // an unfinished character at the end comes out at finish
+    let mut s = TextStream::new(true);
+    assert_eq!(s.push(&t, byte(0xF0)).unwrap(), "");
+    assert_eq!(s.finish(&t).unwrap(), "\u{fffd}");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvdecode::io::tokenizer::{Message, Tokenizer};
+use kvdecode::io::tokenizer::{Message, TextStream, Tokenizer};
 use kvdecode::{Engine, EngineOptions, Event, Gpu, Request, Sampler, Scheduler, TurnLimit};
 
 use crate::common::{load_model, EngineArgs, Result};
@@ -151,7 +151,8 @@ impl<'a> Conversation<'a> {
         // decode in windows of `window` steps, streaming each window's text
         let mut answer: Vec<u32> = Vec::new();
         let mut next = ids[ids.len() - 1];
-        let mut printed = 0;
+        // whole characters only: a multi-byte character may span tokens (TextStream holds it)
+        let mut text = TextStream::new(true);
         let mut interrupted = false;
         let max_tokens = max_tokens.min(room);
         loop {
@@ -159,12 +160,11 @@ impl<'a> Conversation<'a> {
             let limit = TurnLimit { max_new: n, stop: self.stop.clone() };
             let turn = self.engine.decode_turns(&[0], &[next], &[sampler], &[limit], n, &|_, _| false)?.remove(0);
             answer.extend_from_slice(&turn.tokens);
-            let shown: Vec<u32> = answer.iter().copied().filter(|t| !self.stop.contains(t)).collect();
-            let text = self.tok.decode(&shown, true)?;
-            // print whole characters only: a multi-byte character may span tokens
-            if !text.ends_with('\u{fffd}') && text.len() > printed {
-                out(&text[printed.min(text.len())..]);
-                printed = text.len();
+            for &t in turn.tokens.iter().filter(|t| !self.stop.contains(t)) {
+                let piece = text.push(self.tok, t)?;
+                if !piece.is_empty() {
+                    out(&piece);
+                }
             }
             if turn.stopped || answer.len() >= max_tokens {
                 break;
@@ -174,6 +174,10 @@ impl<'a> Conversation<'a> {
                 break;
             }
             next = *answer.last().expect("a window decodes at least one token");
+        }
+        let rest = text.finish(self.tok)?;
+        if !rest.is_empty() {
+            out(&rest);
         }
         let shown: Vec<u32> = answer.iter().copied().filter(|t| !self.stop.contains(t)).collect();
         self.msgs.push(Message::new("assistant", &self.tok.decode(&shown, true)?));
@@ -277,8 +281,7 @@ fn one_shot(mut engine: Engine, tok: &Tokenizer, a: &Args, sampler: Sampler) -> 
     }
     let t1 = Instant::now();
     let stream = rows == 1;
-    let mut pending: Vec<Vec<u32>> = vec![Vec::new(); rows];
-    let mut printed: Vec<usize> = vec![0; rows];
+    let mut streams: Vec<TextStream> = vec![TextStream::new(true); rows];
     let mut first_token: Option<Instant> = None;
     let done = sched.run(&mut engine, &mut |ev| {
         if let Event::Token { id, token, .. } = ev {
@@ -286,13 +289,9 @@ fn one_shot(mut engine: Engine, tok: &Tokenizer, a: &Args, sampler: Sampler) -> 
             if stop.contains(&token) || !stream {
                 return;
             }
-            pending[id].push(token);
-            if let Ok(text) = tok.decode(&pending[id], true) {
-                if !text.ends_with('\u{fffd}') {
-                    print!("{}", &text[printed[id].min(text.len())..]);
-                    printed[id] = text.len();
-                    let _ = std::io::stdout().flush();
-                }
+            if let Ok(piece) = streams[id].push(tok, token) {
+                print!("{piece}");
+                let _ = std::io::stdout().flush();
             }
         }
     })?;

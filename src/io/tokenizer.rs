@@ -566,3 +566,65 @@ fn added_tokens(tokens: &[&str], types: &[u64]) -> Vec<Json> {
         })
         .collect()
 }
+
+/// Text of a growing sequence of token ids, released as soon as it is final: the one incremental
+/// detokenizer of every stream (the server's events, `kvdecode chat`).
+///
+/// A token is decoded with the few tokens before it as context, never the whole sequence, so a
+/// token costs the text it adds: a SentencePiece decoder drops the first piece's leading space,
+/// and byte-fallback tokens (`<0xF0>`, ...) make a character only together. Text that ends in an
+/// unfinished character (a U+FFFD per byte so far) is held until the character's last byte
+/// arrives, or until [`TextStream::finish`]; so released text never splits a character. For valid
+/// text what a stream releases in all is the whole sequence's decoded text; bytes that never make
+/// a character come out as U+FFFDs, without taking back the valid characters released before
+/// them (a whole-sequence byte-fallback decode turns a whole run of byte tokens into U+FFFDs when
+/// any of it is invalid, those characters too).
+#[derive(Clone, Debug)]
+pub struct TextStream {
+    skip_special: bool,
+    /// The context tokens, then the held ones (released tokens before the context are dropped).
+    ids: Vec<u32>,
+    /// `ids[..read]` was released; its text is the context of what comes next.
+    read: usize,
+}
+
+/// Tokens a held run may grow to before it is released as it stands: a character is at most 4
+/// byte tokens, so a longer run of U+FFFD-ending text is invalid bytes, not a character to wait
+/// for (the bound keeps a token's cost small).
+const TEXT_STREAM_MAX_HELD: usize = 8;
+
+impl TextStream {
+    /// A stream that decodes special tokens as text unless `skip_special`.
+    pub fn new(skip_special: bool) -> Self {
+        TextStream { skip_special, ids: Vec::new(), read: 0 }
+    }
+
+    /// Take one token; returns the text that is final now (empty while a character is unfinished).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
+        self.ids.push(id);
+        self.release(tok, false)
+    }
+
+    /// The end of the sequence: everything still held (an unfinished character as U+FFFD).
+    pub fn finish(&mut self, tok: &Tokenizer) -> Result<String> {
+        self.release(tok, true)
+    }
+
+    fn release(&mut self, tok: &Tokenizer, all: bool) -> Result<String> {
+        let context = tok.decode(&self.ids[..self.read], self.skip_special)?;
+        let text = tok.decode(&self.ids, self.skip_special)?;
+        let held = self.ids.len() - self.read;
+        if !all && text.ends_with('\u{fffd}') && held < TEXT_STREAM_MAX_HELD {
+            return Ok(String::new());
+        }
+        // the context's text is a prefix of the longer text for every decoder kvdecode reads; were
+        // it not, the text past the context's length, from a character boundary only
+        let new = text.strip_prefix(context.as_str()).or_else(|| text.get(context.len()..)).unwrap_or("").to_string();
+        // the tokens just released become the next context: they start where the last release
+        // ended, on a character's first byte (a byte-fallback decoder turns a run of byte tokens
+        // that starts inside a character into U+FFFDs, the whole run)
+        self.ids.drain(..self.read);
+        self.read = self.ids.len();
+        Ok(new)
+    }
+}

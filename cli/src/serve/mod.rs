@@ -467,7 +467,7 @@ impl Output {
             JobEvent::Done { choice, finish, routes } => {
                 let c = &mut choices[choice];
                 let was_done = c.finish.is_some();
-                let text = c.done(finish);
+                let text = c.done(&self.app.tok, finish);
                 c.routes = routes;
                 Ok(Some((choice, text, !was_done)))
             }

@@ -2,7 +2,7 @@
 //! across token boundaries), tool calls split out of the text, and logprobs in the chat and
 //! completion shapes.
 
-use kvdecode::io::tokenizer::Tokenizer;
+use kvdecode::io::tokenizer::{TextStream, Tokenizer};
 use kvdecode::Sampled;
 use serde_json::{json, Map, Value};
 
@@ -36,10 +36,18 @@ pub fn split_tool_calls(text: &str, id_prefix: &str) -> (String, Vec<Value>) {
     (content.trim().to_string(), calls)
 }
 
-/// The text of one choice as tokens arrive: decoded whole (a character may span tokens), cut at
-/// the first stop string, and released only as far as no stop string could still begin.
+/// The text of one choice as tokens arrive: decoded token by token ([`TextStream`]: a character
+/// may span tokens), cut at the first stop string, and released only as far as no stop string
+/// could still begin. A token costs the bytes it adds, not the text so far: stop strings are
+/// matched by automata fed only the new bytes.
 #[derive(Default)]
 pub struct ChoiceText {
+    /// Made at the first token (whether special tokens are text depends on the request).
+    stream: Option<TextStream>,
+    /// One per stop string.
+    stops: Vec<StopMatcher>,
+    /// A stop string cut the text: nothing more is added.
+    cut: bool,
     pub tokens: Vec<u32>,
     /// The weights versions its tokens were sampled under, in order, each once.
     pub versions: Vec<u64>,
@@ -61,28 +69,23 @@ impl ChoiceText {
         }
         if g.stop_ids.contains(&s.token) {
             self.finish = Some("stop");
-            return self.release_all();
+            return self.release_all(tok);
         }
-        self.tokens.push(s.token);
+        let token = s.token;
+        self.tokens.push(token);
         self.logprobs.push(s);
-        self.text = tok.decode(&self.tokens, !g.parses_tool_calls()).unwrap_or_default();
-        if let Some(cut) = g.stop_strings.iter().filter_map(|s| self.text.find(s.as_str())).min() {
-            self.text.truncate(cut);
-            self.finish = Some("stop");
-            return self.release_all();
+        if self.stream.is_none() {
+            self.stream = Some(TextStream::new(!g.parses_tool_calls()));
+            self.stops = g.stop_strings.iter().map(|s| StopMatcher::new(s)).collect();
         }
-        // hold back a partial character and whatever could be the start of a stop string
-        let mut safe = self.text.len();
-        if self.text.ends_with('\u{fffd}') {
-            safe -= '\u{fffd}'.len_utf8();
+        let piece = self.stream.as_mut().expect("made above").push(tok, token).unwrap_or_default();
+        if self.append(&piece) {
+            return self.release_all(tok);
         }
-        let held = g
-            .stop_strings
-            .iter()
-            .filter_map(|s| (1..s.len()).rev().find(|&k| s.is_char_boundary(k) && self.text[..safe].ends_with(&s[..k])))
-            .max()
-            .unwrap_or(0);
-        safe -= held;
+        // hold back whatever could be the start of a stop string (its automaton's state: the
+        // longest prefix of it the text ends with; a prefix starts on a character boundary)
+        let held = self.stops.iter().map(|m| m.state).max().unwrap_or(0);
+        let safe = self.text.len() - held;
         if safe > self.released {
             let out = self.text[self.released..safe].to_string();
             self.released = safe;
@@ -93,7 +96,7 @@ impl ChoiceText {
     }
 
     /// The engine finished the choice: release the rest.
-    pub fn done(&mut self, finish: kvdecode::Finish) -> String {
+    pub fn done(&mut self, tok: &Tokenizer, finish: kvdecode::Finish) -> String {
         if self.finish.is_none() {
             self.finish = Some(match finish {
                 kvdecode::Finish::Length => "length",
@@ -103,13 +106,92 @@ impl ChoiceText {
                 _ => "stop",
             });
         }
-        self.release_all()
+        self.release_all(tok)
     }
 
-    fn release_all(&mut self) -> String {
+    /// Add decoded text, feeding the stop automata; true if a stop string ended the choice (the
+    /// text is cut where the earliest one begins).
+    fn append(&mut self, piece: &str) -> bool {
+        let before = self.text.len();
+        self.text.push_str(piece);
+        let cut = self
+            .stops
+            .iter_mut()
+            .filter_map(|m| m.feed(piece.as_bytes()).map(|end| before + end - m.pattern_len()))
+            .min();
+        if let Some(cut) = cut {
+            self.text.truncate(cut);
+            self.finish = Some("stop");
+            self.cut = true;
+        }
+        cut.is_some()
+    }
+
+    fn release_all(&mut self, tok: &Tokenizer) -> String {
+        // what the detokenizer still holds (an unfinished character) ends the text, unless a
+        // stop string ended it first
+        if !self.cut {
+            if let Some(rest) = self.stream.as_mut().and_then(|s| s.finish(tok).ok()) {
+                self.append(&rest);
+            }
+        }
         let out = self.text.get(self.released..).unwrap_or("").to_string();
         self.released = self.text.len();
         out
+    }
+}
+
+/// A stop string as a Knuth-Morris-Pratt automaton over bytes: fed the text as it grows, it
+/// finds the string in time linear in the bytes fed, and its state says how much of the string
+/// the text ends with.
+#[derive(Clone, Debug)]
+pub struct StopMatcher {
+    pattern: Vec<u8>,
+    /// `fail[i]`: the longest proper prefix of `pattern[..=i]` that is also its suffix.
+    fail: Vec<usize>,
+    /// Bytes of `pattern` the text fed so far ends with.
+    pub state: usize,
+}
+
+impl StopMatcher {
+    pub fn new(s: &str) -> Self {
+        let p = s.as_bytes().to_vec();
+        let mut fail = vec![0; p.len()];
+        let mut k = 0;
+        for i in 1..p.len() {
+            while k > 0 && p[i] != p[k] {
+                k = fail[k - 1];
+            }
+            if p[i] == p[k] {
+                k += 1;
+            }
+            fail[i] = k;
+        }
+        StopMatcher { pattern: p, fail, state: 0 }
+    }
+
+    /// The string's length in bytes.
+    pub fn pattern_len(&self) -> usize {
+        self.pattern.len()
+    }
+
+    /// Feed bytes; the offset just past the first complete match within them, if any.
+    pub fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
+        if self.pattern.is_empty() {
+            return None;
+        }
+        for (i, &b) in bytes.iter().enumerate() {
+            while self.state > 0 && self.pattern[self.state] != b {
+                self.state = self.fail[self.state - 1];
+            }
+            if self.pattern[self.state] == b {
+                self.state += 1;
+            }
+            if self.state == self.pattern.len() {
+                return Some(i + 1);
+            }
+        }
+        None
     }
 }
 
@@ -147,4 +229,32 @@ pub fn completion_logprobs(tok: &Tokenizer, entries: &[Sampled], offset0: usize)
         tops.push(Value::Object(m));
     }
     json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StopMatcher;
+
+    /// The automaton finds what `str::find` finds, fed in any split, and its state is the longest
+    /// prefix of the pattern the text ends with.
+    #[test]
+    fn stop_matcher_agrees_with_find() {
+        for (pattern, text) in
+            [("aab", "aaaab"), ("abab", "abaabab"), ("x", "yyx"), ("日本", "中日日本"), ("aaa", "aa")]
+        {
+            for split in 0..=text.len() {
+                let mut m = StopMatcher::new(pattern);
+                let (a, b) = text.as_bytes().split_at(split);
+                let got = m.feed(a).or_else(|| m.feed(b).map(|e| e + split));
+                assert_eq!(
+                    got,
+                    text.find(pattern).map(|i| i + pattern.len()),
+                    "{pattern:?} in {text:?} split at {split}"
+                );
+            }
+        }
+        let mut m = StopMatcher::new("hello");
+        m.feed(b"oh hel");
+        assert_eq!(m.state, 3);
+    }
 }
