@@ -126,7 +126,7 @@ pub async fn update_weights(State(app): State<Arc<App>>, req: HttpRequest) -> Re
 }
 
 async fn weights(app: Arc<App>, req: HttpRequest) -> Result<Value, ApiError> {
-    let body = read_body(req.into_body(), app.max_body).await?;
+    let body = read_body(&app, req.into_body()).await?;
     let v: Value =
         serde_json::from_slice(&body).map_err(|e| ApiError::bad("", format!("the body is not JSON: {e}")))?;
     let Some(given) = v.get("path").and_then(Value::as_str).map(str::to_string) else {

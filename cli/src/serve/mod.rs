@@ -9,6 +9,7 @@ pub mod api;
 mod engine;
 mod gate;
 pub mod guide;
+mod listen;
 mod metrics;
 pub mod response;
 
@@ -57,6 +58,16 @@ pub struct Args {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     max_body: usize,
+    /// Seconds a request's headers may take to arrive (from the connection's first byte, or its
+    /// previous response); the connection is closed past it.
+    #[arg(long, default_value_t = 30.0)]
+    header_timeout: f64,
+    /// Seconds a request's body may take to arrive (408 past it).
+    #[arg(long, default_value_t = 60.0)]
+    body_timeout: f64,
+    /// Open connections at most; more wait to be accepted.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
     /// Largest `max_tokens` a request may ask for (default: the row length).
     #[arg(long)]
     max_tokens: Option<usize>,
@@ -115,6 +126,8 @@ struct App {
     metrics: Arc<Metrics>,
     limits: Limits,
     max_body: usize,
+    /// `--body-timeout`.
+    body_timeout: std::time::Duration,
     created: u64,
     seeds: AtomicU64,
     next_id: AtomicU64,
@@ -124,6 +137,11 @@ struct App {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    for (flag, secs) in [("--header-timeout", a.header_timeout), ("--body-timeout", a.body_timeout)] {
+        if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+            return Err(format!("{flag} {secs}: a positive number of seconds").into());
+        }
+    }
     let api_key = a.api_key.as_deref().filter(|k| !k.is_empty());
     let admin_key = a.admin_key.as_deref().filter(|k| !k.is_empty());
     if admin_key.is_some() && admin_key == api_key {
@@ -177,6 +195,7 @@ pub fn run(a: Args) -> Result<()> {
         metrics,
         limits: Limits { max_len, max_n: a.rows, max_tokens, routes, bias_slots },
         max_body: a.max_body,
+        body_timeout: std::time::Duration::from_secs_f64(a.body_timeout),
         created: now,
         seeds: AtomicU64::new(now.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
         next_id: AtomicU64::new(1),
@@ -222,11 +241,11 @@ pub fn run(a: Args) -> Result<()> {
             a.engine.kv.name(),
             gpu.describe()
         );
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await?;
+        let limits = listen::ConnLimits {
+            max_connections: a.max_connections,
+            header_timeout: std::time::Duration::from_secs_f64(a.header_timeout),
+        };
+        listen::serve(listener, router, limits).await?;
         Ok::<(), Box<dyn std::error::Error>>(())
     })
 }
@@ -291,7 +310,7 @@ async fn chat_completions(State(app): State<Arc<App>>, req: HttpRequest) -> Resp
 /// is counted.
 async fn serve(app: Arc<App>, req: HttpRequest, kind: Kind) -> Response {
     let result = async {
-        let body = read_body(req.into_body(), app.max_body).await?;
+        let body = read_body(&app, req.into_body()).await?;
         let seed = app.seeds.fetch_add(0x6A09_E667, Ordering::Relaxed);
         let g = api::parse(&body, kind, &app.tok, &app.guide, &app.limits, seed)?;
         run_gen(app.clone(), g).await
@@ -310,10 +329,19 @@ async fn serve(app: Arc<App>, req: HttpRequest, kind: Kind) -> Response {
     }
 }
 
-async fn read_body(body: Body, limit: usize) -> std::result::Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is larger than {limit} bytes"))
-    })
+/// The request body, at most `app.max_body` bytes, arrived within `--body-timeout`.
+async fn read_body(app: &App, body: Body) -> std::result::Result<Bytes, ApiError> {
+    let limit = app.max_body;
+    match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => {
+            Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is larger than {limit} bytes")))
+        }
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body did not arrive within {} s", app.body_timeout.as_secs_f64()),
+        )),
+    }
 }
 
 /// Hand the generation to the engine thread and answer: one JSON response, or server-sent events.
