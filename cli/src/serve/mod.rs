@@ -312,7 +312,12 @@ async fn serve(app: Arc<App>, req: HttpRequest, kind: Kind) -> Response {
     let result = async {
         let body = read_body(&app, req.into_body()).await?;
         let seed = app.seeds.fetch_add(0x6A09_E667, Ordering::Relaxed);
-        let g = api::parse(&body, kind, &app.tok, &app.guide, &app.limits, seed)?;
+        // tokenizing, the chat template and a JSON schema's grammar can take a while on long
+        // input: on the blocking pool, not on the workers that serve every other connection
+        let a = app.clone();
+        let g = tokio::task::spawn_blocking(move || api::parse(&body, kind, &a.tok, &a.guide, &a.limits, seed))
+            .await
+            .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "reading the request failed"))??;
         run_gen(app.clone(), g).await
     }
     .await;
