@@ -77,6 +77,9 @@ pub struct Gen {
     /// Return each choice's `routed_experts` (a mixture of experts served with
     /// `--enable-return-routed-experts`).
     pub return_routes: bool,
+    /// `return_token_ids`: the prompt's ids and each choice's, so a multi-turn client never
+    /// tokenizes text again.
+    pub return_token_ids: bool,
 }
 
 /// The function tools of a chat request.
@@ -322,6 +325,7 @@ pub fn parse(
     };
     let stream = f.bool("stream")?;
     let return_routes = f.bool("return_routed_experts")?;
+    let return_token_ids = f.bool("return_token_ids")?;
     if return_routes && limits.routes.is_none() {
         return Err(ApiError::bad(
             "return_routed_experts",
@@ -537,6 +541,7 @@ pub fn parse(
         constraint,
         tools,
         return_routes,
+        return_token_ids,
     })
 }
 
@@ -610,4 +615,53 @@ fn completion_prompt(v: Option<Value>, tok: &Tokenizer) -> Result<Vec<u32>, ApiE
         }
         _ => Err(ApiError::bad("prompt", "`prompt` must be a string or an array of token ids")),
     }
+}
+
+/// `POST /tokenize`: `{"prompt": ...}` encoded as a completion's prompt is, or `{"messages":
+/// [...], "tools": [...]}` rendered as a chat completion's prompt is (the chat template with the
+/// assistant's turn opened, unless `"add_generation_prompt": false`); the ids that request would
+/// decode from.
+pub fn tokenize(body: &[u8], tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad("", format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(map) = v else {
+        return Err(ApiError::bad("", "the body must be a JSON object"));
+    };
+    let mut f = Fields(map);
+    let ids = match (f.take("messages"), f.take("prompt")) {
+        (Some(m), None) => {
+            let msgs = messages(Some(m))?;
+            let tools = parse_tools(f.take("tools"), None, tok)?;
+            let open_turn = !matches!(f.take("add_generation_prompt"), Some(Value::Bool(false)));
+            let text = tok
+                .apply_chat_template_with_tools(&msgs, tools.as_ref().map(|t| &t.list), open_turn)
+                .map_err(|e| ApiError::bad("messages", format!("the model's chat template failed: {e}")))?;
+            tok.encode_rendered(&text).map_err(|e| ApiError::bad("messages", e.to_string()))?
+        }
+        (None, Some(p)) => completion_prompt(Some(p), tok)?,
+        _ => return Err(ApiError::bad("", "give `messages` or `prompt` (one of them)")),
+    };
+    f.finish(&[])?;
+    Ok(ids)
+}
+
+/// `POST /detokenize`: `{"tokens": [...], "skip_special_tokens": false}` -> their text.
+pub fn detokenize(body: &[u8], tok: &Tokenizer) -> Result<String, ApiError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad("", format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(map) = v else {
+        return Err(ApiError::bad("", "the body must be a JSON object"));
+    };
+    let mut f = Fields(map);
+    let ids: Vec<u32> = match f.take("tokens") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_u64().filter(|&t| (t as usize) < tok.vocab_size()).map(|t| t as u32))
+            .collect::<Option<_>>()
+            .ok_or_else(|| ApiError::bad("tokens", "`tokens` must be token ids below the vocabulary size"))?,
+        _ => return Err(ApiError::bad("tokens", "`tokens` (an array of token ids) is required")),
+    };
+    let skip = f.bool("skip_special_tokens")?;
+    f.finish(&[])?;
+    tok.decode(&ids, skip).map_err(|e| ApiError::bad("tokens", e.to_string()))
 }

@@ -11,6 +11,7 @@ mod gate;
 pub mod guide;
 mod listen;
 mod metrics;
+mod output;
 pub mod response;
 
 use std::net::SocketAddr;
@@ -22,7 +23,6 @@ use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -33,9 +33,9 @@ use tokio::sync::mpsc;
 
 use crate::common::{load_model, EngineArgs, Result};
 use api::{ApiError, Gen, Kind, Limits};
-use engine::{Job, JobEvent, Msg};
+use engine::{Job, Msg};
 use metrics::Metrics;
-use response::ChoiceText;
+use output::Output;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -206,7 +206,9 @@ pub fn run(a: Args) -> Result<()> {
         .route("/metrics", get(metrics_text))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions));
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize));
     if let Some(dir) = &a.web {
         guarded = guarded.fallback_service(tower_http::services::ServeDir::new(dir));
     }
@@ -306,6 +308,31 @@ async fn chat_completions(State(app): State<Arc<App>>, req: HttpRequest) -> Resp
     serve(app, req, Kind::Chat).await
 }
 
+/// `POST /tokenize` ([`api::tokenize`]): `{"tokens", "count", "max_model_len"}`.
+async fn tokenize(State(app): State<Arc<App>>, req: HttpRequest) -> Response {
+    let r = async {
+        let body = read_body(&app, req.into_body()).await?;
+        let a = app.clone();
+        let ids = tokio::task::spawn_blocking(move || api::tokenize(&body, &a.tok))
+            .await
+            .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "tokenizing failed"))??;
+        Ok::<_, ApiError>(json!({"tokens": ids, "count": ids.len(), "max_model_len": app.limits.max_len}))
+    }
+    .await;
+    r.map_or_else(IntoResponse::into_response, |v| Json(v).into_response())
+}
+
+/// `POST /detokenize` ([`api::detokenize`]): `{"prompt": text}`.
+async fn detokenize(State(app): State<Arc<App>>, req: HttpRequest) -> Response {
+    let r = async {
+        let body = read_body(&app, req.into_body()).await?;
+        let text = api::detokenize(&body, &app.tok)?;
+        Ok::<_, ApiError>(json!({ "prompt": text }))
+    }
+    .await;
+    r.map_or_else(IntoResponse::into_response, |v| Json(v).into_response())
+}
+
 /// Read, validate and run one generation request; every failure is an OpenAI-shaped error and
 /// is counted.
 async fn serve(app: Arc<App>, req: HttpRequest, kind: Kind) -> Response {
@@ -401,17 +428,6 @@ async fn run_gen(app: Arc<App>, g: Gen) -> std::result::Result<Response, ApiErro
     }
 }
 
-/// Turns a job's events into the endpoint's response shapes.
-struct Output {
-    app: Arc<App>,
-    g: Gen,
-    id: String,
-    created: u64,
-    stop: Arc<Vec<AtomicBool>>,
-    /// Counted among the generations in the server until this response is done or dropped.
-    _admitted: Admission,
-}
-
 /// Generations admitted into the server (queued, held during an update, waiting for a row or
 /// decoding), counted from admission until their response ends or its client goes: `--queue`
 /// bounds what waits beyond the rows, whatever the engine thread has taken from the channel.
@@ -432,262 +448,5 @@ impl Admission {
 impl Drop for Admission {
     fn drop(&mut self) {
         self.count.fetch_sub(self.n, Ordering::AcqRel);
-    }
-}
-
-impl Output {
-    fn object(&self, chunk: bool) -> &'static str {
-        match (self.g.kind, chunk) {
-            (Kind::Chat, false) => "chat.completion",
-            (Kind::Chat, true) => "chat.completion.chunk",
-            (Kind::Completion, _) => "text_completion",
-        }
-    }
-
-    /// The weights versions the choices' tokens were sampled under (the server's version now
-    /// when none was sampled yet), each once, in order.
-    fn versions(&self, choices: &[ChoiceText]) -> Vec<u64> {
-        let mut v: Vec<u64> = choices.iter().flat_map(|c| c.versions.iter().copied()).collect();
-        v.sort_unstable();
-        v.dedup();
-        if v.is_empty() {
-            v.push(self.app.metrics.weights_version.get());
-        }
-        v
-    }
-
-    /// Every response and chunk says which weights made it: `system_fingerprint` names the
-    /// version, `weights_version` is its number (a response that spans an update made with mode
-    /// `keep` reports its first version, and all of them in `weights_versions`).
-    fn stamp(&self, v: &mut Value, choices: &[ChoiceText]) {
-        let versions = self.versions(choices);
-        v["system_fingerprint"] = json!(format!("kvdecode-weights-v{}", versions[0]));
-        v["weights_version"] = json!(versions[0]);
-        if versions.len() > 1 {
-            v["weights_versions"] = json!(versions);
-        }
-    }
-
-    fn usage(&self, generated: usize) -> Value {
-        let p = self.g.prompt.len();
-        json!({"prompt_tokens": p, "completion_tokens": generated, "total_tokens": p + generated})
-    }
-
-    /// Feed one event into the choices; returns (choice, newly released text, finished now).
-    fn apply(
-        &self,
-        choices: &mut [ChoiceText],
-        generated: &mut usize,
-        ev: JobEvent,
-    ) -> std::result::Result<Option<(usize, String, bool)>, ApiError> {
-        match ev {
-            JobEvent::Token { choice, sampled, weights_version } => {
-                let c = &mut choices[choice];
-                if c.versions.last() != Some(&weights_version) {
-                    c.versions.push(weights_version);
-                }
-                let was_done = c.finish.is_some();
-                // tokens still in flight after a stop string are not part of the answer
-                *generated += usize::from(!was_done);
-                let text = c.push(&self.g, &self.app.tok, sampled);
-                let now_done = !was_done && c.finish.is_some();
-                if now_done {
-                    // a stop string or token ended it here: stop generating at once
-                    self.stop[choice].store(true, Ordering::Relaxed);
-                }
-                Ok(Some((choice, text, now_done)))
-            }
-            JobEvent::Done { choice, finish, routes } => {
-                let c = &mut choices[choice];
-                let was_done = c.finish.is_some();
-                let text = c.done(&self.app.tok, finish);
-                c.routes = routes;
-                Ok(Some((choice, text, !was_done)))
-            }
-            JobEvent::Error(e) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
-        }
-    }
-
-    fn logprobs_of(&self, c: &ChoiceText, from: usize) -> Value {
-        if self.g.logprobs.is_none() {
-            return Value::Null;
-        }
-        let entries = &c.logprobs[from.min(c.logprobs.len())..];
-        match self.g.kind {
-            Kind::Chat => response::chat_logprobs(&self.app.tok, entries),
-            Kind::Completion => response::completion_logprobs(&self.app.tok, entries, 0),
-        }
-    }
-
-    /// A finished chat choice's message and finish reason: with tools, the calls it makes.
-    fn message(&self, i: usize, c: &ChoiceText) -> (Value, Value) {
-        if !self.g.parses_tool_calls() {
-            return (json!({"role": "assistant", "content": c.text}), json!(c.finish));
-        }
-        let (content, calls) = response::split_tool_calls(&c.text, &format!("{}-{i}", self.id));
-        let content = if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) };
-        if calls.is_empty() {
-            (json!({"role": "assistant", "content": content}), json!(c.finish))
-        } else {
-            (json!({"role": "assistant", "content": content, "tool_calls": calls}), json!("tool_calls"))
-        }
-    }
-
-    async fn collect(self, mut rx: mpsc::UnboundedReceiver<JobEvent>) -> std::result::Result<Response, ApiError> {
-        let n = self.g.samplers.len();
-        let mut choices: Vec<ChoiceText> = (0..n).map(|_| ChoiceText::default()).collect();
-        let mut done = vec![false; n];
-        let mut generated = 0;
-        while done.iter().any(|d| !d) {
-            let Some(ev) = rx.recv().await else {
-                return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request"));
-            };
-            let is_done = matches!(ev, JobEvent::Done { .. });
-            if let Some((i, _, _)) = self.apply(&mut choices, &mut generated, ev)? {
-                done[i] |= is_done;
-            }
-        }
-        let list: Vec<Value> = choices
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let mut choice = match self.g.kind {
-                    Kind::Chat => {
-                        let (message, finish) = self.message(i, c);
-                        json!({"index": i, "message": message, "logprobs": self.logprobs_of(c, 0), "finish_reason": finish})
-                    }
-                    Kind::Completion => json!({
-                        "index": i, "text": c.text, "logprobs": self.logprobs_of(c, 0), "finish_reason": c.finish,
-                    }),
-                };
-                self.add_routes(&mut choice, c);
-                choice
-            })
-            .collect();
-        self.app.metrics.ok.inc();
-        let mut v = json!({
-            "id": self.id, "object": self.object(false), "created": self.created, "model": self.app.model,
-            "choices": list, "usage": self.usage(generated),
-        });
-        self.stamp(&mut v, &choices);
-        Ok(Json(v).into_response())
-    }
-
-    /// With `return_routed_experts`: the choice's `routed_experts`, `[tokens][MoE layers][top_k]`
-    /// for every token that went through the model (the prompt and the completion but its last).
-    fn add_routes(&self, choice: &mut Value, c: &ChoiceText) {
-        if let (true, Some((layers, k)), Some(routes)) = (self.g.return_routes, self.app.limits.routes, &c.routes) {
-            let per_token: Vec<Vec<&[u32]>> = routes.chunks(layers * k).map(|t| t.chunks(k).collect()).collect();
-            choice["routed_experts"] = json!(per_token);
-        }
-    }
-
-    /// One server-sent event; `of` is the choices so far (its versions stamp the chunk).
-    fn chunk(&self, choices: Value, usage: Option<Value>, of: &[ChoiceText]) -> SseEvent {
-        let mut v = json!({
-            "id": self.id, "object": self.object(true), "created": self.created, "model": self.app.model,
-            "choices": choices,
-        });
-        self.stamp(&mut v, of);
-        if self.g.include_usage {
-            v["usage"] = usage.unwrap_or(Value::Null);
-        }
-        SseEvent::default().data(v.to_string())
-    }
-
-    /// Server-sent events: a first chunk per choice (chat: the role), text deltas as they are
-    /// released, a last chunk per choice with its finish reason, the usage chunk if asked, and
-    /// `[DONE]`. The events are produced by a task; if the client goes away the task's sends
-    /// fail, it drops the job's receiver and the engine cancels the generation.
-    fn stream(self, mut rx: mpsc::UnboundedReceiver<JobEvent>) -> Response {
-        let (sse_tx, sse_rx) = mpsc::channel::<std::result::Result<SseEvent, std::convert::Infallible>>(64);
-        tokio::spawn(async move {
-            let n = self.g.samplers.len();
-            let mut choices: Vec<ChoiceText> = (0..n).map(|_| ChoiceText::default()).collect();
-            let mut sent_lp = vec![0usize; n];
-            let mut done = vec![false; n];
-            let mut generated = 0;
-            if self.g.kind == Kind::Chat {
-                for i in 0..n {
-                    let c = json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
-                    if sse_tx.send(Ok(self.chunk(c, None, &choices))).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            while done.iter().any(|d| !d) {
-                let Some(ev) = rx.recv().await else { return };
-                let is_done = matches!(ev, JobEvent::Done { .. });
-                let (i, text, finished) = match self.apply(&mut choices, &mut generated, ev) {
-                    Ok(Some(x)) => x,
-                    Ok(None) => continue,
-                    Err(e) => {
-                        self.app.metrics.server_errors.inc();
-                        let err = json!({"error": {"message": e.message, "type": "server_error", "param": null, "code": null}});
-                        let _ = sse_tx.send(Ok(SseEvent::default().data(err.to_string()))).await;
-                        return;
-                    }
-                };
-                done[i] |= is_done;
-                let c = &choices[i];
-                if self.g.parses_tool_calls() {
-                    // replies that may hold tool calls go out whole: text and calls in one delta
-                    if finished {
-                        let (mut message, finish) = self.message(i, c);
-                        if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) {
-                            for (k, call) in calls.iter_mut().enumerate() {
-                                call["index"] = json!(k);
-                            }
-                        }
-                        message.as_object_mut().map(|m| m.remove("role"));
-                        let lp = self.logprobs_of(c, 0);
-                        let delta = json!([{"index": i, "delta": message, "logprobs": lp, "finish_reason": null}]);
-                        let last = json!([{"index": i, "delta": {}, "logprobs": null, "finish_reason": finish}]);
-                        for ch in [delta, last] {
-                            if sse_tx.send(Ok(self.chunk(ch, None, &choices))).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    continue;
-                }
-                let lp = self.logprobs_of(c, sent_lp[i]);
-                let lp_changed = c.logprobs.len() > sent_lp[i];
-                if !text.is_empty() || (lp_changed && self.g.logprobs.is_some()) {
-                    sent_lp[i] = c.logprobs.len();
-                    let delta = match self.g.kind {
-                        Kind::Chat => {
-                            json!([{"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}])
-                        }
-                        Kind::Completion => json!([{"index": i, "text": text, "logprobs": lp, "finish_reason": null}]),
-                    };
-                    if sse_tx.send(Ok(self.chunk(delta, None, &choices))).await.is_err() {
-                        return;
-                    }
-                }
-                if finished {
-                    let mut last = match self.g.kind {
-                        Kind::Chat => json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": c.finish}),
-                        Kind::Completion => {
-                            json!({"index": i, "text": "", "logprobs": null, "finish_reason": c.finish})
-                        }
-                    };
-                    self.add_routes(&mut last, c);
-                    let last = json!([last]);
-                    if sse_tx.send(Ok(self.chunk(last, None, &choices))).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            if self.g.include_usage {
-                let u = self.usage(generated);
-                if sse_tx.send(Ok(self.chunk(json!([]), Some(u), &choices))).await.is_err() {
-                    return;
-                }
-            }
-            self.app.metrics.ok.inc();
-            let _ = sse_tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
-        });
-        Sse::new(tokio_stream::wrappers::ReceiverStream::new(sse_rx)).keep_alive(KeepAlive::default()).into_response()
     }
 }
