@@ -97,7 +97,7 @@ struct Settings {
     r: usize,
     alpha: f64,
     rslora: bool,
-    rank_pattern: Vec<(fancy_regex::Regex, usize)>,
+    rank_pattern: Vec<(fancy_regex::Regex, f64)>,
     alpha_pattern: Vec<(fancy_regex::Regex, f64)>,
 }
 
@@ -142,17 +142,20 @@ impl Settings {
                 })
                 .collect()
         };
-        let rank_pattern = patterns("rank_pattern")?.into_iter().map(|(re, v)| (re, v as usize)).collect();
-        Ok(Settings { r: r as usize, alpha, rslora, rank_pattern, alpha_pattern: patterns("alpha_pattern")? })
+        Ok(Settings {
+            r: r as usize,
+            alpha,
+            rslora,
+            rank_pattern: patterns("rank_pattern")?,
+            alpha_pattern: patterns("alpha_pattern")?,
+        })
     }
 
     /// `(rank, scale)` of the module named `name` (PEFT's module path, `model.layers.0.mlp.up_proj`).
     fn rank_scale(&self, name: &str) -> (usize, f32) {
         let find =
             |p: &[(fancy_regex::Regex, f64)]| p.iter().find(|(re, _)| re.is_match(name).unwrap_or(false)).map(|x| x.1);
-        let ranks: Vec<(fancy_regex::Regex, f64)> =
-            self.rank_pattern.iter().map(|(re, r)| (re.clone(), *r as f64)).collect();
-        let r = find(&ranks).map_or(self.r, |r| r as usize);
+        let r = find(&self.rank_pattern).map_or(self.r, |r| r as usize);
         let alpha = find(&self.alpha_pattern).unwrap_or(self.alpha);
         let scale = if self.rslora { alpha / (r as f64).sqrt() } else { alpha / r as f64 };
         (r, scale as f32)
