@@ -294,3 +294,63 @@ fn weights_come_only_from_the_weights_dir() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--admin-key must differ from --api-key"));
 }
+
+/// One POST with a binary body and the header lines given; (status, JSON body).
+fn post_bytes(port: u16, path: &str, headers: &str, body: &[u8]) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\n{}{headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        auth(ADMIN),
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.into() };
+    (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")))
+}
+
+/// Weights pushed in the request body (no shared disk): checked against their SHA-256 before
+/// anything changes, bounded by --max-weights-bytes, and then the same as the file loaded by path.
+#[test]
+fn weights_in_the_body_are_checked_by_their_digest() {
+    use sha2::{Digest, Sha256};
+    let dir = WeightsDir::new("serve-body");
+    let path = other_weights(&dir.0, 79);
+    let bytes = std::fs::read(&path).unwrap();
+    let digest: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    let max = (bytes.len() + 8).to_string();
+    let s = start(&["--admin-key", ADMIN, "--weights-dir", dir.arg(), "--max-weights-bytes", &max]);
+    let octet = "Content-Type: application/octet-stream\r\n";
+    let answer = || text(&chat(s.port, json!({"temperature": 0, "max_tokens": 8})), 0);
+    let before = answer();
+    // a wrong digest, or none: refused, nothing changed
+    let wrong = format!("{octet}X-Weights-SHA256: {}\r\n", "0".repeat(64));
+    let (status, v) = post_bytes(s.port, "/v1/weights", &wrong, &bytes);
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("not the X-Weights-SHA256 given"), "{v}");
+    let (status, v) = post_bytes(s.port, "/v1/weights", octet, &bytes);
+    assert!(status == 400 && v["error"]["message"].as_str().unwrap().contains("X-Weights-SHA256"), "{v}");
+    assert_eq!(answer(), before, "a refused body changed the model");
+    // the right one: version 1, and the same answers as the same file loaded by path
+    let right = format!("{octet}X-Weights-SHA256: {digest}\r\n");
+    let (status, v) = post_bytes(s.port, "/v1/weights?mode=keep", &right, &bytes);
+    assert_eq!((status, v["weights_version"].as_u64()), (200, Some(1)), "{v}");
+    let pushed = answer();
+    assert_ne!(pushed, before);
+    let (status, v) = post_admin(s.port, "/v1/weights", json!({"path": path}));
+    assert_eq!((status, v["weights_version"].as_u64()), (200, Some(2)), "{v}");
+    assert_eq!(answer(), pushed);
+    // larger than --max-weights-bytes
+    let mut big = bytes.clone();
+    big.extend_from_slice(&[0; 16]);
+    let digest_big: String = Sha256::digest(&big).iter().map(|b| format!("{b:02x}")).collect();
+    let (status, v) = post_bytes(s.port, "/v1/weights", &format!("{octet}X-Weights-SHA256: {digest_big}\r\n"), &big);
+    assert_eq!(status, 413, "{v}");
+}

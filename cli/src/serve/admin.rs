@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kvdecode::io::model_file::TensorFiles;
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
 use super::api::ApiError;
 use super::engine::{Admin, Msg, UpdateMode};
@@ -126,6 +127,10 @@ pub async fn update_weights(State(app): State<Arc<App>>, req: HttpRequest) -> Re
 }
 
 async fn weights(app: Arc<App>, req: HttpRequest) -> Result<Value, ApiError> {
+    let ct = req.headers().get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if ct.starts_with("application/octet-stream") {
+        return weights_in_body(app, req).await;
+    }
     let body = read_body(&app, req.into_body()).await?;
     let v: Value =
         serde_json::from_slice(&body).map_err(|e| ApiError::bad("", format!("the body is not JSON: {e}")))?;
@@ -152,6 +157,55 @@ async fn weights(app: Arc<App>, req: HttpRequest) -> Result<Value, ApiError> {
     };
     let read_seconds = t0.elapsed().as_secs_f64();
     let mut v = command(&app, Admin::Weights { files: Box::new(files), source: given, mode }).await?;
+    v["read_seconds"] = json!(read_seconds);
+    Ok(v)
+}
+
+/// `POST /v1/weights?mode=...` with `Content-Type: application/octet-stream` and
+/// `X-Weights-SHA256: <hex>`: a safetensors file (all of the model's tensors or a subset, any
+/// name and dtype an update takes) in the body, so a trainer on another machine needs no shared
+/// disk. At most `--max-weights-bytes`, within `--body-timeout`; the digest must match, or nothing
+/// is changed.
+async fn weights_in_body(app: Arc<App>, req: HttpRequest) -> Result<Value, ApiError> {
+    let mode =
+        match req.uri().query().unwrap_or("").split('&').find_map(|kv| kv.strip_prefix("mode=")).unwrap_or("wait") {
+            "wait" => UpdateMode::Wait,
+            "abort" => UpdateMode::Abort,
+            "keep" => UpdateMode::Keep,
+            other => return Err(ApiError::bad("mode", format!("`mode` {other:?}: expected wait, abort or keep"))),
+        };
+    let want = req
+        .headers()
+        .get("x-weights-sha256")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_ascii_lowercase)
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| ApiError::bad("", "a weights body needs `X-Weights-SHA256`: its SHA-256 in hex"))?;
+    let limit = app.max_weights_bytes;
+    let t0 = Instant::now();
+    let bytes = match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(req.into_body(), limit)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the weights body is larger than --max-weights-bytes {limit}"),
+            ))
+        }
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "the weights body did not arrive within --body-timeout",
+            ))
+        }
+    };
+    let got: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    if got != want {
+        return Err(ApiError::bad("", format!("the body's SHA-256 is {got}, not the X-Weights-SHA256 given ({want})")));
+    }
+    let files = TensorFiles::Safetensors(vec![(PathBuf::from("the request body"), bytes.to_vec())]);
+    let read_seconds = t0.elapsed().as_secs_f64();
+    let source = format!("the request body ({} bytes)", bytes.len());
+    let mut v = command(&app, Admin::Weights { files: Box::new(files), source, mode }).await?;
     v["read_seconds"] = json!(read_seconds);
     Ok(v)
 }

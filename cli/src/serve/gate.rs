@@ -86,7 +86,10 @@ pub async fn check(State(gate): State<Arc<Gate>>, req: HttpRequest, next: Next) 
         }
     }
     // a form or text/plain POST from any page needs no preflight: only JSON bodies are read
-    if req.method() == Method::POST && !is_empty_body(headers) && !is_json(headers) {
+    // (a weights body is octet-stream: admin-keyed, and not a content type a page sends unasked)
+    let weights_body =
+        req.uri().path() == "/v1/weights" && content_type(headers).starts_with("application/octet-stream");
+    if req.method() == Method::POST && !is_empty_body(headers) && !is_json(headers) && !weights_body {
         let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("none");
         return refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -105,6 +108,10 @@ fn cors_headers(h: &mut HeaderMap, origin: &str) {
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
         h.insert(header::VARY, HeaderValue::from_static("Origin"));
     }
+}
+
+fn content_type(h: &HeaderMap) -> &str {
+    h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("")
 }
 
 fn is_json(h: &HeaderMap) -> bool {

@@ -94,7 +94,7 @@ pub struct Args {
     /// is read.
     #[arg(long)]
     weights_dir: Option<std::path::PathBuf>,
-    /// Largest weights file (or folder) POST /v1/weights reads, in bytes.
+    /// Largest weights file (or folder, or request body) POST /v1/weights reads, in bytes.
     #[arg(long, default_value_t = 64 << 30)]
     max_weights_bytes: u64,
     /// Origins whose cross-origin (browser) requests are served, comma-separated (`*`: any).
@@ -128,6 +128,8 @@ struct App {
     max_body: usize,
     /// `--body-timeout`.
     body_timeout: std::time::Duration,
+    /// `--max-weights-bytes`: a weights file or body at most.
+    max_weights_bytes: usize,
     created: u64,
     seeds: AtomicU64,
     next_id: AtomicU64,
@@ -196,6 +198,7 @@ pub fn run(a: Args) -> Result<()> {
         limits: Limits { max_len, max_n: a.rows, max_tokens, routes, bias_slots },
         max_body: a.max_body,
         body_timeout: std::time::Duration::from_secs_f64(a.body_timeout),
+        max_weights_bytes: usize::try_from(a.max_weights_bytes).unwrap_or(usize::MAX),
         created: now,
         seeds: AtomicU64::new(now.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
         next_id: AtomicU64::new(1),
