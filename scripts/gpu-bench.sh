@@ -1,30 +1,49 @@
 #!/usr/bin/env bash
-# kvdecode's bench on whatever adapter this machine has, written as one markdown file: the demo
-# model, then synthetic models of real shapes in Q4_1 blocks (SmolLM2-135M's dimensions, and a
-# ~1B Llama shape), at 1/16/64 rows and contexts 512 and 4096: throughput, GPU time per kernel
-# class, and the attention variants side by side. Synthetic weights run at the speed of the real
-# ones, and need no model file: a machine that can fetch nothing runs this with the binary alone.
+# kvdecode's bench on whatever adapter this machine has, written as one markdown file, each run
+# bounded so the whole fits a lent GPU's few minutes: synthetic models of real shapes in Q4_1
+# blocks (SmolLM2-135M's, a ~1B Llama, a Qwen3-MoE), throughput and GPU time per kernel at 1/16/64
+# rows, a long context, the attention variants at 512 positions, the mixture of experts against
+# its dense twin; then the exactness suites, when their binaries are given. Synthetic weights run
+# at the speed of real ones and need no model file.
 #
-#   scripts/gpu-bench.sh [kvdecode binary] [output.md]
-# ROWS, CTX and STEPS override the sizes (the full set takes hours on lavapipe: it is for GPUs).
-set -euo pipefail
+#   scripts/gpu-bench.sh [kvdecode binary] [output.md] [test binaries folder]
+#
+# On a lent machine without build tools (as on 2026-12-04, docs/BENCHMARKS.md#nvidia-h200): build
+# here (`cargo build --release -p kvdecode-cli`, and `cargo test --no-run` for the test binaries),
+# strip and xz the binaries into an ignored folder that travels, unpack them there, and carry the
+# Vulkan loader's Debian packages if the machine has none. A test binary looks for its fixtures
+# at the path it was built at: link that path to the checkout there. Each command's own limit
+# (LIMIT, seconds, default 90) bounds a run that would take too long on a slow adapter.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-target/release/kvdecode}
 out=${2:-gpu-bench.md}
-rows=${ROWS:-1,16,64}
-ctx=${CTX:-512,4096}
-steps=${STEPS:-16}
+tests=${3:-}
+limit=${LIMIT:-90}
 if [ ! -x "$bin" ]; then
-  cargo build --quiet --release -p kvdecode-cli
+  cargo build --quiet --release -p kvdecode-cli || exit 1
 fi
+run() {
+  echo
+  echo "### \`$*\`"
+  echo
+  local t0=$(date +%s)
+  timeout "$limit" "$@"
+  local rc=$?
+  echo
+  echo "(exit $rc, $(( $(date +%s) - t0 )) s$([ $rc = 124 ] && echo ": stopped at the ${limit} s limit"))"
+}
 {
   echo "# kvdecode bench ($(date -u +%Y-%m-%d), $("$bin" --version 2>/dev/null || echo kvdecode))"
-  for model in demo synthetic:smollm2 synthetic:1b; do
-    echo
-    echo "## $model"
-    echo
-    "$bin" bench --model "$model" --rows "$rows" --ctx "$ctx" --steps "$steps" --kv f16 \
-      --tables throughput,profile,attention --attention-ctx "$ctx" --attention-rows 1
-  done
-} | tee "$out"
+  run "$bin" bench --model synthetic:smollm2 --rows 1,16,64 --ctx 512 --steps 16 --kv f16 --tables throughput,profile
+  run "$bin" bench --model synthetic:smollm2 --rows 1 --ctx 4096 --steps 16 --kv f16 --tables throughput,profile
+  run "$bin" bench --model synthetic:1b --rows 1,16 --ctx 512 --steps 16 --kv f16 --tables throughput,profile
+  run "$bin" bench --model synthetic:smollm2 --kv f16 --tables attention --attention-ctx 512 --attention-rows 1 --steps 4
+  run "$bin" bench --model synthetic:qwen3-moe --tables moe --moe-rows 1,16 --steps 4
+  if [ -n "$tests" ]; then
+    for t in attention_variants half_kv guards parity rollback_fork batching hf_shapes fixtures; do
+      [ -x "$tests/$t" ] && run "$tests/$t"
+    done
+  fi
+} 2>&1 | tee "$out"
 echo "written: $out"
