@@ -1,8 +1,9 @@
 //! `kvdecode serve`: an OpenAI-compatible HTTP server (axum + tokio) in front of the
 //! continuous-batching scheduler. One engine per process, driven by one thread
-//! ([`engine::run`]); handlers parse and validate requests ([`api`]), hand them over through a
-//! bounded channel (full: 429 with Retry-After) and turn the engine's tokens into responses or
-//! server-sent events. A client that goes away cancels its generation at once.
+//! ([`engine::run`]); handlers parse and validate requests ([`api`]), admit at most rows +
+//! `--queue` generations (past it: 429 with Retry-After), hand them over through a channel and
+//! turn the engine's tokens into responses or server-sent events. A client that goes away
+//! cancels its generation at once.
 
 mod admin;
 pub mod api;
@@ -138,6 +139,10 @@ struct App {
     admit_limit: usize,
 }
 
+/// Room in the jobs' channel beyond the admitted generations, for admin commands (which wait for
+/// room rather than fail): admission bounds the jobs, so a job's send never finds it full.
+const ADMIN_SLACK: usize = 8;
+
 pub fn run(a: Args) -> Result<()> {
     for (flag, secs) in [("--header-timeout", a.header_timeout), ("--body-timeout", a.body_timeout)] {
         if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
@@ -178,7 +183,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     drop(weights);
     let metrics = Arc::new(Metrics::new(a.rows, max_len));
-    let (jobs_tx, jobs_rx) = mpsc::channel(a.queue.max(1));
+    let (jobs_tx, jobs_rx) = mpsc::channel(a.rows + a.queue + ADMIN_SLACK);
     let m = metrics.clone();
     let chunk = a.prefill_chunk;
     std::thread::Builder::new().name("kvdecode-gpu".into()).spawn(move || engine::run(engine, chunk, jobs_rx, m))?;
@@ -440,11 +445,20 @@ struct Admission {
 }
 
 impl Admission {
-    /// `n` more generations, if `limit` allows them.
+    /// `n` more generations, if `limit` allows them. The count only ever holds admitted
+    /// generations: a refused request never adds itself, even for a moment (an add-then-undo let
+    /// concurrent refusals push an admissible request over the limit).
     fn take(count: &Arc<AtomicUsize>, n: usize, limit: usize) -> Option<Self> {
-        let before = count.fetch_add(n, Ordering::AcqRel);
-        let a = Admission { count: count.clone(), n };
-        (before + n <= limit).then_some(a)
+        let mut now = count.load(Ordering::Acquire);
+        loop {
+            if now + n > limit {
+                return None;
+            }
+            match count.compare_exchange_weak(now, now + n, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(Admission { count: count.clone(), n }),
+                Err(seen) => now = seen,
+            }
+        }
     }
 }
 
