@@ -98,6 +98,23 @@ fn visit(is_global: bool, is_fresh: bool, k_at: u32, v_at: u32) {
     }
 }
 
+// SPLIT: folding the partial state at word `at` of the partials (binding 4) into the running max
+// m and sum l gives (the new max, the new sum, the rescale of what was summed so far, the
+// partial's weight); both merges below take it, so they fold alike.
+fn fold_partial(at: u32, m: f32, l: f32) -> vec4<f32> {
+    let ms = bitcast<f32>(gkv[at]);
+    let mn = max(m, ms);
+    let ca = exp(m - mn);
+    let cb = exp(ms - mn);
+    return vec4<f32>(mn, fma(l, ca, bitcast<f32>(gkv[at + 1u]) * cb), ca, cb);
+}
+
+// Value vec4 `i` of the partial state at word `at`.
+fn partial_values(at: u32, i: u32) -> vec4<f32> {
+    let e = at + 4u * (1u + i);
+    return bitcast<vec4<f32>>(vec4<u32>(gkv[e], gkv[e + 1u], gkv[e + 2u], gkv[e + 3u]));
+}
+
 // SPLIT without local keys: the merge alone, one thread per (token, query head, value vec4)
 // instead of per (token, query head). A thread per head walked the partitions with its head's
 // whole output in a private array, so a row at one step ran a few threads, each spilling to slow
@@ -128,14 +145,10 @@ fn merge_element(idx: u32) {
     let first = (t * H + h) * PARTS * stride;
     for (var s = 0u; s * SPAN <= p; s++) {
         let at = first + s * stride;
-        let ms = bitcast<f32>(gkv[at]);
-        let mn = max(mm, ms);
-        let ca = exp(mm - mn);
-        let cb = exp(ms - mn);
-        ll = fma(ll, ca, bitcast<f32>(gkv[at + 1u]) * cb);
-        let e = at + 4u * (1u + i);
-        a = fma(a, vec4<f32>(ca), bitcast<vec4<f32>>(vec4<u32>(gkv[e], gkv[e + 1u], gkv[e + 2u], gkv[e + 3u])) * cb);
-        mm = mn;
+        let f = fold_partial(at, mm, ll);
+        a = fma(a, vec4<f32>(f.z), partial_values(at, i) * f.w);
+        mm = f.x;
+        ll = f.y;
     }
     let inv = select(0.0, 1.0 / ll, ll > 0.0);
     qy[out] = a * inv;
@@ -176,16 +189,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let first = ((n - group.token0) * H + h) * PARTS * stride;
         for (var s = 0u; s * SPAN <= p; s++) {
             let at = first + s * stride;
-            let ms = bitcast<f32>(gkv[at]);
-            let mn = max(m, ms);
-            let ca = exp(m - mn);
-            let cb = exp(ms - mn);
-            l = fma(l, ca, bitcast<f32>(gkv[at + 1u]) * cb);
+            let f = fold_partial(at, m, l);
             for (var i = 0u; i < d4n; i++) {
-                let e = at + 4u * (1u + i);
-                acc[i] = fma(acc[i], vec4<f32>(ca), bitcast<vec4<f32>>(vec4<u32>(gkv[e], gkv[e + 1u], gkv[e + 2u], gkv[e + 3u])) * cb);
+                acc[i] = fma(acc[i], vec4<f32>(f.z), partial_values(at, i) * f.w);
             }
-            m = mn;
+            m = f.x;
+            l = f.y;
         }
     }
     if HAS_GLOBAL && !SPLIT {

@@ -82,13 +82,7 @@ impl WeightsDir {
 
 /// Admin endpoints need `Authorization: Bearer ADMIN_KEY`.
 pub async fn authorize(State(app): State<Arc<App>>, req: HttpRequest, next: Next) -> Response {
-    let given = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if app.admin_key.as_ref().is_some_and(|k| k.matches(given)) {
+    if app.admin_key.as_ref().is_some_and(|k| k.matches(super::gate::bearer(req.headers()))) {
         return next.run(req).await;
     }
     app.metrics.client_errors.inc();
@@ -137,12 +131,7 @@ async fn weights(app: Arc<App>, req: HttpRequest) -> Result<Value, ApiError> {
     let Some(given) = v.get("path").and_then(Value::as_str).map(str::to_string) else {
         return Err(ApiError::bad("path", "`path` (a file or folder under --weights-dir) is required"));
     };
-    let mode = match v.get("mode").and_then(Value::as_str).unwrap_or("wait") {
-        "wait" => UpdateMode::Wait,
-        "abort" => UpdateMode::Abort,
-        "keep" => UpdateMode::Keep,
-        other => return Err(ApiError::bad("mode", format!("`mode` {other:?}: expected wait, abort or keep"))),
-    };
+    let mode = update_mode(v.get("mode").and_then(Value::as_str))?;
     let Some(dir) = &app.weights_dir else {
         return Err(ApiError::bad("path", "this server reads no weights files: start it with --weights-dir"));
     };
@@ -167,13 +156,7 @@ async fn weights(app: Arc<App>, req: HttpRequest) -> Result<Value, ApiError> {
 /// disk. At most `--max-weights-bytes`, within `--body-timeout`; the digest must match, or nothing
 /// is changed.
 async fn weights_in_body(app: Arc<App>, req: HttpRequest) -> Result<Value, ApiError> {
-    let mode =
-        match req.uri().query().unwrap_or("").split('&').find_map(|kv| kv.strip_prefix("mode=")).unwrap_or("wait") {
-            "wait" => UpdateMode::Wait,
-            "abort" => UpdateMode::Abort,
-            "keep" => UpdateMode::Keep,
-            other => return Err(ApiError::bad("mode", format!("`mode` {other:?}: expected wait, abort or keep"))),
-        };
+    let mode = update_mode(req.uri().query().unwrap_or("").split('&').find_map(|kv| kv.strip_prefix("mode=")))?;
     let want = req
         .headers()
         .get("x-weights-sha256")
@@ -208,6 +191,16 @@ async fn weights_in_body(app: Arc<App>, req: HttpRequest) -> Result<Value, ApiEr
     let mut v = command(&app, Admin::Weights { files: Box::new(files), source, mode }).await?;
     v["read_seconds"] = json!(read_seconds);
     Ok(v)
+}
+
+/// An update's `mode` (`wait` when not given).
+fn update_mode(mode: Option<&str>) -> Result<UpdateMode, ApiError> {
+    match mode.unwrap_or("wait") {
+        "wait" => Ok(UpdateMode::Wait),
+        "abort" => Ok(UpdateMode::Abort),
+        "keep" => Ok(UpdateMode::Keep),
+        other => Err(ApiError::bad("mode", format!("`mode` {other:?}: expected wait, abort or keep"))),
+    }
 }
 
 /// `POST /v1/pause`: no step runs (requests keep their rows; new ones queue) until `/v1/resume`.

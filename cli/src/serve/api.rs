@@ -227,6 +227,16 @@ const INFORMATIONAL: &[&str] = &["model", "user", "metadata", "store", "service_
 struct Fields(Map<String, Value>);
 
 impl Fields {
+    /// A request body's fields: it must be a JSON object.
+    fn of(body: &[u8]) -> Result<Self, ApiError> {
+        let v: Value =
+            serde_json::from_slice(body).map_err(|e| ApiError::bad("", format!("the body is not valid JSON: {e}")))?;
+        match v {
+            Value::Object(map) => Ok(Fields(map)),
+            _ => Err(ApiError::bad("", "the body must be a JSON object")),
+        }
+    }
+
     fn take(&mut self, k: &str) -> Option<Value> {
         self.0.remove(k).filter(|v| !v.is_null())
     }
@@ -306,12 +316,7 @@ pub fn parse(
     limits: &Limits,
     seed_source: u64,
 ) -> Result<Gen, ApiError> {
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad("", format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(map) = v else {
-        return Err(ApiError::bad("", "the body must be a JSON object"));
-    };
-    let mut f = Fields(map);
+    let mut f = Fields::of(body)?;
     let include_usage = match f.0.get("stream_options") {
         None | Some(Value::Null) => false,
         Some(Value::Object(o)) => match o.get("include_usage") {
@@ -622,12 +627,7 @@ fn completion_prompt(v: Option<Value>, tok: &Tokenizer) -> Result<Vec<u32>, ApiE
 /// assistant's turn opened, unless `"add_generation_prompt": false`); the ids that request would
 /// decode from.
 pub fn tokenize(body: &[u8], tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad("", format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(map) = v else {
-        return Err(ApiError::bad("", "the body must be a JSON object"));
-    };
-    let mut f = Fields(map);
+    let mut f = Fields::of(body)?;
     let ids = match (f.take("messages"), f.take("prompt")) {
         (Some(m), None) => {
             let msgs = messages(Some(m))?;
@@ -647,12 +647,7 @@ pub fn tokenize(body: &[u8], tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
 
 /// `POST /detokenize`: `{"tokens": [...], "skip_special_tokens": false}` -> their text.
 pub fn detokenize(body: &[u8], tok: &Tokenizer) -> Result<String, ApiError> {
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad("", format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(map) = v else {
-        return Err(ApiError::bad("", "the body must be a JSON object"));
-    };
-    let mut f = Fields(map);
+    let mut f = Fields::of(body)?;
     let ids: Vec<u32> = match f.take("tokens") {
         Some(Value::Array(a)) => a
             .iter()

@@ -128,6 +128,11 @@ fn is_empty_body(h: &HeaderMap) -> bool {
     }
 }
 
+/// The key an `Authorization: Bearer KEY` header carries ("" without one).
+pub fn bearer(h: &HeaderMap) -> &str {
+    h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("")
+}
+
 /// A key held as its SHA-256: a guess is hashed and the two digests compared in constant time,
 /// so the time taken depends neither on how much of a guess was right nor on the key's length.
 pub struct Key([u8; 32]);

@@ -264,12 +264,7 @@ pub fn run(a: Args) -> Result<()> {
 /// its digest in constant time ([`gate::Key`]), so the time taken says nothing about the key.
 async fn authorize(State(app): State<Arc<App>>, req: HttpRequest, next: Next) -> Response {
     let Some(key) = &app.api_key else { return next.run(req).await };
-    let given = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+    let given = gate::bearer(req.headers());
     if key.matches(given) {
         return next.run(req).await;
     }
