@@ -26,7 +26,7 @@ struct RowInfo {
     rope_pos0: u32,  // RoPE rotates token j by position rope_pos0 + j (pos0 plus skipped padding)
     global_from: u32,  // global K/V is written from this position on (below: a prompt-cache replay
                        // recomputing local rings over blocks the pool already holds)
-    _pad0: u32,
+    lora: u32,         // the LoRA adapter slot the row decodes with (NO_ADAPTER: the base model)
     _pad1: u32,
     _pad2: u32,
 }

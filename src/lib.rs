@@ -33,17 +33,19 @@ pub mod serve;
 pub use cache::{BlockUsage, CacheOptions, KvCache, KvDtype, PromptCacheStats, RowOwner};
 pub use engine::sampling::{argmax, sample_cpu, sample_cpu_full, Sampled, Sampler, TOP_LOGPROBS_MAX};
 pub use engine::{
-    AttentionKernel, Engine, EngineOptions, Fusion, InFlight, Logits, MatmulKernel, MemoryReport, Sleep, Stats, Turn,
-    TurnLimit, WeightUpdate, CHUNK, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
+    AttentionKernel, Engine, EngineOptions, Fusion, InFlight, Logits, LoraUpdate, MatmulKernel, MemoryReport, Sleep,
+    Stats, Turn, TurnLimit, WeightUpdate, CHUNK, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
 pub use error::{Error, Result};
 pub use gpu::device::{Gpu, GpuOptions};
 pub use gpu::kernels::WeightFormat;
+pub use gpu::lora::MAX_LORA_RANK;
 pub use gpu::profile::Profile;
 pub use gpu::weights::WeightDtype;
 pub use io::safetensors::DiskDtype;
 pub use model::config::{EngramConfig, LayerSpec, MlpKind, ModelConfig, NormKind};
 pub use model::family::Family;
+pub use model::lora::LoraAdapter;
 pub use model::tensor::{HostDtype, HostTensor};
 pub use model::weights::{EngramWeights, Half, LayerWeights, Matrix, ModelWeights, SplitMix64};
 pub use serve::batching::Scheduler;

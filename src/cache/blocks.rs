@@ -129,6 +129,9 @@ pub(crate) struct BlockPool {
     /// Per row, whether its K/V came partly from weights since replaced
     /// ([`BlockPool::flush_prompt_cache`]): its blocks are never registered, until a reset.
     stale: Vec<bool>,
+    /// Per row, the root of its hash chain: 0 on the base model, else its LoRA adapter's (and
+    /// version's) own, so rows of different adapters never share a cached prefix.
+    salt: Vec<u64>,
     tick: u64,
     stats: PromptCacheStats,
 }
@@ -160,8 +163,23 @@ impl BlockPool {
             hashes: vec![Vec::new(); rows],
             index: HashMap::new(),
             stale: vec![false; rows],
+            salt: vec![0; rows],
             tick: 0,
             stats: PromptCacheStats::default(),
+        }
+    }
+
+    /// Root `row`'s hash chain at `salt` (0: the base model's); the row holds no blocks yet, or
+    /// is recomputed from none.
+    pub(crate) fn set_salt(&mut self, row: usize, salt: u64) {
+        self.salt[row] = salt;
+    }
+
+    /// `rows` computed on with K/V from replaced weights (an adapter's update): none of their
+    /// blocks is registered again until they are reset.
+    pub(crate) fn mark_stale(&mut self, rows: &[usize]) {
+        for &r in rows {
+            self.stale[r] = !self.tables[r].is_empty();
         }
     }
 
@@ -199,7 +217,7 @@ impl BlockPool {
         let full = (tokens.len() / b).min(self.tables[row].len());
         while self.hashes[row].len() < full {
             let k = self.hashes[row].len();
-            let parent = self.hashes[row].last().copied().unwrap_or(0);
+            let parent = self.hashes[row].last().copied().unwrap_or(self.salt[row]);
             let hash = Self::chain(parent, &tokens[k * b..(k + 1) * b]);
             self.hashes[row].push(hash);
             let blk = self.tables[row][k];
@@ -227,7 +245,7 @@ impl BlockPool {
         let s = self.shard_of(row);
         self.stats.lookups += 1;
         self.stats.prompt_tokens += prompt.len();
-        let mut parent = 0;
+        let mut parent = self.salt[row];
         for k in 0..prompt.len().saturating_sub(1) / b {
             let tokens = &prompt[k * b..(k + 1) * b];
             let hash = Self::chain(parent, tokens);
@@ -432,6 +450,7 @@ impl BlockPool {
                 self.tables[d] = table;
                 self.hashes[d] = self.hashes[src].clone();
                 self.stale[d] = self.stale[src];
+                self.salt[d] = self.salt[src];
             } else {
                 self.tables[d] = table
                     .iter()
@@ -442,6 +461,7 @@ impl BlockPool {
                     })
                     .collect();
                 self.stale[d] = self.stale[src];
+                self.salt[d] = self.salt[src];
             }
         }
         Ok(copies)

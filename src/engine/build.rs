@@ -12,6 +12,7 @@ use crate::engine::{Engine, Scratch, CHUNK};
 use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
 use crate::gpu::kernels;
+use crate::gpu::lora::GpuLora;
 use crate::gpu::shaders::Kernel;
 use crate::gpu::variants::{product_wg, resolve_matmul, Fusion, MatmulKernel};
 use crate::gpu::weights::GpuWeights;
@@ -111,7 +112,8 @@ impl Engine {
             )));
         }
         // what the engine will hold, before anything is allocated (activations are small beside it)
-        let weight_bytes = crate::gpu::weights::bytes_needed(weights, opts.weights);
+        let weight_bytes = crate::gpu::weights::bytes_needed(weights, opts.weights)
+            + if opts.max_loras > 0 { GpuLora::bytes_needed(&cfg, opts.max_loras, opts.max_lora_rank) } else { 0 };
         let kv_bytes = KvCache::bytes_needed(&cfg, &opts.cache());
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         gpu.check_budget(
@@ -126,7 +128,10 @@ impl Engine {
             ),
         )?;
         let cache = KvCache::new(gpu, &cfg, opts.cache())?;
-        let gw = GpuWeights::upload(gpu, weights, opts.weights)?;
+        let mut gw = GpuWeights::upload(gpu, weights, opts.weights)?;
+        if opts.max_loras > 0 {
+            gw.lora = Some(GpuLora::new(gpu, &cfg, opts.max_loras, opts.max_lora_rank)?);
+        }
         let rows = opts.rows;
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
         let engram_width = cfg.engram.as_ref().map_or(0, |e| e.width());
@@ -160,6 +165,12 @@ impl Engine {
         // the integer-dot products read activations quantized by their own dispatch, which reads
         // the normed input: the norm stays a dispatch of its own
         fusion.norm &= matmul != MatmulKernel::IntDot;
+        // adapters read a block's normed input and add to the MLP's gate and up before the
+        // activation: both stay dispatches of their own (their bits are the fused ones')
+        if opts.max_loras > 0 {
+            fusion.norm = false;
+            fusion.act = false;
+        }
         // all-position logits: as many tokens as asked, that one chunk and one binding can hold
         let all_tokens = opts.all_logits_tokens.min(t).min(gpu.max_binding() as usize / (cfg.vocab * 4)).max(1);
         let max_window = opts.rollback + 1;
@@ -276,6 +287,7 @@ impl Engine {
             fusion,
             matmul,
             record_routes: opts.record_routes,
+            lora: super::lora::LoraState::new(opts.max_loras, rows),
         })
     }
 }

@@ -8,6 +8,7 @@ use crate::engine::dispatch::{Dispatch, Grid};
 use crate::engine::plan::{AttentionPlan, RopeTables};
 use crate::engine::Scratch;
 use crate::gpu::kernels::{self, Lanes, Paging, Shard, Specialize};
+use crate::gpu::lora::LoraGroup;
 use crate::gpu::shaders::{Kernel, Pipelines};
 use crate::gpu::variants::{AttentionKernel, Fusion};
 use crate::gpu::weights::{GpuLayer, GpuMatrix, GpuWeights, QkvWeights};
@@ -537,6 +538,14 @@ impl Builder<'_> {
             }
             _ => false,
         };
+        // 2b. LoRA adapters: q (and the fresh global k and v) in qkv, a local layer's k and v in
+        //     its own buffer (engines with adapter slots never fuse the norm: h holds the input)
+        let block_x = (attn_in.x, c.d_model);
+        let targets = if writes.is_some() { 3 } else { 1 };
+        out.extend(self.lora(i, LoraGroup::AttnIn, (0, targets), block_x, (&s.qkv, qkv, 0)));
+        if local {
+            out.extend(self.lora(i, LoraGroup::AttnIn, (1, 2), block_x, (&s.kv_local, kvd, 0)));
+        }
         // 3. qk-norm and RoPE at each token's own position, the queries and all fresh keys in one
         //    dispatch (keys are rotated once, before they are stored).
         // 4. writer layers: scatter K/V into the group's cache now, so this layer and the group's
@@ -568,14 +577,18 @@ impl Builder<'_> {
         if let Some(r) = ring {
             out.extend(self.kv_write((&s.kv_local, kvd, 0), r, true));
         }
-        // 7. output projection and residual (Gemma: norm the projection before adding it)
+        // 7. output projection (and its adapters) and residual (Gemma: norm the projection before
+        //    adding it)
+        let o_lora = |y| self.lora(i, LoraGroup::O, (0, 1), (&s.qkv, qkv), (y, c.d_model, 0));
         if c.post_norms {
             out.extend(self.product(&lw.wo, ProductIo::new(&s.qkv, qkv, &s.tmp, c.d_model)));
+            out.extend(o_lora(&s.tmp));
             out.push(self.norm(&s.tmp, lw.post_attn_norm.as_ref(), &s.x, true));
         } else {
             out.extend(
                 self.product(&lw.wo, ProductIo { accumulate: true, ..ProductIo::new(&s.qkv, qkv, &s.x, c.d_model) }),
             );
+            out.extend(o_lora(&s.x));
         }
         // 8. MLP and residual; the activation is the up projection's epilogue where its matrix is
         //    one part (a gated one pairs rows o and F + o). MoE layers: the router and the routed
@@ -585,25 +598,32 @@ impl Builder<'_> {
             return out;
         }
         let mlp_in = self.block_input(&mut out, lw.mlp_norm.as_ref());
-        out.extend(self.mlp_in(&lw.mlp_in, mlp_in.to(&s.act, c.ffn, 0), c.ffn));
+        let gate_up = (&s.up, c.mlp.in_factor() * c.ffn, 0);
+        let lora = self.lora(i, LoraGroup::MlpIn, (0, 2), (mlp_in.x, c.d_model), gate_up);
+        out.extend(self.mlp_in(&lw.mlp_in, mlp_in.to(&s.act, c.ffn, 0), c.ffn, lora));
+        let down_lora = |y| self.lora(i, LoraGroup::Down, (0, 1), (&s.act, c.ffn), (y, c.d_model, 0));
         if c.post_norms {
             out.extend(self.matmul(&s.act, &lw.mlp_out, &s.tmp, c.d_model, false));
+            out.extend(down_lora(&s.tmp));
             out.push(self.norm(&s.tmp, lw.post_mlp_norm.as_ref(), &s.x, true));
         } else {
             out.extend(self.matmul(&s.act, &lw.mlp_out, &s.x, c.d_model, true));
+            out.extend(down_lora(&s.x));
         }
         out
     }
 
     /// `act = act(x W^T)` for an MLP of `f` outputs, x as `io` reads it: the activation as the
     /// product's epilogue where the matrix is one part (a gated one pairs rows o and F + o), else
-    /// the product into `up`, then `mlp_act.wgsl`.
-    pub(super) fn mlp_in(&self, w: &GpuMatrix, io: ProductIo, f: usize) -> Vec<Dispatch> {
+    /// the product into `up`, then `mlp_act.wgsl`. `lora`: the adapters' dispatch that adds to
+    /// `up` before the activation (never fused then).
+    pub(super) fn mlp_in(&self, w: &GpuMatrix, io: ProductIo, f: usize, lora: Option<Dispatch>) -> Vec<Dispatch> {
         let (c, s) = (self.cfg, self.s);
-        if self.fusion.act && w.parts.len() == 1 {
+        if self.fusion.act && w.parts.len() == 1 && lora.is_none() {
             return self.product(w, ProductIo { y: &s.act, y_stride: f, y_offset: 0, act: Some(c.mlp), ..io });
         }
         let mut out = self.product(w, ProductIo { y: &s.up, y_stride: c.mlp.in_factor() * f, y_offset: 0, ..io });
+        out.extend(lora);
         out.push(self.dispatch(&kernels::MlpAct { ffn: f, act: c.mlp }, &[&s.step, &s.up, &s.act], Grid::Tokens(f)));
         out
     }

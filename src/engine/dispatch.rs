@@ -22,6 +22,9 @@ pub(super) enum Grid {
     /// A MoE layer's expert products: one thread per output, one token per workgroup row (past
     /// 65535 tokens, on in z).
     Experts { out_rows: usize },
+    /// `tiles` workgroups per token of the chunk, one token per workgroup row (past 65535
+    /// tokens, on in z): the LoRA adapters' dispatches.
+    TokenTiles(usize),
     /// One workgroup per chunk row.
     WorkgroupPerRow,
     /// `per_token` threads per token of token group `group` (`size` tokens per group), linear.
@@ -80,6 +83,10 @@ impl Dispatch {
             Grid::Experts { out_rows } => {
                 let n = (rows * width).max(1);
                 (out_rows.div_ceil(self.wg as usize) as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
+            }
+            Grid::TokenTiles(tiles) => {
+                let n = (rows * width).max(1);
+                (tiles as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
             }
             Grid::WorkgroupPerRow => (rows as u32, 1, 1),
             Grid::TokenGroup { group, size, per_token } => {

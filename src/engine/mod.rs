@@ -13,6 +13,7 @@ mod builder;
 pub mod decode;
 mod dispatch;
 mod inspect;
+pub mod lora;
 mod moe;
 pub mod options;
 mod plan;
@@ -34,6 +35,7 @@ pub use crate::gpu::variants::{
     resolve_matmul, AttentionKernel, Fusion, MatmulKernel, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
 pub use decode::{Turn, TurnLimit};
+pub use lora::LoraUpdate;
 pub use options::{EngineOptions, Logits, Stats};
 pub use sleep::{MemoryReport, Sleep};
 pub(crate) use step::Output;
@@ -118,6 +120,8 @@ pub struct Engine {
     profiling: bool,
     /// Bytes of buffers this engine counts against the device's memory budget.
     gpu_bytes: u64,
+    /// The resident LoRA adapters and each row's.
+    lora: lora::LoraState,
     attention: AttentionPlan,
     fusion: Fusion,
     matmul: MatmulKernel,
@@ -226,6 +230,10 @@ impl Engine {
         self.ready()?;
         self.cache.reset(&self.gpu, rows)?;
         self.sampling.clear(&self.gpu, rows);
+        self.lora.clear_rows(rows);
+        for &r in rows {
+            self.cache.blocks.set_salt(r, 0);
+        }
         Ok(())
     }
 
@@ -363,6 +371,7 @@ impl Engine {
         self.ready()?;
         self.cache.fork(&self.gpu, src, dst)?;
         self.sampling.clear(&self.gpu, dst);
+        self.lora.copy_row(src, dst);
         self.copy_routes(src, dst);
         Ok(())
     }

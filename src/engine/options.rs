@@ -65,6 +65,14 @@ pub struct EngineOptions {
     /// MoE layers x top_k u32 within one storage binding, and turns the prompt cache off (a
     /// reused prefix's tokens would hold no routes in their new row).
     pub record_routes: bool,
+    /// LoRA adapters the engine can hold at once ([`Engine::load_lora`]); 0 (the default): none,
+    /// and nothing is built for them. With slots, the norm before a block's products and the MLP's
+    /// activation run as dispatches of their own (their bits are the same), and each block takes
+    /// four more dispatches (five with a local layer's keys and values).
+    pub max_loras: usize,
+    /// The largest rank a slot holds (16 by default, at most [`crate::MAX_LORA_RANK`]): every
+    /// slot takes room for this rank on every projection.
+    pub max_lora_rank: usize,
 }
 
 impl EngineOptions {
@@ -87,6 +95,8 @@ impl EngineOptions {
             fusion: None,
             matmul: None,
             record_routes: false,
+            max_loras: 0,
+            max_lora_rank: 16,
         }
     }
 

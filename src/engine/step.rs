@@ -25,7 +25,8 @@ pub(super) struct RowInfoGpu {
     pos0: u32,
     rope_pos0: u32,
     global_from: u32,
-    _pad: [u32; 3],
+    lora: u32,
+    _pad: [u32; 2],
 }
 
 impl Engine {
@@ -238,7 +239,8 @@ impl Engine {
                 pos0: self.cache.lens()[row] as u32,
                 rope_pos0: self.cache.position(row) as u32,
                 global_from: self.cache.replay_until[row] as u32,
-                _pad: [0; 3],
+                lora: self.lora.row_slot(row),
+                _pad: [0; 2],
             })
             .collect();
         q.write_buffer(&self.s.step, 0, bytemuck::bytes_of(&step));

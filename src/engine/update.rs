@@ -258,7 +258,7 @@ impl Engine {
     /// another with the prompt cache on, so forks of one prompt share its blocks again. A row
     /// keeps its sampling state and owner. If the pool runs out of blocks, the rows not yet
     /// recomputed are reset and the error names them.
-    fn recompute(&mut self, rows: &[usize]) -> Result<()> {
+    pub(super) fn recompute(&mut self, rows: &[usize]) -> Result<()> {
         let was_on = self.cache.blocks.prompt_cache();
         self.cache.blocks.set_prompt_cache(true);
         let mut result = Ok(());

@@ -5,6 +5,7 @@
 pub mod device;
 pub mod format;
 pub mod kernels;
+pub(crate) mod lora;
 pub mod profile;
 pub mod shaders;
 #[cfg(not(target_arch = "wasm32"))]

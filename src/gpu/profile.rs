@@ -81,6 +81,7 @@ impl Profile {
             | Kernel::MatmulReduce
             | Kernel::MatmulInt
             | Kernel::MatmulExperts
+            | Kernel::Lora
             | Kernel::Quantize => self.matmul += seconds,
             Kernel::Attention | Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => {
                 self.attention += seconds

@@ -91,11 +91,14 @@ pub enum Kernel {
     /// The routed experts' products (`matmul.wgsl` + `matmul_experts.wgsl`): each token against
     /// only its experts' rows, the portable kernel's sums.
     MatmulExperts,
+    /// LoRA adapters applied unmerged after a block's products, each row with its own adapter
+    /// (`lora.wgsl`).
+    Lora,
 }
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 26] = [
+    pub const ALL: [Kernel; 27] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -122,6 +125,7 @@ impl Kernel {
         Kernel::MatmulInt,
         Kernel::MoeRoute,
         Kernel::MatmulExperts,
+        Kernel::Lora,
     ];
 
     /// A short name for reports: the WGSL file, and the entry point where two kernels share one.
@@ -165,6 +169,7 @@ impl Kernel {
             Kernel::MatmulInt => "matmul_int.wgsl",
             Kernel::MoeRoute => "moe.wgsl",
             Kernel::MatmulExperts => "matmul_experts.wgsl",
+            Kernel::Lora => "lora.wgsl",
         }
     }
 
@@ -220,6 +225,7 @@ impl Kernel {
             Kernel::Copy => include_str!("../../shaders/copy.wgsl"),
             Kernel::Quantize => include_str!("../../shaders/quantize.wgsl"),
             Kernel::MoeRoute => include_str!("../../shaders/moe.wgsl"),
+            Kernel::Lora => include_str!("../../shaders/lora.wgsl"),
             Kernel::MatmulExperts => {
                 return format!(
                     "{COMMON}\n{MATMUL}\n{}\n{}",
@@ -291,6 +297,7 @@ impl Kernel {
             Kernel::MoeRoute => &[Uniform, Read, Read, ReadWrite, ReadWrite],
             // matmul.wgsl's six, then the routes (ids and weights), the shared expert's output and gate
             Kernel::MatmulExperts => &[Uniform, Read, Read, ReadWrite, Read, Read, Read, Read, Read],
+            Kernel::Lora => &[Uniform, Read, Read, ReadWrite, Read, Read],
         }
     }
 

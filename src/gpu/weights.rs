@@ -312,6 +312,8 @@ pub(crate) struct GpuWeights {
     /// Engram: compressed id per token (identity when the model has none) and the orders.
     pub cid_map: wgpu::Buffer,
     pub engram_orders: wgpu::Buffer,
+    /// LoRA adapter slots (`EngineOptions::max_loras` > 0).
+    pub lora: Option<crate::gpu::lora::GpuLora>,
 }
 
 impl GpuWeights {
@@ -408,6 +410,7 @@ impl GpuWeights {
                 out.extend(parts(&mut e.w_kv));
             }
         }
+        out.extend(self.lora.iter_mut().flat_map(|l| l.buffers_mut()));
         out
     }
 
@@ -514,6 +517,7 @@ impl GpuWeights {
                     cfg.engram.as_ref().map(|e| e.orders.iter().map(|&n| n as u32).collect()).unwrap_or_default();
                 gpu.storage_init("engram orders", bytemuck::cast_slice(&o))?
             },
+            lora: None,
         })
     }
 }

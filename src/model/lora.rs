@@ -240,66 +240,61 @@ impl LoraAdapter {
     /// adapter is made.
     pub fn from_peft(config: &Value, tensors: &[HostTensor], cfg: &ModelConfig) -> Result<Self> {
         let settings = Settings::parse(config)?;
-        // (block, module) -> [A, B]
-        let mut halves: std::collections::BTreeMap<(usize, String), [Option<&HostTensor>; 2]> = Default::default();
-        for t in tensors {
-            let slot = parse_name(&t.name)?;
-            if slot.layer >= cfg.layers.len() {
-                return Err(Error::Weights(format!(
-                    "adapter tensor `{}`: block {} of a model with {}",
-                    t.name,
-                    slot.layer,
-                    cfg.layers.len()
-                )));
-            }
-            let is_mlp = ["gate_proj", "up_proj", "down_proj", "gate_up_proj"].contains(&slot.proj.as_str());
-            if is_mlp && (cfg.layer_moe(slot.layer).is_some() || cfg.mlp == MlpKind::ReluSquared) {
-                return Err(Error::Weights(format!(
-                    "adapter tensor `{}`: block {}'s MLP is not one kvdecode adapts (a mixture of experts, or no gate)",
-                    t.name, slot.layer
-                )));
-            }
-            let pair = halves.entry((slot.layer, slot.module.clone())).or_default();
-            let i = usize::from(slot.is_b);
-            if pair[i].is_some() {
-                return Err(Error::Weights(format!("adapter tensor `{}` is given twice", t.name)));
-            }
-            pair[i] = Some(t);
-        }
-        // the base weight each module adapts, and where its rows go: the family's own tables, so
-        // fused tensors split and rows reorder (Phi-3's partial rotary) as the base's did
-        let names: std::collections::HashMap<String, TensorName> = HF_PREFIXES
-            .iter()
-            .flat_map(|p| tensor_names(cfg, Naming::HuggingFace(p)))
-            .map(|t| (t.name.clone(), t))
-            .collect();
+        let names = base_names(cfg);
         let mut adapter = LoraAdapter { layers: vec![Default::default(); cfg.layers.len()] };
-        for ((layer, module), pair) in &halves {
+        for ((layer, module), pair) in &halves(tensors, cfg)? {
             let [Some(a), Some(b)] = pair else {
                 let (have, miss) = if pair[0].is_some() { ("lora_A", "lora_B") } else { ("lora_B", "lora_A") };
                 return Err(Error::Weights(format!("adapter module `{module}` has {have} but no {miss}")));
             };
-            let parts = names.get(&format!("{module}.weight")).map(|t| targets(cfg, t)).unwrap_or_default();
-            if parts.is_empty() {
-                return Err(Error::Weights(format!(
-                    "adapter module `{module}`: not a projection this {:?} model has (q, k, v, o, gate, up, down; Phi-3's \
-                     qkv_proj and gate_up_proj)",
-                    cfg.family
-                )));
-            }
+            let (parts, out) = module_parts(cfg, &names, module)?;
             let (rank, scale) = settings.rank_scale(module);
             let inputs = parts[0].0.dims(cfg, *layer).0;
-            let out = names[&format!("{module}.weight")].shape[0];
-            a.check(&[rank, inputs]).map_err(|e| rank_hint(e, module, rank))?;
-            b.check(&[out, rank]).map_err(|e| rank_hint(e, module, rank))?;
+            let hint = |e| rank_hint(e, module, &format!("rank {rank} by adapter_config.json's r / rank_pattern"));
+            a.check(&[rank, inputs]).map_err(hint)?;
+            b.check(&[out, rank]).map_err(hint)?;
             let (av, bv) = (a.values_f32(), b.values_f32());
             for (target, place) in parts {
-                let rows = (0..place.rows.len()).flat_map(|i| &bv[place.source(i) * rank..][..rank]);
-                let module = LoraModule { rank, scale, a: av.clone(), b: rows.copied().collect() };
+                let module = LoraModule { rank, scale, a: av.clone(), b: rows_of(&place, &bv, rank) };
                 adapter.layers[*layer][target as usize] = Some(module);
             }
         }
         Ok(adapter)
+    }
+
+    /// This adapter with some of its modules' `A` and/or `B` replaced by `tensors` (PEFT's names,
+    /// as [`LoraAdapter::from_peft`] reads them), as a trainer pushes them after a step: each
+    /// module keeps its rank and scale. Returns the new adapter and the (block, target) pairs
+    /// that changed. A module this adapter does not have, a shape for another rank, a name given
+    /// twice or a value that is not finite is an error, checked before anything is made.
+    pub fn updated(&self, tensors: &[HostTensor], cfg: &ModelConfig) -> Result<(Self, Vec<(usize, LoraTarget)>)> {
+        let names = base_names(cfg);
+        let mut adapter = self.clone();
+        let mut changed = Vec::new();
+        for ((layer, module), [a, b]) in &halves(tensors, cfg)? {
+            let (parts, out) = module_parts(cfg, &names, module)?;
+            let old =
+                parts.iter().map(|(t, _)| self.module(*layer, *t)).collect::<Option<Vec<_>>>().ok_or_else(|| {
+                    Error::Weights(format!(
+                        "update: adapter module `{module}` is not in this adapter (an update replaces modules it has)"
+                    ))
+                })?;
+            let (rank, inputs) = (old[0].rank, parts[0].0.dims(cfg, *layer).0);
+            let hint = |e| rank_hint(e, module, &format!("rank {rank}, as loaded"));
+            let av = a.map(|a| a.check(&[rank, inputs]).map(|_| a.values_f32())).transpose().map_err(hint)?;
+            let bv = b.map(|b| b.check(&[out, rank]).map(|_| b.values_f32())).transpose().map_err(hint)?;
+            for (target, place) in &parts {
+                let m = adapter.layers[*layer][*target as usize].as_mut().expect("checked above");
+                if let Some(av) = &av {
+                    m.a = av.clone();
+                }
+                if let Some(bv) = &bv {
+                    m.b = rows_of(place, bv, rank);
+                }
+                changed.push((*layer, *target));
+            }
+        }
+        Ok((adapter, changed))
     }
 
     /// The module that changes `target` of block `layer`, if any.
@@ -358,7 +353,74 @@ fn targets(cfg: &ModelConfig, t: &TensorName) -> Vec<(LoraTarget, Place)> {
     out
 }
 
-/// A shape error of `module`'s tensors also names the rank the config gives it.
-fn rank_hint(e: Error, module: &str, rank: usize) -> Error {
-    Error::Weights(format!("{e} (adapter module `{module}`: rank {rank} by adapter_config.json's r / rank_pattern)"))
+/// Whether block `layer`'s MLP is one adapters may change: a dense gated MLP.
+pub(crate) fn adapts_mlp(cfg: &ModelConfig, layer: usize) -> bool {
+    cfg.layer_moe(layer).is_none() && cfg.mlp != MlpKind::ReluSquared
+}
+
+/// A shape error of `module`'s tensors also names the rank it must have and why.
+fn rank_hint(e: Error, module: &str, why: &str) -> Error {
+    Error::Weights(format!("{e} (adapter module `{module}`: {why})"))
+}
+
+/// A module's `A` and `B` by (block, PEFT module path).
+type Halves<'t> = std::collections::BTreeMap<(usize, String), [Option<&'t HostTensor<'t>>; 2]>;
+
+/// `tensors` by module, each name parsed and checked against `cfg`'s blocks.
+fn halves<'t>(tensors: &'t [HostTensor], cfg: &ModelConfig) -> Result<Halves<'t>> {
+    let mut halves = Halves::default();
+    for t in tensors {
+        let slot = parse_name(&t.name)?;
+        if slot.layer >= cfg.layers.len() {
+            return Err(Error::Weights(format!(
+                "adapter tensor `{}`: block {} of a model with {}",
+                t.name,
+                slot.layer,
+                cfg.layers.len()
+            )));
+        }
+        let is_mlp = ["gate_proj", "up_proj", "down_proj", "gate_up_proj"].contains(&slot.proj.as_str());
+        if is_mlp && !adapts_mlp(cfg, slot.layer) {
+            return Err(Error::Weights(format!(
+                "adapter tensor `{}`: block {}'s MLP is not one kvdecode adapts (a mixture of experts, or no gate)",
+                t.name, slot.layer
+            )));
+        }
+        let pair = halves.entry((slot.layer, slot.module.clone())).or_default();
+        let i = usize::from(slot.is_b);
+        if pair[i].is_some() {
+            return Err(Error::Weights(format!("adapter tensor `{}` is given twice", t.name)));
+        }
+        pair[i] = Some(t);
+    }
+    Ok(halves)
+}
+
+/// The base weights' Hugging Face names: the family's own tables, so fused tensors split and
+/// rows reorder (Phi-3's partial rotary) as the base's did.
+fn base_names(cfg: &ModelConfig) -> std::collections::HashMap<String, TensorName> {
+    HF_PREFIXES.iter().flat_map(|p| tensor_names(cfg, Naming::HuggingFace(p))).map(|t| (t.name.clone(), t)).collect()
+}
+
+/// The targets PEFT module `module` changes, with where its `B` rows go, and its output rows.
+fn module_parts(
+    cfg: &ModelConfig,
+    names: &std::collections::HashMap<String, TensorName>,
+    module: &str,
+) -> Result<(Vec<(LoraTarget, Place)>, usize)> {
+    let base = names.get(&format!("{module}.weight"));
+    let parts = base.map(|t| targets(cfg, t)).unwrap_or_default();
+    match base {
+        Some(t) if !parts.is_empty() => Ok((parts, t.shape[0])),
+        _ => Err(Error::Weights(format!(
+            "adapter module `{module}`: not a projection this {:?} model has (q, k, v, o, gate, up, down; Phi-3's \
+             qkv_proj and gate_up_proj)",
+            cfg.family
+        ))),
+    }
+}
+
+/// The rows of `b` (`[rows, rank]`) that `place` takes, in its order.
+fn rows_of(place: &Place, b: &[f32], rank: usize) -> Vec<f32> {
+    (0..place.rows.len()).flat_map(|i| &b[place.source(i) * rank..][..rank]).copied().collect()
 }

@@ -8,8 +8,10 @@ use crate::gpu::shaders::{Constants, Kernel};
 use crate::model::config::MlpKind;
 
 mod attention;
+mod lora;
 mod moe;
 pub(crate) use attention::{Attention, AttentionShape, AttentionSplit, KvWrite, QkRope};
+pub(crate) use lora::Lora;
 pub(crate) use moe::{ExpertProduct, MoeRoute, RouteSlots};
 
 /// A kernel specialized by its override constants.
@@ -553,6 +555,21 @@ mod tests {
                 slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 },
                 sum_slots: true,
                 shared: true,
+            }),
+            Box::new(Lora {
+                k: 64,
+                x_stride: 64,
+                y_stride: 128,
+                y_offset: 0,
+                targets: 3,
+                rows_first: 64,
+                rows_rest: 32,
+                t_first: 0,
+                group_targets: 3,
+                b_row0: 0,
+                max_rank: 16,
+                slot_floats: 3 * 16 * 64 + 128 * 16,
+                meta0: 0,
             }),
         ]
     }

@@ -1,0 +1,273 @@
+//! LoRA adapters in the engine: up to `max_loras` resident at once, loaded, updated by a trainer
+//! and unloaded by name while the engine decodes; each row decodes with one adapter or none
+//! (Punica's per-row adapter index: one step mixes them). `lora.wgsl` adds each adapted
+//! projection's `scale * B (A x)` after the base product, so the base weights never change and a
+//! row without an adapter gives the base model's bits.
+//!
+//! The dispatches: one per block and input (q/k/v; o; gate/up; down; a local layer's k/v into its
+//! own buffer once more), whatever the adapters and their targets; none when `max_loras` is 0.
+
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+
+use crate::engine::builder::Builder;
+use crate::engine::dispatch::{Dispatch, Grid};
+use crate::engine::update::InFlight;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::gpu::kernels;
+use crate::gpu::lora::{LoraGroup, NO_ADAPTER};
+use crate::model::lora::{LoraAdapter, LoraTarget};
+use crate::model::tensor::HostTensor;
+
+/// What [`Engine::update_lora`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoraUpdate {
+    /// The adapter's version now: 0 when loaded, plus one per update.
+    pub version: u64,
+    /// Projections (block, target) whose `A` or `B` changed.
+    pub modules: usize,
+    /// Bytes written to the GPU.
+    pub bytes: u64,
+    /// Rows of that adapter recomputed or reset.
+    pub rows: Vec<usize>,
+}
+
+/// An adapter in a slot.
+struct Resident {
+    name: String,
+    adapter: LoraAdapter,
+    version: u64,
+    /// Unique among every adapter this engine ever loaded: a name loaded again is another one.
+    uid: u64,
+}
+
+/// Which adapters are resident, and which one each row decodes with.
+pub(crate) struct LoraState {
+    slots: Vec<Option<Resident>>,
+    /// Per cache row: its adapter's slot.
+    rows: Vec<Option<usize>>,
+    next_uid: u64,
+}
+
+impl LoraState {
+    pub(crate) fn new(slots: usize, rows: usize) -> Self {
+        LoraState { slots: (0..slots).map(|_| None).collect(), rows: vec![None; rows], next_uid: 1 }
+    }
+
+    /// `RowInfo.lora` of cache row `row`.
+    pub(crate) fn row_slot(&self, row: usize) -> u32 {
+        self.rows[row].map_or(NO_ADAPTER, |s| s as u32)
+    }
+
+    fn slot_of(&self, name: &str) -> Result<usize> {
+        self.slots.iter().position(|s| s.as_ref().is_some_and(|r| r.name == name)).ok_or_else(|| {
+            let names: Vec<&str> = self.slots.iter().flatten().map(|r| r.name.as_str()).collect();
+            Error::Input(format!("no LoRA adapter named {name:?} is loaded (loaded: {names:?})"))
+        })
+    }
+
+    /// The prompt cache's root for rows of `slot` at its current version.
+    fn salt(&self, slot: usize) -> u64 {
+        let r = self.slots[slot].as_ref().expect("a loaded slot");
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (r.uid, r.version).hash(&mut h);
+        h.finish().max(1)
+    }
+
+    /// The rows of `slot`.
+    fn rows_of(&self, slot: usize) -> Vec<usize> {
+        (0..self.rows.len()).filter(|&r| self.rows[r] == Some(slot)).collect()
+    }
+
+    /// `rows` back on the base model.
+    pub(crate) fn clear_rows(&mut self, rows: &[usize]) {
+        for &r in rows {
+            self.rows[r] = None;
+        }
+    }
+
+    /// `dst` take `src`'s adapter (a fork).
+    pub(crate) fn copy_row(&mut self, src: usize, dst: &[usize]) {
+        for &d in dst {
+            self.rows[d] = self.rows[src];
+        }
+    }
+}
+
+impl Engine {
+    /// Adapters this engine can hold at once ([`crate::EngineOptions::max_loras`]).
+    pub fn max_loras(&self) -> usize {
+        self.lora.slots.len()
+    }
+
+    /// The resident adapters' names and versions, in slot order.
+    pub fn loras(&self) -> Vec<(String, u64)> {
+        self.lora.slots.iter().flatten().map(|r| (r.name.clone(), r.version)).collect()
+    }
+
+    /// The resident adapter named `name`, as its values stand now.
+    pub fn lora(&self, name: &str) -> Option<&LoraAdapter> {
+        self.lora.slots.iter().flatten().find(|r| r.name == name).map(|r| &r.adapter)
+    }
+
+    /// Make `adapter` resident under `name` in a free slot. An engine built without adapter slots,
+    /// a name already loaded, all slots taken, a module of a rank above
+    /// [`crate::EngineOptions::max_lora_rank`], a shape that is not the model's or a value that
+    /// is not finite is an error, and nothing changes.
+    pub fn load_lora(&mut self, name: &str, adapter: &LoraAdapter) -> Result<()> {
+        self.ready()?;
+        let Some(gpu_lora) = self.weights.lora.as_ref() else {
+            return Err(Error::Limit(format!(
+                "adapter {name:?}: this engine holds no LoRA adapters (build it with EngineOptions::max_loras > 0)"
+            )));
+        };
+        if name.is_empty() || self.lora.slot_of(name).is_ok() {
+            return Err(Error::Input(format!("adapter name {name:?} is empty or already loaded")));
+        }
+        let slot = self.lora.slots.iter().position(Option::is_none).ok_or_else(|| {
+            Error::Limit(format!(
+                "adapter {name:?}: all {} LoRA slots are taken (EngineOptions::max_loras); unload one first",
+                self.lora.slots.len()
+            ))
+        })?;
+        gpu_lora.check(&self.cfg, adapter).map_err(|e| Error::Weights(format!("adapter {name:?}: {e}")))?;
+        gpu_lora.write(&self.gpu, slot, adapter, None);
+        self.gpu.queue.submit([]);
+        let uid = self.lora.next_uid;
+        self.lora.next_uid += 1;
+        self.lora.slots[slot] = Some(Resident { name: name.into(), adapter: adapter.clone(), version: 0, uid });
+        Ok(())
+    }
+
+    /// [`Engine::load_lora`] of a PEFT adapter directory (`adapter_config.json` and
+    /// `adapter_model.safetensors`).
+    pub fn load_lora_dir(&mut self, name: &str, dir: impl AsRef<Path>) -> Result<()> {
+        let adapter = LoraAdapter::from_peft_dir(dir.as_ref(), &self.cfg)?;
+        self.load_lora(name, &adapter)
+    }
+
+    /// Free the slot of adapter `name`. Rows that decode with it are an error naming them (reset
+    /// them first), and nothing changes.
+    pub fn unload_lora(&mut self, name: &str) -> Result<()> {
+        let slot = self.lora.slot_of(name)?;
+        let rows = self.lora.rows_of(slot);
+        if !rows.is_empty() {
+            return Err(Error::Input(format!("adapter {name:?} is in use by rows {rows:?}; reset them first")));
+        }
+        if let Some(g) = &self.weights.lora {
+            g.clear(&self.gpu, slot, self.cfg.layers.len());
+        }
+        self.lora.slots[slot] = None;
+        Ok(())
+    }
+
+    /// Replace some of adapter `name`'s `A` and `B` in place (PEFT's names, as
+    /// [`LoraAdapter::updated`] reads them; each module keeps its rank and scale), as a trainer
+    /// pushes only its adapter after a step. Everything is checked before anything is written:
+    /// a module the adapter does not have, a shape for another rank, a name given twice or a value
+    /// that is not finite is an error, and nothing changes. Then the adapter's version rises, and
+    /// its rows holding tokens are kept (and never register prompt-cache blocks again), recomputed
+    /// or reset as `in_flight` says. Rows of other adapters and of the base model are left
+    /// alone, and the prompt cache keeps their prefixes: a row's cached prefix is keyed by its
+    /// adapter and version.
+    pub fn update_lora(&mut self, name: &str, tensors: &[HostTensor], in_flight: InFlight) -> Result<LoraUpdate> {
+        self.ready()?;
+        let slot = self.lora.slot_of(name)?;
+        let resident = self.lora.slots[slot].as_ref().expect("found above");
+        let (adapter, changed) = resident.adapter.updated(tensors, &self.cfg)?;
+        let g = self.weights.lora.as_ref().expect("a loaded adapter has slots");
+        g.check(&self.cfg, &adapter).map_err(|e| Error::Weights(format!("adapter {name:?}: {e}")))?;
+        let bytes = g.write(&self.gpu, slot, &adapter, Some(&changed));
+        self.gpu.queue.submit([]);
+        let resident = self.lora.slots[slot].as_mut().expect("found above");
+        resident.adapter = adapter;
+        resident.version += 1;
+        let version = resident.version;
+        let held: Vec<usize> = self.lora.rows_of(slot).into_iter().filter(|&r| self.cache.position(r) > 0).collect();
+        match in_flight {
+            InFlight::Keep => self.cache.blocks.mark_stale(&held),
+            InFlight::Reset => self.reset(&held)?,
+            InFlight::Recompute => {
+                let salt = self.lora.salt(slot);
+                for &r in &held {
+                    self.cache.blocks.set_salt(r, salt);
+                }
+                self.recompute(&held)?;
+            }
+        }
+        // rows of the adapter that hold nothing yet start on the new version
+        let salt = self.lora.salt(slot);
+        for r in self.lora.rows_of(slot) {
+            if self.cache.position(r) == 0 {
+                self.cache.blocks.set_salt(r, salt);
+            }
+        }
+        Ok(LoraUpdate {
+            version,
+            modules: changed.len(),
+            bytes,
+            rows: if in_flight == InFlight::Keep { Vec::new() } else { held },
+        })
+    }
+
+    /// Make `row` decode with adapter `name`, or the base model (`None`). The row must hold no
+    /// tokens (its K/V would be another model's), unless the adapter stays the same; a reset puts
+    /// a row back on the base model, and a fork's rows take their source's adapter.
+    pub fn set_adapter(&mut self, row: usize, name: Option<&str>) -> Result<()> {
+        self.cache.check_rows(&[row])?;
+        let slot = name.map(|n| self.lora.slot_of(n)).transpose()?;
+        if slot == self.lora.rows[row] {
+            return Ok(());
+        }
+        if self.cache.position(row) > 0 {
+            return Err(Error::Input(format!(
+                "row {row} holds tokens computed with another adapter; reset it before changing its adapter"
+            )));
+        }
+        self.lora.rows[row] = slot;
+        self.cache.blocks.set_salt(row, slot.map_or(0, |s| self.lora.salt(s)));
+        Ok(())
+    }
+
+    /// The adapter `row` decodes with and its version now, or `None` (the base model).
+    pub fn adapter(&self, row: usize) -> Option<(&str, u64)> {
+        let r = self.lora.slots[(*self.lora.rows.get(row)?)?].as_ref()?;
+        Some((&r.name, r.version))
+    }
+}
+
+impl Builder<'_> {
+    /// The adapters' dispatch for targets `first..first + n` of `group` in block `layer`, reading
+    /// `x` (rows of `x_stride`) and adding to `y` from column `y_offset` on (rows of `y_stride`);
+    /// `None` when the engine holds no adapters.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn lora(
+        &self,
+        layer: usize,
+        group: LoraGroup,
+        (first, n): (usize, usize),
+        (x, x_stride): (&wgpu::Buffer, usize),
+        (y, y_stride, y_offset): (&wgpu::Buffer, usize, usize),
+    ) -> Option<Dispatch> {
+        let g = self.gw.lora.as_ref()?;
+        let buf = g.layers[layer][group as usize].as_ref()?;
+        let spec = kernels::Lora {
+            k: buf.k,
+            x_stride,
+            y_stride,
+            y_offset,
+            targets: n,
+            rows_first: buf.rows[first],
+            rows_rest: buf.rows.get(first + 1).copied().unwrap_or(1),
+            t_first: first,
+            group_targets: buf.rows.len(),
+            b_row0: buf.rows[..first].iter().sum(),
+            max_rank: g.max_rank,
+            slot_floats: buf.slot_floats,
+            meta0: layer * g.slots * LoraTarget::ALL.len() + group.targets()[0] as usize,
+        };
+        let s = self.s;
+        Some(self.dispatch(&spec, &[&s.step, &s.row_info, x, y, &buf.buffer, &g.meta], Grid::TokenTiles(spec.tiles())))
+    }
+}

@@ -1,0 +1,68 @@
+//! The typed constants of `lora.wgsl`: one dispatch adds the adapters' `scale * B (A x)` of one or
+//! more targets that read the same input and write the same buffer (`src/gpu/lora.rs` holds the
+//! layout they index).
+
+use super::{Overrides, Specialize};
+use crate::gpu::shaders::{Constants, Kernel};
+
+/// Outputs each lane of `lora.wgsl` sums: a workgroup covers `64 * 4` outputs of one token, so
+/// the token's `A x`, which every workgroup of the token computes, is computed a few times only.
+pub(crate) const LORA_OUTS_PER_LANE: usize = 4;
+
+/// `lora.wgsl` for one dispatch: targets `t_first .. t_first + targets` of a group.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lora {
+    pub k: usize,
+    pub x_stride: usize,
+    pub y_stride: usize,
+    pub y_offset: usize,
+    pub targets: usize,
+    pub rows_first: usize,
+    pub rows_rest: usize,
+    pub t_first: usize,
+    pub group_targets: usize,
+    pub b_row0: usize,
+    pub max_rank: usize,
+    pub slot_floats: usize,
+    pub meta0: usize,
+}
+
+impl Lora {
+    /// Outputs of the dispatch.
+    pub(crate) fn outs(&self) -> usize {
+        self.rows_first + (self.targets - 1) * self.rows_rest
+    }
+
+    /// Workgroups per token.
+    pub(crate) fn tiles(&self) -> usize {
+        self.outs().div_ceil(self.workgroup_size() as usize * LORA_OUTS_PER_LANE)
+    }
+}
+
+impl Specialize for Lora {
+    fn kernel(&self) -> Kernel {
+        Kernel::Lora
+    }
+    fn constants(&self) -> Constants {
+        Overrides::default()
+            .count("K", self.k)
+            .count("X_STRIDE", self.x_stride)
+            .count("Y_STRIDE", self.y_stride)
+            .count("Y_OFFSET", self.y_offset)
+            .count("OUTS", self.outs())
+            .count("TARGETS", self.targets)
+            .count("ROWS_FIRST", self.rows_first)
+            .count("ROWS_REST", self.rows_rest.max(1))
+            .count("T_FIRST", self.t_first)
+            .count("GROUP_TARGETS", self.group_targets)
+            .count("B_ROW0", self.b_row0)
+            .count("MAX_RANK", self.max_rank)
+            .count("SLOT_FLOATS", self.slot_floats)
+            .count("META0", self.meta0)
+            .count("OUTS_PER_LANE", LORA_OUTS_PER_LANE)
+            .0
+    }
+    fn label(&self) -> String {
+        format!("lora_{}x{}_r{}", self.targets, self.outs(), self.max_rank)
+    }
+}

@@ -1,0 +1,239 @@
+//! LoRA adapters on the GPU: room for `slots` adapters of rank up to `max_rank`, set at
+//! `Engine::new`, as one buffer per block and input group (the targets that read one input: q, k
+//! and v; o; gate and up; down) and one table of each slot's rank and scale per target. A slot's
+//! `A` and `B` stay in f32 beside the base weights, which are never changed, so a quantized base
+//! stays quantized and exact. `lora.wgsl` reads this layout.
+
+use crate::error::{Error, Result};
+use crate::gpu::device::Gpu;
+use crate::model::config::ModelConfig;
+use crate::model::lora::{adapts_mlp, LoraAdapter, LoraTarget};
+
+/// The slot index a row without an adapter carries in `RowInfo.lora`.
+pub(crate) const NO_ADAPTER: u32 = u32::MAX;
+
+/// The largest rank a slot can hold (`lora.wgsl` keeps three targets' `A x` of this rank in
+/// workgroup memory).
+pub const MAX_LORA_RANK: usize = 256;
+
+/// The targets that read one input, in [`LoraTarget::ALL`]'s order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LoraGroup {
+    /// q, k and v: the block's (normed) input.
+    AttnIn,
+    /// o: the attention's output.
+    O,
+    /// gate and up: the MLP's (normed) input.
+    MlpIn,
+    /// down: the MLP's activation.
+    Down,
+}
+
+impl LoraGroup {
+    pub(crate) const ALL: [LoraGroup; 4] = [LoraGroup::AttnIn, LoraGroup::O, LoraGroup::MlpIn, LoraGroup::Down];
+
+    /// Its targets, in order.
+    pub(crate) fn targets(self) -> &'static [LoraTarget] {
+        match self {
+            LoraGroup::AttnIn => &[LoraTarget::Q, LoraTarget::K, LoraTarget::V],
+            LoraGroup::O => &[LoraTarget::O],
+            LoraGroup::MlpIn => &[LoraTarget::Gate, LoraTarget::Up],
+            LoraGroup::Down => &[LoraTarget::Down],
+        }
+    }
+
+    /// The group of `target` and its index there.
+    pub(crate) fn of(target: LoraTarget) -> (LoraGroup, usize) {
+        LoraGroup::ALL
+            .into_iter()
+            .find_map(|g| g.targets().iter().position(|&t| t == target).map(|i| (g, i)))
+            .expect("every target is in a group")
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            LoraGroup::AttnIn => "q/k/v",
+            LoraGroup::O => "o",
+            LoraGroup::MlpIn => "gate/up",
+            LoraGroup::Down => "down",
+        }
+    }
+}
+
+/// One block's buffer for one group: per slot, `A [targets, max_rank, k]` then
+/// `B [the targets' rows, max_rank]`.
+pub(crate) struct GroupBuffer {
+    pub(crate) buffer: wgpu::Buffer,
+    /// Input features.
+    pub(crate) k: usize,
+    /// Output rows of each target.
+    pub(crate) rows: Vec<usize>,
+    /// Floats per slot.
+    pub(crate) slot_floats: usize,
+}
+
+impl GroupBuffer {
+    fn floats(k: usize, rows: &[usize], max_rank: usize) -> usize {
+        max_rank * (rows.len() * k + rows.iter().sum::<usize>())
+    }
+
+    /// The first float of target `t`'s `A` in `slot`.
+    fn a_at(&self, slot: usize, t: usize, max_rank: usize) -> usize {
+        slot * self.slot_floats + t * max_rank * self.k
+    }
+
+    /// The first float of target `t`'s `B` in `slot`.
+    fn b_at(&self, slot: usize, t: usize, max_rank: usize) -> usize {
+        slot * self.slot_floats + (self.rows.len() * self.k + self.rows[..t].iter().sum::<usize>()) * max_rank
+    }
+}
+
+/// Every slot's adapters on the GPU.
+pub(crate) struct GpuLora {
+    pub(crate) slots: usize,
+    pub(crate) max_rank: usize,
+    /// `[layers, slots, 7]` of (rank, scale bits); rank 0: the slot leaves that target alone.
+    pub(crate) meta: wgpu::Buffer,
+    /// Per block, per [`LoraGroup::ALL`]: `None` where the block has no such projections to adapt
+    /// (a mixture of experts' MLP).
+    pub(crate) layers: Vec<[Option<GroupBuffer>; 4]>,
+}
+
+/// `(k, rows of each target)` of `group` in block `layer`, if it can be adapted.
+fn group_shape(cfg: &ModelConfig, layer: usize, group: LoraGroup) -> Option<(usize, Vec<usize>)> {
+    if matches!(group, LoraGroup::MlpIn | LoraGroup::Down) && !adapts_mlp(cfg, layer) {
+        return None;
+    }
+    let targets = group.targets();
+    Some((targets[0].dims(cfg, layer).0, targets.iter().map(|t| t.dims(cfg, layer).1).collect()))
+}
+
+impl GpuLora {
+    /// Bytes `slots` adapters of `max_rank` take on the GPU.
+    pub(crate) fn bytes_needed(cfg: &ModelConfig, slots: usize, max_rank: usize) -> u64 {
+        let floats: usize = (0..cfg.layers.len())
+            .flat_map(|l| LoraGroup::ALL.map(|g| group_shape(cfg, l, g)))
+            .flatten()
+            .map(|(k, rows)| slots * GroupBuffer::floats(k, &rows, max_rank))
+            .sum();
+        (floats + cfg.layers.len() * slots * 14) as u64 * 4
+    }
+
+    pub(crate) fn new(gpu: &Gpu, cfg: &ModelConfig, slots: usize, max_rank: usize) -> Result<Self> {
+        if max_rank == 0 || max_rank > MAX_LORA_RANK {
+            return Err(Error::Limit(format!("max_lora_rank {max_rank}: it must be 1 to {MAX_LORA_RANK}")));
+        }
+        let meta = gpu.storage("LoRA ranks and scales", (cfg.layers.len() * slots * 14 * 4) as u64)?;
+        let layers = (0..cfg.layers.len())
+            .map(|l| {
+                let group = |g: LoraGroup| -> Result<Option<GroupBuffer>> {
+                    let Some((k, rows)) = group_shape(cfg, l, g) else { return Ok(None) };
+                    let slot_floats = GroupBuffer::floats(k, &rows, max_rank);
+                    let label = format!("LoRA block {l} {} ({slots} slots of rank {max_rank})", g.name());
+                    let buffer = gpu.storage(&label, (slots * slot_floats * 4) as u64)?;
+                    Ok(Some(GroupBuffer { buffer, k, rows, slot_floats }))
+                };
+                Ok([group(LoraGroup::AttnIn)?, group(LoraGroup::O)?, group(LoraGroup::MlpIn)?, group(LoraGroup::Down)?])
+            })
+            .collect::<Result<_>>()?;
+        Ok(GpuLora { slots, max_rank, meta, layers })
+    }
+
+    /// Every module of `adapter` fits a slot and block `cfg` has its projection; every value is
+    /// finite.
+    pub(crate) fn check(&self, cfg: &ModelConfig, adapter: &LoraAdapter) -> Result<()> {
+        if adapter.layers.len() != cfg.layers.len() {
+            return Err(Error::Weights(format!(
+                "the adapter has {} blocks, the model {}",
+                adapter.layers.len(),
+                cfg.layers.len()
+            )));
+        }
+        for (l, modules) in adapter.layers.iter().enumerate() {
+            for (&target, m) in LoraTarget::ALL.iter().zip(modules) {
+                let Some(m) = m else { continue };
+                let what = || format!("adapter module {target:?} of block {l}");
+                if m.rank == 0 || m.rank > self.max_rank {
+                    return Err(Error::Limit(format!(
+                        "{}: rank {}; this engine's adapters have ranks 1 to {} (EngineOptions::max_lora_rank)",
+                        what(),
+                        m.rank,
+                        self.max_rank
+                    )));
+                }
+                if self.layers[l][LoraGroup::of(target).0 as usize].is_none() {
+                    return Err(Error::Weights(format!("{}: block {l} has no such projection to adapt", what())));
+                }
+                let (k, rows) = target.dims(cfg, l);
+                if m.a.len() != m.rank * k || m.b.len() != rows * m.rank {
+                    return Err(Error::Weights(format!(
+                        "{}: A has {} values and B {}, for rank {} they need {} and {}",
+                        what(),
+                        m.a.len(),
+                        m.b.len(),
+                        m.rank,
+                        m.rank * k,
+                        rows * m.rank
+                    )));
+                }
+                if let Some(v) = m.a.iter().chain(&m.b).chain([&m.scale]).find(|v| !v.is_finite()) {
+                    return Err(Error::Weights(format!("{}: the value {v} is not finite", what())));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Write `adapter` ([`GpuLora::check`]ed) into `slot`: the targets of `only` (block, target),
+    /// or all. Returns the bytes written.
+    pub(crate) fn write(
+        &self,
+        gpu: &Gpu,
+        slot: usize,
+        adapter: &LoraAdapter,
+        only: Option<&[(usize, LoraTarget)]>,
+    ) -> u64 {
+        let (q, r) = (&gpu.queue, self.max_rank);
+        let mut bytes = 0;
+        for (l, modules) in adapter.layers.iter().enumerate() {
+            let mut meta = [0u32; 14];
+            for (&target, m) in LoraTarget::ALL.iter().zip(modules) {
+                let t = target as usize;
+                if let Some(m) = m {
+                    meta[2 * t] = m.rank as u32;
+                    meta[2 * t + 1] = m.scale.to_bits();
+                }
+                if only.is_some_and(|o| !o.contains(&(l, target))) {
+                    continue;
+                }
+                let (Some(m), (g, i)) = (m, LoraGroup::of(target)) else { continue };
+                let Some(buf) = &self.layers[l][g as usize] else { continue };
+                q.write_buffer(&buf.buffer, buf.a_at(slot, i, r) as u64 * 4, bytemuck::cast_slice(&m.a));
+                // B's rows padded to max_rank, so rows stay max_rank apart
+                let mut b = vec![0f32; buf.rows[i] * r];
+                for (dst, src) in b.chunks_mut(r).zip(m.b.chunks(m.rank)) {
+                    dst[..m.rank].copy_from_slice(src);
+                }
+                q.write_buffer(&buf.buffer, buf.b_at(slot, i, r) as u64 * 4, bytemuck::cast_slice(&b));
+                bytes += (m.a.len() + b.len()) as u64 * 4;
+            }
+            q.write_buffer(&self.meta, ((l * self.slots + slot) * 14 * 4) as u64, bytemuck::cast_slice(&meta));
+            bytes += 56;
+        }
+        bytes
+    }
+
+    /// Leave `slot` empty: every target's rank 0.
+    pub(crate) fn clear(&self, gpu: &Gpu, slot: usize, layers: usize) {
+        for l in 0..layers {
+            gpu.queue.write_buffer(&self.meta, ((l * self.slots + slot) * 14 * 4) as u64, &[0u8; 56]);
+        }
+    }
+
+    /// Its buffers, for sleep and wake.
+    pub(crate) fn buffers_mut(&mut self) -> Vec<&mut wgpu::Buffer> {
+        let mut out = vec![&mut self.meta];
+        out.extend(self.layers.iter_mut().flatten().flatten().map(|g| &mut g.buffer));
+        out
+    }
+}
