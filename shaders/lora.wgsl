@@ -78,6 +78,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             acc = fma(ab[b0 + j], ax[i * MAX_RANK + j], acc);
         }
         let at = n * Y_STRIDE + Y_OFFSET + o;
-        y[at] = y[at] + bitcast<f32>(m.y) * acc;
+        y[at] = fma(bitcast<f32>(m.y), acc, y[at]);  // fma: see dot_fma in common.wgsl
     }
 }

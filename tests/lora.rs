@@ -1,9 +1,11 @@
 //! LoRA adapters as PEFT saves them, against transformers + PEFT applied unmerged (fp32, eager):
-//! the adapter read from its directory and applied by the CPU reference gives PEFT's logits at
-//! every one of 300 positions, for each family's own naming (Phi-3's fused q/k/v and gate/up
-//! among them), ranks 1, 8 and 64, rsLoRA with per-module rank and alpha patterns, and an adapter
-//! on q and v only. What kvdecode does not support is refused by name. Fixtures:
-//! scripts/fixtures/make_lora_fixtures.py. (The GPU's application of adapters is not built yet.)
+//! the adapter read from its directory and applied by the CPU reference, and by the GPU beside the
+//! base products, gives PEFT's logits at every one of 300 positions, for each family's own naming
+//! (Phi-3's fused q/k/v and gate/up among them), ranks 1, 8 and 64, rsLoRA with per-module rank
+//! and alpha patterns, and an adapter on q and v only. On the GPU a batch mixes adapters with
+//! each row's bits its own, a trainer's update equals a fresh load, and slots, rows and the
+//! prompt cache keep adapters apart. What kvdecode does not support is refused by name.
+//! Fixtures: scripts/fixtures/make_lora_fixtures.py.
 
 mod common;
 
@@ -137,7 +139,8 @@ fn unsupported_adapters_are_refused_by_name() {
 // ---- on the GPU -------------------------------------------------------------------------------
 
 use common::gpu;
-use kvdecode::{Engine, EngineOptions, InFlight};
+use kvdecode::model::quant::QuantKind;
+use kvdecode::{Engine, EngineOptions, InFlight, Sleep};
 
 /// An engine of `w` with `slots` adapter slots of rank up to 64, `rows` rows of 320 positions.
 fn engine(w: &ModelWeights, rows: usize, slots: usize) -> Engine {
@@ -185,4 +188,205 @@ fn adapters_on_the_gpu_match_peft_at_every_position() {
         println!("{case}: GPU with the adapter vs PEFT {d:.1e} over {} positions", tokens.len());
         assert!(d <= 1e-4, "{case}: {d}");
     }
+}
+
+/// Each row's logits at every position when `rows` take `prompts` side by side in chunks of up
+/// to `width` tokens a row.
+fn side_by_side(e: &mut Engine, rows: &[usize], prompts: &[Vec<u32>], width: usize) -> Vec<Vec<f32>> {
+    let mut out = vec![Vec::new(); rows.len()];
+    let longest = prompts.iter().map(Vec::len).max().unwrap();
+    for at in (0..longest).step_by(width) {
+        let n: Vec<usize> = prompts.iter().map(|p| p.len().saturating_sub(at).min(width)).collect();
+        let mut ids = vec![0u32; rows.len() * width];
+        for (r, p) in prompts.iter().enumerate().filter(|(r, _)| n[*r] > 0) {
+            ids[r * width..][..n[r]].copy_from_slice(&p[at..at + n[r]]);
+        }
+        let got = e.append_all_logits(&ids, width, &n, Some(rows)).unwrap();
+        for (r, g) in got.iter().enumerate() {
+            out[r].extend(g.iter().take(n[r]).flatten());
+        }
+    }
+    out
+}
+
+const ADAPTERS: [Option<&str>; 4] = [None, Some("r1"), Some("r8"), Some("r64")];
+
+fn load_three(e: &mut Engine) {
+    for n in ADAPTERS.into_iter().flatten() {
+        e.load_lora_dir(n, fixtures().join(format!("lora/llama-{n}"))).unwrap();
+    }
+}
+
+/// One step mixes rows of the base model and of three adapters (ranks 1, 8 and 64): each row's
+/// logits at every position are its bits alone, whatever its neighbours and its chunking; a row
+/// on the base model has the bits of an engine built without adapter slots; and the adapters
+/// change what they should (each adapted row differs from the base).
+#[test]
+fn a_batch_mixing_adapters_gives_each_row_its_alone_bits() {
+    let w = base("llama");
+    let mut rng = kvdecode::SplitMix64(common::seed(36));
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| (0..30 + 7 * i).map(|_| rng.below(128) as u32).collect()).collect();
+    let mut e = engine(&w, 4, 3);
+    load_three(&mut e);
+    for (row, a) in ADAPTERS.iter().enumerate() {
+        e.set_adapter(row, *a).unwrap();
+    }
+    // alone: one row at a time, 31 tokens a chunk
+    let alone: Vec<Vec<f32>> =
+        (0..4).map(|r| side_by_side(&mut e, &[r], std::slice::from_ref(&prompts[r]), 31).remove(0)).collect();
+    e.reset(&[0, 1, 2, 3]).unwrap();
+    assert_eq!(e.adapter(1), None, "a reset puts the row back on the base model");
+    // together, in another order and chunking: rows 3, 1, 0, 2, 13 tokens a chunk
+    let order = [3, 1, 0, 2];
+    for &row in &order {
+        e.set_adapter(row, ADAPTERS[row]).unwrap();
+    }
+    let ordered: Vec<Vec<u32>> = order.iter().map(|&r| prompts[r].clone()).collect();
+    let together = side_by_side(&mut e, &order, &ordered, 13);
+    for (k, &row) in order.iter().enumerate() {
+        assert!(together[k] == alone[row], "row {row} ({:?}): its logits depend on its batch", ADAPTERS[row]);
+    }
+    // the base model's row: the bits of an engine with no adapter slots at all
+    let mut plain =
+        Engine::new(&gpu(), &w, EngineOptions { beyond_trained_context: true, ..EngineOptions::new(1, 320) }).unwrap();
+    let base_bits = side_by_side(&mut plain, &[0], std::slice::from_ref(&prompts[0]), 64).remove(0);
+    assert!(alone[0] == base_bits, "a row without an adapter must give the base model's bits");
+    for row in 1..4 {
+        let base_row = side_by_side(&mut plain, &[0], std::slice::from_ref(&prompts[row]), 64).remove(0);
+        plain.reset(&[0]).unwrap();
+        let d = max_abs_diff(&alone[row], &base_row);
+        assert!(d > 0.1, "row {row}: the adapter changes nothing ({d})");
+    }
+}
+
+fn views(t: &[Owned]) -> Vec<HostTensor<'_>> {
+    t.iter().map(|(n, s, v)| HostTensor::f32(n.clone(), s, v)).collect()
+}
+
+/// A trainer's push: `update_lora` with two of llama-r8's tensors changed gives the bits of a fresh
+/// engine loaded with the changed adapter, on an f32 and a Q4_1 base: for a row recomputed in
+/// flight and for a row started after. Another adapter's row is left alone, and every bad update
+/// is refused with nothing changed.
+#[test]
+fn update_lora_equals_a_fresh_load_and_bad_updates_change_nothing() {
+    let (config, tensors) = llama_adapter(|_| {});
+    let pushed_names = ["layers.1.self_attn.q_proj.lora_A", "layers.0.mlp.down_proj.lora_B"];
+    let pushed: Vec<Owned> = tensors
+        .iter()
+        .filter(|t| pushed_names.iter().any(|n| t.0.contains(n)))
+        .map(|(n, s, v)| (n.clone(), s.clone(), v.iter().map(|x| 0.01 - 1.5 * x).collect()))
+        .collect();
+    assert_eq!(pushed.len(), 2);
+    let merged: Vec<Owned> = tensors.iter().map(|t| pushed.iter().find(|p| p.0 == t.0).unwrap_or(t).clone()).collect();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 % 128) as u32).collect();
+    let edited = |f: &dyn Fn(&mut Owned)| {
+        let mut t = pushed.clone();
+        f(&mut t[0]);
+        t
+    };
+    let bad: Vec<(Vec<Owned>, &str)> = vec![
+        (edited(&|t| t.1 = vec![8, 32]), "shape"),
+        (edited(&|t| t.1 = vec![4, 64]), "rank 8, as loaded"),
+        (edited(&|t| t.0 = t.0.replace("_proj.", "_projx.")), "not a projection"),
+        (edited(&|t| t.2[5] = f32::INFINITY), "not finite"),
+        ([pushed.clone(), pushed[..1].to_vec()].concat(), "given twice"),
+    ];
+    for (label, w) in [("f32", base("llama")), ("q4_1", base("llama").quantized(QuantKind::Q4_1).unwrap())] {
+        let old = LoraAdapter::from_peft(&config, &views(&tensors), &w.cfg).unwrap();
+        let new = LoraAdapter::from_peft(&config, &views(&merged), &w.cfg).unwrap();
+        let mut fresh = engine(&w, 1, 1);
+        fresh.load_lora("a", &new).unwrap();
+        fresh.set_adapter(0, Some("a")).unwrap();
+        let want = all_positions(&mut fresh, 0, &prompt, 40);
+        let mut e = engine(&w, 4, 2);
+        e.load_lora("a", &old).unwrap();
+        e.load_lora("b", &old).unwrap();
+        for (row, a) in [(0, "a"), (1, "b"), (2, "a"), (3, "b")] {
+            e.set_adapter(row, Some(a)).unwrap();
+        }
+        let half = side_by_side(&mut e, &[0, 1], &[prompt[..20].to_vec(), prompt[..20].to_vec()], 20);
+        assert!(half[0] == half[1], "{label}: two slots of one adapter give the same bits");
+        let probe = all_positions(&mut e, 2, &prompt, 40);
+        for (tensors, want_err) in &bad {
+            let err = e.update_lora("a", &views(tensors), InFlight::Recompute).unwrap_err().to_string();
+            assert!(err.contains(want_err), "{label}: {want_err}: {err}");
+        }
+        assert_eq!((e.adapter(0), e.lora("a")), (Some(("a", 0)), Some(&old)), "{label}: a refused update changed it");
+        e.reset(&[2]).unwrap();
+        e.set_adapter(2, Some("a")).unwrap();
+        assert!(all_positions(&mut e, 2, &prompt, 40) == probe, "{label}: a refused update changed the GPU's adapter");
+        let up = e.update_lora("a", &views(&pushed), InFlight::Recompute).unwrap();
+        assert_eq!((up.version, up.modules, up.rows.clone()), (1, 2, vec![0, 2]), "{label}");
+        assert_eq!(e.adapter(0), Some(("a", 1)));
+        // row 0 was recomputed from its 20 tokens: going on gives the fresh engine's bits
+        let vocab = w.cfg.vocab;
+        let rest = all_positions(&mut e, 0, &prompt[20..], 20);
+        assert!(rest[..] == want[20 * vocab..], "{label}: a recomputed row differs from a fresh engine");
+        e.reset(&[2]).unwrap();
+        e.set_adapter(2, Some("a")).unwrap();
+        assert!(all_positions(&mut e, 2, &prompt, 40) == want, "{label}: a new row differs from a fresh engine");
+        // adapter b's row goes on with b's values, as row 3 (b, from the start) computes them
+        let b_rest = all_positions(&mut e, 1, &prompt[20..], 20);
+        assert!(b_rest[..] == all_positions(&mut e, 3, &prompt, 40)[20 * vocab..], "{label}: b's row changed");
+        assert!(max_abs_diff(&b_rest, &rest) > 1e-3, "{label}: the update changed nothing");
+    }
+    // an update names only modules the adapter has
+    let qwen3 = base("qwen3").cfg;
+    let qv = LoraAdapter::from_peft_dir(fixtures().join("lora/qwen3-qv"), &qwen3).unwrap();
+    let k =
+        [("base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight".to_string(), vec![8, 64], vec![0.0; 512])];
+    let err = qv.updated(&views(&k), &qwen3).unwrap_err().to_string();
+    assert!(err.contains("is not in this adapter"), "{err}");
+}
+
+/// Slots are bounded and named in every refusal; a row's adapter is fixed while it holds tokens,
+/// follows its forks and is cleared by a reset; the prompt cache shares a prefix only between
+/// rows of one adapter; sleep and wake keep the adapters.
+#[test]
+fn slots_rows_and_the_prompt_cache_keep_adapters_apart() {
+    let w = base("llama");
+    let dir = |n: &str| fixtures().join(format!("lora/llama-{n}"));
+    let plain = EngineOptions { beyond_trained_context: true, ..EngineOptions::new(1, 320) };
+    let mut none = Engine::new(&gpu(), &w, plain).unwrap();
+    let err = none.load_lora_dir("r8", dir("r8")).unwrap_err().to_string();
+    assert!(err.contains("max_loras"), "{err}");
+    let mut low = Engine::new(&gpu(), &w, EngineOptions { max_loras: 1, max_lora_rank: 8, ..plain }).unwrap();
+    let err = low.load_lora_dir("r64", dir("r64")).unwrap_err().to_string();
+    assert!(err.contains("rank 64") && err.contains("max_lora_rank"), "{err}");
+    let mut e = engine(&w, 4, 2);
+    e.load_lora_dir("r1", dir("r1")).unwrap();
+    assert!(e.load_lora_dir("r1", dir("r8")).unwrap_err().to_string().contains("already loaded"));
+    e.load_lora_dir("r8", dir("r8")).unwrap();
+    let err = e.load_lora_dir("r64", dir("r64")).unwrap_err().to_string();
+    assert!(err.contains("all 2 LoRA slots are taken"), "{err}");
+    assert!(e.set_adapter(0, Some("r64")).unwrap_err().to_string().contains("no LoRA adapter named"));
+    assert_eq!(e.loras(), [("r1".to_string(), 0), ("r8".to_string(), 0)]);
+    // three blocks of 16 positions and a tail
+    let prompt: Vec<u32> = (0..53).map(|i| (i * 11 % 128) as u32).collect();
+    e.set_adapter(0, Some("r1")).unwrap();
+    let first = e.append(&prompt, prompt.len(), &[prompt.len()], Some(&[0])).unwrap();
+    assert!(e.set_adapter(0, Some("r8")).unwrap_err().to_string().contains("reset it"));
+    e.set_adapter(1, Some("r8")).unwrap();
+    assert_eq!(e.reuse_prefix(1, &prompt).unwrap(), 0, "another adapter's prefix is not this row's");
+    assert_eq!(e.reuse_prefix(2, &prompt).unwrap(), 0, "an adapter's prefix is not the base model's");
+    e.set_adapter(3, Some("r1")).unwrap();
+    let kept = e.reuse_prefix(3, &prompt).unwrap();
+    assert_eq!(kept, 48, "the same adapter shares the prefix");
+    let again = e.append(&prompt[kept..], prompt.len() - kept, &[prompt.len() - kept], Some(&[3])).unwrap();
+    assert!(again.row(0) == first.row(0), "a reused prefix gives the row's own bits");
+    let err = e.unload_lora("r1").unwrap_err().to_string();
+    assert!(err.contains("in use by rows [0, 3]"), "{err}");
+    // forks take their source's adapter; a sleep keeps the adapters on the host and back
+    e.reset(&[1, 2, 3]).unwrap();
+    e.fork(0, &[3]).unwrap();
+    assert_eq!(e.adapter(3), Some(("r1", 0)));
+    let step = e.append(&[7], 1, &[1], Some(&[3])).unwrap();
+    e.sleep(Sleep::ALL).unwrap();
+    e.wake().unwrap();
+    let woken = e.append(&[7], 1, &[1], Some(&[0])).unwrap();
+    assert!(woken.row(0) == step.row(0), "sleep and wake keep the adapter");
+    e.reset(&[0, 3]).unwrap();
+    e.unload_lora("r1").unwrap();
+    e.load_lora_dir("r64", dir("r64")).unwrap();
+    assert_eq!(e.loras(), [("r64".to_string(), 0), ("r8".to_string(), 0)], "the freed slot is taken again");
 }

@@ -49,6 +49,21 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
             &[("K", 64.0), ("X_STRIDE", 64.0), ("O_ROWS", 96.0), ("OUT_STRIDE", 96.0), ("W_FORMAT", 2.0)]
         }
         Kernel::MoeRoute => &[("EXPERTS", 8.0), ("TOP_K", 2.0), ("ROUTE_STRIDE", 4.0), ("ROUTE_OFFSET", 2.0)],
+        Kernel::Lora => &[
+            ("K", 64.0),
+            ("X_STRIDE", 64.0),
+            ("Y_STRIDE", 128.0),
+            ("Y_OFFSET", 0.0),
+            ("OUTS", 128.0),
+            ("TARGETS", 3.0),
+            ("ROWS_FIRST", 64.0),
+            ("T_FIRST", 0.0),
+            ("GROUP_TARGETS", 3.0),
+            ("B_ROW0", 0.0),
+            ("MAX_RANK", 16.0),
+            ("SLOT_FLOATS", 5120.0),
+            ("META0", 0.0),
+        ],
     }
 }
 
