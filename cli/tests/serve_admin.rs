@@ -354,3 +354,113 @@ fn weights_in_the_body_are_checked_by_their_digest() {
     let (status, v) = post_bytes(s.port, "/v1/weights", &format!("{octet}X-Weights-SHA256: {digest_big}\r\n"), &big);
     assert_eq!(status, 413, "{v}");
 }
+
+/// A PEFT adapter folder for the test model: rank 4 on every projection, seeded values; returns
+/// its path.
+fn adapter_dir(dir: &std::path::Path, name: &str, seed: u64) -> String {
+    use kvdecode::model::lora::LoraTarget;
+    let cfg = kvdecode::io::gguf::GgufFile::open(MODEL).unwrap().weights().unwrap().cfg;
+    let module = |t: LoraTarget| match t {
+        LoraTarget::Q => "self_attn.q_proj",
+        LoraTarget::K => "self_attn.k_proj",
+        LoraTarget::V => "self_attn.v_proj",
+        LoraTarget::O => "self_attn.o_proj",
+        LoraTarget::Gate => "mlp.gate_proj",
+        LoraTarget::Up => "mlp.up_proj",
+        LoraTarget::Down => "mlp.down_proj",
+    };
+    let (rank, mut rng) = (4, kvdecode::SplitMix64(seed));
+    let (mut header, mut data) = (serde_json::Map::new(), Vec::<u8>::new());
+    for layer in 0..cfg.layers.len() {
+        for t in LoraTarget::ALL {
+            let (k, rows) = t.dims(&cfg, layer);
+            for (half, shape) in [("A", [rank, k]), ("B", [rows, rank])] {
+                let n = shape[0] * shape[1];
+                let name = format!("base_model.model.model.layers.{layer}.{}.lora_{half}.weight", module(t));
+                header.insert(
+                    name,
+                    json!({"dtype": "F32", "shape": shape, "data_offsets": [data.len(), data.len() + 4 * n]}),
+                );
+                data.extend((0..n).flat_map(|_| (0.3 * rng.normal()).to_le_bytes()));
+            }
+        }
+    }
+    let path = dir.join(name);
+    std::fs::create_dir_all(&path).unwrap();
+    let header = serde_json::to_vec(&Value::Object(header)).unwrap();
+    let file = [&(header.len() as u64).to_le_bytes()[..], &header, &data].concat();
+    std::fs::write(path.join("adapter_model.safetensors"), file).unwrap();
+    let config = json!({"peft_type": "LORA", "r": rank, "lora_alpha": 8});
+    std::fs::write(path.join("adapter_config.json"), config.to_string()).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// LoRA on the server, as vLLM serves it: `--lora NAME=PATH` at start, `"model": NAME` picks the
+/// adapter (an unknown name is a 404), /v1/models lists the adapters, the admin key loads and
+/// unloads them while the server runs (folders under --weights-dir only), and 8 concurrent
+/// requests over the base model and two adapters each get their alone answer.
+#[test]
+fn adapters_are_picked_by_model_name_and_loaded_while_serving() {
+    let wd = WeightsDir::new("lora");
+    let a = adapter_dir(&wd.0, "a", 1);
+    let b = adapter_dir(&wd.0, "b", 2);
+    let lora_a = format!("a={a}");
+    let s = start(&["--lora", &lora_a, "--max-loras", "3", "--admin-key", ADMIN, "--weights-dir", wd.arg()]);
+    let ids = |port| {
+        let (_, _, body) = http(port, "GET", "/v1/models", "");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    let served = ids(s.port);
+    assert_eq!(served[1..], ["a"]);
+    let ask = |model: &str| {
+        let body = json!({"model": model, "messages": [{"role": "user", "content": "hello there"}],
+                          "max_tokens": 8, "temperature": 0, "logprobs": true});
+        let (status, v) = post(s.port, "/v1/chat/completions", body);
+        assert_eq!(status, 200, "{model}: {v}");
+        let lp: Vec<f64> = v["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["logprob"].as_f64().unwrap())
+            .collect();
+        (v["model"].as_str().unwrap().to_string(), text(&v, 0), lp)
+    };
+    let base = ask(&served[0]);
+    let with_a = ask("a");
+    assert_eq!(with_a.0, "a", "the response names the adapter");
+    assert_ne!(base.2, with_a.2, "the adapter changes the logprobs");
+    let (status, v) =
+        post(s.port, "/v1/chat/completions", json!({"model": "zzz", "messages": [{"role": "user", "content": "x"}]}));
+    assert_eq!((status, v["error"]["param"].as_str()), (404, Some("model")), "{v}");
+    // load b while serving; outside the weights folder is refused
+    let (status, v) = post_admin(s.port, "/v1/load_lora_adapter", json!({"lora_name": "b", "lora_path": "/etc"}));
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = post_key(s.port, "/v1/load_lora_adapter", json!({"lora_name": "b", "lora_path": b}));
+    assert_eq!(status, 401, "the API key is not the admin key: {v}");
+    let (status, v) = post_admin(s.port, "/v1/load_lora_adapter", json!({"lora_name": "b", "lora_path": b}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(ids(s.port)[1..], ["a", "b"]);
+    let with_b = ask("b");
+    assert_ne!(with_b.2, with_a.2);
+    // 8 at once over three models: each its alone answer
+    let models = [&served[0], "a", "b", "a", &served[0], "b", "b", "a"];
+    let got: Vec<_> = std::thread::scope(|sc| {
+        let handles: Vec<_> = models.iter().map(|m| sc.spawn(move || ask(m))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (m, g) in models.iter().zip(&got) {
+        let alone = match *m {
+            "a" => &with_a,
+            "b" => &with_b,
+            _ => &base,
+        };
+        assert_eq!((&g.1, &g.2), (&alone.1, &alone.2), "{m}: its answer depends on the other requests");
+    }
+    let (status, v) = post_admin(s.port, "/v1/unload_lora_adapter", json!({"lora_name": "a"}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(ids(s.port)[1..], ["b"]);
+    let (status, _) =
+        post(s.port, "/v1/chat/completions", json!({"model": "a", "messages": [{"role": "user", "content": "x"}]}));
+    assert_eq!(status, 404, "an unloaded adapter is gone");
+}

@@ -194,7 +194,7 @@ impl Engine {
 impl Engine {
     #[new]
     #[pyo3(signature = (model, rows, max_len, *, kv="f32", weights="f32", rollback=8, beyond_trained_context=false,
-        block_len=16, pool_blocks=None, prompt_cache=true, record_routes=false))]
+        block_len=16, pool_blocks=None, prompt_cache=true, record_routes=false, max_loras=0, max_lora_rank=16))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         py: Python<'_>,
@@ -209,6 +209,8 @@ impl Engine {
         pool_blocks: Option<usize>,
         prompt_cache: bool,
         record_routes: bool,
+        max_loras: usize,
+        max_lora_rank: usize,
     ) -> PyResult<Self> {
         let opts = kvdecode::EngineOptions {
             kv: kv_dtype(kv)?,
@@ -219,6 +221,8 @@ impl Engine {
             pool_blocks,
             prompt_cache,
             record_routes,
+            max_loras,
+            max_lora_rank,
             ..kvdecode::EngineOptions::new(rows, max_len)
         };
         let gpu = default_gpu(py)?;
@@ -475,16 +479,74 @@ impl Engine {
         in_flight: &str,
     ) -> PyResult<(u64, usize, u64, Vec<String>)> {
         let mode = kvdecode::InFlight::parse(in_flight).map_err(to_py)?;
-        let mut host = Vec::with_capacity(tensors.len());
-        for (name, dtype, shape, data) in &tensors {
-            let dtype = kvdecode::HostDtype::parse(dtype).map_err(|e| invalid(format!("tensor `{name}`: {e}")))?;
-            let bytes =
-                data.as_slice().map_err(|_| invalid(format!("tensor `{name}`: its bytes are not contiguous")))?;
-            host.push(kvdecode::HostTensor { name: name.clone(), shape: shape.clone(), dtype, bytes });
-        }
+        let host = host_tensors(&tensors)?;
         let e = &mut self.inner;
         let r = py.detach(|| e.update_weights(&host, mode)).map_err(to_py)?;
         Ok((r.version, r.tensors, r.bytes, r.ignored))
+    }
+
+    /// Make a PEFT adapter resident under `name`: from `config_json` (adapter_config.json's
+    /// object) and its tensors by PEFT's names, as `load_weights` takes them.
+    fn load_lora(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+        config_json: &str,
+        tensors: Vec<(String, String, Vec<usize>, PyReadonlyArray1<'_, u8>)>,
+    ) -> PyResult<()> {
+        let config: serde_json::Value =
+            serde_json::from_str(config_json).map_err(|e| invalid(format!("adapter config: not JSON: {e}")))?;
+        let host = host_tensors(&tensors)?;
+        let e = &mut self.inner;
+        py.detach(|| {
+            let adapter = kvdecode::LoraAdapter::from_peft(&config, &host, e.config())?;
+            e.load_lora(name, &adapter)
+        })
+        .map_err(to_py)
+    }
+
+    /// Make the PEFT adapter folder `path` resident under `name`.
+    fn load_lora_dir(&mut self, py: Python<'_>, name: &str, path: std::path::PathBuf) -> PyResult<()> {
+        let e = &mut self.inner;
+        py.detach(|| e.load_lora_dir(name, &path)).map_err(to_py)
+    }
+
+    /// Replace some of adapter `name`'s tensors in place; returns (version, modules, bytes, rows).
+    #[pyo3(signature = (name, tensors, in_flight="keep"))]
+    fn update_lora(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+        tensors: Vec<(String, String, Vec<usize>, PyReadonlyArray1<'_, u8>)>,
+        in_flight: &str,
+    ) -> PyResult<(u64, usize, u64, Vec<usize>)> {
+        let mode = kvdecode::InFlight::parse(in_flight).map_err(to_py)?;
+        let host = host_tensors(&tensors)?;
+        let e = &mut self.inner;
+        let r = py.detach(|| e.update_lora(name, &host, mode)).map_err(to_py)?;
+        Ok((r.version, r.modules, r.bytes, r.rows))
+    }
+
+    /// Free adapter `name`'s slot (an error while rows use it).
+    fn unload_lora(&mut self, name: &str) -> PyResult<()> {
+        self.inner.unload_lora(name).map_err(to_py)
+    }
+
+    /// Make the empty `row` decode with adapter `name`, or the base model (`None`).
+    #[pyo3(signature = (row, name=None))]
+    fn set_adapter(&mut self, row: usize, name: Option<&str>) -> PyResult<()> {
+        self.inner.set_adapter(row, name).map_err(to_py)
+    }
+
+    /// `(name, version)` of `row`'s adapter, or `None`.
+    fn adapter(&self, row: usize) -> Option<(String, u64)> {
+        self.inner.adapter(row).map(|(n, v)| (n.to_string(), v))
+    }
+
+    /// The resident adapters' `(name, version)`.
+    #[getter]
+    fn loras(&self) -> Vec<(String, u64)> {
+        self.inner.loras()
     }
 
     /// Replace weights from a file or directory (safetensors, a Hugging Face directory, GGUF).
@@ -531,4 +593,17 @@ impl Engine {
         let c = self.inner.cache();
         format!("Engine(rows={}, max_len={}, kv={:?}, nbytes={})", c.rows(), c.max_len(), c.dtype().name(), c.nbytes())
     }
+}
+
+/// `(name, dtype, shape, bytes)` from the Python layer as host tensors (no copy).
+fn host_tensors<'a>(
+    tensors: &'a [(String, String, Vec<usize>, PyReadonlyArray1<'_, u8>)],
+) -> PyResult<Vec<kvdecode::HostTensor<'a>>> {
+    let mut host = Vec::with_capacity(tensors.len());
+    for (name, dtype, shape, data) in tensors {
+        let dtype = kvdecode::HostDtype::parse(dtype).map_err(|e| invalid(format!("tensor `{name}`: {e}")))?;
+        let bytes = data.as_slice().map_err(|_| invalid(format!("tensor `{name}`: its bytes are not contiguous")))?;
+        host.push(kvdecode::HostTensor { name: name.clone(), shape: shape.clone(), dtype, bytes });
+    }
+    Ok(host)
 }

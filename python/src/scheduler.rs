@@ -22,6 +22,9 @@ pub struct Completion {
     /// The weights version each id was sampled under (`Engine.weights_version` then).
     #[pyo3(get)]
     weights_versions: Vec<u64>,
+    /// Its adapter's version for each id (`Engine.update_lora`); empty on the base model.
+    #[pyo3(get)]
+    adapter_versions: Vec<u64>,
     /// Why it ended: `"stop"`, `"length"`, `"cancelled"` or `"constraint_error"`.
     #[pyo3(get)]
     finish: &'static str,
@@ -48,6 +51,7 @@ impl From<&kvdecode::Completion> for Completion {
             tokens: c.tokens.clone(),
             logprobs: c.logprobs.clone(),
             weights_versions: c.weights_versions.clone(),
+            adapter_versions: c.adapter_versions.clone(),
             finish: match c.finish {
                 Finish::Stop => "stop",
                 Finish::Length => "length",
@@ -99,7 +103,7 @@ impl Token {
 /// What one step reported, in order (built with the GIL released, turned into objects after).
 enum Reported {
     Token(usize, u32, f32, u64),
-    Done(kvdecode::Completion),
+    Done(Box<kvdecode::Completion>),
 }
 
 /// Requests served by the rows of one engine (see `kvdecode.Scheduler`).
@@ -153,7 +157,7 @@ impl Scheduler {
     }
 
     /// Queue a request; returns its id.
-    #[pyo3(signature = (tokens, max_new, stop, sampler, logit_bias, presence_penalty, frequency_penalty, return_routes=false))]
+    #[pyo3(signature = (tokens, max_new, stop, sampler, logit_bias, presence_penalty, frequency_penalty, return_routes=false, adapter=None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn submit(
         &mut self,
@@ -165,15 +169,17 @@ impl Scheduler {
         presence_penalty: f32,
         frequency_penalty: f32,
         return_routes: bool,
+        adapter: Option<String>,
     ) -> PyResult<usize> {
         let mut req = request(tokens, max_new, stop, logit_bias, presence_penalty, frequency_penalty)?;
         req.sampler = samplers(sampler, 1)?[0];
         req.return_routes = return_routes;
+        req.adapter = adapter;
         self.sched()?.submit(req).map_err(to_py)
     }
 
     /// Queue requests sharing one prompt, one per sampler; returns their ids.
-    #[pyo3(signature = (tokens, max_new, stop, samplers, logit_bias, presence_penalty, frequency_penalty, return_routes=false))]
+    #[pyo3(signature = (tokens, max_new, stop, samplers, logit_bias, presence_penalty, frequency_penalty, return_routes=false, adapter=None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn submit_group(
         &mut self,
@@ -185,9 +191,11 @@ impl Scheduler {
         presence_penalty: f32,
         frequency_penalty: f32,
         return_routes: bool,
+        adapter: Option<String>,
     ) -> PyResult<Vec<usize>> {
         let mut req = request(tokens, max_new, stop, logit_bias, presence_penalty, frequency_penalty)?;
         req.return_routes = return_routes;
+        req.adapter = adapter;
         let n = samplers.len().map_err(|_| invalid("samplers: expected a sequence of Samplers"))?;
         let s = crate::engine::samplers(Some(samplers), n)?;
         self.sched()?.submit_group(req, &s).map_err(to_py)
@@ -206,7 +214,7 @@ impl Scheduler {
                     kvdecode::Event::Token { id, token, logprob, weights_version, .. } => {
                         reported.push(Reported::Token(id, token, logprob, weights_version))
                     }
-                    kvdecode::Event::Done(c) => reported.push(Reported::Done(c.clone())),
+                    kvdecode::Event::Done(c) => reported.push(Reported::Done(Box::new(c.clone()))),
                 })?;
                 Ok::<_, kvdecode::Error>((reported, more))
             })
@@ -217,7 +225,7 @@ impl Scheduler {
                 Reported::Token(id, token, logprob, weights_version) => {
                     Ok(Py::new(py, Token { id, token, logprob, weights_version })?.into_any())
                 }
-                Reported::Done(c) => Ok(Py::new(py, Completion::from(&c))?.into_any()),
+                Reported::Done(c) => Ok(Py::new(py, Completion::from(&*c))?.into_any()),
             })
             .collect::<PyResult<_>>()?;
         Ok((events, more))

@@ -440,3 +440,66 @@ def test_hugging_face_families_match_transformers(family):
     engine.reset()
     got = [engine.append(tokens[None, :16])[0]] + [engine.append([[t]])[0] for t in tokens[16:24]]
     assert np.abs(np.stack(got) - want[15:24]).max() <= 1e-4
+
+
+def _safetensors(path):
+    """A safetensors file's f32 tensors by name (the format: a length, a JSON header, the data)."""
+    import json
+    import struct
+
+    raw = Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, h in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = h["data_offsets"]
+        assert h["dtype"] == "F32"
+        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(h["shape"])
+    return out
+
+
+def test_lora_from_a_folder_or_a_state_dict_and_pushed_by_a_trainer():
+    """A PEFT adapter loads from its folder or as a state dict with its config, both giving PEFT's
+    logits (the fixtures of tests/lora.rs); a scheduler's requests pick it by name beside the base
+    model; `update_lora` pushes new tensors and the adapter's version rises."""
+    import json
+
+    d = ROOT / "tests/fixtures/lora/llama-r8"
+    model = kvdecode.load(ROOT / "tests/fixtures/hf/llama")
+    tokens = np.load(d / "tokens.npy").reshape(-1)[:48]
+    want = np.load(d / "logits.npy").reshape(len(np.load(d / "tokens.npy").reshape(-1)), -1)[47]
+    engine = kvdecode.Engine(model, rows=3, max_len=64, max_loras=2)
+    engine.load_lora("dir", d)
+    state = _safetensors(d / "adapter_model.safetensors")
+    config = json.loads((d / "adapter_config.json").read_text())
+    engine.load_lora("dict", state, config=config)
+    assert engine.loras == [("dir", 0), ("dict", 0)]
+    with pytest.raises(kvdecode.Error, match="max_loras"):
+        engine.load_lora("third", d)
+    engine.set_adapter(0, "dir")
+    engine.set_adapter(1, "dict")
+    got = engine.append(np.stack([tokens, tokens, tokens]))
+    assert np.abs(got[0] - want).max() <= 1e-4
+    assert np.array_equal(got[0], got[1])
+    assert np.abs(got[2] - want).max() > 0.1, "row 2 is on the base model"
+    assert engine.adapter(1) == ("dict", 0)
+    # the scheduler: requests name their adapter; the base model's request has none
+    engine.reset()
+    sched = kvdecode.Scheduler(engine)
+    ids = [sched.submit(tokens[:20], max_new=4, adapter=a) for a in ("dir", None, "dict")]
+    done = {c.id: c for c in sched.run()}
+    assert done[ids[0]].tokens == done[ids[2]].tokens
+    assert done[ids[0]].adapter_versions == [0] * 4 and done[ids[1]].adapter_versions == []
+    # a trainer's push: every B of block 0 scaled; the version rises and the logits move
+    pushed = {k: v * 2 for k, v in state.items() if "layers.0." in k and "lora_B" in k}
+    assert engine.update_lora("dict", pushed) == 1
+    engine.reset()  # back on the base model: each row names its adapter again
+    engine.set_adapter(0, "dir")
+    engine.set_adapter(1, "dict")
+    again = engine.append(np.stack([tokens, tokens, tokens]))
+    assert np.array_equal(again[0], got[0]) and not np.array_equal(again[1], got[1])
+    with pytest.raises(kvdecode.Error, match="not finite"):
+        engine.update_lora("dict", {k: v * np.nan for k, v in pushed.items()})
+    assert engine.loras == [("dir", 0), ("dict", 1)]

@@ -39,6 +39,7 @@ struct Active {
     logprobs: Vec<f32>,
     top_logprobs: Vec<Vec<(u32, f32)>>,
     weights_versions: Vec<u64>,
+    adapter_versions: Vec<u64>,
     /// Members of a group that wait for this row's prefill, then fork from it (row, request).
     followers: Vec<(usize, Queued)>,
     /// Tokens generated so far (presence / frequency penalties).
@@ -69,6 +70,7 @@ impl Active {
             logprobs: Vec::new(),
             top_logprobs: Vec::new(),
             weights_versions: Vec::new(),
+            adapter_versions: Vec::new(),
             followers,
             seen: Default::default(),
             submitted,
@@ -108,6 +110,7 @@ impl Active {
             logprobs: self.logprobs,
             top_logprobs: self.top_logprobs,
             weights_versions: self.weights_versions,
+            adapter_versions: self.adapter_versions,
             finish,
             error: None,
             routes: None,
@@ -205,6 +208,15 @@ impl Scheduler {
         Ok(ids)
     }
 
+    /// Whether a queued, preempted or running request names adapter `name`: it must stay
+    /// loaded until they are done (a server refuses to unload it until then).
+    pub fn uses_adapter(&self, name: &str) -> bool {
+        let named = |r: &Request| r.adapter.as_deref() == Some(name);
+        self.queue.iter().flatten().any(|q| named(&q.1))
+            || self.preempted.iter().any(|a| named(&a.req))
+            || self.rows.iter().flatten().any(|a| named(&a.req) || a.followers.iter().any(|f| named(&f.1 .1)))
+    }
+
     /// Stop request `id` now: a queued request leaves the queue, a running one frees its row at
     /// once (its completion, with the tokens so far, comes back with [`Finish::Cancelled`]).
     /// `None` if no such request is queued or running.
@@ -220,6 +232,7 @@ impl Scheduler {
                     logprobs: Vec::new(),
                     top_logprobs: Vec::new(),
                     weights_versions: Vec::new(),
+                    adapter_versions: Vec::new(),
                     finish: Finish::Cancelled,
                     error: None,
                     routes: None,
@@ -451,10 +464,13 @@ impl Scheduler {
             let token = got.token;
             a.first_token.get_or_insert_with(|| a.submitted.elapsed());
             let weights_version = engine.weights_version();
-            on_event(Event::Token { id: a.id, token, logprob: got.logprob, top: &got.top, weights_version });
+            let adapter_version = engine.adapter(r).map(|a| a.1);
+            let top = &got.top;
+            on_event(Event::Token { id: a.id, token, logprob: got.logprob, top, weights_version, adapter_version });
             a.tokens.push(token);
             a.logprobs.push(got.logprob);
             a.weights_versions.push(weights_version);
+            a.adapter_versions.extend(adapter_version);
             if a.req.sampler.top_logprobs > 0 {
                 a.top_logprobs.push(got.top);
             }
@@ -529,6 +545,8 @@ impl Scheduler {
                 }
             };
             engine.reset(&[leader])?;
+            // its group's followers take the adapter with the fork
+            engine.set_adapter(leader, a.req.adapter.as_deref())?;
             if !a.req.logit_bias.is_empty() {
                 engine.set_logit_bias(leader, &a.req.logit_bias)?;
             }

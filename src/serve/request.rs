@@ -31,6 +31,10 @@ pub struct Request {
     /// Return the experts every token was routed to ([`Completion::routes`]; a mixture of
     /// experts on an engine built with [`crate::EngineOptions::record_routes`]).
     pub return_routes: bool,
+    /// The LoRA adapter the request decodes with ([`crate::Engine::load_lora`]), by name;
+    /// `None`: the base model. It must stay loaded while the request is queued or runs
+    /// ([`crate::Scheduler::uses_adapter`]).
+    pub adapter: Option<String>,
 }
 
 /// Constrained decoding for one request: before each token the scheduler asks which tokens may
@@ -167,6 +171,9 @@ pub struct Completion {
     /// Per generated token, the weights version it was sampled under: a request in flight
     /// across an update kept with [`crate::InFlight::Keep`] has tokens of both.
     pub weights_versions: Vec<u64>,
+    /// Per generated token, its adapter's version ([`crate::Engine::update_lora`]); empty on the
+    /// base model.
+    pub adapter_versions: Vec<u64>,
     /// Why it ended.
     pub finish: Finish,
     /// What went wrong, when `finish` is [`Finish::ConstraintError`].
@@ -194,6 +201,8 @@ pub enum Event<'a> {
         top: &'a [(u32, f32)],
         /// The weights version it was sampled under.
         weights_version: u64,
+        /// Its adapter's version, when the request has an adapter.
+        adapter_version: Option<u64>,
     },
     /// A request finished.
     Done(&'a Completion),

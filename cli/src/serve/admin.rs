@@ -92,7 +92,7 @@ pub async fn authorize(State(app): State<Arc<App>>, req: HttpRequest, next: Next
 }
 
 /// Send an admin command to the engine thread and answer with what it says.
-async fn command(app: &App, cmd: Admin) -> Result<Value, ApiError> {
+pub(super) async fn command(app: &App, cmd: Admin) -> Result<Value, ApiError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     if app.jobs.send(Msg::Admin(cmd, tx)).await.is_err() {
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped"));

@@ -80,6 +80,8 @@ pub struct Gen {
     /// `return_token_ids`: the prompt's ids and each choice's, so a multi-turn client never
     /// tokenizes text again.
     pub return_token_ids: bool,
+    /// The request's `model`: a LoRA adapter's name picks it ([`super::lora::adapter_for`]).
+    pub model: Option<String>,
 }
 
 /// The function tools of a chat request.
@@ -331,6 +333,7 @@ pub fn parse(
     let stream = f.bool("stream")?;
     let return_routes = f.bool("return_routed_experts")?;
     let return_token_ids = f.bool("return_token_ids")?;
+    let model = f.0.get("model").and_then(Value::as_str).map(str::to_string);
     if return_routes && limits.routes.is_none() {
         return Err(ApiError::bad(
             "return_routed_experts",
@@ -547,6 +550,7 @@ pub fn parse(
         tools,
         return_routes,
         return_token_ids,
+        model,
     })
 }
 

@@ -63,6 +63,15 @@ pub enum Admin {
     Pause,
     Resume,
     ResetPrefixCache,
+    /// A LoRA adapter, already read (off this thread), made resident under `name`.
+    LoadLora {
+        name: String,
+        adapter: Box<kvdecode::LoraAdapter>,
+    },
+    /// Free adapter `name`'s slot, unless a request names it.
+    UnloadLora {
+        name: String,
+    },
 }
 
 type Reply = oneshot::Sender<std::result::Result<Value, String>>;
@@ -113,7 +122,7 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
                 l.metrics.update_waiting.set(0);
                 l.update(&mut engine, &files, &source, InFlight::Keep, reply);
                 for job in std::mem::take(&mut l.held) {
-                    l.submit(job);
+                    l.submit(&engine, job);
                 }
             }
         }
@@ -131,7 +140,7 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
         for m in new {
             match m {
                 Msg::Job(job) if l.waiting.is_some() => l.held.push(job),
-                Msg::Job(job) => l.submit(job),
+                Msg::Job(job) => l.submit(&engine, job),
                 Msg::Admin(cmd, reply) => l.admin(&mut engine, cmd, reply),
             }
         }
@@ -145,7 +154,7 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
         let version = engine.weights_version();
         let (running, last_token, metrics) = (&mut l.running, &mut l.last_token, &l.metrics);
         let step = l.sched.step(&mut engine, &mut |ev| match ev {
-            Event::Token { id, token, logprob, top, weights_version } => {
+            Event::Token { id, token, logprob, top, weights_version, .. } => {
                 if let Some(r) = running.get(&id) {
                     let now = Instant::now();
                     if !r.job.first_token.swap(true, Ordering::Relaxed) {
@@ -197,7 +206,12 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
 }
 
 impl Loop {
-    fn submit(&mut self, job: Job) {
+    fn submit(&mut self, engine: &Engine, job: Job) {
+        // an adapter unloaded after the handler picked it (the unload came first)
+        if let Some(name) = job.request.adapter.as_deref().filter(|n| engine.lora(n).is_none()) {
+            let _ = job.events.send(JobEvent::Error(format!("the LoRA adapter {name:?} was unloaded")));
+            return;
+        }
         let handle = Arc::new(JobHandle {
             events: job.events,
             stop: job.stop,
@@ -246,6 +260,19 @@ impl Loop {
             }
             Admin::ResetPrefixCache => {
                 let r = engine.reset_prefix_cache().map(|_| json!({"reset": true})).map_err(|e| e.to_string());
+                let _ = reply.send(r);
+            }
+            Admin::LoadLora { name, adapter } => {
+                let r = engine.load_lora(&name, &adapter).map(|_| json!({"lora_name": name, "version": 0}));
+                let _ = reply.send(r.map_err(|e| e.to_string()));
+            }
+            Admin::UnloadLora { name } => {
+                let named = |j: &Job| j.request.adapter.as_deref() == Some(name.as_str());
+                let r = if self.sched.uses_adapter(&name) || self.held.iter().any(named) {
+                    Err(format!("the LoRA adapter {name:?} is in use by requests in flight; retry once they end"))
+                } else {
+                    engine.unload_lora(&name).map(|_| json!({"lora_name": name})).map_err(|e| e.to_string())
+                };
                 let _ = reply.send(r);
             }
             Admin::Weights { .. } if self.waiting.is_some() => {

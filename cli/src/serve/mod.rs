@@ -11,6 +11,7 @@ mod engine;
 mod gate;
 pub mod guide;
 mod listen;
+mod lora;
 mod metrics;
 mod output;
 pub mod response;
@@ -108,12 +109,29 @@ pub struct Args {
     /// Turns the prompt cache off.
     #[arg(long)]
     enable_return_routed_experts: bool,
+    /// A PEFT LoRA adapter folder served as model NAME (repeatable): requests pick it with
+    /// `"model": "NAME"`, and /v1/models lists it.
+    #[arg(long, value_name = "NAME=PATH")]
+    lora: Vec<String>,
+    /// Adapters resident at once (default: as many as --lora gives); with the admin key more can
+    /// be loaded by POST /v1/load_lora_adapter up to this.
+    #[arg(long)]
+    max_loras: Option<usize>,
+    /// The largest adapter rank a slot holds (default: 16, or the largest --lora's rank).
+    #[arg(long)]
+    max_lora_rank: Option<usize>,
     #[command(flatten)]
     engine: EngineArgs,
 }
 
 struct App {
     model: String,
+    /// The model's shapes (adapters are read against them).
+    cfg: kvdecode::ModelConfig,
+    /// The LoRA adapters requests may name, as the engine holds them.
+    loras: std::sync::Mutex<Vec<String>>,
+    /// `--max-loras`: 0 means the server takes no adapters.
+    max_loras: usize,
     tok: Tokenizer,
     /// llguidance's view of the vocabulary (or why it could not be built).
     guide: std::result::Result<guide::Guide, String>,
@@ -170,12 +188,19 @@ pub fn run(a: Args) -> Result<()> {
     let max_tokens = a.max_tokens.unwrap_or(max_len);
     // every request within the other limits fits its bias and penalties (api::bias_slots)
     let bias_slots = api::bias_slots(max_tokens, weights.cfg.vocab);
+    let adapters = lora::read_flags(&a.lora, &weights.cfg)?;
     let opts = kvdecode::EngineOptions {
         record_routes: a.enable_return_routed_experts,
         logit_bias_slots: bias_slots,
+        max_loras: a.max_loras.unwrap_or(adapters.len()),
+        max_lora_rank: a.max_lora_rank.unwrap_or(lora::largest_rank(&adapters).max(16)),
         ..a.engine.options(a.rows, max_len)
     };
-    let engine = Engine::new(&gpu, &weights, opts)?;
+    let mut engine = Engine::new(&gpu, &weights, opts)?;
+    for (name, adapter) in &adapters {
+        engine.load_lora(name, adapter).map_err(|e| format!("--lora {name}: {e}"))?;
+    }
+    let cfg = weights.cfg.clone();
     let routes = weights.cfg.moe.as_ref().filter(|_| a.enable_return_routed_experts).map(|m| (m.layers.len(), m.top_k));
     let guide = guide::Guide::new(&tok, weights.cfg.vocab);
     if let Err(e) = &guide {
@@ -193,6 +218,9 @@ pub fn run(a: Args) -> Result<()> {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let app = Arc::new(App {
         model,
+        cfg,
+        loras: std::sync::Mutex::new(adapters.into_iter().map(|(n, _)| n).collect()),
+        max_loras: opts.max_loras,
         tok,
         guide,
         jobs: jobs_tx,
@@ -227,6 +255,8 @@ pub fn run(a: Args) -> Result<()> {
             .route("/v1/pause", post(admin::pause))
             .route("/v1/resume", post(admin::resume))
             .route("/v1/reset_prefix_cache", post(admin::reset_prefix_cache))
+            .route("/v1/load_lora_adapter", post(lora::load))
+            .route("/v1/unload_lora_adapter", post(lora::unload))
             .layer(axum::middleware::from_fn_with_state(app.clone(), admin::authorize));
         router = router.merge(admin);
     }
@@ -298,9 +328,9 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [
-        {"id": app.model, "object": "model", "created": app.created, "owned_by": "kvdecode"}
-    ]}))
+    let base = json!({"id": app.model, "object": "model", "created": app.created, "owned_by": "kvdecode"});
+    let data: Vec<Value> = std::iter::once(base).chain(lora::model_entries(&app)).collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn completions(State(app): State<Arc<App>>, req: HttpRequest) -> Response {
@@ -380,7 +410,10 @@ async fn read_body(app: &App, body: Body) -> std::result::Result<Bytes, ApiError
 }
 
 /// Hand the generation to the engine thread and answer: one JSON response, or server-sent events.
-async fn run_gen(app: Arc<App>, g: Gen) -> std::result::Result<Response, ApiError> {
+async fn run_gen(app: Arc<App>, mut g: Gen) -> std::result::Result<Response, ApiError> {
+    let adapter = lora::adapter_for(&app, g.model.as_deref())?;
+    // from here on `model` is what the response names: the adapter, or the base model (None)
+    g.model = adapter.clone();
     let (tx, rx) = mpsc::unbounded_channel();
     let n = g.samplers.len();
     let stop = Arc::new((0..n).map(|_| AtomicBool::new(false)).collect::<Vec<_>>());
@@ -395,6 +428,7 @@ async fn run_gen(app: Arc<App>, g: Gen) -> std::result::Result<Response, ApiErro
             frequency_penalty: g.frequency_penalty,
             constraint: g.constraint.clone(),
             return_routes: g.return_routes,
+            adapter,
         },
         samplers: g.samplers.clone(),
         events: tx,

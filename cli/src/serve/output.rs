@@ -28,6 +28,11 @@ pub(super) struct Output {
 }
 
 impl Output {
+    /// The `model` responses name: the request's adapter, or the served model.
+    fn model(&self) -> &str {
+        self.g.model.as_deref().unwrap_or(&self.app.model)
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.g.kind, chunk) {
             (Kind::Chat, false) => "chat.completion",
@@ -164,7 +169,7 @@ impl Output {
             .collect();
         self.app.metrics.ok.inc();
         let mut v = json!({
-            "id": self.id, "object": self.object(false), "created": self.created, "model": self.app.model,
+            "id": self.id, "object": self.object(false), "created": self.created, "model": self.model(),
             "choices": list, "usage": self.usage(generated),
         });
         if self.g.return_token_ids {
@@ -195,7 +200,7 @@ impl Output {
     /// One server-sent event; `of` is the choices so far (its versions stamp the chunk).
     fn chunk(&self, choices: Value, usage: Option<Value>, of: &[ChoiceText], first: &mut bool) -> SseEvent {
         let mut v = json!({
-            "id": self.id, "object": self.object(true), "created": self.created, "model": self.app.model,
+            "id": self.id, "object": self.object(true), "created": self.created, "model": self.model(),
             "choices": choices,
         });
         // with `return_token_ids`, the prompt's ids come once, in the first chunk

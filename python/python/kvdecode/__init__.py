@@ -104,6 +104,26 @@ def _host_tensor(name: str, t: Any) -> Tuple[str, str, List[int], np.ndarray]:
     return name, a.dtype.name, list(a.shape), a.reshape(-1).view(np.uint8)
 
 
+def _lora_tensors(weights: Any) -> List[Tuple[str, str, List[int], np.ndarray]]:
+    """A PEFT state dict's LoRA tensors as host tensors (the base model's own are skipped)."""
+    items = weights.items() if isinstance(weights, Mapping) else weights
+    return [_host_tensor(str(n), t) for n, t in items if ".lora_" in str(n)]
+
+
+def _lora_config(config: Any) -> Dict[str, Any]:
+    """A LoRA config as adapter_config.json's object (a PEFT ``LoraConfig`` or a dict)."""
+    if hasattr(config, "to_dict"):
+        config = config.to_dict()
+    if not isinstance(config, Mapping):
+        raise InvalidInput(f"invalid input: config: expected a LoraConfig or a dict, got {type(config).__name__}")
+    keys = ("peft_type", "r", "lora_alpha", "use_rslora", "rank_pattern", "alpha_pattern", "use_dora", "bias",
+            "modules_to_save", "fan_in_fan_out", "lora_bias")
+    out = {k: config[k] for k in keys if k in config}
+    if "peft_type" in out and not isinstance(out["peft_type"], str):
+        out["peft_type"] = getattr(out["peft_type"], "value", str(out["peft_type"]))
+    return out
+
+
 def _int_array(x: Any, what: str, ndim: Tuple[int, ...]) -> np.ndarray:
     a = _as_numpy(x, what)
     if a.ndim not in ndim:
@@ -256,6 +276,8 @@ class Engine:
         record_routes: a mixture of experts keeps the experts every token was routed to
             (:meth:`routes`; vLLM's ``return_routed_experts``), for a trainer to replay. It turns
             the prompt cache off.
+        max_loras: LoRA adapters the engine holds at once (:meth:`load_lora`); 0: none.
+        max_lora_rank: the largest adapter rank a slot holds (at most 256).
 
     A row's results never depend on what else is in the batch or how its tokens were chunked
     (bit for bit). One engine is used from one thread at a time.
@@ -275,13 +297,16 @@ class Engine:
         pool_blocks: Optional[int] = None,
         prompt_cache: bool = True,
         record_routes: bool = False,
+        max_loras: int = 0,
+        max_lora_rank: int = 16,
     ):
         if not isinstance(model, Model):
             raise InvalidInput(f"invalid input: model: expected a kvdecode.Model, got {type(model).__name__}")
         self._e = _native.Engine(
             model._m, rows, max_len, kv=kv, weights=weights, rollback=rollback,
             beyond_trained_context=beyond_trained_context, block_len=block_len, pool_blocks=pool_blocks,
-            prompt_cache=prompt_cache, record_routes=record_routes,
+            prompt_cache=prompt_cache, record_routes=record_routes, max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
         )
 
     def append(self, ids: Any, n_new: Any = None, rows: Any = None) -> np.ndarray:
@@ -443,6 +468,55 @@ class Engine:
         version, _, _, _ = self._e.load_weights(tensors, in_flight)
         return version
 
+    def load_lora(self, name: str, adapter: Any, config: Any = None) -> None:
+        """Make a LoRA adapter resident under ``name`` (the engine needs ``max_loras > 0``); rows
+        then pick it with :meth:`set_adapter` and requests with ``adapter=name``.
+
+        Args:
+            adapter: a PEFT adapter folder (``adapter_config.json`` and
+                ``adapter_model.safetensors``), or PEFT tensors by their names: a mapping such as
+                ``get_peft_model_state_dict(peft_model)`` or ``peft_model.state_dict()`` (the base
+                model's own tensors in it are skipped), or ``(name, tensor)`` pairs.
+            config: with tensors, the adapter's settings: ``peft_model.peft_config["default"]``,
+                a ``LoraConfig``, or a dict of ``adapter_config.json``'s keys (``r``,
+                ``lora_alpha``, ``use_rslora``, ``rank_pattern``, ``alpha_pattern``).
+
+        The adapter is applied unmerged (``W x + scale * B (A x)``, A and B in f32): the base
+        weights never change. DoRA, embedding or LM-head adapters and modules the model lacks
+        raise :class:`ModelFileError` by name, and nothing changes."""
+        if isinstance(adapter, (str, os.PathLike)):
+            self._e.load_lora_dir(str(name), os.fspath(adapter))
+            return
+        if config is None:
+            raise InvalidInput("invalid input: config: adapter tensors need the adapter's config (r, lora_alpha)")
+        self._e.load_lora(str(name), json.dumps(_lora_config(config)), _lora_tensors(adapter))
+
+    def update_lora(self, name: str, weights: Any, in_flight: str = "keep") -> int:
+        """Replace some of adapter ``name``'s tensors in place (PEFT's names; each module keeps its
+        rank and scale), as a trainer pushes only its adapter after a step; returns the adapter's
+        new version. Only that adapter's rows holding tokens are kept, ``"recompute"``-d or
+        ``"reset"``; other adapters' rows decode on. A bad tensor raises and changes nothing."""
+        version, _, _, _ = self._e.update_lora(str(name), _lora_tensors(weights), in_flight)
+        return version
+
+    def unload_lora(self, name: str) -> None:
+        """Free adapter ``name``'s slot; raises while a row uses it (reset the row first)."""
+        self._e.unload_lora(str(name))
+
+    def set_adapter(self, row: int, name: Optional[str]) -> None:
+        """Make the empty ``row`` decode with adapter ``name`` (``None``: the base model). A reset
+        puts a row back on the base model; forks take their source's adapter."""
+        self._e.set_adapter(int(row), None if name is None else str(name))
+
+    def adapter(self, row: int) -> Optional[Tuple[str, int]]:
+        """``(name, version)`` of the adapter ``row`` decodes with, or ``None``."""
+        return self._e.adapter(int(row))
+
+    @property
+    def loras(self) -> List[Tuple[str, int]]:
+        """The resident adapters' ``(name, version)``."""
+        return self._e.loras
+
     def load_weights_from_path(self, path: Union[str, os.PathLike], in_flight: str = "keep") -> int:
         """:meth:`load_weights` from a file: safetensors, a Hugging Face directory or GGUF with
         this model's shapes. Returns the new :attr:`weights_version`."""
@@ -556,15 +630,17 @@ class Scheduler:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         return_routes: bool = False,
+        adapter: Optional[str] = None,
     ) -> int:
         """Queue a request (prompt ids, at most ``max_new`` new tokens, ending early on a ``stop``
         id, which is returned but not appended); returns its id. A request that could never fit
         a row, or has bad ids or parameters, raises here, so nothing fails mid-way.
         ``return_routes``: its :class:`Completion` carries the experts every fed token was
-        routed to (a mixture of experts on an engine with ``record_routes=True``)."""
+        routed to (a mixture of experts on an engine with ``record_routes=True``). ``adapter``:
+        the LoRA adapter it decodes with (:meth:`Engine.load_lora`), by name."""
         return self._s.submit(_int_list(tokens, "tokens"), int(max_new), _int_list(list(stop), "stop"), sampler,
                               _bias(logit_bias), float(presence_penalty), float(frequency_penalty),
-                              bool(return_routes))
+                              bool(return_routes), adapter)
 
     def submit_group(
         self,
@@ -576,12 +652,13 @@ class Scheduler:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         return_routes: bool = False,
+        adapter: Optional[str] = None,
     ) -> List[int]:
         """Queue one request per sampler sharing the prompt (a GRPO group, OpenAI's ``n``): the
         prompt is prefilled once and forked on the GPU. Returns the ids in sampler order."""
         return self._s.submit_group(_int_list(tokens, "tokens"), int(max_new), _int_list(list(stop), "stop"),
                                     list(samplers), _bias(logit_bias), float(presence_penalty),
-                                    float(frequency_penalty), bool(return_routes))
+                                    float(frequency_penalty), bool(return_routes), adapter)
 
     def step(self) -> List[Union[Token, Completion]]:
         """One step: admit, append a chunk per active row, sample, release finished rows."""
