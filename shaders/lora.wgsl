@@ -6,10 +6,12 @@
 // bits are the base model's.
 //
 // A workgroup is one token and a tile of outputs. It first computes the token's A x for every
-// target of the dispatch into workgroup memory (a lane per (target, rank) entry, each a serial sum
-// over the input in order), then each lane sums OUTS_PER_LANE outputs over the rank in order.
-// Nothing depends on the step's other tokens or on the grid: a row's bits are the same in any
-// batch, with any adapters beside it, in any chunking.
+// target of the dispatch into workgroup memory, 8 ranks at a time: each lane sums the inputs
+// k = lane, lane + WG, ... in order (neighbouring lanes read neighbouring values), then one lane
+// per rank adds the WG lanes' sums in lane order. Then each lane sums OUTS_PER_LANE outputs over
+// the rank in order (B is stored transposed per target, so neighbouring lanes read neighbouring
+// values). Every sum has a fixed order that depends on nothing but the shapes: a row's bits are
+// the same in any batch, with any adapters beside it, in any chunking.
 
 override K: u32;              // input features
 override X_STRIDE: u32;       // floats per token row of x
@@ -22,10 +24,10 @@ override ROWS_REST: u32 = 1u; // rows of each later target (k and v, gate and up
 override T_FIRST: u32;        // the group's index of this dispatch's first target
 override GROUP_TARGETS: u32;  // targets of the group (its A blocks come before its B rows)
 override B_ROW0: u32;         // the group's B row of this dispatch's first output
-override MAX_RANK: u32;       // ranks each slot holds room for (at most 256)
+override MAX_RANK: u32;       // ranks each slot holds room for (a multiple of 8, at most 256)
 override SLOT_FLOATS: u32;    // floats per adapter slot in `ab`
 override META0: u32;          // meta entry of (this layer, slot 0, the group's first target)
-override OUTS_PER_LANE: u32 = 4u;
+override OUTS_PER_LANE: u32 = 16u;
 override WG: u32 = 64u;
 
 const NO_ADAPTER: u32 = 0xffffffffu;
@@ -34,12 +36,24 @@ const NO_ADAPTER: u32 = 0xffffffffu;
 @group(0) @binding(1) var<storage, read> row_info: array<RowInfo>;   // [R]
 @group(0) @binding(2) var<storage, read> x: array<f32>;              // [R * C, X_STRIDE]
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;        // [R * C, Y_STRIDE]
-// per slot: A [GROUP_TARGETS, MAX_RANK, K], then B [the group's rows, MAX_RANK]
+// per slot: A [GROUP_TARGETS, MAX_RANK, K], then per target B transposed [MAX_RANK, its rows]
 @group(0) @binding(4) var<storage, read> ab: array<f32>;             // [slots, SLOT_FLOATS]
 @group(0) @binding(5) var<storage, read> lora_meta: array<vec2<u32>>;     // [layers, slots, 7]: rank, scale bits
 
+// A whole number of them fits MAX_RANK, so every lane runs the same fixed loop (its sums stay in
+// registers) and reads only a slot's own rows; sums past the adapter's rank are dropped.
+const RANKS_AT_ONCE: u32 = 8u;
+
 // A x of each target: [TARGETS, MAX_RANK] (3 targets of rank 256 at most)
 var<workgroup> ax: array<f32, 768>;
+// each lane's sums for RANKS_AT_ONCE ranks: [RANKS_AT_ONCE, WG] (WG at most 64)
+var<workgroup> partial: array<f32, 512>;
+
+// The rows of the dispatch's target i, and how many of its outputs come before them.
+fn target_rows(i: u32) -> vec2<u32> {
+    if i == 0u { return vec2<u32>(ROWS_FIRST, 0u); }
+    return vec2<u32>(ROWS_REST, ROWS_FIRST + (i - 1u) * ROWS_REST);
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
@@ -52,19 +66,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let base = slot * SLOT_FLOATS;
     let entry = META0 + slot * 7u + T_FIRST;
     let x0 = n * X_STRIDE;
-    for (var e = lane; e < TARGETS * MAX_RANK; e += WG) {
-        let i = e / MAX_RANK;
-        let j = e % MAX_RANK;
-        if j < lora_meta[entry + i].x {
-            let a0 = base + ((T_FIRST + i) * MAX_RANK + j) * K;
-            var acc = 0.0;
-            for (var k = 0u; k < K; k++) {
-                acc = fma(ab[a0 + k], x[x0 + k], acc);
+    for (var i = 0u; i < TARGETS; i++) {
+        let rank = lora_meta[entry + i].x;
+        for (var j0 = 0u; j0 < rank; j0 += RANKS_AT_ONCE) {
+            let a0 = base + ((T_FIRST + i) * MAX_RANK + j0) * K;
+            let count = min(RANKS_AT_ONCE, rank - j0);
+            var acc: array<f32, RANKS_AT_ONCE>;
+            for (var k = lane; k < K; k += WG) {
+                let v = x[x0 + k];
+                for (var c = 0u; c < RANKS_AT_ONCE; c++) {
+                    acc[c] = fma(ab[a0 + c * K + k], v, acc[c]);
+                }
             }
-            ax[e] = acc;
+            for (var c = 0u; c < RANKS_AT_ONCE; c++) {
+                partial[c * WG + lane] = acc[c];
+            }
+            workgroupBarrier();
+            if lane < count {
+                var sum = 0.0;
+                for (var l = 0u; l < WG; l++) {
+                    sum += partial[lane * WG + l];
+                }
+                ax[i * MAX_RANK + j0 + lane] = sum;
+            }
+            workgroupBarrier();
         }
     }
-    workgroupBarrier();
+    let a_floats = GROUP_TARGETS * MAX_RANK * K;
     for (var t = 0u; t < OUTS_PER_LANE; t++) {
         let o = (wid.x * OUTS_PER_LANE + t) * WG + lane;  // neighbouring lanes, neighbouring outputs
         if o >= OUTS { break; }
@@ -72,10 +100,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if o >= ROWS_FIRST { i = 1u + (o - ROWS_FIRST) / ROWS_REST; }
         let m = lora_meta[entry + i];
         if m.x == 0u { continue; }  // this adapter leaves the target alone
-        let b0 = base + GROUP_TARGETS * MAX_RANK * K + (B_ROW0 + o) * MAX_RANK;
+        let rows = target_rows(i);
+        let b0 = base + a_floats + (B_ROW0 + rows.y) * MAX_RANK + (o - rows.y);
         var acc = 0.0;
         for (var j = 0u; j < m.x; j++) {
-            acc = fma(ab[b0 + j], ax[i * MAX_RANK + j], acc);
+            acc = fma(ab[b0 + j * rows.x], ax[i * MAX_RANK + j], acc);
         }
         let at = n * Y_STRIDE + Y_OFFSET + o;
         y[at] = fma(bitcast<f32>(m.y), acc, y[at]);  // fma: see dot_fma in common.wgsl

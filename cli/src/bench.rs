@@ -46,12 +46,19 @@ pub struct Args {
     /// Rows of the MoE table.
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     moe_rows: Vec<usize>,
+    /// Rows of the LoRA table.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    lora_rows: Vec<usize>,
+    /// Rank of the LoRA table's adapters.
+    #[arg(long, default_value_t = 16)]
+    lora_rank: usize,
     /// Tables to print: throughput, profile, attention, multistep, prefix; and, only when named,
     /// weights (a full weight update against `queue.write_buffer` of the same bytes, memory over
     /// many updates and sleep/wake cycles), formats (the model's weights in each block format:
     /// GPU time of the products per decode step against Q4_1's, same run) and moe (a mixture of
     /// experts' decode step against the dense model of its active parameters, and the distinct
-    /// experts the rows read).
+    /// experts the rows read), lora (adapters on every linear layer, rows spread over 4, against
+    /// the base model; an adapter update against `queue.write_buffer` of its bytes).
     #[arg(long, value_delimiter = ',', default_value = "throughput,profile,attention,multistep,prefix")]
     tables: Vec<String>,
     /// Prefix table: tokens of the system prompt every request shares.
@@ -84,11 +91,12 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let (rows_list, ctx_list, steps) = (a.rows.clone(), a.ctx.clone(), a.steps);
     for t in &a.tables {
-        if !["throughput", "profile", "attention", "multistep", "prefix", "weights", "formats", "moe"]
+        if !["throughput", "profile", "attention", "multistep", "prefix", "weights", "formats", "moe", "lora"]
             .contains(&t.as_str())
         {
             return Err(format!(
-                "--tables: unknown table {t:?} (throughput, profile, attention, multistep, prefix, weights, formats, moe)"
+                "--tables: unknown table {t:?} (throughput, profile, attention, multistep, prefix, weights, formats, moe, \
+                 lora)"
             )
             .into());
         }
@@ -213,6 +221,11 @@ pub fn run(a: Args) -> Result<()> {
     if table("moe") {
         let rows = crate::bench_moe::moe_table(&gpu, &model, a.weights, &a.moe_rows, steps)?;
         json.insert("moe".into(), rows.into());
+    }
+    if table("lora") {
+        let l =
+            crate::bench_lora::lora_table(&gpu, &model, a.weights, &a.lora_rows, a.lora_rank, steps, a.weight_rounds)?;
+        json.insert("lora".into(), l);
     }
     if a.json {
         println!("{}", serde_json::Value::Object(json));

@@ -132,7 +132,7 @@ impl Engine {
             ))
         })?;
         gpu_lora.check(&self.cfg, adapter).map_err(|e| Error::Weights(format!("adapter {name:?}: {e}")))?;
-        gpu_lora.write(&self.gpu, slot, adapter, None);
+        gpu_lora.write(&self.gpu, slot, adapter);
         self.gpu.queue.submit([]);
         let uid = self.lora.next_uid;
         self.lora.next_uid += 1;
@@ -175,13 +175,18 @@ impl Engine {
         self.ready()?;
         let slot = self.lora.slot_of(name)?;
         let resident = self.lora.slots[slot].as_ref().expect("found above");
-        let (adapter, changed) = resident.adapter.updated(tensors, &self.cfg)?;
+        let changes = resident.adapter.changes(tensors, &self.cfg)?;
         let g = self.weights.lora.as_ref().expect("a loaded adapter has slots");
-        g.check(&self.cfg, &adapter).map_err(|e| Error::Weights(format!("adapter {name:?}: {e}")))?;
-        let bytes = g.write(&self.gpu, slot, &adapter, Some(&changed));
+        for (l, t, m) in &changes {
+            g.check_module(&self.cfg, *l, *t, m).map_err(|e| Error::Weights(format!("adapter {name:?}: {e}")))?;
+        }
+        let bytes: u64 = changes.iter().map(|(l, t, m)| g.write_module(&self.gpu, slot, *l, *t, m)).sum();
         self.gpu.queue.submit([]);
+        let modules = changes.len();
         let resident = self.lora.slots[slot].as_mut().expect("found above");
-        resident.adapter = adapter;
+        for (l, t, m) in changes {
+            resident.adapter.layers[l][t as usize] = Some(m);
+        }
         resident.version += 1;
         let version = resident.version;
         let held: Vec<usize> = self.lora.rows_of(slot).into_iter().filter(|&r| self.cache.position(r) > 0).collect();
@@ -203,12 +208,7 @@ impl Engine {
                 self.cache.blocks.set_salt(r, salt);
             }
         }
-        Ok(LoraUpdate {
-            version,
-            modules: changed.len(),
-            bytes,
-            rows: if in_flight == InFlight::Keep { Vec::new() } else { held },
-        })
+        Ok(LoraUpdate { version, modules, bytes, rows: if in_flight == InFlight::Keep { Vec::new() } else { held } })
     }
 
     /// Make `row` decode with adapter `name`, or the base model (`None`). The row must hold no
@@ -263,7 +263,7 @@ impl Builder<'_> {
             t_first: first,
             group_targets: buf.rows.len(),
             b_row0: buf.rows[..first].iter().sum(),
-            max_rank: g.max_rank,
+            max_rank: g.stride_rank,
             slot_floats: buf.slot_floats,
             meta0: layer * g.slots * LoraTarget::ALL.len() + group.targets()[0] as usize,
         };

@@ -7,7 +7,7 @@
 use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
 use crate::model::config::ModelConfig;
-use crate::model::lora::{adapts_mlp, LoraAdapter, LoraTarget};
+use crate::model::lora::{adapts_mlp, LoraAdapter, LoraModule, LoraTarget};
 
 /// The slot index a row without an adapter carries in `RowInfo.lora`.
 pub(crate) const NO_ADAPTER: u32 = u32::MAX;
@@ -60,8 +60,8 @@ impl LoraGroup {
     }
 }
 
-/// One block's buffer for one group: per slot, `A [targets, max_rank, k]` then
-/// `B [the targets' rows, max_rank]`.
+/// One block's buffer for one group: per slot, `A [targets, max_rank, k]`, then each target's `B`
+/// transposed, `[max_rank, its rows]` (a module of a lower rank fills the first rows of each).
 pub(crate) struct GroupBuffer {
     pub(crate) buffer: wgpu::Buffer,
     /// Input features.
@@ -91,7 +91,11 @@ impl GroupBuffer {
 /// Every slot's adapters on the GPU.
 pub(crate) struct GpuLora {
     pub(crate) slots: usize,
+    /// The largest rank a module may have.
     pub(crate) max_rank: usize,
+    /// Rows of A (and of transposed B) each slot holds per target: `max_rank` rounded up to a
+    /// multiple of 8 (`lora.wgsl` reads 8 ranks at a time).
+    pub(crate) stride_rank: usize,
     /// `[layers, slots, 7]` of (rank, scale bits); rank 0: the slot leaves that target alone.
     pub(crate) meta: wgpu::Buffer,
     /// Per block, per [`LoraGroup::ALL`]: `None` where the block has no such projections to adapt
@@ -114,7 +118,7 @@ impl GpuLora {
         let floats: usize = (0..cfg.layers.len())
             .flat_map(|l| LoraGroup::ALL.map(|g| group_shape(cfg, l, g)))
             .flatten()
-            .map(|(k, rows)| slots * GroupBuffer::floats(k, &rows, max_rank))
+            .map(|(k, rows)| slots * GroupBuffer::floats(k, &rows, max_rank.next_multiple_of(8)))
             .sum();
         (floats + cfg.layers.len() * slots * 14) as u64 * 4
     }
@@ -124,11 +128,12 @@ impl GpuLora {
             return Err(Error::Limit(format!("max_lora_rank {max_rank}: it must be 1 to {MAX_LORA_RANK}")));
         }
         let meta = gpu.storage("LoRA ranks and scales", (cfg.layers.len() * slots * 14 * 4) as u64)?;
+        let stride_rank = max_rank.next_multiple_of(8);
         let layers = (0..cfg.layers.len())
             .map(|l| {
                 let group = |g: LoraGroup| -> Result<Option<GroupBuffer>> {
                     let Some((k, rows)) = group_shape(cfg, l, g) else { return Ok(None) };
-                    let slot_floats = GroupBuffer::floats(k, &rows, max_rank);
+                    let slot_floats = GroupBuffer::floats(k, &rows, stride_rank);
                     let label = format!("LoRA block {l} {} ({slots} slots of rank {max_rank})", g.name());
                     let buffer = gpu.storage(&label, (slots * slot_floats * 4) as u64)?;
                     Ok(Some(GroupBuffer { buffer, k, rows, slot_floats }))
@@ -136,7 +141,7 @@ impl GpuLora {
                 Ok([group(LoraGroup::AttnIn)?, group(LoraGroup::O)?, group(LoraGroup::MlpIn)?, group(LoraGroup::Down)?])
             })
             .collect::<Result<_>>()?;
-        Ok(GpuLora { slots, max_rank, meta, layers })
+        Ok(GpuLora { slots, max_rank, stride_rank, meta, layers })
     }
 
     /// Every module of `adapter` fits a slot and block `cfg` has its projection; every value is
@@ -151,76 +156,93 @@ impl GpuLora {
         }
         for (l, modules) in adapter.layers.iter().enumerate() {
             for (&target, m) in LoraTarget::ALL.iter().zip(modules) {
-                let Some(m) = m else { continue };
-                let what = || format!("adapter module {target:?} of block {l}");
-                if m.rank == 0 || m.rank > self.max_rank {
-                    return Err(Error::Limit(format!(
-                        "{}: rank {}; this engine's adapters have ranks 1 to {} (EngineOptions::max_lora_rank)",
-                        what(),
-                        m.rank,
-                        self.max_rank
-                    )));
-                }
-                if self.layers[l][LoraGroup::of(target).0 as usize].is_none() {
-                    return Err(Error::Weights(format!("{}: block {l} has no such projection to adapt", what())));
-                }
-                let (k, rows) = target.dims(cfg, l);
-                if m.a.len() != m.rank * k || m.b.len() != rows * m.rank {
-                    return Err(Error::Weights(format!(
-                        "{}: A has {} values and B {}, for rank {} they need {} and {}",
-                        what(),
-                        m.a.len(),
-                        m.b.len(),
-                        m.rank,
-                        m.rank * k,
-                        rows * m.rank
-                    )));
-                }
-                if let Some(v) = m.a.iter().chain(&m.b).chain([&m.scale]).find(|v| !v.is_finite()) {
-                    return Err(Error::Weights(format!("{}: the value {v} is not finite", what())));
+                if let Some(m) = m {
+                    self.check_module(cfg, l, target, m)?;
+                    if let Some(v) = m.a.iter().chain(&m.b).chain([&m.scale]).find(|v| !v.is_finite()) {
+                        return Err(Error::Weights(format!(
+                            "adapter module {target:?} of block {l}: the value {v} is not finite"
+                        )));
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    /// Write `adapter` ([`GpuLora::check`]ed) into `slot`: the targets of `only` (block, target),
-    /// or all. Returns the bytes written.
-    pub(crate) fn write(
-        &self,
-        gpu: &Gpu,
-        slot: usize,
-        adapter: &LoraAdapter,
-        only: Option<&[(usize, LoraTarget)]>,
-    ) -> u64 {
-        let (q, r) = (&gpu.queue, self.max_rank);
+    /// Module `m` of `target` in block `l` fits a slot and the block has its projection (its
+    /// values are checked where they come from: [`GpuLora::check`], or the tensors of an update).
+    pub(crate) fn check_module(&self, cfg: &ModelConfig, l: usize, target: LoraTarget, m: &LoraModule) -> Result<()> {
+        let what = || format!("adapter module {target:?} of block {l}");
+        if m.rank == 0 || m.rank > self.max_rank {
+            return Err(Error::Limit(format!(
+                "{}: rank {}; this engine's adapters have ranks 1 to {} (EngineOptions::max_lora_rank)",
+                what(),
+                m.rank,
+                self.max_rank
+            )));
+        }
+        if self.layers.get(l).is_none_or(|g| g[LoraGroup::of(target).0 as usize].is_none()) {
+            return Err(Error::Weights(format!("{}: block {l} has no such projection to adapt", what())));
+        }
+        let (k, rows) = target.dims(cfg, l);
+        if m.a.len() != m.rank * k || m.b.len() != rows * m.rank {
+            return Err(Error::Weights(format!(
+                "{}: A has {} values and B {}, for rank {} they need {} and {}",
+                what(),
+                m.a.len(),
+                m.b.len(),
+                m.rank,
+                m.rank * k,
+                rows * m.rank
+            )));
+        }
+        Ok(())
+    }
+
+    /// Write `adapter` ([`GpuLora::check`]ed) into `slot`. Returns the bytes written.
+    pub(crate) fn write(&self, gpu: &Gpu, slot: usize, adapter: &LoraAdapter) -> u64 {
         let mut bytes = 0;
         for (l, modules) in adapter.layers.iter().enumerate() {
-            let mut meta = [0u32; 14];
             for (&target, m) in LoraTarget::ALL.iter().zip(modules) {
-                let t = target as usize;
                 if let Some(m) = m {
-                    meta[2 * t] = m.rank as u32;
-                    meta[2 * t + 1] = m.scale.to_bits();
+                    bytes += self.write_module(gpu, slot, l, target, m);
                 }
-                if only.is_some_and(|o| !o.contains(&(l, target))) {
-                    continue;
-                }
-                let (Some(m), (g, i)) = (m, LoraGroup::of(target)) else { continue };
-                let Some(buf) = &self.layers[l][g as usize] else { continue };
-                q.write_buffer(&buf.buffer, buf.a_at(slot, i, r) as u64 * 4, bytemuck::cast_slice(&m.a));
-                // B's rows padded to max_rank, so rows stay max_rank apart
-                let mut b = vec![0f32; buf.rows[i] * r];
-                for (dst, src) in b.chunks_mut(r).zip(m.b.chunks(m.rank)) {
-                    dst[..m.rank].copy_from_slice(src);
-                }
-                q.write_buffer(&buf.buffer, buf.b_at(slot, i, r) as u64 * 4, bytemuck::cast_slice(&b));
-                bytes += (m.a.len() + b.len()) as u64 * 4;
             }
-            q.write_buffer(&self.meta, ((l * self.slots + slot) * 14 * 4) as u64, bytemuck::cast_slice(&meta));
-            bytes += 56;
+            bytes += self.write_meta(gpu, slot, l, modules);
         }
         bytes
+    }
+
+    /// Write module `m` ([`GpuLora::check_module`]ed) of `target` in block `l` into `slot`'s A
+    /// and B (its rank and scale: [`GpuLora::write_meta`]). Returns the bytes written.
+    pub(crate) fn write_module(&self, gpu: &Gpu, slot: usize, l: usize, target: LoraTarget, m: &LoraModule) -> u64 {
+        let (q, r) = (&gpu.queue, self.stride_rank);
+        let (g, i) = LoraGroup::of(target);
+        let Some(buf) = &self.layers[l][g as usize] else { return 0 };
+        q.write_buffer(&buf.buffer, buf.a_at(slot, i, r) as u64 * 4, bytemuck::cast_slice(&m.a));
+        // B transposed, [rank, rows] (the kernel's lanes read neighbouring outputs)
+        let rows = buf.rows[i];
+        let mut bt = vec![0f32; m.rank * rows];
+        for (o, row) in m.b.chunks(m.rank).enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                bt[j * rows + o] = v;
+            }
+        }
+        q.write_buffer(&buf.buffer, buf.b_at(slot, i, r) as u64 * 4, bytemuck::cast_slice(&bt));
+        (m.a.len() + bt.len()) as u64 * 4
+    }
+
+    /// Write the rank and scale of `slot`'s `modules` of block `l`. Returns the bytes written.
+    pub(crate) fn write_meta(&self, gpu: &Gpu, slot: usize, l: usize, modules: &[Option<LoraModule>; 7]) -> u64 {
+        let mut meta = [0u32; 14];
+        for (t, m) in modules.iter().enumerate() {
+            if let Some(m) = m {
+                meta[2 * t] = m.rank as u32;
+                meta[2 * t + 1] = m.scale.to_bits();
+            }
+        }
+        gpu.queue.write_buffer(&self.meta, ((l * self.slots + slot) * 14 * 4) as u64, bytemuck::cast_slice(&meta));
+        56
     }
 
     /// Leave `slot` empty: every target's rank 0.

@@ -268,11 +268,22 @@ impl LoraAdapter {
     /// that changed. A module this adapter does not have, a shape for another rank, a name given
     /// twice or a value that is not finite is an error, checked before anything is made.
     pub fn updated(&self, tensors: &[HostTensor], cfg: &ModelConfig) -> Result<(Self, Vec<(usize, LoraTarget)>)> {
-        let names = base_names(cfg);
         let mut adapter = self.clone();
-        let mut changed = Vec::new();
+        let changes = self.changes(tensors, cfg)?;
+        let changed = changes.iter().map(|(l, t, _)| (*l, *t)).collect();
+        for (l, t, m) in changes {
+            adapter.layers[l][t as usize] = Some(m);
+        }
+        Ok((adapter, changed))
+    }
+
+    /// The modules [`LoraAdapter::updated`] would replace, made from `tensors`, without copying
+    /// the rest: (block, target, new module).
+    pub fn changes(&self, tensors: &[HostTensor], cfg: &ModelConfig) -> Result<Vec<(usize, LoraTarget, LoraModule)>> {
+        let names = base_names(cfg);
+        let mut out = Vec::new();
         for ((layer, module), [a, b]) in &halves(tensors, cfg)? {
-            let (parts, out) = module_parts(cfg, &names, module)?;
+            let (parts, rows) = module_parts(cfg, &names, module)?;
             let old =
                 parts.iter().map(|(t, _)| self.module(*layer, *t)).collect::<Option<Vec<_>>>().ok_or_else(|| {
                     Error::Weights(format!(
@@ -281,20 +292,27 @@ impl LoraAdapter {
                 })?;
             let (rank, inputs) = (old[0].rank, parts[0].0.dims(cfg, *layer).0);
             let hint = |e| rank_hint(e, module, &format!("rank {rank}, as loaded"));
-            let av = a.map(|a| a.check(&[rank, inputs]).map(|_| a.values_f32())).transpose().map_err(hint)?;
-            let bv = b.map(|b| b.check(&[out, rank]).map(|_| b.values_f32())).transpose().map_err(hint)?;
-            for (target, place) in &parts {
-                let m = adapter.layers[*layer][*target as usize].as_mut().expect("checked above");
-                if let Some(av) = &av {
-                    m.a = av.clone();
-                }
-                if let Some(bv) = &bv {
-                    m.b = rows_of(place, bv, rank);
-                }
-                changed.push((*layer, *target));
+            let mut av = a.map(|a| a.check(&[rank, inputs]).map(|_| a.values_f32())).transpose().map_err(hint)?;
+            let mut bv = b.map(|b| b.check(&[rows, rank]).map(|_| b.values_f32())).transpose().map_err(hint)?;
+            let n = parts.len();
+            for (k, ((target, place), old)) in parts.iter().zip(old).enumerate() {
+                // the last target takes the values as they are where it can (a push is mostly copies)
+                let last = k + 1 == n;
+                let whole = place.rows == (0..rows) && place.order == RowOrder::AsIs;
+                let a = match &mut av {
+                    Some(v) if last => std::mem::take(v),
+                    Some(v) => v.clone(),
+                    None => old.a.clone(),
+                };
+                let b = match &mut bv {
+                    Some(v) if last && whole => std::mem::take(v),
+                    Some(v) => rows_of(place, v, rank),
+                    None => old.b.clone(),
+                };
+                out.push((*layer, *target, LoraModule { rank, scale: old.scale, a, b }));
             }
         }
-        Ok((adapter, changed))
+        Ok(out)
     }
 
     /// The module that changes `target` of block `layer`, if any.
@@ -422,5 +440,9 @@ fn module_parts(
 
 /// The rows of `b` (`[rows, rank]`) that `place` takes, in its order.
 fn rows_of(place: &Place, b: &[f32], rank: usize) -> Vec<f32> {
-    (0..place.rows.len()).flat_map(|i| &b[place.source(i) * rank..][..rank]).copied().collect()
+    let mut out = Vec::with_capacity(place.rows.len() * rank);
+    for i in 0..place.rows.len() {
+        out.extend_from_slice(&b[place.source(i) * rank..][..rank]);
+    }
+    out
 }

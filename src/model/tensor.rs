@@ -161,7 +161,15 @@ impl<'a> HostTensor<'a> {
 
     /// Every value as f32 (vectors).
     pub(crate) fn values_f32(&self) -> Vec<f32> {
-        (0..self.rows()).flat_map(|r| self.row_f32(r)).collect()
+        if self.dtype == HostDtype::F32 {
+            // one copy at memory speed (a LoRA push is mostly this)
+            return bytemuck::pod_collect_to_vec(&self.bytes[..self.elements() * 4]);
+        }
+        let mut out = Vec::with_capacity(self.elements());
+        for r in 0..self.rows() {
+            out.extend(self.row_f32(r));
+        }
+        out
     }
 }
 

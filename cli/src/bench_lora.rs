@@ -1,0 +1,200 @@
+//! `kvdecode bench --tables lora`: LoRA adapters on every linear layer (rank `--lora-rank`),
+//! in one run: the GPU time of a decode step with rows spread over 4 adapters against the base
+//! model (an engine without adapter slots) and against an engine with slots whose rows use none;
+//! then an adapter update (every A and B by PEFT's names) against `queue.write_buffer` of the
+//! same bytes.
+
+use std::time::Instant;
+
+use kvdecode::model::lora::{LoraModule, LoraTarget};
+use kvdecode::{
+    Engine, EngineOptions, Gpu, HostDtype, HostTensor, InFlight, LoraAdapter, ModelWeights, Sampler, SplitMix64,
+    WeightDtype,
+};
+use serde_json::json;
+
+use crate::common::Result;
+
+const ADAPTERS: usize = 4;
+
+/// A random adapter of `rank` on every projection of every block `cfg` lets adapters change.
+fn random_adapter(model: &ModelWeights, rank: usize, seed: u64) -> LoraAdapter {
+    let cfg = &model.cfg;
+    let mut rng = SplitMix64(seed);
+    let mut values = |n: usize| (0..n).map(|_| 0.02 * rng.normal()).collect::<Vec<f32>>();
+    let layers = (0..cfg.layers.len())
+        .map(|l| {
+            LoraTarget::ALL.map(|t| {
+                let (k, rows) = t.dims(cfg, l);
+                let mlp = matches!(t, LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down);
+                (!mlp || cfg.layer_moe(l).is_none()).then(|| LoraModule {
+                    rank,
+                    scale: 2.0,
+                    a: values(rank * k),
+                    b: values(rows * rank),
+                })
+            })
+        })
+        .collect();
+    LoraAdapter { layers }
+}
+
+/// The adapter's tensors by PEFT's names (Llama-style module names), f32 bytes.
+fn peft_tensors(adapter: &LoraAdapter) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    let module = |t: LoraTarget| match t {
+        LoraTarget::Q => "self_attn.q_proj",
+        LoraTarget::K => "self_attn.k_proj",
+        LoraTarget::V => "self_attn.v_proj",
+        LoraTarget::O => "self_attn.o_proj",
+        LoraTarget::Gate => "mlp.gate_proj",
+        LoraTarget::Up => "mlp.up_proj",
+        LoraTarget::Down => "mlp.down_proj",
+    };
+    let mut out = Vec::new();
+    for (l, modules) in adapter.layers.iter().enumerate() {
+        for (t, m) in LoraTarget::ALL.iter().zip(modules) {
+            let Some(m) = m else { continue };
+            let prefix = format!("base_model.model.model.layers.{l}.{}", module(*t));
+            let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+            out.push((format!("{prefix}.lora_A.weight"), vec![m.rank, m.a.len() / m.rank], bytes(&m.a)));
+            out.push((format!("{prefix}.lora_B.weight"), vec![m.b.len() / m.rank, m.rank], bytes(&m.b)));
+        }
+    }
+    out
+}
+
+/// GPU ms per decode step (median of `steps` profiled steps after two untimed ones) of `rows`
+/// rows at context 128; `slots`: the engine's adapter slots, rows spread over them in turn.
+fn step_ms(
+    gpu: &Gpu,
+    model: &ModelWeights,
+    dtype: WeightDtype,
+    rows: usize,
+    slots: &[LoraAdapter],
+    steps: usize,
+) -> Result<f64> {
+    let ctx = 128;
+    let rank = slots.iter().flat_map(|a| a.layers.iter().flatten().flatten().map(|m| m.rank)).max().unwrap_or(16);
+    let opts = EngineOptions {
+        weights: dtype,
+        beyond_trained_context: true,
+        max_loras: slots.len(),
+        max_lora_rank: rank,
+        ..EngineOptions::new(rows, ctx + steps + 3)
+    };
+    let mut e = Engine::new(gpu, model, opts)?;
+    for (i, a) in slots.iter().enumerate() {
+        e.load_lora(&format!("a{i}"), a)?;
+    }
+    for r in 0..rows {
+        // with slots but no adapter named, every row is on the base model
+        if slots.len() == ADAPTERS {
+            e.set_adapter(r, Some(&format!("a{}", r % ADAPTERS)))?;
+        }
+    }
+    let mut rng = SplitMix64(11);
+    let vocab = model.cfg.vocab;
+    let ids: Vec<u32> = (0..rows * ctx).map(|_| rng.below(vocab) as u32).collect();
+    let greedy = vec![Sampler::GREEDY; rows];
+    e.append_sample(&ids, ctx, &vec![ctx; rows], None, &greedy)?;
+    let mut step = |e: &mut Engine| {
+        let next: Vec<u32> = (0..rows).map(|_| rng.below(vocab) as u32).collect();
+        e.profile_step(&next, 1, &vec![1; rows], None, Some(&greedy))
+    };
+    for _ in 0..2 {
+        step(&mut e)?;
+    }
+    let mut ms: Vec<f64> =
+        (0..steps).map(|_| step(&mut e).map(|p| 1e3 * p.total())).collect::<kvdecode::Result<_>>()?;
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[ms.len() / 2])
+}
+
+/// The table; its figures as JSON.
+pub fn lora_table(
+    gpu: &Gpu,
+    model: &ModelWeights,
+    dtype: WeightDtype,
+    rows_list: &[usize],
+    rank: usize,
+    steps: usize,
+    rounds: usize,
+) -> Result<serde_json::Value> {
+    let adapters: Vec<LoraAdapter> = (0..ADAPTERS as u64).map(|s| random_adapter(model, rank, 100 + s)).collect();
+    let params: usize = adapters[0].layers.iter().flatten().flatten().map(|m| m.a.len() + m.b.len()).sum();
+    println!(
+        "\nLoRA on every linear layer, rank {rank} ({params} parameters an adapter; context 128; GPU ms per decode step by \
+         timestamp queries, median of {steps}; rows spread over {ADAPTERS} adapters)"
+    );
+    println!("| rows | base ms / step | slots, no adapter ms | {ADAPTERS} adapters ms | adapters / base |");
+    println!("|---:|---:|---:|---:|---:|");
+    let mut steps_out = Vec::new();
+    for &rows in rows_list {
+        let base = step_ms(gpu, model, dtype, rows, &[], steps)?;
+        // one slot, unused: what having slots costs (the norm and activation unfused)
+        let idle = step_ms(gpu, model, dtype, rows, &adapters[..1], steps)?;
+        let with = step_ms(gpu, model, dtype, rows, &adapters, steps)?;
+        println!("| {rows} | {base:.2} | {idle:.2} | {with:.2} | {:.2} |", with / base);
+        steps_out.push(
+            json!({"rows": rows, "base_ms": base, "slots_idle_ms": idle, "adapters_ms": with, "ratio": with / base}),
+        );
+    }
+    // an update of every tensor against the floor: write_buffer of the same bytes
+    let tensors = peft_tensors(&random_adapter(model, rank, 7));
+    let host: Vec<HostTensor> = tensors
+        .iter()
+        .map(|(name, shape, bytes)| HostTensor {
+            name: name.clone(),
+            shape: shape.clone(),
+            dtype: HostDtype::F32,
+            bytes,
+        })
+        .collect();
+    let bytes: usize = tensors.iter().map(|t| t.2.len()).sum();
+    let mut e = Engine::new(
+        gpu,
+        model,
+        EngineOptions { weights: dtype, max_loras: 1, max_lora_rank: rank, ..EngineOptions::new(1, 64) },
+    )?;
+    e.load_lora("a", &adapters[0])?;
+    let scratch = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("bench: LoRA write_buffer floor"),
+        size: (bytes as u64).next_multiple_of(4),
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let wait = || gpu.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| format!("{e}"));
+    let (mut update, mut floor) = (Vec::new(), Vec::new());
+    for round in 0..=rounds {
+        let t = Instant::now();
+        e.update_lora("a", &host, InFlight::Keep)?;
+        wait()?;
+        let u = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        let mut at = 0;
+        for (_, _, b) in &tensors {
+            gpu.queue.write_buffer(&scratch, at, b);
+            at += b.len() as u64;
+        }
+        gpu.queue.submit([]);
+        wait()?;
+        if round > 0 {
+            update.push(u);
+            floor.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (u, f) = (median(update), median(floor));
+    println!(
+        "\n| adapter update ({} tensors, {:.1} MB, f32; {rounds} rounds) | median ms | x floor |",
+        tensors.len(),
+        bytes as f64 / 1e6
+    );
+    println!("|---|---:|---:|");
+    println!("| update_lora | {u:.2} | {:.2}x |", u / f);
+    println!("| queue.write_buffer of the same bytes (floor) | {f:.2} | 1.00x |");
+    Ok(json!({"rank": rank, "steps": steps_out, "update_ms": u, "floor_ms": f, "update_ratio": u / f, "bytes": bytes}))
+}
