@@ -21,61 +21,6 @@ use std::path::{Path, PathBuf};
 use common::*;
 use kvdecode::{io::npy, model::reference, Engine, EngineOptions};
 
-/// `draw` in make_shape_fixtures.py, bit for bit.
-fn draw(name: &str, shape: &[usize]) -> Vec<f32> {
-    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
-    for b in name.bytes() {
-        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01B3);
-    }
-    let n: usize = shape.iter().product();
-    let matrix_scale = (shape.len() == 2).then(|| (1.7 / (shape[1] as f64).sqrt()) as f32);
-    (1..=n as u64)
-        .map(|i| {
-            let mut z = h.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            let u = (z >> 40) as f32 / 16_777_216.0 * 2.0 - 1.0;
-            if name.contains("norm") {
-                1.0 + 0.2 * u
-            } else if let Some(s) = matrix_scale {
-                u * s
-            } else {
-                0.5 * u
-            }
-        })
-        .collect()
-}
-
-/// A Hugging Face directory of the fixture's model: its config.json and the drawn weights.
-fn model_dir(fixture: &Path, meta: &serde_json::Value) -> PathBuf {
-    let name = fixture.file_name().unwrap().to_string_lossy();
-    let dir = std::env::temp_dir().join(format!("kvdecode-hf-shapes-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(fixture.join("config.json"), dir.join("config.json")).unwrap();
-    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = meta["tensors"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(name, shape)| {
-            let shape: Vec<usize> = shape.as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
-            let bytes = draw(name, &shape).iter().flat_map(|x| x.to_le_bytes()).collect();
-            (name.clone(), shape, bytes)
-        })
-        .collect();
-    let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, shape, bytes)| {
-            (
-                name.as_str(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
-    dir
-}
-
 /// One fixture: the CPU reference and the engine (the whole prompt in one append, every
 /// position's logits; then a prefill of 8 and one token at a time, the decode kernels) against
 /// transformers' logits at every position.
@@ -83,7 +28,7 @@ fn check(fixture: &Path) -> Result<(), String> {
     let name = fixture.file_name().unwrap().to_string_lossy().into_owned();
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture.join("meta.json")).unwrap()).unwrap();
-    let dir = model_dir(fixture, &meta);
+    let dir = drawn_model_dir(fixture, &meta);
     let loaded = kvdecode::io::hf::load_dir(&dir);
     std::fs::remove_dir_all(&dir).unwrap();
     let w = loaded.map_err(|e| format!("{name}: {e}"))?;

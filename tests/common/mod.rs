@@ -4,6 +4,8 @@
 
 pub mod gguf_writer;
 
+use std::path::{Path, PathBuf};
+
 use kvdecode::{Gpu, ModelConfig, ModelWeights};
 
 /// The device of this test process, shared by every engine the process builds, as a server's
@@ -223,4 +225,60 @@ pub fn prefill_then_decode(e: &mut kvdecode::Engine) -> Vec<Vec<f32>> {
         out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
     }
     out
+}
+
+/// `draw` in make_shape_fixtures.py, bit for bit.
+pub fn draw(name: &str, shape: &[usize]) -> Vec<f32> {
+    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
+    for b in name.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01B3);
+    }
+    let n: usize = shape.iter().product();
+    let matrix_scale = (shape.len() == 2).then(|| (1.7 / (shape[1] as f64).sqrt()) as f32);
+    (1..=n as u64)
+        .map(|i| {
+            let mut z = h.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let u = (z >> 40) as f32 / 16_777_216.0 * 2.0 - 1.0;
+            if name.contains("norm") {
+                1.0 + 0.2 * u
+            } else if let Some(s) = matrix_scale {
+                u * s
+            } else {
+                0.5 * u
+            }
+        })
+        .collect()
+}
+
+/// A Hugging Face directory of an hf-shapes fixture's model (`meta`: its meta.json): its config.json
+/// and the weights [`draw`]n from their names, in a temporary folder the caller removes.
+pub fn drawn_model_dir(fixture: &Path, meta: &serde_json::Value) -> PathBuf {
+    let name = fixture.file_name().unwrap().to_string_lossy();
+    let dir = std::env::temp_dir().join(format!("kvdecode-hf-shapes-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(fixture.join("config.json"), dir.join("config.json")).unwrap();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = meta["tensors"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, shape)| {
+            let shape: Vec<usize> = shape.as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+            let bytes = draw(name, &shape).iter().flat_map(|x| x.to_le_bytes()).collect();
+            (name.clone(), shape, bytes)
+        })
+        .collect();
+    let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, shape, bytes)| {
+            (
+                name.as_str(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    dir
 }
