@@ -179,7 +179,7 @@ fn adapters_on_the_gpu_match_peft_at_every_position() {
         let case = dir.file_name().unwrap().to_string_lossy().into_owned();
         let w = base(case.split('-').next().unwrap());
         let mut e = engine(&w, 2, 1);
-        e.load_lora_dir("a", &dir).unwrap_or_else(|err| panic!("{case}: {err}"));
+        e.load_lora_path("a", &dir).unwrap_or_else(|err| panic!("{case}: {err}"));
         e.set_adapter(1, Some("a")).unwrap();
         let tokens = npy::read(dir.join("tokens.npy")).unwrap().to_u32().unwrap();
         let want = npy::read(dir.join("logits.npy")).unwrap().to_f32();
@@ -213,7 +213,7 @@ const ADAPTERS: [Option<&str>; 4] = [None, Some("r1"), Some("r8"), Some("r64")];
 
 fn load_three(e: &mut Engine) {
     for n in ADAPTERS.into_iter().flatten() {
-        e.load_lora_dir(n, fixtures().join(format!("lora/llama-{n}"))).unwrap();
+        e.load_lora_path(n, fixtures().join(format!("lora/llama-{n}"))).unwrap();
     }
 }
 
@@ -348,16 +348,16 @@ fn slots_rows_and_the_prompt_cache_keep_adapters_apart() {
     let dir = |n: &str| fixtures().join(format!("lora/llama-{n}"));
     let plain = EngineOptions { beyond_trained_context: true, ..EngineOptions::new(1, 320) };
     let mut none = Engine::new(&gpu(), &w, plain).unwrap();
-    let err = none.load_lora_dir("r8", dir("r8")).unwrap_err().to_string();
+    let err = none.load_lora_path("r8", dir("r8")).unwrap_err().to_string();
     assert!(err.contains("max_loras"), "{err}");
     let mut low = Engine::new(&gpu(), &w, EngineOptions { max_loras: 1, max_lora_rank: 8, ..plain }).unwrap();
-    let err = low.load_lora_dir("r64", dir("r64")).unwrap_err().to_string();
+    let err = low.load_lora_path("r64", dir("r64")).unwrap_err().to_string();
     assert!(err.contains("rank 64") && err.contains("max_lora_rank"), "{err}");
     let mut e = engine(&w, 4, 2);
-    e.load_lora_dir("r1", dir("r1")).unwrap();
-    assert!(e.load_lora_dir("r1", dir("r8")).unwrap_err().to_string().contains("already loaded"));
-    e.load_lora_dir("r8", dir("r8")).unwrap();
-    let err = e.load_lora_dir("r64", dir("r64")).unwrap_err().to_string();
+    e.load_lora_path("r1", dir("r1")).unwrap();
+    assert!(e.load_lora_path("r1", dir("r8")).unwrap_err().to_string().contains("already loaded"));
+    e.load_lora_path("r8", dir("r8")).unwrap();
+    let err = e.load_lora_path("r64", dir("r64")).unwrap_err().to_string();
     assert!(err.contains("all 2 LoRA slots are taken"), "{err}");
     assert!(e.set_adapter(0, Some("r64")).unwrap_err().to_string().contains("no LoRA adapter named"));
     assert_eq!(e.loras(), [("r1".to_string(), 0), ("r8".to_string(), 0)]);
@@ -387,7 +387,7 @@ fn slots_rows_and_the_prompt_cache_keep_adapters_apart() {
     assert!(woken.row(0) == step.row(0), "sleep and wake keep the adapter");
     e.reset(&[0, 3]).unwrap();
     e.unload_lora("r1").unwrap();
-    e.load_lora_dir("r64", dir("r64")).unwrap();
+    e.load_lora_path("r64", dir("r64")).unwrap();
     assert_eq!(e.loras(), [("r64".to_string(), 0), ("r8".to_string(), 0)], "the freed slot is taken again");
 }
 
@@ -444,4 +444,31 @@ fn adapters_at_every_attention_shape_match_peft() {
         let tolerance = if w.cfg.head_dim == 256 { 3e-4 } else { 1e-4 };
         assert!(d_ref <= tolerance && d_gpu <= tolerance, "{name}: reference {d_ref}, GPU {d_gpu}");
     }
+}
+
+/// GGUF LoRA files as llama.cpp's `convert_lora_to_gguf.py` writes them (made from two PEFT
+/// fixtures with llama.cpp's gguf-py: scripts/fixtures/make_lora_gguf_fixtures.py): Llama's, whose
+/// q and k B rows come permuted as the converter permutes the base's, and Qwen3's read into exactly
+/// the adapter of the PEFT folder beside them, and give PEFT's logits on the GPU. A model file is
+/// not an adapter.
+#[test]
+fn gguf_lora_files_read_as_the_peft_adapter() {
+    use kvdecode::io::model_file::open_lora;
+    for case in ["llama-r8", "qwen3-r8"] {
+        let dir = fixtures().join("lora").join(case);
+        let w = base(case.split('-').next().unwrap());
+        let from_gguf = open_lora(dir.join("adapter.gguf"), &w.cfg).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(from_gguf == open_lora(&dir, &w.cfg).unwrap(), "{case}: the GGUF file's adapter is not PEFT's");
+        let mut e = engine(&w, 1, 1);
+        e.load_lora_path("g", dir.join("adapter.gguf")).unwrap();
+        e.set_adapter(0, Some("g")).unwrap();
+        let tokens = npy::read(dir.join("tokens.npy")).unwrap().to_u32().unwrap();
+        let d =
+            max_abs_diff(&all_positions(&mut e, 0, &tokens, 60), &npy::read(dir.join("logits.npy")).unwrap().to_f32());
+        println!("{case} from GGUF: GPU vs PEFT {d:.1e} over {} positions", tokens.len());
+        assert!(d <= 1e-4, "{case}: {d}");
+    }
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/gguf/llama-f32-chatml.gguf");
+    let err = open_lora(&model, &base("llama").cfg).unwrap_err().to_string();
+    assert!(err.contains("not a LoRA adapter GGUF"), "{err}");
 }

@@ -506,9 +506,9 @@ impl Engine {
     }
 
     /// Make the PEFT adapter folder `path` resident under `name`.
-    fn load_lora_dir(&mut self, py: Python<'_>, name: &str, path: std::path::PathBuf) -> PyResult<()> {
+    fn load_lora_path(&mut self, py: Python<'_>, name: &str, path: std::path::PathBuf) -> PyResult<()> {
         let e = &mut self.inner;
-        py.detach(|| e.load_lora_dir(name, &path)).map_err(to_py)
+        py.detach(|| e.load_lora_path(name, &path)).map_err(to_py)
     }
 
     /// Replace some of adapter `name`'s tensors in place; returns (version, modules, bytes, rows).

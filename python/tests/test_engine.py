@@ -5,6 +5,7 @@ Random tests print their seed. Run with `bash scripts/test-python.sh` (builds th
 import gc
 import os
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -485,6 +486,14 @@ def test_lora_from_a_folder_or_a_state_dict_and_pushed_by_a_trainer():
     assert np.array_equal(got[0], got[1])
     assert np.abs(got[2] - want).max() > 0.1, "row 2 is on the base model"
     assert engine.adapter(1) == ("dict", 0)
+    # the Rust API's `logits --lora` (examples/logits.rs) gives the same bits
+    binary = Path(os.environ.get("KVDECODE_LOGITS_BIN", ROOT / "target/release/examples/logits"))
+    with tempfile.TemporaryDirectory() as tmp:
+        np.save(Path(tmp) / "tokens.npy", tokens)
+        subprocess.run([binary, "--model", str(ROOT / "tests/fixtures/hf/llama"), "--tokens", str(Path(tmp) / "tokens.npy"),
+                        "--lora", str(d), "--out", str(Path(tmp) / "rust.npy")], check=True)
+        rust = np.load(Path(tmp) / "rust.npy")
+    assert np.array_equal(rust[0].view(np.uint32), got[0].view(np.uint32))
     # the scheduler: requests name their adapter; the base model's request has none
     engine.reset()
     sched = kvdecode.Scheduler(engine)

@@ -140,10 +140,11 @@ impl Engine {
         Ok(())
     }
 
-    /// [`Engine::load_lora`] of a PEFT adapter directory (`adapter_config.json` and
-    /// `adapter_model.safetensors`).
-    pub fn load_lora_dir(&mut self, name: &str, dir: impl AsRef<Path>) -> Result<()> {
-        let adapter = LoraAdapter::from_peft_dir(dir.as_ref(), &self.cfg)?;
+    /// [`Engine::load_lora`] of a PEFT adapter folder (`adapter_config.json` and
+    /// `adapter_model.safetensors`) or a GGUF LoRA file (llama.cpp's `convert_lora_to_gguf.py`):
+    /// [`crate::io::model_file::open_lora`].
+    pub fn load_lora_path(&mut self, name: &str, path: impl AsRef<Path>) -> Result<()> {
+        let adapter = crate::io::model_file::open_lora(path, &self.cfg)?;
         self.load_lora(name, &adapter)
     }
 

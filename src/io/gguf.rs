@@ -12,6 +12,7 @@ use std::path::Path;
 use crate::error::{file_err, Error, Result};
 use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig};
 use crate::model::family::{assemble, tensor_names, Family, Naming, Place, Slot, Tensor};
+use crate::model::lora::LoraAdapter;
 use crate::model::quant::QuantKind;
 use crate::model::rope::{yarn_mscale, RopeScaling};
 use crate::model::weights::{Half, Matrix, ModelWeights};
@@ -540,6 +541,25 @@ impl GgufFile {
                 "GGUF architecture {arch:?} is not supported (supported: llama, qwen2, qwen3, smollm3, olmo2, phi3, gemma2, gemma3)"
             ))),
         }
+    }
+
+    /// The LoRA adapter this file holds for a model of `cfg`, as llama.cpp's
+    /// `convert_lora_to_gguf.py` writes one (`general.type` `adapter`, `adapter.type` `lora`,
+    /// `adapter.lora.alpha`): [`LoraAdapter::from_gguf_tensors`]. A model file is refused by name.
+    pub fn lora(&self, cfg: &ModelConfig) -> Result<LoraAdapter> {
+        let kind = (self.get("general.type").and_then(Value::as_str), self.get("adapter.type").and_then(Value::as_str));
+        if kind != (Some("adapter"), Some("lora")) {
+            return Err(Error::Weights(format!(
+                "not a LoRA adapter GGUF (general.type {:?}, adapter.type {:?}; a LoRA file has \"adapter\" and \"lora\")",
+                kind.0, kind.1
+            )));
+        }
+        let alpha = self.get("adapter.lora.alpha").and_then(Value::as_f64).unwrap_or(0.0) as f32;
+        if !alpha.is_finite() {
+            return Err(Error::Weights(format!("adapter.lora.alpha is {alpha}, not a finite number")));
+        }
+        let tensors = crate::io::model_file::TensorFiles::gguf_tensors(self);
+        LoraAdapter::from_gguf_tensors(alpha, &tensors, cfg)
     }
 
     /// The model's weights. For `llama`, llama.cpp stores Q and K rows permuted for its interleaved

@@ -86,22 +86,29 @@ impl TensorFiles {
         files.into_iter().map(read).collect::<Result<_>>().map(TensorFiles::Safetensors)
     }
 
+    /// A GGUF file's tensors by their names, in PyTorch's dimension order (quantized ones as
+    /// their blocks).
+    pub fn gguf_tensors(g: &GgufFile) -> Vec<HostTensor<'_>> {
+        g.tensors
+            .iter()
+            .map(|t| {
+                let dtype = match t.ty {
+                    TensorType::F32 => HostDtype::F32,
+                    TensorType::F16 => HostDtype::F16,
+                    TensorType::BF16 => HostDtype::BF16,
+                    TensorType::Quant(k) => HostDtype::Quant(k),
+                };
+                let shape = t.dims.iter().rev().copied().collect();
+                HostTensor { name: t.name.clone(), shape, dtype, bytes: g.tensor_bytes(t) }
+            })
+            .collect()
+    }
+
     /// Every tensor, as views of the bytes read (GGUF's `[cols, rows]` dims as `[rows, cols]`).
     pub fn tensors(&self) -> Result<Vec<HostTensor<'_>>> {
         let mut out = Vec::new();
         match self {
-            TensorFiles::Gguf(g) => {
-                for t in &g.tensors {
-                    let dtype = match t.ty {
-                        TensorType::F32 => HostDtype::F32,
-                        TensorType::F16 => HostDtype::F16,
-                        TensorType::BF16 => HostDtype::BF16,
-                        TensorType::Quant(k) => HostDtype::Quant(k),
-                    };
-                    let shape = t.dims.iter().rev().copied().collect();
-                    out.push(HostTensor { name: t.name.clone(), shape, dtype, bytes: g.tensor_bytes(t) });
-                }
-            }
+            TensorFiles::Gguf(g) => out = Self::gguf_tensors(g),
             TensorFiles::Safetensors(files) => {
                 for (path, bytes) in files {
                     let st = safetensors::SafeTensors::deserialize(bytes)
@@ -126,4 +133,18 @@ impl TensorFiles {
         }
         Ok(out)
     }
+}
+
+/// A LoRA adapter for a model of `cfg` from `path`: a PEFT folder (`adapter_config.json` and
+/// `adapter_model.safetensors`) or a GGUF LoRA file as llama.cpp's `convert_lora_to_gguf.py`
+/// writes it (llama-server's `--lora`).
+pub fn open_lora(
+    path: impl AsRef<Path>,
+    cfg: &crate::model::config::ModelConfig,
+) -> Result<crate::model::lora::LoraAdapter> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        return crate::model::lora::LoraAdapter::from_peft_dir(path, cfg);
+    }
+    GgufFile::open(path)?.lora(cfg).map_err(|e| file_err(path, e))
 }

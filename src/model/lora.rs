@@ -262,6 +262,82 @@ impl LoraAdapter {
         Ok(adapter)
     }
 
+    /// An adapter from a GGUF LoRA file's tensors, as llama.cpp's `convert_lora_to_gguf.py` writes
+    /// them (the file itself: [`crate::io::gguf::GgufFile::lora`]): `blk.N.attn_q.weight.lora_a`
+    /// `[rank, in]` and `.lora_b` `[out, rank]` by the base model's GGUF names (so B's rows come in
+    /// the GGUF order, Llama's permuted q and k included, and go where the base's rows went), and
+    /// `adapter.lora.alpha`: each module's scale is `alpha / rank`, or 1 with no alpha (llama.cpp's
+    /// rule). Adapters on the embedding or the output, and names that are not a block's
+    /// projection, are refused by name.
+    pub fn from_gguf_tensors(alpha: f32, tensors: &[HostTensor], cfg: &ModelConfig) -> Result<Self> {
+        let names: std::collections::HashMap<String, TensorName> =
+            tensor_names(cfg, Naming::Gguf).into_iter().map(|t| (t.name.clone(), t)).collect();
+        let mut pairs: std::collections::BTreeMap<&str, [Option<&HostTensor>; 2]> = Default::default();
+        for t in tensors {
+            let (base, is_b) = match (t.name.strip_suffix(".lora_a"), t.name.strip_suffix(".lora_b")) {
+                (Some(base), _) => (base, false),
+                (_, Some(base)) => (base, true),
+                _ => {
+                    return Err(Error::Weights(format!(
+                        "adapter tensor `{}`: not a LoRA tensor (.lora_a, .lora_b)",
+                        t.name
+                    )))
+                }
+            };
+            if base.starts_with("token_embd") || base.starts_with("output.") {
+                return Err(Error::Weights(format!(
+                    "adapter tensor `{}`: adapters on the embedding or the LM head are not supported",
+                    t.name
+                )));
+            }
+            let pair = pairs.entry(base).or_default();
+            if pair[usize::from(is_b)].replace(t).is_some() {
+                return Err(Error::Weights(format!("adapter tensor `{}` is given twice", t.name)));
+            }
+        }
+        let mut adapter = LoraAdapter { layers: vec![Default::default(); cfg.layers.len()] };
+        for (base, pair) in pairs {
+            let [Some(a), Some(b)] = pair else {
+                let (have, miss) = if pair[0].is_some() { ("lora_a", "lora_b") } else { ("lora_b", "lora_a") };
+                return Err(Error::Weights(format!("adapter module `{base}` has {have} but no {miss}")));
+            };
+            let t = names.get(base);
+            let parts = t.map(|t| targets(cfg, t)).unwrap_or_default();
+            let (Some(t), Some((first, _))) = (t, parts.first()) else {
+                return Err(Error::Weights(format!(
+                    "adapter module `{base}`: not a block projection this {:?} model has to adapt",
+                    cfg.family
+                )));
+            };
+            let Some(Slot::Layer(layer, _)) = t.places.first().map(|p| p.slot) else {
+                unreachable!("targets are blocks'")
+            };
+            if a.shape.len() != 2 || a.shape[0] == 0 {
+                return Err(Error::Weights(format!(
+                    "adapter tensor `{}`: shape {:?}, not [rank, in]",
+                    a.name, a.shape
+                )));
+            }
+            let rank = a.shape[0];
+            let inputs = first.dims(cfg, layer).0;
+            if matches!(first, LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down) && !adapts_mlp(cfg, layer) {
+                return Err(Error::Weights(format!(
+                    "adapter module `{base}`: block {layer}'s MLP is not one kvdecode adapts"
+                )));
+            }
+            let hint = |e| rank_hint(e, base, &format!("rank {rank} by its lora_a"));
+            a.check(&[rank, inputs]).map_err(hint)?;
+            b.check(&[t.shape[0], rank]).map_err(hint)?;
+            let scale = if alpha == 0.0 { 1.0 } else { alpha / rank as f32 };
+            let (av, bv) = (a.values_f32(), b.values_f32());
+            for (target, place) in parts {
+                let module = LoraModule { rank, scale, a: av.clone(), b: rows_of(&place, &bv, rank) };
+                adapter.layers[layer][target as usize] = Some(module);
+            }
+        }
+        Ok(adapter)
+    }
+
     /// This adapter with some of its modules' `A` and/or `B` replaced by `tensors` (PEFT's names,
     /// as [`LoraAdapter::from_peft`] reads them), as a trainer pushes them after a step: each
     /// module keeps its rank and scale. Returns the new adapter and the (block, target) pairs

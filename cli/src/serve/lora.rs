@@ -1,8 +1,8 @@
 //! LoRA adapters on the server, by vLLM's conventions: `--lora NAME=PATH` (repeatable) loads PEFT
-//! adapter folders at start, a request picks one with `"model": "NAME"`, `/v1/models` lists them
-//! beside the base model, and the admin endpoints `POST /v1/load_lora_adapter` and
-//! `/v1/unload_lora_adapter` change them while the server runs (folders under `--weights-dir`
-//! only, read off the engine thread). An adapter named by a request in flight cannot be unloaded.
+//! adapter folders (or GGUF LoRA files) at start, a request picks one with `"model": "NAME"`,
+//! `/v1/models` lists them beside the base model, and the admin endpoints
+//! `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` change them while the server runs
+//! (paths under `--weights-dir` only, read off the engine thread). An adapter named by a request in flight cannot be unloaded.
 
 use std::sync::Arc;
 
@@ -10,6 +10,7 @@ use axum::extract::{Request as HttpRequest, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use kvdecode::io::model_file::open_lora;
 use kvdecode::{LoraAdapter, ModelConfig};
 use serde_json::{json, Value};
 
@@ -28,7 +29,7 @@ pub fn read_flags(flags: &[String], cfg: &ModelConfig) -> Result<Vec<(String, Lo
         if out.iter().any(|(n, _)| n == name) {
             return Err(format!("--lora: the name {name:?} is given twice"));
         }
-        let adapter = LoraAdapter::from_peft_dir(path, cfg).map_err(|e| format!("--lora {name}={path}: {e}"))?;
+        let adapter = open_lora(path, cfg).map_err(|e| format!("--lora {name}={path}: {e}"))?;
         out.push((name.to_string(), adapter));
     }
     Ok(out)
@@ -72,8 +73,9 @@ fn name_of(v: &Value) -> Result<String, ApiError> {
     }
 }
 
-/// `POST /v1/load_lora_adapter {"lora_name": NAME, "lora_path": PATH}`: a PEFT adapter folder
-/// under `--weights-dir`, made resident under NAME; requests then pick it with `"model": NAME`.
+/// `POST /v1/load_lora_adapter {"lora_name": NAME, "lora_path": PATH}`: a PEFT adapter folder (or
+/// a GGUF LoRA file) under `--weights-dir`, made resident under NAME; requests then pick it with
+/// `"model": NAME`.
 pub async fn load(State(app): State<Arc<App>>, req: HttpRequest) -> Response {
     let r = async {
         let body = read_body(&app, req.into_body()).await?;
@@ -89,7 +91,7 @@ pub async fn load(State(app): State<Arc<App>>, req: HttpRequest) -> Response {
         };
         let path = dir.resolve(&given)?;
         let a = app.clone();
-        let read = tokio::task::spawn_blocking(move || LoraAdapter::from_peft_dir(&path, &a.cfg)).await;
+        let read = tokio::task::spawn_blocking(move || open_lora(&path, &a.cfg)).await;
         let adapter = match read {
             Ok(Ok(adapter)) => adapter,
             Ok(Err(e)) => return Err(ApiError::bad("lora_path", format!("{given:?} is not an adapter for it: {e}"))),

@@ -474,7 +474,8 @@ class Engine:
 
         Args:
             adapter: a PEFT adapter folder (``adapter_config.json`` and
-                ``adapter_model.safetensors``), or PEFT tensors by their names: a mapping such as
+                ``adapter_model.safetensors``) or a GGUF LoRA file (llama.cpp's
+                ``convert_lora_to_gguf.py``), or PEFT tensors by their names: a mapping such as
                 ``get_peft_model_state_dict(peft_model)`` or ``peft_model.state_dict()`` (the base
                 model's own tensors in it are skipped), or ``(name, tensor)`` pairs.
             config: with tensors, the adapter's settings: ``peft_model.peft_config["default"]``,
@@ -485,7 +486,7 @@ class Engine:
         weights never change. DoRA, embedding or LM-head adapters and modules the model lacks
         raise :class:`ModelFileError` by name, and nothing changes."""
         if isinstance(adapter, (str, os.PathLike)):
-            self._e.load_lora_dir(str(name), os.fspath(adapter))
+            self._e.load_lora_path(str(name), os.fspath(adapter))
             return
         if config is None:
             raise InvalidInput("invalid input: config: adapter tensors need the adapter's config (r, lora_alpha)")
