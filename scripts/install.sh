@@ -3,7 +3,7 @@
 #   scripts/install.sh apt      Debian packages: lavapipe, Mesa EGL/GL, Python's pip, the browsers, Node
 #   scripts/install.sh cargo    cargo-nextest, cargo-hakari, wasm-bindgen-cli, the wasm32 target
 #   scripts/install.sh python [openai|wheel|grpo ...]
-#                               the venvs of the openai, wheel and GRPO tests (torch), and SmolLM2
+#                               the venvs of the openai, wheel and GRPO tests (torch, PEFT), and SmolLM2
 #   scripts/install.sh web      the page's npm packages (playwright-core, puppeteer-core)
 #   scripts/install.sh          all four
 # `.ci/run` calls each part as a stage of its own, so a slow install shows as such; the test
@@ -66,8 +66,9 @@ python_part() { # python_part [openai] [wheel] [grpo]: those venvs (all three by
   [[ $which != *" wheel "* ]] ||
     venv "${KVDECODE_PYTHON_VENV:-$cache/python-venv}" numpy,pytest,ray numpy==2.4.6 pytest==9.2.0 ray==2.60.0
   [[ $which != *" grpo "* ]] ||
-    venv "${KVDECODE_GRPO_VENV:-$cache/grpo-venv}" torch,numpy,safetensors,matplotlib,ray \
-      torch==2.15.0 numpy==2.4.6 safetensors==0.8.0 matplotlib==3.11.2 ray==2.60.0
+    venv "${KVDECODE_GRPO_VENV:-$cache/grpo-venv}" torch,numpy,safetensors,matplotlib,ray,peft \
+      torch==2.15.0 numpy==2.4.6 safetensors==0.8.0 matplotlib==3.11.2 ray==2.60.0 \
+      peft==0.21.2 transformers==5.24.0 accelerate==1.16.0
   bash scripts/fetch-smollm2.sh >/dev/null
 }
 

@@ -12,12 +12,19 @@ cli=target/$profile_dir/kvdecode
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 log=$(mktemp)
 tlog=$(mktemp)
+llog=$(mktemp)
+adapters=$(mktemp -d)
+"$venv/bin/python" scripts/serve/make_lora_adapters.py "$adapters" a b c
 "$cli" serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0 --rows 4 --max-len 512 2>"$log" &
 server=$!
 # a tiny random model whose chat template takes tools (fuzz/seeds), for tool calls
 "$cli" serve --model fuzz/seeds/gguf/llama-f32-tools.gguf --port 0 --rows 2 --max-len 1024 2>"$tlog" &
 tserver=$!
-trap 'kill $server $tserver 2>/dev/null || true; rm -f "$log" "$tlog"' EXIT
+# SmolLM2 with three LoRA adapters (scripts/serve/make_lora_adapters.py), 8 rows for 8 requests
+"$cli" serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0 --rows 8 --max-len 256 --max-loras 3 \
+  --max-lora-rank 4 --lora "a=$adapters/a" --lora "b=$adapters/b" --lora "c=$adapters/c" 2>"$llog" &
+lserver=$!
+trap 'kill $server $tserver $lserver 2>/dev/null || true; rm -rf "$log" "$tlog" "$llog" "$adapters"' EXIT
 wait_port() {
   for _ in $(seq 1 600); do
     p=$(sed -n 's|.*http://127.0.0.1:\([0-9]*\).*|\1|p' "$1")
@@ -29,9 +36,10 @@ wait_port() {
 }
 port=$(wait_port "$log")
 tport=$(wait_port "$tlog")
+lport=$(wait_port "$llog")
 url=http://127.0.0.1:$port
-echo "== openai $("$venv/bin/python" -c 'import openai; print(openai.__version__)') against $url (and :$tport for tools)"
-"$venv/bin/python" scripts/serve/openai_client_test.py "$url/v1" "http://127.0.0.1:$tport/v1"
+echo "== openai $("$venv/bin/python" -c 'import openai; print(openai.__version__)') against $url (:$tport for tools, :$lport for adapters)"
+"$venv/bin/python" scripts/serve/openai_client_test.py "$url/v1" "http://127.0.0.1:$tport/v1" "http://127.0.0.1:$lport/v1"
 
 echo "== curl: health, SSE wire format, metrics"
 [ "$(curl -s "$url/health")" = '{"status":"ok"}' ] || { echo "health"; exit 1; }

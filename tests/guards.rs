@@ -178,13 +178,13 @@ fn bad_samplers_windows_and_episodes_change_nothing() {
     assert!(m.contains("steps 10 must be in 1..=9"), "{m}");
     // episodes: an empty prompt, an id outside the vocabulary, a bad sampler; rows keep their state
     let mut eps = Rollouts::new(&e);
-    let m = eps.start(&mut e, &[0], &[vec![]], &[Sampler::GREEDY]).unwrap_err().to_string();
+    let m = eps.start(&mut e, &[0], &[vec![]], &[Sampler::GREEDY], None).unwrap_err().to_string();
     assert!(m.contains("prompt 0 (row 0) is empty"), "{m}");
-    let m = eps.start(&mut e, &[0, 1], &[vec![1], vec![1, 500]], &[Sampler::GREEDY; 2]).unwrap_err().to_string();
+    let m = eps.start(&mut e, &[0, 1], &[vec![1], vec![1, 500]], &[Sampler::GREEDY; 2], None).unwrap_err().to_string();
     assert!(m.contains("prompt 1 (row 1): id 500 is outside the vocabulary"), "{m}");
-    let m = eps.start(&mut e, &[1], &[vec![1; 40]], &[Sampler::GREEDY]).unwrap_err().to_string();
+    let m = eps.start(&mut e, &[1], &[vec![1; 40]], &[Sampler::GREEDY], None).unwrap_err().to_string();
     assert!(m.contains("40 tokens, more than max_len 32"), "{m}");
-    let m = eps.start(&mut e, &[1], &[vec![1]], &[Sampler::GREEDY.with_top_p(2.0)]).unwrap_err().to_string();
+    let m = eps.start(&mut e, &[1], &[vec![1]], &[Sampler::GREEDY.with_top_p(2.0)], None).unwrap_err().to_string();
     assert!(m.contains("top_p 2 must be in (0, 1]"), "{m}");
     assert_eq!(e.cache().lens(), &lens[..]);
     assert_rows_match_reference(&mut e, &w, &[7, 8]);

@@ -17,7 +17,7 @@ fn episodes_with_forks_tool_results_and_turns() {
     // A: one prompt, forked into rows 1 and 2
     let mut ea = Engine::new(&gpu(), &w, EngineOptions::new(3, 64)).unwrap();
     let mut ra = Rollouts::new(&ea);
-    ra.start(&mut ea, &[0], std::slice::from_ref(&prompt), &samplers[..1]).unwrap();
+    ra.start(&mut ea, &[0], std::slice::from_ref(&prompt), &samplers[..1], None).unwrap();
     ra.fork(&mut ea, 0, &[1, 2], &samplers[1..]).unwrap();
     let t1 = ra.decode_turn(&mut ea, &[0, 1, 2], &limits(3), 4).unwrap();
     ra.tool_result(&mut ea, &[0, 1, 2], &tool).unwrap();
@@ -26,7 +26,7 @@ fn episodes_with_forks_tool_results_and_turns() {
     // B: the same prompt prefilled separately in each row (no fork), window 1
     let mut eb = Engine::new(&gpu(), &w, EngineOptions::new(3, 64)).unwrap();
     let mut rb = Rollouts::new(&eb);
-    rb.start(&mut eb, &[0, 1, 2], &[prompt.clone(), prompt.clone(), prompt.clone()], &samplers).unwrap();
+    rb.start(&mut eb, &[0, 1, 2], &[prompt.clone(), prompt.clone(), prompt.clone()], &samplers, None).unwrap();
     let u1 = rb.decode_turn(&mut eb, &[0, 1, 2], &limits(3), 1).unwrap();
     rb.tool_result(&mut eb, &[0, 1, 2], &tool).unwrap();
     let u2 = rb.decode_turn(&mut eb, &[2, 0, 1], &limits(7), 1).unwrap();
@@ -76,7 +76,7 @@ fn a_scheduler_and_rollouts_share_an_engine_without_taking_each_others_rows() {
     let mut e = Engine::new(&gpu(), &w, EngineOptions::new(4, 64)).unwrap();
     let mut ro = Rollouts::new(&e);
     let prompts = vec![vec![3, 4, 5, 6], vec![7, 8, 9]];
-    ro.start(&mut e, &[0, 1], &prompts, &[Sampler::GREEDY; 2]).unwrap();
+    ro.start(&mut e, &[0, 1], &prompts, &[Sampler::GREEDY; 2], None).unwrap();
     let lens = e.cache().lens().to_vec();
     let history: Vec<Vec<u32>> = (0..2).map(|r| e.cache().history(r).to_vec()).collect();
     let mut sched = Scheduler::new(&e, 8);
@@ -86,7 +86,7 @@ fn a_scheduler_and_rollouts_share_an_engine_without_taking_each_others_rows() {
     // mid-run, the scheduler's rows are not the rollouts' to take
     sched.step(&mut e, &mut |_| {}).unwrap();
     assert_eq!(sched.active(), 2, "only the two rows the rollouts left free");
-    let err = ro.start(&mut e, &[2], &[vec![1, 2]], &[Sampler::GREEDY]).unwrap_err().to_string();
+    let err = ro.start(&mut e, &[2], &[vec![1, 2]], &[Sampler::GREEDY], None).unwrap_err().to_string();
     assert!(err.contains("row 2 is held by another"), "{err}");
     let done = sched.run(&mut e, &mut |_| {}).unwrap();
     assert_eq!(done.len(), 5);

@@ -280,7 +280,7 @@ fn every_sampled_token_reports_its_weights_version() {
     assert_eq!((t[0].tokens.len(), t[0].weights_version), (4, 1));
     e.reset(&[0]).unwrap();
     let mut ro = Rollouts::new(&e);
-    ro.start(&mut e, &[1], &[vec![7, 8, 9]], &[hot]).unwrap();
+    ro.start(&mut e, &[1], &[vec![7, 8, 9]], &[hot], None).unwrap();
     let t = ro.decode_turn(&mut e, &[1], &limits, 2).unwrap();
     assert_eq!(t[0].weights_version, 1);
     ro.finish(&mut e, 1).unwrap();

@@ -137,7 +137,7 @@ pub fn run(a: Args) -> Result<()> {
                 .iter()
                 .map(|&r| Sampler::temperature(0.9, (seed * 7919) as u32 + (round * rows + r) as u32))
                 .collect();
-            eps.start(&mut engine, &leaders, &prompts, &samplers)?;
+            eps.start(&mut engine, &leaders, &prompts, &samplers, None)?;
             appended += prompts.iter().map(Vec::len).sum::<usize>();
             for &l in &leaders {
                 let dst: Vec<usize> = (l + 1..l + group).collect();

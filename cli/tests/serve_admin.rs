@@ -397,8 +397,9 @@ fn adapter_dir(dir: &std::path::Path, name: &str, seed: u64) -> String {
 
 /// LoRA on the server, as vLLM serves it: `--lora NAME=PATH` at start, `"model": NAME` picks the
 /// adapter (an unknown name is a 404), /v1/models lists the adapters, the admin key loads and
-/// unloads them while the server runs (folders under --weights-dir only), and 8 concurrent
-/// requests over the base model and two adapters each get their alone answer.
+/// unloads them while the server runs (folders under --weights-dir only), 8 concurrent requests
+/// over the base model and two adapters each get their alone answer, and a response on an
+/// adapter says its version.
 #[test]
 fn adapters_are_picked_by_model_name_and_loaded_while_serving() {
     let wd = WeightsDir::new("lora");
@@ -418,6 +419,8 @@ fn adapters_are_picked_by_model_name_and_loaded_while_serving() {
                           "max_tokens": 8, "temperature": 0, "logprobs": true});
         let (status, v) = post(s.port, "/v1/chat/completions", body);
         assert_eq!(status, 200, "{model}: {v}");
+        let on_adapter = ["a", "b"].contains(&model);
+        assert_eq!(v["adapter_version"].as_u64(), on_adapter.then_some(0), "{model}: {v}");
         let lp: Vec<f64> = v["choices"][0]["logprobs"]["content"]
             .as_array()
             .unwrap()

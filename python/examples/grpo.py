@@ -11,12 +11,22 @@ Each step:
   3. ``engine.load_weights(policy.state_dict())`` pushes the new weights in, by their Hugging Face
      names, and the next step samples from them (every turn reports its weights version).
 
+With ``--lora RANK`` the trainer trains a PEFT LoRA on every linear layer of a frozen base (twice
+as wide, so the adapter is a small part of the model), the engine applies it unmerged, and each
+step pushes only the adapter's tensors: ``engine.update_lora(name, get_peft_model_state_dict(...))``
+(every turn reports the adapter's version). It prints the adapter's bytes and sync time per step,
+and at the end a full-model sync of the same engine beside them. ``--experiments N`` runs N GRPO
+experiments on one engine, each its own adapter, seed and prompts, their rows mixed in every
+rollout batch.
+
 It prints per step the mean reward, rollout tokens/s, weight-sync ms and the mismatch (mean and
 max), and writes a PNG of reward and mismatch per step (matplotlib).
 
     python python/examples/grpo.py                      # f32 weights and K/V: exact mismatch
     python python/examples/grpo.py --dtype bf16         # 16-bit engine, f32 trainer
     python python/examples/grpo.py --ray 2              # rollouts on 2 Ray actors
+    python python/examples/grpo.py --lora 8             # a rank-8 LoRA, only the adapter pushed
+    python python/examples/grpo.py --lora 8 --experiments 3   # three adapters on one engine
     python python/examples/grpo.py --steps 40 --check   # what the tests run
 
 With ``--ray N`` the groups are split over N Ray actors that each own an engine and get the
@@ -25,6 +35,7 @@ engine of its own and checks that the episodes are identical.
 """
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -154,14 +165,27 @@ def save_hf(policy, path, dtype):
               os.path.join(path, "model.safetensors"))
 
 
-def make_engine(model_dir, rows, dtype):
-    # weights as the directory holds them (f32, f16 or bf16), K/V in the same type
-    return kvdecode.Engine(kvdecode.load(model_dir), rows=rows, max_len=32, kv=dtype, prompt_cache=False)
+def make_engine(model_dir, rows, dtype, loras=0, rank=0):
+    # weights as the directory holds them (f32, f16 or bf16), K/V in the same type; `loras`
+    # adapter slots of rank `rank`
+    return kvdecode.Engine(kvdecode.load(model_dir), rows=rows, max_len=32, kv=dtype, prompt_cache=False,
+                           max_loras=loras, max_lora_rank=max(rank, 1))
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def adapter_state(model):
+    """A PEFT model's adapter tensors by PEFT's names (what a LoRA trainer pushes)."""
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model)
 
 
 def run_groups(engine, groups, n_digits, temperature):
-    """Each group: its prompt prefilled once and forked into one row per seed; one turn each.
-    Returns one episode per (group, seed): (group id, seed, tokens, logprobs, weights version)."""
+    """Each group: its prompt prefilled once (on the group's adapter, if it names one) and forked
+    into one row per seed; one turn each. Returns one episode per (group, seed): (group id, seed,
+    tokens, logprobs, weights version, adapter version)."""
     ro, out, pending = kvdecode.Rollouts(engine), [], list(groups)
     while pending:
         wave, used = [], 0
@@ -171,14 +195,14 @@ def run_groups(engine, groups, n_digits, temperature):
             used += len(g["seeds"])
         for g, rows in wave:
             samplers = [kvdecode.Sampler(temperature, seed=s) for s in g["seeds"]]
-            ro.start([rows[0]], [g["prompt"]], sampler=samplers[0])
+            ro.start([rows[0]], [g["prompt"]], sampler=samplers[0], adapter=g.get("adapter"))
             ro.fork(rows[0], rows[1:], sampler=samplers[1:])
         all_rows = [r for _, rows in wave for r in rows]
         ro.decode_turn(all_rows, max_new=n_digits + 1, stop=[EOS])
         for g, rows in wave:
             for r, seed in zip(rows, g["seeds"]):
                 t = ro.finish(r)[0]
-                out.append((g["id"], seed, list(t.tokens), list(t.logprobs), t.weights_version))
+                out.append((g["id"], seed, list(t.tokens), list(t.logprobs), t.weights_version, t.adapter_version))
     return out
 
 
@@ -187,19 +211,53 @@ def reward(prompt, tokens, n_digits):
     return sum(int(i < len(tokens) and tokens[i] == d) for i, d in enumerate(want)) / n_digits
 
 
+def trainer_step(ex, prompts, episodes, args):
+    """One GRPO step of experiment `ex` on its episodes: the trainer's teacher-forced
+    log-probabilities of the sampled tokens, the group-normalised loss, an Adam step. Returns the
+    rewards and the |logp engine - logp trainer| of every sampled token."""
+    seqs = [prompts[g] + toks for g, _, toks, *_ in episodes]
+    width = max(len(s) for s in seqs)
+    ids = torch.tensor([s + [EOS] * (width - len(s)) for s in seqs])
+    logp_all = F.log_softmax(ex["model"](ids)[:, :-1].float() / args.temperature, dim=-1)
+    plen = args.digits + 2
+    logps, deltas, adv = [], [], []
+    rewards = np.array([reward(prompts[g], toks, args.digits) for g, _, toks, *_ in episodes])
+    for i, (g, _, toks, lps, *_) in enumerate(episodes):
+        group = rewards[[j for j, e in enumerate(episodes) if e[0] == g]]
+        a = (rewards[i] - group.mean()) / (group.std() + 1e-4)
+        for k, (t, lp) in enumerate(zip(toks, lps)):
+            trainer = logp_all[i, plen - 1 + k, t]
+            logps.append(trainer)
+            adv.append(a)
+            deltas.append(abs(lp - trainer.item()))
+    loss = -(torch.stack(logps) * torch.tensor(adv, dtype=torch.float32)).mean()
+    ex["opt"].zero_grad()
+    loss.backward()
+    ex["opt"].step()
+    return rewards, deltas
+
+
+def nbytes(state):
+    return sum(v.numel() * v.element_size() for v in state.values())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--prompts", type=int, default=16, help="prompts per step")
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per step (per experiment)")
     ap.add_argument("--group", type=int, default=8, help="samples per prompt (GRPO group)")
     ap.add_argument("--digits", type=int, default=2)
-    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--d-model", type=int, help="the policy's width (default 64; 384 with --lora)")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, help="Adam's learning rate (default 3e-3; 1e-2 with --lora)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
                     help="the engine's weights and K/V (the trainer is f32; 16-bit weights are the "
                     "trainer's rounded as the update is written)")
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK",
+                    help="train a PEFT LoRA of this rank on every linear layer of a frozen base; push only the adapter")
+    ap.add_argument("--experiments", type=int, default=1,
+                    help="with --lora: GRPO experiments on one engine, each its own adapter, rows mixed")
     ap.add_argument("--ray", type=int, default=0, help="rollouts on this many Ray actors")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default="grpo.png")
@@ -207,17 +265,43 @@ def main():
     ap.add_argument("--save-dir", help="keep the initial policy here as a Hugging Face directory "
                     "(kvdecode bench --model DIR --tables weights times its updates)")
     ap.add_argument("--check", action="store_true",
-                    help="fail unless the reward rises and (f32) the mismatch stays within 1e-5 mean, 1e-3 max")
+                    help="fail unless the reward rises (in every experiment), (f32) the mismatch stays within "
+                    "1e-5 mean, 1e-3 max, and (--lora) a sync moves at most 5%% of the full model's bytes")
     args = ap.parse_args()
+    if args.experiments < 1 or (args.experiments > 1 and not args.lora):
+        ap.error("--experiments N (N >= 1) runs N adapters: it needs --lora")
+    if args.lora and args.ray:
+        ap.error("--lora runs its experiments on one engine: leave out --ray")
+    args.d_model = args.d_model or (384 if args.lora else 64)
+    args.lr = args.lr or (1e-2 if args.lora else 3e-3)
     print(f"seed {args.seed}")
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     policy = Policy(config(args))
-    opt = torch.optim.Adam(policy.parameters(), lr=args.lr)
-    rows = args.prompts * args.group
+    # one experiment: the full policy; with --lora, one PEFT model per experiment over a copy of
+    # the frozen base, each with its own adapter initialisation and prompts
+    if args.lora:
+        from peft import LoraConfig, get_peft_model
+
+        experiments = []
+        for k in range(args.experiments):
+            torch.manual_seed(args.seed + 1 + k)
+            lora = LoraConfig(r=args.lora, lora_alpha=2 * args.lora, target_modules=LORA_TARGETS, lora_dropout=0.0)
+            model = get_peft_model(copy.deepcopy(policy), lora)
+            experiments.append({"name": f"exp{k}", "model": model, "rng": rng if k == 0 else np.random.default_rng(
+                args.seed + k), "opt": torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.lr)})
+    else:
+        experiments = [{"name": None, "model": policy, "rng": rng,
+                        "opt": torch.optim.Adam(policy.parameters(), lr=args.lr)}]
+    n_exp = len(experiments)
+    rows = args.prompts * args.group * n_exp
     tmp = args.save_dir or tempfile.mkdtemp(prefix="kvdecode-grpo-")
     save_hf(policy, tmp, args.dtype)
-    engine = make_engine(tmp, rows, args.dtype)
+    engine = make_engine(tmp, rows, args.dtype, loras=n_exp if args.lora else 0, rank=args.lora)
+    for ex in experiments:
+        if ex["name"]:
+            engine.load_lora(ex["name"], adapter_state(ex["model"]), ex["model"].peft_config["default"])
+    full_bytes = nbytes(policy.state_dict())
     actors = []
     if args.ray:
         import ray
@@ -237,16 +321,28 @@ def main():
 
         per = -(-args.prompts // args.ray)
         actors = [Worker.remote(tmp, per * args.group, args.dtype) for _ in range(args.ray)]
+    trained = sum(p.numel() for p in experiments[0]["model"].parameters() if p.requires_grad)
+    what = (f"{n_exp} rank-{args.lora} LoRA experiment(s), {trained} trained parameters each over a frozen base"
+            if args.lora else "full weights trained")
     print(f"kvdecode on {kvdecode.device()}; policy {sum(p.numel() for p in policy.parameters())} parameters, "
-          f"{args.prompts} prompts x {args.group} samples per step, engine {args.dtype}")
-    print("| step | reward | rollout tok/s | weight sync ms | mean abs dlogp | max abs dlogp | version |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    history, sync_ms = [], 0.0
+          f"{what}; {args.prompts} prompts x {args.group} samples per step and experiment, engine {args.dtype}")
+    per_exp = " rewards per experiment |" if n_exp > 1 else ""
+    print(f"| step | reward |{per_exp} rollout tok/s | sync ms | sync bytes | mean abs dlogp | max abs dlogp | version |")
+    print("|---:|---:|" + ("---|" if n_exp > 1 else "") + "---:|---:|---:|---:|---:|---:|")
+    history, sync_ms, sync_bytes = [], 0.0, full_bytes
     all_d = []
     for step in range(args.steps):
-        prompts = [[BOS] + rng.integers(0, DIGITS, args.digits).tolist() + [EQ] for _ in range(args.prompts)]
-        groups = [{"id": i, "prompt": p, "seeds": [int(s) for s in rng.integers(0, 2**31, args.group)]}
-                  for i, p in enumerate(prompts)]
+        # each experiment's prompts from its own generator; the groups interleaved, so every
+        # rollout batch mixes the experiments' rows (and adapters)
+        prompts, groups = [], []
+        for k, ex in enumerate(experiments):
+            r = ex["rng"]
+            ps = [[BOS] + r.integers(0, DIGITS, args.digits).tolist() + [EQ] for _ in range(args.prompts)]
+            seeds = [[int(s) for s in r.integers(0, 2**31, args.group)] for _ in ps]
+            for p, sd in zip(ps, seeds):
+                groups.append({"id": len(prompts), "exp": k, "prompt": p, "seeds": sd, "adapter": ex["name"]})
+                prompts.append(p)
+        groups.sort(key=lambda g: (g["id"] % args.prompts, g["exp"]))
         t0 = time.perf_counter()
         if actors:
             state = {k: v.detach().numpy() for k, v in policy.state_dict().items()}
@@ -268,48 +364,62 @@ def main():
             episodes = run_groups(engine, groups, args.digits, args.temperature)
         rollout_s = time.perf_counter() - t0
         n_tokens = sum(len(e[2]) for e in episodes)
-        versions = {e[4] for e in episodes}
-        assert versions == {step} or actors, f"step {step}: sampled under weights versions {versions}"
-        # the trainer: teacher-forced log-probabilities of the sampled tokens, then the GRPO loss
-        seqs = [prompts[g] + toks for g, _, toks, _, _ in episodes]
-        width = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [EOS] * (width - len(s)) for s in seqs])
-        logp_all = F.log_softmax(policy(ids)[:, :-1].float() / args.temperature, dim=-1)
-        plen = args.digits + 2
-        logps, deltas, adv = [], [], []
-        rewards = np.array([reward(prompts[g], toks, args.digits) for g, _, toks, _, _ in episodes])
-        for i, (g, _, toks, lps, _) in enumerate(episodes):
-            group = rewards[[j for j, e in enumerate(episodes) if e[0] == g]]
-            a = (rewards[i] - group.mean()) / (group.std() + 1e-4)
-            for k, (t, lp) in enumerate(zip(toks, lps)):
-                trainer = logp_all[i, plen - 1 + k, t]
-                logps.append(trainer)
-                adv.append(a)
-                deltas.append(abs(lp - trainer.item()))
+        # every token was sampled under this step's weights (or adapter) version
+        versions = {(e[4], e[5]) for e in episodes}
+        want = {(0, step)} if args.lora else {(step, None)}
+        assert versions == want or actors, f"step {step}: sampled under (weights, adapter) versions {versions}"
+        # each experiment's trainer on its own episodes
+        rewards, deltas = [], []
+        exp_of = {g["id"]: g["exp"] for g in groups}
+        for k, ex in enumerate(experiments):
+            r, d = trainer_step(ex, prompts, [e for e in episodes if exp_of[e[0]] == k], args)
+            rewards.append(float(r.mean()))
+            deltas.extend(d)
         all_d.extend(deltas)
-        loss = -(torch.stack(logps) * torch.tensor(adv, dtype=torch.float32)).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        # the new weights into the engine, by their Hugging Face names
+        # the new weights into the engine: the whole model by its Hugging Face names, or each
+        # adapter's tensors by PEFT's
         if not actors:
             t1 = time.perf_counter()
-            engine.load_weights(policy.state_dict(), in_flight="reset")
-            sync_ms = (time.perf_counter() - t1) * 1e3
-        rec = {"step": step, "reward": float(rewards.mean()), "rollout_tok_s": n_tokens / rollout_s,
-               "sync_ms": sync_ms, "mismatch_mean": float(np.mean(deltas)), "mismatch_max": float(np.max(deltas)),
-               "version": step}
+            if args.lora:
+                states = [adapter_state(ex["model"]) for ex in experiments]
+                for ex, st in zip(experiments, states):
+                    engine.update_lora(ex["name"], st, in_flight="reset")
+                sync_bytes = nbytes(states[0])
+            else:
+                engine.load_weights(policy.state_dict(), in_flight="reset")
+            sync_ms = (time.perf_counter() - t1) * 1e3 / n_exp
+        rec = {"step": step, "reward": float(np.mean(rewards)), "rewards": rewards,
+               "rollout_tok_s": n_tokens / rollout_s, "sync_ms": sync_ms, "sync_bytes": sync_bytes,
+               "mismatch_mean": float(np.mean(deltas)), "mismatch_max": float(np.max(deltas)), "version": step}
         history.append(rec)
-        print(f"| {step} | {rec['reward']:.3f} | {rec['rollout_tok_s']:.0f} | {sync_ms:.2f} | "
+        each = " " + " ".join(f"{r:.2f}" for r in rewards) + " |" if n_exp > 1 else ""
+        print(f"| {step} | {rec['reward']:.3f} |{each} {rec['rollout_tok_s']:.0f} | {sync_ms:.2f} | {sync_bytes} | "
               f"{rec['mismatch_mean']:.2e} | {rec['mismatch_max']:.2e} | {step} |", flush=True)
-    start = np.mean([h["reward"] for h in history[:5]])
-    end = np.mean([h["reward"] for h in history[-5:]])
+    starts = [np.mean([h["rewards"][k] for h in history[:5]]) for k in range(n_exp)]
+    ends = [np.mean([h["rewards"][k] for h in history[-5:]]) for k in range(n_exp)]
     mean_d, max_d = float(np.mean(all_d)), float(np.max(all_d))
-    print(f"reward {start:.3f} -> {end:.3f} (first and last 5 steps); mismatch over {len(all_d)} sampled tokens: "
+    rises = ", ".join(f"{a:.3f} -> {b:.3f}" for a, b in zip(starts, ends))
+    print(f"reward {rises} (first and last 5 steps); mismatch over {len(all_d)} sampled tokens: "
           f"mean {mean_d:.2e}, max {max_d:.2e}")
+    summary = {"steps": history, "mismatch_mean": mean_d, "mismatch_max": max_d}
+    if args.lora:
+        # the full-model sync these adapters replace, on the same engine: the base's own tensors
+        # pushed whole (the adapters stay resident)
+        full_ms = []
+        for _ in range(3):
+            t1 = time.perf_counter()
+            engine.load_weights(policy.state_dict(), in_flight="reset")
+            full_ms.append((time.perf_counter() - t1) * 1e3)
+        lora_ms = float(np.median([h["sync_ms"] for h in history]))
+        share = sync_bytes / full_bytes
+        print(f"sync per step and adapter: {sync_bytes} bytes in {lora_ms:.2f} ms (median); the full model: "
+              f"{full_bytes} bytes in {np.median(full_ms):.2f} ms (median of 3); the adapter moves {share:.1%} "
+              "of the full model's bytes")
+        summary.update(adapter_bytes=sync_bytes, full_bytes=full_bytes, adapter_sync_ms=lora_ms,
+                       full_sync_ms=float(np.median(full_ms)))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"steps": history, "mismatch_mean": mean_d, "mismatch_max": max_d}, f)
+            json.dump(summary, f)
     if args.plot:
         import matplotlib
 
@@ -317,8 +427,12 @@ def main():
         import matplotlib.pyplot as plt
 
         fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-        a.plot([h["reward"] for h in history])
-        a.set(xlabel="step", ylabel="mean reward", title=f"reverse {args.digits} digits (GRPO)", ylim=(0, 1))
+        for k in range(n_exp):
+            a.plot([h["rewards"][k] for h in history], label=experiments[k]["name"] or "full weights")
+        what = f"rank-{args.lora} LoRA" if args.lora else "GRPO"
+        a.set(xlabel="step", ylabel="mean reward", title=f"reverse {args.digits} digits ({what})", ylim=(0, 1))
+        if n_exp > 1:
+            a.legend()
         b.semilogy([h["mismatch_mean"] for h in history], label="mean")
         b.semilogy([h["mismatch_max"] for h in history], label="max")
         b.set(xlabel="step", ylabel="|logp engine - logp trainer|", title=f"mismatch ({args.dtype} engine)")
@@ -327,9 +441,12 @@ def main():
         fig.savefig(args.plot, dpi=110)
         print(f"wrote {args.plot}")
     if args.check:
-        assert end > start + 0.1, f"the reward did not rise: {start:.3f} -> {end:.3f}"
+        for k, (start, end) in enumerate(zip(starts, ends)):
+            assert end > start + 0.1, f"experiment {k}: the reward did not rise: {start:.3f} -> {end:.3f}"
         if args.dtype == "f32":
             assert mean_d <= 1e-5 and max_d <= 1e-3, f"mismatch mean {mean_d:.2e}, max {max_d:.2e}"
+        if args.lora:
+            assert sync_bytes <= 0.05 * full_bytes, f"an adapter sync moves {sync_bytes} of {full_bytes} bytes"
         print("check passed")
 
 

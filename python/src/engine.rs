@@ -123,11 +123,15 @@ pub struct Turn {
     /// The weights version its tokens were sampled under (`Engine.weights_version` then).
     #[pyo3(get)]
     weights_version: u64,
+    /// The version of the LoRA adapter the row decoded with, or `None` on the base model.
+    #[pyo3(get)]
+    adapter_version: Option<u64>,
 }
 
 impl From<kvdecode::Turn> for Turn {
     fn from(t: kvdecode::Turn) -> Self {
-        Turn { tokens: t.tokens, logprobs: t.logprobs, stopped: t.stopped, weights_version: t.weights_version }
+        let kvdecode::Turn { tokens, logprobs, stopped, weights_version, adapter_version } = t;
+        Turn { tokens, logprobs, stopped, weights_version, adapter_version }
     }
 }
 

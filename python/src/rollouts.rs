@@ -47,19 +47,21 @@ impl Rollouts {
         self.engine.clone_ref(py)
     }
 
-    /// Start episodes: reset `rows` and prefill their prompts in one batched append.
-    #[pyo3(signature = (rows, prompts, sampler=None))]
+    /// Start episodes: reset `rows`, put them on LoRA adapter `adapter` (`None`: the base model)
+    /// and prefill their prompts in one batched append.
+    #[pyo3(signature = (rows, prompts, sampler=None, adapter=None))]
     fn start(
         &mut self,
         py: Python<'_>,
         rows: Vec<i64>,
         prompts: Vec<Vec<i64>>,
         sampler: Option<&Bound<'_, PyAny>>,
+        adapter: Option<&str>,
     ) -> PyResult<()> {
         let rows = indices(&rows, "rows")?;
         let prompts = sequences(&prompts, "prompts")?;
         let samplers = samplers(sampler, rows.len())?;
-        self.with_engine(py, |ro, e| ro.start(e, &rows, &prompts, &samplers))
+        self.with_engine(py, |ro, e| ro.start(e, &rows, &prompts, &samplers, adapter))
     }
 
     /// Continue `src`'s episode in each row of `dst` (its cache copied, its own sampler).

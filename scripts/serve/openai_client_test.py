@@ -1,7 +1,9 @@
 """The official `openai` Python client against `kvdecode serve` (scripts/test-openai.sh starts the
 server with SmolLM2-135M-Instruct and runs this, with a second server on a tiny model whose chat
-template takes tools as the second argument). Every check asserts; the first failure exits
+template takes tools as the second argument, and a third, SmolLM2 with LoRA adapters a, b and c,
+as the third). Every check asserts; the first failure exits
 non-zero with its reason."""
+import concurrent.futures
 import json
 import sys
 
@@ -137,4 +139,36 @@ if len(sys.argv) > 2:
                                         tool_choice="required", temperature=0, max_tokens=200, stream=True)
     calls = [d for chunk in stream for c in chunk.choices for d in (c.delta.tool_calls or [])]
     check(len(calls) == 1 and calls[0].function.name == "get_weather", "a streamed tool call")
+
+# LoRA adapters picked by model name (a third server: SmolLM2 with adapters a, b and c): listed
+# with their parent, each changes the answer, says its version, and 8 concurrent requests over
+# the three each get (text and logprobs) the answer they get alone
+if len(sys.argv) > 3:
+    lc = openai.OpenAI(base_url=sys.argv[3], api_key="none")
+    listed = [m.to_dict() for m in lc.models.list().data]
+    lbase, names = listed[0]["id"], [m["id"] for m in listed[1:]]
+    check(names == ["a", "b", "c"] and all(m.get("parent") == lbase for m in listed[1:]),
+          f"models.list names the adapters and their parent: {names}")
+
+    def ask(m):
+        r = lc.chat.completions.create(model=m, messages=q, temperature=0, max_tokens=10, logprobs=True)
+        lps = [t.logprob for t in r.choices[0].logprobs.content]
+        return r.model, r.choices[0].message.content, lps, r.to_dict().get("adapter_version")
+
+    alone = {m: ask(m) for m in [lbase] + names}
+    check(alone[lbase][3] is None, "a base-model response has no adapter_version")
+    for m in names:
+        check(alone[m][0] == m and alone[m][3] == 0, f"adapter {m}: the response names it, version 0")
+        check(alone[m][2] != alone[lbase][2], f"adapter {m} changes the answer: {alone[m][1]!r}")
+    check(len({tuple(alone[m][2]) for m in names}) == 3, "the three adapters answer differently")
+    order = ["a", "b", "c", "a", "b", "c", "a", "b"]
+    with concurrent.futures.ThreadPoolExecutor(len(order)) as pool:
+        got = list(pool.map(ask, order))
+    check(all(g == alone[m] for m, g in zip(order, got)),
+          "8 concurrent requests over 3 adapters each equal their alone answers, logprobs bit for bit")
+    try:
+        lc.chat.completions.create(model="zzz", messages=q, max_tokens=2)
+        check(False, "an unknown adapter name was accepted")
+    except openai.NotFoundError as e:
+        check("zzz" in str(e), f"an unknown model name is a 404: {e}")
 print(json.dumps({"checks": checks, "passed": True}))

@@ -26,6 +26,9 @@ pub struct Turn {
     /// The weights version every token was sampled under ([`Engine::weights_version`]: a turn
     /// is decoded in calls that hold the engine, so no update lands inside one).
     pub weights_version: u64,
+    /// The version of the LoRA adapter the row decoded with ([`Engine::adapter`]), or `None` on
+    /// the base model.
+    pub adapter_version: Option<u64>,
 }
 
 impl Engine {
@@ -174,7 +177,14 @@ impl Engine {
             return Err(Error::Input(format!("decode_turns: {} rows, {} limits", rows.len(), limits.len())));
         }
         let window = window.clamp(1, self.max_window);
-        let mut out: Vec<Turn> = vec![Turn { weights_version: self.weights_version(), ..Turn::default() }; rows.len()];
+        let mut out: Vec<Turn> = rows
+            .iter()
+            .map(|&r| Turn {
+                weights_version: self.weights_version(),
+                adapter_version: self.adapter(r).map(|(_, v)| v),
+                ..Turn::default()
+            })
+            .collect();
         let mut live: Vec<usize> = (0..rows.len()).filter(|&i| limits[i].max_new > 0).collect();
         let mut feed: Vec<u32> = first.to_vec();
         while !live.is_empty() {

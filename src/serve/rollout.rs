@@ -40,13 +40,15 @@ impl Rollouts {
         self.rows.get(row).and_then(Option::as_ref)
     }
 
-    /// Start episodes: reset `rows` and prefill their prompts in one batched append.
+    /// Start episodes: reset `rows`, put them on LoRA adapter `adapter` (`None`: the base model)
+    /// and prefill their prompts in one batched append.
     pub fn start(
         &mut self,
         engine: &mut Engine,
         rows: &[usize],
         prompts: &[Vec<u32>],
         samplers: &[Sampler],
+        adapter: Option<&str>,
     ) -> Result<()> {
         if prompts.len() != rows.len() || samplers.len() != rows.len() {
             return Err(Error::Input("start: rows, prompts and samplers differ in length".into()));
@@ -73,8 +75,14 @@ impl Rollouts {
             }
             s.check(i)?;
         }
+        if let Some(name) = adapter.filter(|n| engine.lora(n).is_none()) {
+            return Err(Error::Input(format!("start: no LoRA adapter named {name:?} is loaded")));
+        }
         engine.claim_rows(self.owner, rows)?;
         engine.reset(rows)?;
+        for &r in rows {
+            engine.set_adapter(r, adapter)?;
+        }
         // each row starts on what the prompt cache holds of its prompt, then prefills the rest
         // but the last token (the feed)
         let mut heads = Vec::with_capacity(rows.len());

@@ -30,8 +30,18 @@ pub struct Job {
 /// What the engine thread reports about a job.
 #[derive(Debug)]
 pub enum JobEvent {
-    Token { choice: usize, sampled: Sampled, weights_version: u64 },
-    Done { choice: usize, finish: Finish, routes: Option<Vec<u32>> },
+    /// `adapter_version`: the version of the request's LoRA adapter, if it names one.
+    Token {
+        choice: usize,
+        sampled: Sampled,
+        weights_version: u64,
+        adapter_version: Option<u64>,
+    },
+    Done {
+        choice: usize,
+        finish: Finish,
+        routes: Option<Vec<u32>>,
+    },
     Error(String),
 }
 
@@ -154,7 +164,7 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
         let version = engine.weights_version();
         let (running, last_token, metrics) = (&mut l.running, &mut l.last_token, &l.metrics);
         let step = l.sched.step(&mut engine, &mut |ev| match ev {
-            Event::Token { id, token, logprob, top, weights_version, .. } => {
+            Event::Token { id, token, logprob, top, weights_version, adapter_version } => {
                 if let Some(r) = running.get(&id) {
                     let now = Instant::now();
                     if !r.job.first_token.swap(true, Ordering::Relaxed) {
@@ -165,7 +175,8 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
                     }
                     metrics.completion_tokens.inc();
                     let sampled = Sampled { token, logprob, top: top.to_vec() };
-                    let _ = r.job.events.send(JobEvent::Token { choice: r.choice, sampled, weights_version });
+                    let choice = r.choice;
+                    let _ = r.job.events.send(JobEvent::Token { choice, sampled, weights_version, adapter_version });
                 }
             }
             Event::Done(c) => {

@@ -55,13 +55,24 @@ impl Output {
 
     /// Every response and chunk says which weights made it: `system_fingerprint` names the
     /// version, `weights_version` is its number (a response that spans an update made with mode
-    /// `keep` reports its first version, and all of them in `weights_versions`).
+    /// `keep` reports its first version, and all of them in `weights_versions`). A request on a
+    /// LoRA adapter also gets `adapter_version` (and `adapter_versions`) the same way, once a
+    /// token was sampled.
     fn stamp(&self, v: &mut Value, choices: &[ChoiceText]) {
         let versions = self.versions(choices);
         v["system_fingerprint"] = json!(format!("kvdecode-weights-v{}", versions[0]));
         v["weights_version"] = json!(versions[0]);
         if versions.len() > 1 {
             v["weights_versions"] = json!(versions);
+        }
+        let mut adapter: Vec<u64> = choices.iter().flat_map(|c| c.adapter_versions.iter().copied()).collect();
+        adapter.sort_unstable();
+        adapter.dedup();
+        if let Some(first) = adapter.first() {
+            v["adapter_version"] = json!(first);
+            if adapter.len() > 1 {
+                v["adapter_versions"] = json!(adapter);
+            }
         }
     }
 
@@ -78,10 +89,13 @@ impl Output {
         ev: JobEvent,
     ) -> std::result::Result<Option<(usize, String, bool)>, ApiError> {
         match ev {
-            JobEvent::Token { choice, sampled, weights_version } => {
+            JobEvent::Token { choice, sampled, weights_version, adapter_version } => {
                 let c = &mut choices[choice];
                 if c.versions.last() != Some(&weights_version) {
                     c.versions.push(weights_version);
+                }
+                if let Some(a) = adapter_version.filter(|a| c.adapter_versions.last() != Some(a)) {
+                    c.adapter_versions.push(a);
                 }
                 let was_done = c.finish.is_some();
                 // tokens still in flight after a stop string are not part of the answer

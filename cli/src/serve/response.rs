@@ -51,6 +51,8 @@ pub struct ChoiceText {
     pub tokens: Vec<u32>,
     /// The weights versions its tokens were sampled under, in order, each once.
     pub versions: Vec<u64>,
+    /// The versions of the request's LoRA adapter its tokens were sampled under, likewise.
+    pub adapter_versions: Vec<u64>,
     pub logprobs: Vec<Sampled>,
     pub text: String,
     /// Bytes of `text` already released.

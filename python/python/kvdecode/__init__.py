@@ -570,10 +570,14 @@ class Rollouts:
         """The engine the episodes live on."""
         self._r = _native.Rollouts(engine._e)
 
-    def start(self, rows: Any, prompts: Sequence[Any], sampler: SamplerArg = None) -> None:
-        """Reset ``rows`` and prefill ``prompts[i]`` into ``rows[i]`` (one batched append)."""
+    def start(self, rows: Any, prompts: Sequence[Any], sampler: SamplerArg = None,
+              adapter: Optional[str] = None) -> None:
+        """Reset ``rows`` and prefill ``prompts[i]`` into ``rows[i]`` (one batched append), on LoRA
+        adapter ``adapter`` (:meth:`Engine.load_lora`, by name; ``None``: the base model). Forks
+        of these rows keep their adapter; each turn's ``adapter_version`` says which version of it
+        decoded the turn."""
         self._r.start(_int_list(rows, "rows"), [_int_list(p, f"prompts[{i}]") for i, p in enumerate(prompts)],
-                      sampler)
+                      sampler, None if adapter is None else str(adapter))
 
     def fork(self, src: int, dst: Any, sampler: SamplerArg = None) -> None:
         """Continue ``src``'s episode in each row of ``dst``, each with its own sampler."""
