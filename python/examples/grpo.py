@@ -11,8 +11,10 @@ Each step:
   3. ``engine.load_weights(policy.state_dict())`` pushes the new weights in, by their Hugging Face
      names, and the next step samples from them (every turn reports its weights version).
 
-With ``--lora RANK`` the trainer trains a PEFT LoRA on every linear layer of a frozen base (twice
-as wide, so the adapter is a small part of the model), the engine applies it unmerged, and each
+With ``--lora RANK`` the trainer trains a PEFT LoRA on every linear layer of a frozen base (five
+times as wide, so that the adapter is a small part of the model, and first taught the task for
+``--sft`` supervised steps, so that RL starts from a model that half knows it, as LoRA RL starts
+from a pretrained model), the engine applies the adapter unmerged, and each
 step pushes only the adapter's tensors: ``engine.update_lora(name, get_peft_model_state_dict(...))``
 (every turn reports the adapter's version). It prints the adapter's bytes and sync time per step,
 and at the end a full-model sync of the same engine beside them. ``--experiments N`` runs N GRPO
@@ -237,6 +239,20 @@ def trainer_step(ex, prompts, episodes, args):
     return rewards, deltas
 
 
+def supervised(policy, steps, args, rng):
+    """`steps` Adam steps of teacher-forced reversal on the policy: a base that half knows the
+    task, as a LoRA starts from a pretrained model rather than from noise."""
+    opt = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    for _ in range(steps):
+        digits = rng.integers(0, DIGITS, (64, args.digits))
+        seqs = torch.tensor([[BOS] + d.tolist() + [EQ] + d[::-1].tolist() + [EOS] for d in digits])
+        logits = policy(seqs[:, :-1])[:, args.digits + 1:]
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), seqs[:, args.digits + 2:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 def nbytes(state):
     return sum(v.numel() * v.element_size() for v in state.values())
 
@@ -247,15 +263,16 @@ def main():
     ap.add_argument("--prompts", type=int, default=16, help="prompts per step (per experiment)")
     ap.add_argument("--group", type=int, default=8, help="samples per prompt (GRPO group)")
     ap.add_argument("--digits", type=int, default=2)
-    ap.add_argument("--d-model", type=int, help="the policy's width (default 64; 384 with --lora)")
+    ap.add_argument("--d-model", type=int, help="the policy's width (default 64; 320 with --lora)")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--lr", type=float, help="Adam's learning rate (default 3e-3; 1e-2 with --lora)")
+    ap.add_argument("--lr", type=float, help="Adam's learning rate (default 3e-3; 1.5e-3 with --lora)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32",
                     help="the engine's weights and K/V (the trainer is f32; 16-bit weights are the "
                     "trainer's rounded as the update is written)")
     ap.add_argument("--lora", type=int, default=0, metavar="RANK",
                     help="train a PEFT LoRA of this rank on every linear layer of a frozen base; push only the adapter")
+    ap.add_argument("--sft", type=int, help="supervised steps on the base before RL (default 0; 45 with --lora)")
     ap.add_argument("--experiments", type=int, default=1,
                     help="with --lora: GRPO experiments on one engine, each its own adapter, rows mixed")
     ap.add_argument("--ray", type=int, default=0, help="rollouts on this many Ray actors")
@@ -272,12 +289,15 @@ def main():
         ap.error("--experiments N (N >= 1) runs N adapters: it needs --lora")
     if args.lora and args.ray:
         ap.error("--lora runs its experiments on one engine: leave out --ray")
-    args.d_model = args.d_model or (384 if args.lora else 64)
-    args.lr = args.lr or (1e-2 if args.lora else 3e-3)
+    args.d_model = args.d_model or (320 if args.lora else 64)
+    args.sft = args.sft if args.sft is not None else (45 if args.lora else 0)
+    args.lr = args.lr or (1.5e-3 if args.lora else 3e-3)
     print(f"seed {args.seed}")
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     policy = Policy(config(args))
+    if args.sft:
+        supervised(policy, args.sft, args, np.random.default_rng(args.seed + 10**6))
     # one experiment: the full policy; with --lora, one PEFT model per experiment over a copy of
     # the frozen base, each with its own adapter initialisation and prompts
     if args.lora:
@@ -403,10 +423,12 @@ def main():
           f"mean {mean_d:.2e}, max {max_d:.2e}")
     summary = {"steps": history, "mismatch_mean": mean_d, "mismatch_max": max_d}
     if args.lora:
-        # the full-model sync these adapters replace, on the same engine: the base's own tensors
-        # pushed whole (the adapters stay resident)
+        # the full-model sync these adapters replace, on the same engine and, as the adapters'
+        # syncs were, right after a rollout: the base's own tensors pushed whole (the adapters
+        # stay resident)
         full_ms = []
         for _ in range(3):
+            run_groups(engine, groups, args.digits, args.temperature)
             t1 = time.perf_counter()
             engine.load_weights(policy.state_dict(), in_flight="reset")
             full_ms.append((time.perf_counter() - t1) * 1e3)
