@@ -340,8 +340,8 @@ fn update_lora_equals_a_fresh_load_and_bad_updates_change_nothing() {
 }
 
 /// Slots are bounded and named in every refusal; a row's adapter is fixed while it holds tokens,
-/// follows its forks and is cleared by a reset; the prompt cache shares a prefix only between
-/// rows of one adapter; sleep and wake keep the adapters.
+/// follows its forks, survives `continue_row` starting over and is cleared by a reset; the prompt
+/// cache shares a prefix only between rows of one adapter; sleep and wake keep the adapters.
 #[test]
 fn slots_rows_and_the_prompt_cache_keep_adapters_apart() {
     let w = base("llama");
@@ -389,6 +389,20 @@ fn slots_rows_and_the_prompt_cache_keep_adapters_apart() {
     e.unload_lora("r1").unwrap();
     e.load_lora_path("r64", dir("r64")).unwrap();
     assert_eq!(e.loras(), [("r64".to_string(), 0), ("r8".to_string(), 0)], "the freed slot is taken again");
+    // a conversation that turns elsewhere further back than a windowed row can roll back starts
+    // over, on its row's adapter: the bits of a fresh row of that adapter
+    let g = base("gemma3");
+    let mut e = engine(&g, 2, 1);
+    e.load_lora_path("g", fixtures().join("lora/gemma3-r8")).unwrap();
+    e.set_adapter(0, Some("g")).unwrap();
+    e.append(&prompt[..40], 40, &[40], Some(&[0])).unwrap();
+    let turned: Vec<u32> = prompt[..10].iter().copied().chain([99, 98, 97]).collect();
+    e.continue_row(0, &turned).unwrap();
+    assert_eq!(e.adapter(0), Some(("g", 0)), "continue_row keeps the row's adapter");
+    let continued = e.append(&turned[12..], 1, &[1], Some(&[0])).unwrap();
+    e.set_adapter(1, Some("g")).unwrap();
+    let fresh = e.append(&turned, 13, &[13], Some(&[1])).unwrap();
+    assert!(continued.row(0) == fresh.row(0), "a row that started over decodes on its adapter");
 }
 
 /// Every family with its own naming at the three attention shapes of tests/fixtures/hf-shapes:

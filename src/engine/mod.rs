@@ -285,8 +285,9 @@ impl Engine {
     /// Make `row` hold `tokens` but the last (which the caller feeds to the first decode step),
     /// computing as little as possible: the row keeps the longest prefix of `tokens` it already
     /// holds (rolling back what differs when that is within [`KvCache::max_rollback`], else
-    /// starting over from the prompt cache's longest prefix), and prefills only the rest. A
-    /// conversation continues on its row this way without recomputing earlier turns. Returns
+    /// starting over, on the row's LoRA adapter, from the prompt cache's longest prefix), and
+    /// prefills only the rest. A conversation continues on its row this way without recomputing
+    /// earlier turns. Returns
     /// how many tokens were not computed again. Bad input (an empty `tokens`, a row out of
     /// range, a bad id, more than `max_len`) changes nothing; a pool out of blocks leaves the row
     /// holding the prefix it kept.
@@ -312,7 +313,10 @@ impl Engine {
         if self.cache.skips(row).is_empty() && back <= self.cache.max_rollback(row) {
             self.rollback(&[row], &[back])?;
         } else {
+            // the row starts over on the adapter it had (a reset alone puts it on the base model)
+            let adapter = self.adapter(row).map(|(name, _)| name.to_string());
             self.reset(&[row])?;
+            self.set_adapter(row, adapter.as_deref())?;
             kept = self.reuse_prefix(row, tokens)?;
         }
         let rest = &head[kept..];
