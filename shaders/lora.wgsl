@@ -48,6 +48,8 @@ const RANKS_AT_ONCE: u32 = 8u;
 var<workgroup> ax: array<f32, 768>;
 // each lane's sums for RANKS_AT_ONCE ranks: [RANKS_AT_ONCE, WG] (WG at most 64)
 var<workgroup> partial: array<f32, 512>;
+// the token's slot and its targets' ranks, read by one lane for the whole workgroup
+var<workgroup> head: vec4<u32>;
 
 // The rows of the dispatch's target i, and how many of its outputs come before them.
 fn target_rows(i: u32) -> vec2<u32> {
@@ -59,19 +61,34 @@ fn target_rows(i: u32) -> vec2<u32> {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let n = wid.y + wid.z * 65535u;
     let r = n / step.width;
-    // the whole workgroup leaves together: padding, and rows on the base model
-    if r >= step.rows || n % step.width >= row_info[r].n_new { return; }
-    let slot = row_info[r].lora;
+    if r >= step.rows { return; }
+    if lane == 0u {
+        var h = vec4<u32>(NO_ADAPTER, 0u, 0u, 0u);
+        let info = row_info[r];
+        if n % step.width < info.n_new && info.lora != NO_ADAPTER {
+            let e = META0 + info.lora * 7u + T_FIRST;
+            let last = TARGETS - 1u;
+            h = vec4<u32>(info.lora, lora_meta[e].x, lora_meta[e + min(1u, last)].x, lora_meta[e + min(2u, last)].x);
+        }
+        head = h;
+    }
+    // one value for the whole workgroup, as its barriers need (WGSL's uniformity rules, which
+    // Chromium enforces: a rank read from storage would make them non-uniform): padding and rows
+    // on the base model leave together
+    let h = workgroupUniformLoad(&head);
+    let slot = h.x;
     if slot == NO_ADAPTER { return; }
     let base = slot * SLOT_FLOATS;
     let entry = META0 + slot * 7u + T_FIRST;
     let x0 = n * X_STRIDE;
     for (var i = 0u; i < TARGETS; i++) {
-        let rank = lora_meta[entry + i].x;
+        let rank = h[i + 1u];
         for (var j0 = 0u; j0 < rank; j0 += RANKS_AT_ONCE) {
             let a0 = base + ((T_FIRST + i) * MAX_RANK + j0) * K;
             let count = min(RANKS_AT_ONCE, rank - j0);
-            var acc: array<f32, RANKS_AT_ONCE>;
+            // initialised here, explicitly: Chromium (Tint) zeroed an uninitialised one only once,
+            // so the second group of ranks started from the first one's sums
+            var acc = array<f32, RANKS_AT_ONCE>();
             for (var k = lane; k < K; k += WG) {
                 let v = x[x0 + k];
                 for (var c = 0u; c < RANKS_AT_ONCE; c++) {

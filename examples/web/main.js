@@ -95,7 +95,11 @@ async function load() {
       $("status").textContent = "parsing and uploading to the GPU…";
       // keep a copy for the next visit (in the background: the model does not wait for it)
       if (which === "gguf") keep(f.name, bytes);
-      session = await Session.gguf(bytes, 2048, ROWS);
+      // a LoRA adapter picked beside it goes over it, unmerged, on every row
+      const lf = $("lora").files[0];
+      session = lf
+        ? await Session.gguf_with_lora(bytes, new Uint8Array(await lf.arrayBuffer()), 2048, ROWS)
+        : await Session.gguf(bytes, 2048, ROWS);
     }
     // the browser's own words for the adapter (wgpu may not see its name)
     let info = "";
@@ -105,7 +109,8 @@ async function load() {
       if (i) info = [i.vendor, i.architecture, i.description].filter(Boolean).join(" ");
     } catch (_) {}
     $("adapter").textContent = session.adapter() + (info ? ` [${info}]` : "");
-    $("status").textContent = which === "demo" ? "demo model loaded" : "GGUF loaded";
+    $("status").textContent =
+      which === "demo" ? "demo model loaded" : session.has_lora() ? "GGUF loaded, with its LoRA adapter" : "GGUF loaded";
     for (const c of convs) c.ready();
   } catch (e) {
     $("status").textContent = "error: " + e;

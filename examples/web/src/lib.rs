@@ -2,7 +2,9 @@
 //! async (the browser cannot block); models come from bytes (the embedded demo, or a GGUF file
 //! picked from disk), never from paths. A session has several rows: each conversation lives on
 //! its own row and continues there (a new turn prefills only what is new), and the conversations
-//! that are answering decode together, one batched step for all of them.
+//! that are answering decode together, one batched step for all of them. A GGUF LoRA adapter (as
+//! llama.cpp's `convert_lora_to_gguf.py` writes one) can go over a GGUF model: every row decodes
+//! with it, unmerged.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -10,7 +12,7 @@ use std::rc::Rc;
 use js_sys::Promise;
 use kvdecode::io::gguf::GgufFile;
 use kvdecode::io::tokenizer::{Message, Tokenizer};
-use kvdecode::{Engine, EngineOptions, Gpu, GpuOptions, KvDtype, ModelWeights, Sampler, WeightDtype};
+use kvdecode::{Engine, EngineOptions, Gpu, GpuOptions, KvDtype, LoraAdapter, ModelWeights, Sampler, WeightDtype};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
@@ -19,7 +21,12 @@ struct Inner {
     tok: Option<Tokenizer>,
     adapter: String,
     sampler: Sampler,
+    /// The LoRA adapter every row decodes with, by its name in the engine.
+    lora: Option<&'static str>,
 }
+
+/// The engine's name for the session's LoRA adapter.
+const LORA: &str = "lora";
 
 /// One model on the GPU with a cache of a few rows (one per conversation).
 #[wasm_bindgen]
@@ -32,13 +39,32 @@ fn js(e: kvdecode::Error) -> JsValue {
     JsValue::from_str(&e.to_string())
 }
 
-async fn open(weights: ModelWeights, tok: Option<Tokenizer>, max_len: usize, rows: usize) -> Result<Session, JsValue> {
+async fn open(
+    weights: ModelWeights,
+    tok: Option<Tokenizer>,
+    max_len: usize,
+    rows: usize,
+    lora: Option<LoraAdapter>,
+) -> Result<Session, JsValue> {
     let gpu = Gpu::new_async(&GpuOptions::default()).await.map_err(js)?;
-    let opts =
-        EngineOptions { kv: KvDtype::F16, weights: WeightDtype::F16, ..EngineOptions::new(rows.max(1), max_len) };
-    let engine = Engine::new_async(&gpu, &weights, opts).await.map_err(js)?;
+    let rank = lora.iter().flat_map(|a| a.layers.iter().flatten().flatten().map(|m| m.rank)).max().unwrap_or(1);
+    let opts = EngineOptions {
+        kv: KvDtype::F16,
+        weights: WeightDtype::F16,
+        max_loras: usize::from(lora.is_some()),
+        max_lora_rank: rank,
+        ..EngineOptions::new(rows.max(1), max_len)
+    };
+    let mut engine = Engine::new_async(&gpu, &weights, opts).await.map_err(js)?;
+    if let Some(a) = &lora {
+        engine.load_lora(LORA, a).map_err(js)?;
+        for r in 0..rows.max(1) {
+            engine.set_adapter(r, Some(LORA)).map_err(js)?;
+        }
+    }
     let adapter = gpu.describe();
-    Ok(Session { inner: Rc::new(RefCell::new(Some(Inner { engine, tok, adapter, sampler: Sampler::GREEDY }))) })
+    let inner = Inner { engine, tok, adapter, sampler: Sampler::GREEDY, lora: lora.map(|_| LORA) };
+    Ok(Session { inner: Rc::new(RefCell::new(Some(inner))) })
 }
 
 /// Run `f` on the session's state; the state is put back whatever `f` returns.
@@ -63,7 +89,7 @@ impl Session {
 impl Session {
     /// The embedded demo model (no download), with `rows` rows of `max_len` tokens.
     pub async fn demo(max_len: usize, rows: usize) -> Result<Session, JsValue> {
-        open(ModelWeights::demo(), None, max_len, rows).await
+        open(ModelWeights::demo(), None, max_len, rows, None).await
     }
 
     /// A GGUF file's bytes (its tokenizer and chat template come with it; a file without a
@@ -74,7 +100,29 @@ impl Session {
         let w = g.weights().map_err(js)?;
         let tok = Tokenizer::from_gguf_if_any(&g).map_err(js)?;
         let max_len = w.cfg.context_len.map_or(max_len, |c| max_len.min(c));
-        open(w, tok, max_len, rows).await
+        open(w, tok, max_len, rows, None).await
+    }
+
+    /// [`Session::gguf`] with a GGUF LoRA adapter's bytes over it (llama.cpp's
+    /// `convert_lora_to_gguf.py` format): every row decodes with the adapter, unmerged. An
+    /// adapter for another model is an error that names the tensor.
+    pub async fn gguf_with_lora(
+        bytes: Vec<u8>,
+        lora: Vec<u8>,
+        max_len: usize,
+        rows: usize,
+    ) -> Result<Session, JsValue> {
+        let g = GgufFile::parse(bytes).map_err(js)?;
+        let w = g.weights().map_err(js)?;
+        let adapter = GgufFile::parse(lora).and_then(|a| a.lora(&w.cfg)).map_err(js)?;
+        let tok = Tokenizer::from_gguf_if_any(&g).map_err(js)?;
+        let max_len = w.cfg.context_len.map_or(max_len, |c| max_len.min(c));
+        open(w, tok, max_len, rows, Some(adapter)).await
+    }
+
+    /// Whether the rows decode with a LoRA adapter.
+    pub fn has_lora(&self) -> Result<bool, JsValue> {
+        self.get(|s| s.lora.is_some())
     }
 
     /// The adapter the session runs on.
@@ -202,6 +250,8 @@ impl Session {
             s.sampler = Sampler::temperature(temperature, seed);
             let out = async {
                 s.engine.reset(&[0]).map_err(js)?;
+                // a reset puts the row on the base model: back on the session's adapter
+                s.engine.set_adapter(0, s.lora).map_err(js)?;
                 let n = prompt.len();
                 let got = s
                     .engine

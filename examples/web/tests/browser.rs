@@ -1,9 +1,11 @@
 //! The engine's parity tests inside a real browser (headless Chromium, WebGPU on SwiftShader):
 //! cached incremental decoding equals the CPU reference, both layouts, f32, f16 and bf16 K/V
-//! storage (16-bit storage against the reference that rounds K/V the same way); a lost device is an
-//! error on every later call and a new engine works.
+//! storage (16-bit storage against the reference that rounds K/V the same way); a LoRA adapter's
+//! row beside a base row follows the reference with and without it; a lost device is an error on
+//! every later call and a new engine works.
 //! Run with scripts/web-test.sh (wasm-bindgen-test-runner + chromedriver).
 
+use kvdecode::model::lora::{LoraAdapter, LoraModule, LoraTarget};
 use kvdecode::model::reference::{self, RefOptions};
 use kvdecode::{
     argmax, Engine, EngineOptions, Error, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights, Sampler, SplitMix64,
@@ -93,6 +95,44 @@ async fn browser_tiny_agent_bf16() {
 #[wasm_bindgen_test]
 async fn browser_llama_bf16() {
     parity(llama(), KvDtype::BF16, 16, 2e-3).await;
+}
+
+/// A LoRA adapter (rank 4 on every projection) on one row of a batch of two, in the browser's
+/// WebGPU: that row follows the CPU reference with the adapter, the other the reference without,
+/// f32; the adapter moves the logits well past the tolerance.
+#[wasm_bindgen_test]
+async fn browser_lora_row_beside_a_base_row() {
+    let cfg = llama();
+    let w = ModelWeights::random(&cfg, 18).unwrap();
+    let mut rng = SplitMix64(19);
+    let mut values = |n: usize| (0..n).map(|_| 0.1 * rng.normal()).collect::<Vec<f32>>();
+    let layers = (0..cfg.layers.len())
+        .map(|l| {
+            LoraTarget::ALL.map(|t| {
+                let (k, rows) = t.dims(&cfg, l);
+                Some(LoraModule { rank: 4, scale: 2.0, a: values(4 * k), b: values(rows * 4) })
+            })
+        })
+        .collect();
+    let adapter = LoraAdapter { layers };
+    let gpu = Gpu::new_async(&GpuOptions::default()).await.unwrap();
+    let opts = EngineOptions { max_loras: 1, max_lora_rank: 4, ..EngineOptions::new(2, 32) };
+    let mut e = Engine::new(&gpu, &w, opts).unwrap();
+    e.load_lora("a", &adapter).unwrap();
+    e.set_adapter(0, Some("a")).unwrap();
+    let v = cfg.vocab;
+    let ids: Vec<u32> = (0..18).map(|_| rng.below(v) as u32).collect();
+    let out = e.append_async(&ids, 9, &[9, 9], None).await.unwrap();
+    let base = reference::forward_with(&w, &ids[..9], RefOptions::default()).unwrap();
+    web_sys_log(&format!("LoRA row 0 vs the base model: {:e}", max_abs_diff(out.row(0).unwrap(), &base[8 * v..])));
+    for (row, lora) in [(0, Some(&adapter)), (1, None)] {
+        let hist = &ids[row * 9..row * 9 + 9];
+        let want = reference::forward_with(&w, hist, RefOptions { lora, ..Default::default() }).unwrap();
+        let d = max_abs_diff(out.row(row).unwrap(), &want[8 * v..]);
+        web_sys_log(&format!("LoRA row {row} (adapter: {}): |gpu - reference| = {d:e}", lora.is_some()));
+        assert!(d <= 1e-4, "row {row}: {d}");
+    }
+    assert!(max_abs_diff(out.row(0).unwrap(), &base[8 * v..]) > 1e-2, "the adapter changes the logits");
 }
 
 /// Let the browser's event loop run once: the device's `lost` promise settles there.
