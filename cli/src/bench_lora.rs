@@ -6,62 +6,12 @@
 
 use std::time::Instant;
 
-use kvdecode::model::lora::{LoraModule, LoraTarget};
-use kvdecode::{
-    Engine, EngineOptions, Gpu, HostDtype, HostTensor, InFlight, LoraAdapter, ModelWeights, Sampler, SplitMix64,
-    WeightDtype,
-};
+use kvdecode::{Engine, EngineOptions, Gpu, InFlight, LoraAdapter, ModelWeights, Sampler, SplitMix64, WeightDtype};
 use serde_json::json;
 
 use crate::common::Result;
 
 const ADAPTERS: usize = 4;
-
-/// A random adapter of `rank` on every projection of every block `cfg` lets adapters change.
-fn random_adapter(model: &ModelWeights, rank: usize, seed: u64) -> LoraAdapter {
-    let cfg = &model.cfg;
-    let mut rng = SplitMix64(seed);
-    let mut values = |n: usize| (0..n).map(|_| 0.02 * rng.normal()).collect::<Vec<f32>>();
-    let layers = (0..cfg.layers.len())
-        .map(|l| {
-            LoraTarget::ALL.map(|t| {
-                let (k, rows) = t.dims(cfg, l);
-                let mlp = matches!(t, LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down);
-                (!mlp || cfg.layer_moe(l).is_none()).then(|| LoraModule {
-                    rank,
-                    scale: 2.0,
-                    a: values(rank * k),
-                    b: values(rows * rank),
-                })
-            })
-        })
-        .collect();
-    LoraAdapter { layers }
-}
-
-/// The adapter's tensors by PEFT's names (Llama-style module names), f32 bytes.
-fn peft_tensors(adapter: &LoraAdapter) -> Vec<(String, Vec<usize>, Vec<u8>)> {
-    let module = |t: LoraTarget| match t {
-        LoraTarget::Q => "self_attn.q_proj",
-        LoraTarget::K => "self_attn.k_proj",
-        LoraTarget::V => "self_attn.v_proj",
-        LoraTarget::O => "self_attn.o_proj",
-        LoraTarget::Gate => "mlp.gate_proj",
-        LoraTarget::Up => "mlp.up_proj",
-        LoraTarget::Down => "mlp.down_proj",
-    };
-    let mut out = Vec::new();
-    for (l, modules) in adapter.layers.iter().enumerate() {
-        for (t, m) in LoraTarget::ALL.iter().zip(modules) {
-            let Some(m) = m else { continue };
-            let prefix = format!("base_model.model.model.layers.{l}.{}", module(*t));
-            let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-            out.push((format!("{prefix}.lora_A.weight"), vec![m.rank, m.a.len() / m.rank], bytes(&m.a)));
-            out.push((format!("{prefix}.lora_B.weight"), vec![m.b.len() / m.rank, m.rank], bytes(&m.b)));
-        }
-    }
-    out
-}
 
 /// GPU ms per decode step (median of `steps` profiled steps after two untimed ones) of `rows`
 /// rows at context 128; `slots`: the engine's adapter slots, rows spread over them in turn.
@@ -120,7 +70,8 @@ pub fn lora_table(
     steps: usize,
     rounds: usize,
 ) -> Result<serde_json::Value> {
-    let adapters: Vec<LoraAdapter> = (0..ADAPTERS as u64).map(|s| random_adapter(model, rank, 100 + s)).collect();
+    let random = |seed| LoraAdapter::random(&model.cfg, rank, 0.02, 2.0, seed);
+    let adapters: Vec<LoraAdapter> = (0..ADAPTERS as u64).map(|s| random(100 + s)).collect();
     let params: usize = adapters[0].layers.iter().flatten().flatten().map(|m| m.a.len() + m.b.len()).sum();
     println!(
         "\nLoRA on every linear layer, rank {rank} ({params} parameters an adapter; context 128; GPU ms per decode step by \
@@ -140,17 +91,9 @@ pub fn lora_table(
         );
     }
     // an update of every tensor against the floor: write_buffer of the same bytes
-    let tensors = peft_tensors(&random_adapter(model, rank, 7));
-    let host: Vec<HostTensor> = tensors
-        .iter()
-        .map(|(name, shape, bytes)| HostTensor {
-            name: name.clone(),
-            shape: shape.clone(),
-            dtype: HostDtype::F32,
-            bytes,
-        })
-        .collect();
-    let bytes: usize = tensors.iter().map(|t| t.2.len()).sum();
+    let pushed = random(7);
+    let host = pushed.peft_tensors();
+    let bytes: usize = host.iter().map(|t| t.bytes.len()).sum();
     let mut e = Engine::new(
         gpu,
         model,
@@ -172,9 +115,9 @@ pub fn lora_table(
         let u = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
         let mut at = 0;
-        for (_, _, b) in &tensors {
-            gpu.queue.write_buffer(&scratch, at, b);
-            at += b.len() as u64;
+        for t in &host {
+            gpu.queue.write_buffer(&scratch, at, t.bytes);
+            at += t.bytes.len() as u64;
         }
         gpu.queue.submit([]);
         wait()?;
@@ -190,7 +133,7 @@ pub fn lora_table(
     let (u, f) = (median(update), median(floor));
     println!(
         "\n| adapter update ({} tensors, {:.1} MB, f32; {rounds} rounds) | median ms | x floor |",
-        tensors.len(),
+        host.len(),
         bytes as f64 / 1e6
     );
     println!("|---|---:|---:|");

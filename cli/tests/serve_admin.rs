@@ -358,39 +358,21 @@ fn weights_in_the_body_are_checked_by_their_digest() {
 /// A PEFT adapter folder for the test model: rank 4 on every projection, seeded values; returns
 /// its path.
 fn adapter_dir(dir: &std::path::Path, name: &str, seed: u64) -> String {
-    use kvdecode::model::lora::LoraTarget;
     let cfg = kvdecode::io::gguf::GgufFile::open(MODEL).unwrap().weights().unwrap().cfg;
-    let module = |t: LoraTarget| match t {
-        LoraTarget::Q => "self_attn.q_proj",
-        LoraTarget::K => "self_attn.k_proj",
-        LoraTarget::V => "self_attn.v_proj",
-        LoraTarget::O => "self_attn.o_proj",
-        LoraTarget::Gate => "mlp.gate_proj",
-        LoraTarget::Up => "mlp.up_proj",
-        LoraTarget::Down => "mlp.down_proj",
-    };
-    let (rank, mut rng) = (4, kvdecode::SplitMix64(seed));
+    let adapter = kvdecode::LoraAdapter::random(&cfg, 4, 0.3, 2.0, seed);
     let (mut header, mut data) = (serde_json::Map::new(), Vec::<u8>::new());
-    for layer in 0..cfg.layers.len() {
-        for t in LoraTarget::ALL {
-            let (k, rows) = t.dims(&cfg, layer);
-            for (half, shape) in [("A", [rank, k]), ("B", [rows, rank])] {
-                let n = shape[0] * shape[1];
-                let name = format!("base_model.model.model.layers.{layer}.{}.lora_{half}.weight", module(t));
-                header.insert(
-                    name,
-                    json!({"dtype": "F32", "shape": shape, "data_offsets": [data.len(), data.len() + 4 * n]}),
-                );
-                data.extend((0..n).flat_map(|_| (0.3 * rng.normal()).to_le_bytes()));
-            }
-        }
+    for t in adapter.peft_tensors() {
+        let offsets = [data.len(), data.len() + t.bytes.len()];
+        header.insert(t.name, json!({"dtype": "F32", "shape": t.shape, "data_offsets": offsets}));
+        data.extend_from_slice(t.bytes);
     }
     let path = dir.join(name);
     std::fs::create_dir_all(&path).unwrap();
     let header = serde_json::to_vec(&Value::Object(header)).unwrap();
     let file = [&(header.len() as u64).to_le_bytes()[..], &header, &data].concat();
     std::fs::write(path.join("adapter_model.safetensors"), file).unwrap();
-    let config = json!({"peft_type": "LORA", "r": rank, "lora_alpha": 8});
+    // lora_alpha 8 over rank 4: the scale of 2 the values were drawn with
+    let config = json!({"peft_type": "LORA", "r": 4, "lora_alpha": 8});
     std::fs::write(path.join("adapter_config.json"), config.to_string()).unwrap();
     path.to_string_lossy().into_owned()
 }

@@ -58,6 +58,20 @@ impl LoraTarget {
             LoraTarget::Down => (f, d),
         }
     }
+
+    /// Its module's path in a Llama-style Hugging Face block, as PEFT names it
+    /// (`self_attn.q_proj`, ..., `mlp.down_proj`).
+    pub fn llama_module(self) -> &'static str {
+        match self {
+            LoraTarget::Q => "self_attn.q_proj",
+            LoraTarget::K => "self_attn.k_proj",
+            LoraTarget::V => "self_attn.v_proj",
+            LoraTarget::O => "self_attn.o_proj",
+            LoraTarget::Gate => "mlp.gate_proj",
+            LoraTarget::Up => "mlp.up_proj",
+            LoraTarget::Down => "mlp.down_proj",
+        }
+    }
 }
 
 /// One adapted projection: `scale * B (A x)`.
@@ -206,6 +220,45 @@ fn parse_name(name: &str) -> Result<TensorSlot> {
 }
 
 impl LoraAdapter {
+    /// A seeded adapter of `rank` on every projection of `cfg` that adapters may change, its
+    /// values normal with standard deviation `std` and every module's scale `scale` (for tests
+    /// and benchmarks, as [`crate::ModelWeights::random`]).
+    pub fn random(cfg: &ModelConfig, rank: usize, std: f32, scale: f32, seed: u64) -> Self {
+        let mut rng = crate::SplitMix64(seed);
+        let mut values = |n: usize| (0..n).map(|_| std * rng.normal()).collect::<Vec<f32>>();
+        let layers = (0..cfg.layers.len())
+            .map(|l| {
+                LoraTarget::ALL.map(|t| {
+                    let (k, rows) = t.dims(cfg, l);
+                    let mlp = matches!(t, LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down);
+                    (!mlp || adapts_mlp(cfg, l)).then(|| LoraModule {
+                        rank,
+                        scale,
+                        a: values(rank * k),
+                        b: values(rows * rank),
+                    })
+                })
+            })
+            .collect();
+        LoraAdapter { layers }
+    }
+
+    /// Its tensors by PEFT's names for a Llama-style model
+    /// (`base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight`, ...), f32: A
+    /// `[rank, in]`, B `[out, rank]` ([`LoraAdapter::from_peft`] reads them back).
+    pub fn peft_tensors(&self) -> Vec<HostTensor<'_>> {
+        let mut out = Vec::new();
+        for (l, modules) in self.layers.iter().enumerate() {
+            for (t, m) in LoraTarget::ALL.iter().zip(modules) {
+                let Some(m) = m else { continue };
+                let prefix = format!("base_model.model.model.layers.{l}.{}", t.llama_module());
+                out.push(HostTensor::f32(format!("{prefix}.lora_A.weight"), &[m.rank, m.a.len() / m.rank], &m.a));
+                out.push(HostTensor::f32(format!("{prefix}.lora_B.weight"), &[m.b.len() / m.rank, m.rank], &m.b));
+            }
+        }
+        out
+    }
+
     /// A PEFT adapter directory (`adapter_config.json` and `adapter_model.safetensors`) for a
     /// model of `cfg`.
     pub fn from_peft_dir(dir: impl AsRef<Path>, cfg: &ModelConfig) -> Result<Self> {

@@ -5,10 +5,10 @@
 //! every later call and a new engine works.
 //! Run with scripts/web-test.sh (wasm-bindgen-test-runner + chromedriver).
 
-use kvdecode::model::lora::{LoraAdapter, LoraModule, LoraTarget};
 use kvdecode::model::reference::{self, RefOptions};
 use kvdecode::{
-    argmax, Engine, EngineOptions, Error, Gpu, GpuOptions, KvDtype, ModelConfig, ModelWeights, Sampler, SplitMix64,
+    argmax, Engine, EngineOptions, Error, Gpu, GpuOptions, KvDtype, LoraAdapter, ModelConfig, ModelWeights, Sampler,
+    SplitMix64,
 };
 use wasm_bindgen::JsValue;
 use wasm_bindgen_test::*;
@@ -104,17 +104,8 @@ async fn browser_llama_bf16() {
 async fn browser_lora_row_beside_a_base_row() {
     let cfg = llama();
     let w = ModelWeights::random(&cfg, 18).unwrap();
-    let mut rng = SplitMix64(19);
-    let mut values = |n: usize| (0..n).map(|_| 0.1 * rng.normal()).collect::<Vec<f32>>();
-    let layers = (0..cfg.layers.len())
-        .map(|l| {
-            LoraTarget::ALL.map(|t| {
-                let (k, rows) = t.dims(&cfg, l);
-                Some(LoraModule { rank: 4, scale: 2.0, a: values(4 * k), b: values(rows * 4) })
-            })
-        })
-        .collect();
-    let adapter = LoraAdapter { layers };
+    let adapter = LoraAdapter::random(&cfg, 4, 0.1, 2.0, 19);
+    let mut rng = SplitMix64(20);
     let gpu = Gpu::new_async(&GpuOptions::default()).await.unwrap();
     let opts = EngineOptions { max_loras: 1, max_lora_rank: 4, ..EngineOptions::new(2, 32) };
     let mut e = Engine::new(&gpu, &w, opts).unwrap();
