@@ -224,7 +224,7 @@ impl LoraAdapter {
     /// values normal with standard deviation `std` and every module's scale `scale` (for tests
     /// and benchmarks, as [`crate::ModelWeights::random`]).
     pub fn random(cfg: &ModelConfig, rank: usize, std: f32, scale: f32, seed: u64) -> Self {
-        let mut rng = crate::SplitMix64(seed);
+        let mut rng = crate::model::weights::SplitMix64(seed);
         let mut values = |n: usize| (0..n).map(|_| std * rng.normal()).collect::<Vec<f32>>();
         let layers = (0..cfg.layers.len())
             .map(|l| {
