@@ -37,9 +37,10 @@ pub use engine::{
     Stats, Turn, TurnLimit, WeightUpdate, CHUNK, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
 pub use error::{Error, Result};
-pub use gpu::device::{Gpu, GpuOptions};
+pub use gpu::device::{AppHandlers, Gpu, GpuOptions};
 pub use gpu::kernels::WeightFormat;
 pub use gpu::lora::MAX_LORA_RANK;
+pub use gpu::pending::Pending;
 pub use gpu::profile::Profile;
 pub use gpu::weights::WeightDtype;
 pub use io::safetensors::DiskDtype;
@@ -53,3 +54,5 @@ pub use serve::batching::Scheduler;
 pub use serve::compat::{PaddedBatch, SequenceCache};
 pub use serve::request::{Completion, ConstraintFactory, Event, Finish, Request, RequestStats, TokenConstraint};
 pub use serve::rollout::{Episode, Rollouts};
+/// The wgpu kvdecode is built on, for apps that hand it their device ([`Gpu::from_device`]).
+pub use wgpu;

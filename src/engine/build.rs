@@ -31,7 +31,7 @@ impl Engine {
     /// [`Engine::new_async`], or the first call reports what creation ran into.)
     pub fn new(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
         #[cfg(not(target_arch = "wasm32"))]
-        return pollster::block_on(Self::new_async(gpu, weights, opts));
+        return crate::gpu::pending::block_on(Self::new_async(gpu, weights, opts));
         #[cfg(target_arch = "wasm32")]
         Self::build(gpu, weights, opts)
     }

@@ -59,7 +59,7 @@ impl Engine {
         samplers: &[Sampler],
         steps: usize,
     ) -> Result<Vec<(Vec<u32>, Vec<f32>)>> {
-        pollster::block_on(self.decode_steps_async(rows, first, samplers, steps))
+        crate::gpu::pending::block_on(self.decode_steps_async(rows, first, samplers, steps))
     }
 
     /// [`Engine::decode_steps_logprobs`] that awaits the readback instead of blocking.
@@ -160,7 +160,7 @@ impl Engine {
         window: usize,
         extra_stop: &dyn Fn(usize, u32) -> bool,
     ) -> Result<Vec<Turn>> {
-        pollster::block_on(self.decode_turns_async(rows, first, samplers, limits, window, extra_stop))
+        crate::gpu::pending::block_on(self.decode_turns_async(rows, first, samplers, limits, window, extra_stop))
     }
 
     /// [`Engine::decode_turns`] that awaits each window's readback instead of blocking.

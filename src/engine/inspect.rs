@@ -142,7 +142,7 @@ impl Engine {
         enc.copy_buffer_to_buffer(src, 0, &staging, 0, size);
         self.gpu.queue.submit([enc.finish()]);
         let mut out = vec![0u8; size as usize];
-        pollster::block_on(self.read_async(&staging, &mut out))?;
+        crate::gpu::pending::block_on(self.read_async(&staging, &mut out))?;
         Ok(out)
     }
 }

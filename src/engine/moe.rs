@@ -132,7 +132,7 @@ impl Engine {
     /// [`EngineOptions::record_routes`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn routes(&self, row: usize) -> Result<Vec<u32>> {
-        pollster::block_on(self.routes_async(row))
+        crate::gpu::pending::block_on(self.routes_async(row))
     }
 
     /// [`Engine::routes`] that awaits the readback instead of blocking.

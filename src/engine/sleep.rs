@@ -178,7 +178,7 @@ impl Engine {
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
             enc.copy_buffer_to_buffer(b, at, stage, 0, n);
             self.gpu.queue.submit([enc.finish()]);
-            pollster::block_on(self.read_raw(stage, &mut out[at as usize..(at + n) as usize]))?;
+            crate::gpu::pending::block_on(self.read_raw(stage, &mut out[at as usize..(at + n) as usize]))?;
             at += n;
         }
         Ok(out)

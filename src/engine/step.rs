@@ -37,7 +37,7 @@ impl Engine {
     /// (Blocks until the GPU is done; [`Engine::append_async`] is the same without blocking.)
     #[cfg(not(target_arch = "wasm32"))]
     pub fn append(&mut self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<Logits> {
-        pollster::block_on(self.append_async(ids, width, n_new, rows))
+        crate::gpu::pending::block_on(self.append_async(ids, width, n_new, rows))
     }
 
     /// [`Engine::append`] that awaits the readback instead of blocking (the browser's form).
@@ -92,7 +92,7 @@ impl Engine {
         rows: Option<&[usize]>,
         samplers: &[Sampler],
     ) -> Result<Vec<Option<(u32, f32)>>> {
-        pollster::block_on(self.append_sample_logprobs_async(ids, width, n_new, rows, samplers))
+        crate::gpu::pending::block_on(self.append_sample_logprobs_async(ids, width, n_new, rows, samplers))
     }
 
     /// [`Engine::append_sample_logprobs`] that awaits the readback instead of blocking.
@@ -119,7 +119,7 @@ impl Engine {
         rows: Option<&[usize]>,
         samplers: &[Sampler],
     ) -> Result<Vec<Option<Sampled>>> {
-        pollster::block_on(self.append_sample_full_async(ids, width, n_new, rows, samplers))
+        crate::gpu::pending::block_on(self.append_sample_full_async(ids, width, n_new, rows, samplers))
     }
 
     /// [`Engine::append_sample_full`] that awaits the readback instead of blocking.
@@ -397,7 +397,7 @@ impl Engine {
         n_new: &[usize],
         rows: Option<&[usize]>,
     ) -> Result<Vec<Vec<Vec<f32>>>> {
-        pollster::block_on(self.append_all_logits_async(ids, width, n_new, rows))
+        crate::gpu::pending::block_on(self.append_all_logits_async(ids, width, n_new, rows))
     }
 
     /// [`Engine::append_all_logits`] that awaits the readback instead of blocking.
@@ -433,7 +433,8 @@ impl Engine {
     }
 
     /// Map a readback buffer and copy its first `out.len()` bytes. Natively the map completes
-    /// inside `poll`; in the browser the event loop completes it while this awaits.
+    /// inside `poll` (this one's, or a [`crate::gpu::pending::Pending`]'s); in the browser the
+    /// event loop completes it while this awaits.
     pub(crate) async fn read_async(&self, buf: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
         let read = self.read_raw(buf, out).await;
         // a lost device (or an error the step raised) explains a failed read better than the read
@@ -457,11 +458,15 @@ impl Engine {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
+        // natively a blocking call waits here; inside a `Pending` the app's next poll of the
+        // device completes the map instead, so no frame waits for the GPU
         #[cfg(not(target_arch = "wasm32"))]
-        self.gpu
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))?;
+        if crate::gpu::pending::readbacks_wait() {
+            self.gpu
+                .device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))?;
+        }
         rx.await
             .map_err(|_| Error::Device("readback callback never ran".into()))?
             .map_err(|e| Error::Device(format!("readback failed: {e}")))?;

@@ -44,8 +44,10 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     /// Adapter name, backend and driver.
     pub info: wgpu::AdapterInfo,
-    /// The limits the device was created with.
+    /// The limits the device was created with (less `GpuOptions::max_storage_binding`).
     pub limits: wgpu::Limits,
+    /// Lanes of the subgroup fast path, when the device has it.
+    subgroups: Option<u32>,
     health: Arc<Mutex<Health>>,
     memory: Arc<Mutex<Memory>>,
     /// The device's shader modules and pipelines, shared by its engines.
@@ -79,6 +81,59 @@ struct Health {
     uncaptured: Vec<String>,
 }
 
+/// The app's own handlers, which kvdecode's handlers call after recording (see
+/// [`Gpu::from_device_with`]).
+#[derive(Clone, Default)]
+pub struct AppHandlers {
+    /// Called with every error no error scope caught.
+    pub on_uncaptured_error: Option<Arc<dyn wgpu::UncapturedErrorHandler>>,
+    /// Called once when the device is lost.
+    pub on_device_lost: Option<Arc<dyn Fn(wgpu::DeviceLostReason, String) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for AppHandlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppHandlers")
+            .field("on_uncaptured_error", &self.on_uncaptured_error.is_some())
+            .field("on_device_lost", &self.on_device_lost.is_some())
+            .finish()
+    }
+}
+
+/// Whether the adapter's subgroups have one fixed size of at least 4 lanes (the subgroup
+/// products' workgroup is one subgroup).
+fn fixed_subgroups(info: &wgpu::AdapterInfo) -> bool {
+    info.subgroup_min_size == info.subgroup_max_size && info.subgroup_min_size >= 4
+}
+
+/// Each limit of `have` below what kvdecode's kernels rely on, named as wgpu names it: the
+/// WebGPU defaults (what the test suite runs with) for everything a compute kernel touches.
+/// Binding and buffer sizes are left out: the engine splits tensors to fit them.
+fn missing_limits(have: &wgpu::Limits) -> Vec<String> {
+    let d = wgpu::Limits::default();
+    let needed = wgpu::Limits {
+        max_bind_groups: d.max_bind_groups,
+        max_bindings_per_bind_group: d.max_bindings_per_bind_group,
+        max_storage_buffers_per_shader_stage: d.max_storage_buffers_per_shader_stage,
+        max_uniform_buffers_per_shader_stage: d.max_uniform_buffers_per_shader_stage,
+        max_uniform_buffer_binding_size: d.max_uniform_buffer_binding_size,
+        min_uniform_buffer_offset_alignment: d.min_uniform_buffer_offset_alignment,
+        min_storage_buffer_offset_alignment: d.min_storage_buffer_offset_alignment,
+        max_compute_workgroup_storage_size: d.max_compute_workgroup_storage_size,
+        max_compute_invocations_per_workgroup: d.max_compute_invocations_per_workgroup,
+        max_compute_workgroup_size_x: d.max_compute_workgroup_size_x,
+        max_compute_workgroup_size_y: d.max_compute_workgroup_size_y,
+        max_compute_workgroup_size_z: d.max_compute_workgroup_size_z,
+        max_compute_workgroups_per_dimension: d.max_compute_workgroups_per_dimension,
+        ..have.clone()
+    };
+    let mut short = Vec::new();
+    needed.check_limits_with_fail_fn(have, false, |name, need, has| {
+        short.push(format!("{name} is {has}, kvdecode needs {need}"))
+    });
+    short
+}
+
 const INSTALL_HINT: &str = "install a Vulkan driver (Debian/Ubuntu: `apt-get install mesa-vulkan-drivers` \
      for lavapipe, Mesa's CPU Vulkan) or pick another backend with WGPU_BACKEND=vulkan|gl|metal|dx12";
 
@@ -94,7 +149,7 @@ impl Gpu {
     /// [`Gpu::new`] with options.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn with_options(opts: &GpuOptions) -> Result<Self> {
-        pollster::block_on(Self::new_async(opts))
+        crate::gpu::pending::block_on(Self::new_async(opts))
     }
 
     /// Async construction (the form the browser needs).
@@ -140,35 +195,97 @@ impl Gpu {
         let adapter = found
             .ok_or_else(|| Error::Device(format!("no GPU adapter found ({}); {INSTALL_HINT}", failures.join("; "))))?;
         let info = adapter.get_info();
-        let mut limits = if opts.webgpu_default_limits { wgpu::Limits::default() } else { adapter.limits() };
-        if let Some(max) = opts.max_storage_binding {
-            limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(max);
-        }
-        // optional fast paths: subgroups, when the adapter has them with a fixed subgroup size
-        // (the subgroup matmul's workgroup is one subgroup) and the caller did not ask for the
-        // portable path
-        let fixed = info.subgroup_min_size == info.subgroup_max_size && info.subgroup_min_size >= 4;
-        let fast_features = if !opts.portable && fixed && adapter.features().contains(wgpu::Features::SUBGROUP) {
-            wgpu::Features::SUBGROUP
-        } else {
-            wgpu::Features::empty()
-        };
-        // timestamp queries change no kernel; they let the bench time each kernel class
-        let timing = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        let (required_features, required_limits) = Self::device_requirements(&adapter, opts);
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kvdecode"),
-                required_features: fast_features | timing,
-                required_limits: limits.clone(),
+                required_features,
+                required_limits,
                 ..Default::default()
             })
             .await
             .map_err(|e| Error::Device(format!("adapter {} refused a device: {e}", info.name)))?;
+        Self::from_device_with(info, device, queue, opts, AppHandlers::default())
+    }
+
+    /// The features and limits kvdecode asks of `adapter` when it makes its own device: an app
+    /// that makes the device ([`Gpu::from_device`]) puts them in its `wgpu::DeviceDescriptor`
+    /// (raising any limit its own drawing needs) to get the kernels kvdecode would pick.
+    /// - Features: subgroups, where the adapter has them with one fixed subgroup size (the
+    ///   subgroup products' workgroup is one subgroup) and `opts` is not portable; timestamp
+    ///   queries where present (they change no kernel; the bench times kernels with them).
+    /// - Limits: the WebGPU defaults (or the adapter's own, see
+    ///   [`GpuOptions::webgpu_default_limits`]), with `max_storage_binding` applied.
+    pub fn device_requirements(adapter: &wgpu::Adapter, opts: &GpuOptions) -> (wgpu::Features, wgpu::Limits) {
+        let info = adapter.get_info();
+        let mut limits = if opts.webgpu_default_limits { wgpu::Limits::default() } else { adapter.limits() };
+        if let Some(max) = opts.max_storage_binding {
+            limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(max);
+        }
+        let fast = !opts.portable && fixed_subgroups(&info) && adapter.features().contains(wgpu::Features::SUBGROUP);
+        let features = if fast { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
+        (features | (adapter.features() & wgpu::Features::TIMESTAMP_QUERY), limits)
+    }
+
+    /// A `Gpu` on a device the app made and keeps using (its UI draws on it, say), so buffers
+    /// can pass between them and memory is one budget. [`Gpu::from_device_with`] with the
+    /// default options and no handler of the app's to chain.
+    pub fn from_device(adapter_info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
+        Self::from_device_with(adapter_info, device, queue, &GpuOptions::default(), AppHandlers::default())
+    }
+
+    /// A `Gpu` on the app's own device.
+    ///
+    /// - **Checked first:** every limit kvdecode's kernels rely on (the WebGPU defaults the test
+    ///   suite runs with: bind groups, storage and uniform buffers per stage, workgroup sizes,
+    ///   workgroup memory, dispatch size, offset alignments). A device made with less is an
+    ///   [`Error::Limit`] naming each such limit, and nothing is installed on the device.
+    ///   Binding and buffer sizes are the device's own: the engine splits tensors to fit, and
+    ///   what cannot fit is an error at [`crate::Engine::new`] that names the limit.
+    /// - **Kernel variants** follow what the device was created with: the subgroup products
+    ///   only if it has `wgpu::Features::SUBGROUP` (and the adapter one fixed subgroup size, and
+    ///   `opts` is not portable). A variant forced onto a device without its feature is a
+    ///   named error when the engine is built. See [`Gpu::device_requirements`].
+    /// - **Handlers:** wgpu keeps one uncaptured-error handler and one device-lost callback per
+    ///   device, and cannot hand back the ones set. This installs kvdecode's (they record what
+    ///   [`Gpu::check`] reports), which then call the app's in `handlers`. An app that set its
+    ///   own before passes them here; one it sets after this call replaces kvdecode's, and then
+    ///   a lost device shows only as failed calls. An error no scope caught, from the app's
+    ///   drawing as well, fails the engine's next call once: it may have hit shared state.
+    /// - Make one `Gpu` per device and clone it for each engine: clones share the pipelines
+    ///   and the memory count.
+    pub fn from_device_with(
+        adapter_info: wgpu::AdapterInfo,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        opts: &GpuOptions,
+        handlers: AppHandlers,
+    ) -> Result<Self> {
+        let device_limits = device.limits();
+        let short = missing_limits(&device_limits);
+        if !short.is_empty() {
+            return Err(Error::Limit(format!(
+                "the device was created with limits too small for kvdecode: {} (request Gpu::device_requirements' \
+                 limits, or wgpu::Limits::default())",
+                short.join("; ")
+            )));
+        }
+        let mut limits = device_limits;
+        if let Some(max) = opts.max_storage_binding {
+            limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(max);
+        }
+        let subgroups =
+            (!opts.portable && fixed_subgroups(&adapter_info) && device.features().contains(wgpu::Features::SUBGROUP))
+                .then_some(adapter_info.subgroup_min_size);
         let health = Arc::new(Mutex::new(Health::default()));
         let h = health.clone();
+        let AppHandlers { on_uncaptured_error, on_device_lost } = handlers;
         device.set_device_lost_callback(move |reason, msg| {
             if let Ok(mut h) = h.lock() {
                 h.lost = Some(format!("{reason:?}: {msg}"));
+            }
+            if let Some(app) = &on_device_lost {
+                app(reason, msg);
             }
         });
         // wgpu's default handler panics; an engine reports errors instead
@@ -177,13 +294,19 @@ impl Gpu {
             if let Ok(mut h) = h.lock() {
                 h.uncaptured.push(e.to_string());
             }
+            if let Some(app) = &on_uncaptured_error {
+                app(e);
+            }
         }));
         let budget = opts.memory_budget.or_else(|| {
-            (info.device_type == wgpu::DeviceType::Cpu).then(host_memory_available).flatten().map(|b| b / 10 * 9)
+            (adapter_info.device_type == wgpu::DeviceType::Cpu)
+                .then(host_memory_available)
+                .flatten()
+                .map(|b| b / 10 * 9)
         });
         let memory = Arc::new(Mutex::new(Memory { budget, in_use: 0 }));
         let pipelines = Arc::new(crate::gpu::shaders::Pipelines::new(&device));
-        Ok(Gpu { device, queue, info, limits, health, memory, pipelines })
+        Ok(Gpu { device, queue, info: adapter_info, limits, subgroups, health, memory, pipelines })
     }
 
     /// The budget engines on this device share, in bytes (see [`GpuOptions::memory_budget`]).
@@ -287,7 +410,7 @@ impl Gpu {
 
     /// The subgroup size of the fast path, when the device has one (`None`: portable path).
     pub fn subgroup_size(&self) -> Option<u32> {
-        self.device.features().contains(wgpu::Features::SUBGROUP).then_some(self.info.subgroup_min_size)
+        self.subgroups
     }
 
     /// Largest storage binding, in bytes.

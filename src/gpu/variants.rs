@@ -251,12 +251,14 @@ pub fn resolve_matmul(asked: MatmulKernel, gpu: &Gpu) -> Result<MatmulKernel> {
         MatmulKernel::Auto => Ok(MatmulKernel::Workgroup),
         MatmulKernel::Subgroup if sg.is_none() => Err(Error::Config(format!(
             "matmul: the subgroup kernel needs subgroups of one fixed size, which {} does not offer here \
-             (or the device was made portable: GpuOptions::portable / KVDECODE_PORTABLE=1)",
+             (or the device was made portable: GpuOptions::portable / KVDECODE_PORTABLE=1, or created \
+             without wgpu::Features::SUBGROUP)",
             gpu.info.name
         ))),
         MatmulKernel::WideSubgroup if sg.is_none_or(|n| n < 8) => Err(Error::Config(format!(
             "matmul: the wide-subgroup kernel needs subgroups of one fixed size of at least 8 lanes; {} offers {} \
-             (or the device was made portable: GpuOptions::portable / KVDECODE_PORTABLE=1)",
+             (or the device was made portable: GpuOptions::portable / KVDECODE_PORTABLE=1, or created \
+             without wgpu::Features::SUBGROUP)",
             gpu.info.name,
             sg.map_or("none".to_string(), |n| format!("{n}"))
         ))),

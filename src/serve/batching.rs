@@ -363,7 +363,7 @@ impl Scheduler {
     /// Returns the requests that finished in this step; `false` in `.1` when there is no work.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn step(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(Event)) -> Result<(Vec<Completion>, bool)> {
-        pollster::block_on(self.step_async(engine, on_event))
+        crate::gpu::pending::block_on(self.step_async(engine, on_event))
     }
 
     /// [`Scheduler::step`] that awaits the readback instead of blocking (the browser's form).
@@ -593,7 +593,7 @@ impl Scheduler {
     /// Step until every submitted request has finished; completions in id order.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn run(&mut self, engine: &mut Engine, on_event: &mut dyn FnMut(Event)) -> Result<Vec<Completion>> {
-        pollster::block_on(self.run_async(engine, on_event))
+        crate::gpu::pending::block_on(self.run_async(engine, on_event))
     }
 
     /// [`Scheduler::run`] that awaits each step instead of blocking.

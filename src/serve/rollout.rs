@@ -146,7 +146,7 @@ impl Rollouts {
         limits: &[TurnLimit],
         window: usize,
     ) -> Result<Vec<Turn>> {
-        pollster::block_on(self.decode_turn_async(engine, rows, limits, window))
+        crate::gpu::pending::block_on(self.decode_turn_async(engine, rows, limits, window))
     }
 
     /// [`Rollouts::decode_turn`] that awaits the readbacks instead of blocking.
