@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the tests need beyond rustup's toolchain, installed where missing, in four parts:
-#   scripts/install.sh apt      Debian packages: lavapipe, Mesa EGL/GL, Python's pip, the browsers, Node
+#   scripts/install.sh apt      Debian packages: lavapipe, Mesa EGL/GL, Python's pip, the browsers, Node,
+#                               Xvfb and the X libraries of the desktop window
 #   scripts/install.sh cargo    cargo-nextest, cargo-hakari, wasm-bindgen-cli, the wasm32 target
 #   scripts/install.sh python [openai|wheel|grpo ...]
 #                               the venvs of the openai, wheel and GRPO tests (torch, PEFT), and SmolLM2
@@ -26,6 +27,14 @@ apt_part() {
   command -v chromedriver >/dev/null || need+=(chromium-driver)
   command -v firefox-esr >/dev/null || need+=(firefox-esr)
   command -v node >/dev/null || need+=(nodejs)
+  # the desktop window's test (scripts/test-desktop.sh): an X server in memory, and the X client
+  # libraries winit opens at run time
+  command -v xvfb-run >/dev/null || need+=(xvfb)
+  command -v xauth >/dev/null || need+=(xauth)
+  for lib in libX11-xcb.so.1 libXcursor.so.1 libXrandr.so.2 libXi.so.6 libxkbcommon-x11.so.0; do
+    ldconfig -p | grep -q "$lib" || need+=("$(echo "$lib" | sed 's/libX11-xcb.so.1/libx11-xcb1/; s/libXcursor.so.1/libxcursor1/;
+      s/libXrandr.so.2/libxrandr2/; s/libXi.so.6/libxi6/; s/libxkbcommon-x11.so.0/libxkbcommon-x11-0/')")
+  done
   command -v npm >/dev/null || need+=(npm)
   if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -220,7 +220,9 @@ fn a_pending_step_returns_before_the_gpu_is_done_with_the_same_tokens() {
     blocking.append(&[3, 1, 4, 1, 5], 5, &[5], None).unwrap();
     let want = blocking.decode_steps(&[0], &[9], &[sampler], 8).unwrap();
 
-    let mut engine = Engine::new(&gpu, &w, EngineOptions::new(1, 64)).unwrap();
+    // in parts of 5 dispatches, one part per poll: the same dispatches in the same order
+    let opts = EngineOptions { dispatches_per_submit: 5, ..EngineOptions::new(1, 64) };
+    let mut engine = Engine::new(&gpu, &w, opts).unwrap();
     engine.append(&[3, 1, 4, 1, 5], 5, &[5], None).unwrap();
     let mut step = Pending::new(&gpu, async move {
         let out = engine.decode_steps_async(&[0], &[9], &[sampler], 8).await;
@@ -238,6 +240,8 @@ fn a_pending_step_returns_before_the_gpu_is_done_with_the_same_tokens() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     };
     println!("finished at poll {polls}");
+    // 8 steps of several parts each, one part submitted per poll
+    assert!(polls > 16, "{polls} polls: the parts were not submitted one per poll");
     assert!(step.is_done() && step.poll().is_none(), "a finished Pending gives its result once");
     let got: Vec<Vec<u32>> = out.unwrap().into_iter().map(|r| r.0).collect();
     assert_eq!(got, want, "the same tokens as the blocking call");

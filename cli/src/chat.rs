@@ -42,6 +42,9 @@ pub struct Args {
     /// Decode steps per readback while streaming.
     #[arg(long, default_value_t = 4)]
     window: usize,
+    /// Answer with this LoRA adapter (a PEFT folder or a GGUF LoRA file, rank up to 16).
+    #[arg(long)]
+    lora: Option<String>,
     /// Print per-turn cache reuse and prefill counts on stderr.
     #[arg(long)]
     verbose: bool,
@@ -57,8 +60,17 @@ pub fn run(a: Args) -> Result<()> {
     let sampler = Sampler { temperature: a.temperature, seed: a.seed, top_k: a.top_k, top_p: a.top_p, top_logprobs: 0 };
     let rows = a.prompts.len().max(1);
     let max_len = a.engine.max_len(&gpu, &weights, rows);
-    let opts = EngineOptions { rollback: a.window.max(1) - 1, ..a.engine.options(rows, max_len) };
-    let engine = Engine::new(&gpu, &weights, opts)?;
+    let opts = EngineOptions {
+        rollback: a.window.max(1) - 1,
+        max_loras: usize::from(a.lora.is_some()),
+        ..a.engine.options(rows, max_len)
+    };
+    let mut engine = Engine::new(&gpu, &weights, opts)?;
+    if let Some(path) = &a.lora {
+        engine.load_lora_path(ADAPTER, path)?;
+        // the conversation's row decodes with it (and keeps it when the row starts over)
+        engine.set_adapter(0, Some(ADAPTER))?;
+    }
     eprintln!(
         "loaded {} in {:.1} s on {}; rows of {max_len} tokens, {} K/V",
         a.model,
@@ -72,6 +84,9 @@ pub fn run(a: Args) -> Result<()> {
         one_shot(engine, &tok, &a, sampler)
     }
 }
+
+/// The name `--lora`'s adapter is loaded under.
+const ADAPTER: &str = "adapter";
 
 /// The conversation so far and the row it lives on (row 0 of a one-row engine).
 pub struct Conversation<'a> {
@@ -258,9 +273,12 @@ fn one_shot(mut engine: Engine, tok: &Tokenizer, a: &Args, sampler: Sampler) -> 
             msgs.push(Message::new("system", s));
         }
         msgs.push(Message::new("user", p));
-        // no template: plain completion
-        let text = tok.apply_chat_template(&msgs, true).unwrap_or_else(|_| p.clone());
-        texts.push(tok.encode(&text)?);
+        // the template's rendering, without a second BOS where it wrote one (as a conversation's
+        // turns are encoded); no template: plain completion
+        texts.push(match tok.apply_chat_template(&msgs, true) {
+            Ok(text) => tok.encode_rendered(&text)?,
+            Err(_) => tok.encode(p)?,
+        });
     }
     let longest = texts.iter().map(Vec::len).max().unwrap_or(0);
     let max_len = engine.cache().max_len();
@@ -276,6 +294,7 @@ fn one_shot(mut engine: Engine, tok: &Tokenizer, a: &Args, sampler: Sampler) -> 
             max_new: max_tokens,
             stop: stop.clone(),
             sampler,
+            adapter: a.lora.as_ref().map(|_| ADAPTER.to_string()),
             ..Default::default()
         })?;
     }

@@ -275,6 +275,7 @@ impl Engine {
             head_dispatches: d.head,
             all_head_dispatches: d.all_head,
             all_logits_tokens: all_tokens,
+            dispatches_per_submit: opts.dispatches_per_submit,
             max_window,
             sample_dispatch: d.sample,
             bias_dispatch: d.bias,

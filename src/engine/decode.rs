@@ -108,7 +108,8 @@ impl Engine {
                 Some(samplers),
                 from_gpu,
                 Output::Sampled { slot: step, top: false },
-            );
+            )
+            .await;
         }
         let mut raw = vec![0u32; steps * r_n * 2];
         let read = self.read_async(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut raw)).await;

@@ -34,7 +34,7 @@ impl Engine {
             self.profiler = Some(crate::gpu::profile::Profiler::new(&self.gpu.device, most)?);
         }
         self.profiling = true;
-        let ran = self.run(ids, width, n_new, rows, samplers, Output::None);
+        let ran = crate::gpu::pending::now(self.run(ids, width, n_new, rows, samplers, Output::None));
         self.profiling = false;
         if !ran? {
             return Ok(Default::default());

@@ -106,6 +106,9 @@ pub struct Engine {
     /// Final norm at every token, then the LM head over all of them.
     all_head_dispatches: Vec<Dispatch>,
     all_logits_tokens: usize,
+    /// Most dispatches per submission (0: a chunk is one submission; see
+    /// [`EngineOptions::dispatches_per_submit`]).
+    dispatches_per_submit: usize,
     /// Most steps per multi-step window: `rollback + 1`.
     pub(crate) max_window: usize,
     sample_dispatch: Dispatch,

@@ -73,6 +73,13 @@ pub struct EngineOptions {
     /// The largest rank a slot holds (16 by default, at most [`crate::MAX_LORA_RANK`]): every
     /// slot takes room for this rank on every projection.
     pub max_lora_rank: usize,
+    /// Split each chunk's GPU work into submissions of at most this many dispatches; 0 (the
+    /// default): one submission. Inside a [`crate::Pending`], each poll then submits one part,
+    /// so a window drawing on the same device gets its frames in between: a device that runs
+    /// one submission at a time (a CPU adapter, or a GPU whose queue does not preempt) otherwise
+    /// holds a frame back for a whole step. The same dispatches run in the same order: the bits
+    /// do not change.
+    pub dispatches_per_submit: usize,
 }
 
 impl EngineOptions {
@@ -97,6 +104,7 @@ impl EngineOptions {
             record_routes: false,
             max_loras: 0,
             max_lora_rank: 16,
+            dispatches_per_submit: 0,
         }
     }
 

@@ -49,7 +49,7 @@ impl Engine {
         rows: Option<&[usize]>,
     ) -> Result<Logits> {
         let mark = self.cache.mark();
-        let any = self.run(ids, width, n_new, rows, None, Output::Logits)?;
+        let any = self.run(ids, width, n_new, rows, None, Output::Logits).await?;
         let mut data = vec![0f32; n_new.len() * self.cfg.vocab];
         if any {
             let read = self.read_async(&self.s.logits_read, bytemuck::cast_slice_mut(&mut data)).await;
@@ -61,7 +61,7 @@ impl Engine {
     /// Like [`Engine::append`], but reads nothing back (prefill and tool results whose logits
     /// nobody needs): the call returns as soon as the work is submitted.
     pub fn feed(&mut self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<()> {
-        self.run(ids, width, n_new, rows, None, Output::None).map(|_| ())
+        crate::gpu::pending::now(self.run(ids, width, n_new, rows, None, Output::None)).map(|_| ())
     }
 
     /// Like [`Engine::append`], but samples on the GPU and reads back only the ids: `samplers[r]`
@@ -133,7 +133,7 @@ impl Engine {
     ) -> Result<Vec<Option<Sampled>>> {
         let top = samplers.iter().any(|s| s.top_logprobs > 0);
         let mark = self.cache.mark();
-        let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Sampled { slot: 0, top })?;
+        let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Sampled { slot: 0, top }).await?;
         let r_n = n_new.len();
         let mut got = vec![0u32; 2 * r_n];
         let mut alts = vec![0u32; if top { r_n * TOP_LOGPROBS_MAX as usize * 2 } else { 0 }];
@@ -211,11 +211,11 @@ impl Engine {
         self.cache.reserve(&self.gpu, cache_rows, n_new)
     }
 
-    /// Write one chunk's shape, rows and ids, record every dispatch of `out` into one encoder and
-    /// submit it. `n_sub[r]` tokens of chunk row `r` start at `ids[r * stride + start]`; with
+    /// Write one chunk's shape, rows and ids, record every dispatch of `out` and submit them (in
+    /// one submission, or in parts: [`crate::EngineOptions::dispatches_per_submit`]). `n_sub[r]` tokens of chunk row `r` start at `ids[r * stride + start]`; with
     /// `ids_from_sampled`, the ids are instead last step's sampled ids (one per row, on the GPU).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn submit_chunk(
+    pub(crate) async fn submit_chunk(
         &mut self,
         cache_rows: &[usize],
         n_sub: &[usize],
@@ -270,6 +270,8 @@ impl Engine {
         if ids_from_sampled {
             enc.copy_buffer_to_buffer(&self.s.sampled, 0, &self.s.ids, 0, (r_n * 4) as u64);
         }
+        // finished parts of the chunk, when it is split into several submissions
+        let mut parts: Vec<wgpu::CommandBuffer> = Vec::new();
         {
             let head = match out {
                 Output::AllLogits => &self.all_head_dispatches,
@@ -302,12 +304,25 @@ impl Engine {
                     p.resolve(&mut enc);
                 }
                 None => {
-                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                        label: Some("chunk"),
-                        timestamp_writes: None,
-                    });
-                    for d in &all {
-                        d.record(&mut pass, r_n, c);
+                    let per =
+                        if self.dispatches_per_submit == 0 { all.len().max(1) } else { self.dispatches_per_submit };
+                    let count = all.len().div_ceil(per).max(1);
+                    for (i, part) in all.chunks(per).enumerate() {
+                        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                            label: Some("chunk"),
+                            timestamp_writes: None,
+                        });
+                        for d in part {
+                            d.record(&mut pass, r_n, c);
+                        }
+                        drop(pass);
+                        if i + 1 < count {
+                            let next = self
+                                .gpu
+                                .device
+                                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("chunk") });
+                            parts.push(std::mem::replace(&mut enc, next).finish());
+                        }
                     }
                 }
             }
@@ -332,8 +347,17 @@ impl Engine {
                 }
             }
         }
-        q.submit([enc.finish()]);
-        self.stats.submits += 1;
+        parts.push(enc.finish());
+        let count = parts.len();
+        for (i, part) in parts.into_iter().enumerate() {
+            q.submit([part]);
+            // inside a `Pending`, the next part goes in at the next poll: a frame drawn on this
+            // device between two polls waits for one part, not for the whole chunk
+            if i + 1 < count && !crate::gpu::pending::readbacks_wait() {
+                crate::gpu::pending::yield_now().await;
+            }
+        }
+        self.stats.submits += count as u64;
         self.stats.chunks += 1;
         for (r, &row) in cache_rows.iter().enumerate() {
             let n = n_sub[r];
@@ -344,7 +368,7 @@ impl Engine {
 
     /// Split an append into chunks of at most `chunk` tokens per row and submit them; only the
     /// last chunk copies `out` for readback. Returns whether any row had tokens.
-    pub(super) fn run(
+    pub(super) async fn run(
         &mut self,
         ids: &[u32],
         width: usize,
@@ -381,7 +405,8 @@ impl Engine {
                 samplers,
                 false,
                 if last { out } else { Output::None },
-            );
+            )
+            .await;
         }
         Ok(true)
     }
@@ -418,7 +443,7 @@ impl Engine {
             )));
         }
         let mark = self.cache.mark();
-        let any = self.run(ids, width, n_new, rows, None, Output::AllLogits)?;
+        let any = self.run(ids, width, n_new, rows, None, Output::AllLogits).await?;
         let v = self.cfg.vocab;
         let mut data = vec![0f32; n_new.len() * longest * v];
         if any {

@@ -39,9 +39,38 @@ impl Drop for WaitMode {
 /// Run `work` to completion on this thread, its readbacks waiting for the GPU: the blocking
 /// forms of the engine's calls. Inside a [`Pending`] too, where a blocking call must still wait
 /// (nothing else would poll the device while it blocks).
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn block_on<T>(work: impl Future<Output = T>) -> T {
     let _mode = WaitMode::set(true);
     pollster::block_on(work)
+}
+
+/// The result of `work` that awaits nothing but submissions (recording and submitting a chunk):
+/// with readbacks waiting, nothing in it is pending, so one poll finishes it, natively and in
+/// the browser.
+pub(crate) fn now<T>(work: impl Future<Output = T>) -> T {
+    let _mode = WaitMode::set(true);
+    let mut work = std::pin::pin!(work);
+    match work.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => unreachable!("submitting a chunk waits for nothing when readbacks wait"),
+    }
+}
+
+/// A future that is pending once (asking to be polled again) and then ready: where a call in a
+/// [`Pending`] gives the app's frame its turn between two submissions.
+pub(crate) async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
 }
 
 /// An engine call in flight that the app checks each frame instead of waiting for it: build it
@@ -65,6 +94,8 @@ pub(crate) fn block_on<T>(work: impl Future<Output = T>) -> T {
 /// readback done or not. In the browser the event loop completes readbacks, so awaiting the
 /// async call there already leaves the page free (as the web crate does).
 pub struct Pending<T> {
+    // in the browser the event loop completes readbacks: nothing to poll
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     device: wgpu::Device,
     work: Option<Pin<Box<dyn Future<Output = T>>>>,
 }
