@@ -6,7 +6,9 @@
 #   options (the window's device is egui's own, shared with the engine; the command makes its own);
 # - frames kept coming while it decoded: more frames than decode steps (a step goes to the GPU in
 #   parts, one per frame, so the window's drawing waits for a part, not a whole step);
-# - the screenshot is the window's size.
+# - the screenshot is the window's size;
+# - and, with the embedded demo model, that stopping an answer (what the Stop button does) ends it
+#   after the step in flight.
 #   scripts/test-desktop.sh [SCREENSHOT.png]     (default: a temporary file)
 # Run by .ci/run; docs/desktop-chat.png is one of its screenshots.
 set -euo pipefail
@@ -46,4 +48,16 @@ assert png[:8] == b"\x89PNG\r\n\x1a\n", "the screenshot is a PNG"
 w, h = struct.unpack(">II", png[16:24])
 assert (w, h) == (720, 520), f"the screenshot is {w}x{h}, the window 720x520"
 print(f"screenshot {w}x{h}, {len(png)} bytes: {sys.argv[3]}")
+EOF
+# the demo model (no --model), stopped after 5 of at most 40 tokens: --exit-after calls the Stop
+# button's stop(), which cancels the request when the step in flight ends: one token more
+xvfb-run -a -s "-screen 0 1024x768x24" "$bin/desktop-chat" --prompt "hello" --max-tokens 40 --exit-after 5 \
+  >"$work/demo.json" 2>"$work/demo.log" || { cat "$work/demo.log"; exit 1; }
+python3 - "$work/demo.json" <<'EOF'
+import json, sys
+report = json.loads(open(sys.argv[1], encoding="utf-8").read().strip().splitlines()[-1])
+print(json.dumps({k: report[k] for k in ("model", "answer", "steps", "frames_while_decoding")}))
+assert report["error"] is None, report["error"]
+assert len(report["token_ids"]) == 6, f"stopped after {len(report['token_ids'])} tokens, not 5 + the step in flight"
+assert report["answer"] == "".join(f"{t} " for t in report["token_ids"]), "the demo model's answer shows its ids"
 EOF

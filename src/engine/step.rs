@@ -212,8 +212,9 @@ impl Engine {
     }
 
     /// Write one chunk's shape, rows and ids, record every dispatch of `out` and submit them (in
-    /// one submission, or in parts: [`crate::EngineOptions::dispatches_per_submit`]). `n_sub[r]` tokens of chunk row `r` start at `ids[r * stride + start]`; with
-    /// `ids_from_sampled`, the ids are instead last step's sampled ids (one per row, on the GPU).
+    /// one submission, or in parts: [`crate::EngineOptions::dispatches_per_submit`]). `n_sub[r]`
+    /// tokens of chunk row `r` start at `ids[r * stride + start]`; with `ids_from_sampled`, the
+    /// ids are instead last step's sampled ids (one per row, on the GPU).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn submit_chunk(
         &mut self,
