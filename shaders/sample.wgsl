@@ -3,11 +3,15 @@
 //   otherwise: argmax of score + Gumbel noise over the kept tokens, which is exactly a draw from
 //   softmax(score) restricted to them. Kept: score >= a threshold found by bisection so that at
 //   least top_k tokens (top_k > 0) and then the smallest set with probability >= top_p
-//   (top_p < 1) stay, as in Hugging Face's top-k then top-p order.
+//   (top_p < 1) stay, then those with probability >= min_p x the largest's (min_p > 0), as in
+//   Hugging Face's top-k, top-p, min-p order.
 // The noise is a hash of (seed, counter, token id): a row's draw depends only on its own seed and
 // the position the token will take, whatever else shares the batch.
-// Also writes the chosen token's log-probability under softmax(score) (before top-k / top-p), and,
-// for rows that ask, the top_n most likely tokens with theirs (the same distribution).
+// Also writes the chosen token's log-probability, and for rows that ask the top_n most likely
+// tokens with theirs, under the row's logprob mode: SCALED, softmax(score) before truncation;
+// RAW, softmax(logits), before temperature and truncation; PROCESSED, the distribution drawn
+// from, softmax(score) over the kept tokens (greedy: RAW's). And how many tokens were kept (the
+// tokens the mask allows, when nothing truncates).
 // A row with a token mask sees only the tokens its mask allows (constrained decoding): the others
 // score MASKED, which no draw can pick while one token is allowed. Logit biases were added to the
 // logits by `logit_bias.wgsl` before this dispatch.
@@ -21,7 +25,10 @@ struct Sampler {
     top_p: f32,        // >= 1: off
     masked: u32,       // 1: only tokens the row's mask allows
     top_n: u32,        // most likely tokens to report (at most TOP_MAX)
-    _pad: u32,
+    min_p: f32,        // <= 0: off
+    mode: u32,         // logprobs: SCALED, RAW or PROCESSED
+    _pad0: u32,
+    _pad1: u32,
 }
 
 override V: u32;           // vocabulary size
@@ -30,12 +37,16 @@ const WG: u32 = 256u;
 const BISECT: u32 = 32u;
 const TOP_MAX: u32 = 20u;
 const MASKED: f32 = -3.0e38;
+const SCALED: u32 = 0u;
+const RAW: u32 = 1u;
+const PROCESSED: u32 = 2u;
+const NEG_INF_BITS: u32 = 0xff800000u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;      // [R]
 @group(0) @binding(2) var<storage, read> samplers: array<Sampler>;  // [R]
 @group(0) @binding(3) var<storage, read> logits: array<f32>;        // [R, V]
-@group(0) @binding(4) var<storage, read_write> out: array<u32>;     // [2, R]: ids, then logprob bits
+@group(0) @binding(4) var<storage, read_write> out: array<u32>;     // [3, R]: ids, logprob bits, kept counts
 @group(0) @binding(5) var<storage, read> mask: array<u32>;          // [cache rows, MASK_WORDS]: bit i % 32 of word i / 32 = token i allowed
 @group(0) @binding(6) var<storage, read_write> top: array<u32>;     // [R, TOP_MAX, 2]: token id, logprob bits
 
@@ -168,6 +179,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         thr = lo;
     }
 
+    if temp > 0.0 && s.min_p > 0.0 {
+        thr = max(thr, m + log(s.min_p));
+    }
+
     // 3. Gumbel-max over the kept set (greedy: the argmax)
     var chosen = greedy_id;
     if temp > 0.0 {
@@ -186,13 +201,49 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         reduce_argmax(t);
         chosen = red_i[0];
     }
-    let lz = m + log(z);
+    // 4. the kept count, and the log-normalizer and scores of the row's logprob mode
+    var kept = 0.0;
+    var zk = 0.0;
+    for (var i = t; i < V; i += WG) {
+        let v = score(r, i, temp);
+        if v >= thr && v > MASKED { kept += 1.0; zk += exp(v - m); }
+    }
+    red_v[t] = kept;
+    workgroupBarrier();
+    kept = reduce_sum(t);
+    var lz = m + log(z);
+    // a mode reads its scores at `temp_of`: the row's temperature, or 1 for RAW (greedy: RAW)
+    var temp_of = temp;
+    var cut = lo0;
+    if s.mode == PROCESSED && temp > 0.0 {
+        red_v[t] = zk;
+        workgroupBarrier();
+        lz = m + log(reduce_sum(t));
+        cut = thr;
+    } else if s.mode != SCALED && temp > 0.0 {
+        temp_of = 1.0;
+        var mr = -3.4e38;
+        for (var i = t; i < V; i += WG) { mr = max(mr, score(r, i, 1.0)); }
+        red_v[t] = mr;
+        red_i[t] = 0u;
+        workgroupBarrier();
+        reduce_argmax(t);
+        mr = red_v[0];
+        workgroupBarrier();
+        var zr = 0.0;
+        for (var i = t; i < V; i += WG) { zr += exp(score(r, i, 1.0) - mr); }
+        red_v[t] = zr;
+        workgroupBarrier();
+        lz = mr + log(reduce_sum(t));
+    }
     if t == 0u && r < step.rows && rows[r].n_new > 0u {
         out[r] = chosen;
-        out[step.rows + r] = bitcast<u32>(score(r, chosen, temp) - lz);
+        out[step.rows + r] = bitcast<u32>(score(r, chosen, temp_of) - lz);
+        out[2u * step.rows + r] = u32(kept);
     }
 
-    // 4. the top_n most likely tokens, one argmax round each (ties to the lowest id)
+    // 5. the top_n most likely tokens, one argmax round each (ties to the lowest id); under
+    // PROCESSED a token not kept has log-probability -inf
     let top_n = min(s.top_n, TOP_MAX);
     for (var k = 0u; k < top_n; k++) {
         var bv = -3.4e38;
@@ -208,7 +259,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         if t == 0u {
             picked[k] = red_i[0];
             top[(r * TOP_MAX + k) * 2u] = red_i[0];
-            top[(r * TOP_MAX + k) * 2u + 1u] = bitcast<u32>(red_v[0] - lz);
+            let lp = bitcast<u32>(score(r, red_i[0], temp_of) - lz);
+            top[(r * TOP_MAX + k) * 2u + 1u] = select(NEG_INF_BITS, lp, red_v[0] >= cut);
         }
         workgroupBarrier();
     }

@@ -31,7 +31,7 @@ pub mod serve;
 
 // One path for each module (`kvdecode::io::gguf`); what a user names most is re-exported here.
 pub use cache::{BlockUsage, CacheOptions, KvCache, KvDtype, PromptCacheStats, RowOwner};
-pub use engine::sampling::{argmax, sample_cpu, sample_cpu_full, Sampled, Sampler, TOP_LOGPROBS_MAX};
+pub use engine::sampling::{argmax, sample_cpu, sample_cpu_full, LogprobMode, Sampled, Sampler, TOP_LOGPROBS_MAX};
 pub use engine::{
     AttentionKernel, Engine, EngineOptions, Fusion, InFlight, Logits, LoraUpdate, MatmulKernel, MemoryReport, Sleep,
     Stats, Turn, TurnLimit, WeightUpdate, CHUNK, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,

@@ -215,7 +215,7 @@ fn a_pending_step_returns_before_the_gpu_is_done_with_the_same_tokens() {
     let (info, device, queue) = app_device_for_kvdecode();
     let gpu = Gpu::from_device(info, device, queue).unwrap();
     let w = model(&llama_cfg(), 9);
-    let sampler = Sampler { temperature: 0.8, seed: 7, top_k: 20, top_p: 0.9, top_logprobs: 0 };
+    let sampler = Sampler { temperature: 0.8, seed: 7, top_k: 20, top_p: 0.9, ..Sampler::GREEDY };
     let mut blocking = Engine::new(&gpu, &w, EngineOptions::new(1, 64)).unwrap();
     blocking.append(&[3, 1, 4, 1, 5], 5, &[5], None).unwrap();
     let want = blocking.decode_steps(&[0], &[9], &[sampler], 8).unwrap();

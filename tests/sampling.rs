@@ -140,3 +140,85 @@ fn bias_mask_and_top_logprobs_match_the_cpu_twin() {
     let m = e.decode_steps(&[0], &[1], &[Sampler::GREEDY.with_top_logprobs(2)], 2).unwrap_err().to_string();
     assert!(m.contains("top_logprobs"), "{m}");
 }
+
+/// The three logprob modes and min-p, each on its own row of one batch (one row masked): the GPU
+/// draws and reports what the CPU twin does; `processed` logprobs are a distribution over the
+/// kept tokens (they sum to 1, a token not kept is -inf); `raw` ones are the model's own
+/// log-softmax of the logits `append` returns; min-p keeps what its definition keeps.
+#[test]
+fn logprob_modes_and_min_p_match_the_cpu_twin() {
+    use kvdecode::{sample_cpu_full, LogprobMode};
+    let w = model(&tiny_agent_cfg(), 45);
+    let v = w.cfg.vocab;
+    let gpu = gpu();
+    let mut e = Engine::new(&gpu, &w, EngineOptions::new(5, 64)).unwrap();
+    let mut replay = Engine::new(&gpu, &w, EngineOptions::new(5, 64)).unwrap();
+    let processed = LogprobMode::Processed;
+    let samplers = [
+        Sampler::temperature(0.8, 3).with_top_k(2).with_top_p(0.9).with_logprobs(processed).with_top_logprobs(3),
+        Sampler::temperature(0.5, 4).with_min_p(0.1).with_logprobs(processed).with_top_logprobs(20),
+        Sampler::temperature(0.7, 5).with_logprobs(LogprobMode::Raw).with_top_logprobs(4),
+        Sampler::temperature(1.3, 6).with_min_p(0.2).with_top_logprobs(2),
+        Sampler::GREEDY.with_logprobs(processed).with_top_logprobs(2),
+    ];
+    let even: Vec<u32> = (0..v.div_ceil(32)).map(|_| 0x5555_5555).collect();
+    e.set_token_mask(2, Some(&even)).unwrap();
+    let masks: [Option<&[u32]>; 5] = [None, None, Some(&even), None, None];
+    let prompt = [3u32, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17];
+    let mut got = e.append_sample_full(&prompt, 3, &[3; 5], None, &samplers).unwrap();
+    let mut logits = replay.append(&prompt, 3, &[3; 5], None).unwrap();
+    let (mut worst_raw, mut worst_sum) = (0f64, 0f64);
+    for step in 0..8 {
+        let mut next = Vec::new();
+        for r in 0..5 {
+            let (g, s) = (got[r].clone().unwrap(), samplers[r]);
+            let l = logits.row(r).unwrap();
+            let want = sample_cpu_full(l, s, replay.cache().lens()[r] as u32, &[], masks[r]);
+            let at = format!("row {r} step {step}");
+            assert_eq!((g.token, g.kept), (want.token, want.kept), "{at}: token and kept count");
+            assert!((g.logprob - want.logprob).abs() < 1e-5, "{at}: {} vs {}", g.logprob, want.logprob);
+            for (a, b) in g.top.iter().zip(&want.top) {
+                assert!(a.0 == b.0 && (a.1 == b.1 || (a.1 - b.1).abs() < 1e-5), "{at}: {a:?} vs {b:?}");
+            }
+            match r {
+                // processed: the kept tokens' probabilities sum to 1 (row 0: top-k 2 keeps at most 2,
+                // all within its top 3; row 1's min-p keeps up to 20 here), the rest are -inf
+                0 | 1 => {
+                    assert!(r == 1 || g.kept <= 2, "{at}: top-k 2 kept {}", g.kept);
+                    assert!(g.kept as usize <= g.top.len(), "{at}: {} kept, more than the top {}", g.kept, g.top.len());
+                    let kept = &g.top[..g.kept as usize];
+                    let sum: f64 = kept.iter().map(|t| (t.1 as f64).exp()).sum();
+                    worst_sum = worst_sum.max((sum - 1.0).abs());
+                    assert!((sum - 1.0).abs() < 1e-5, "{at}: processed probabilities of the kept sum to {sum}");
+                    assert!(g.top[g.kept as usize..].iter().all(|t| t.1 == f32::NEG_INFINITY), "{at}: {:?}", g.top);
+                    assert!(kept.iter().any(|t| t.0 == g.token), "{at}: the token drawn was not kept");
+                }
+                // raw: the model's log-softmax (of the allowed tokens), whatever the temperature
+                2 => {
+                    let m = (0..v).filter(|i| i % 2 == 0).map(|i| l[i] as f64).fold(f64::MIN, f64::max);
+                    let lz = m + (0..v).filter(|i| i % 2 == 0).map(|i| (l[i] as f64 - m).exp()).sum::<f64>().ln();
+                    let d = (g.logprob as f64 - (l[g.token as usize] as f64 - lz)).abs();
+                    worst_raw = worst_raw.max(d);
+                    assert!(d < 1e-6, "{at}: raw logprob {} is {d} from the f64 log-softmax", g.logprob);
+                    assert_eq!(g.kept as usize, v / 2, "{at}: every allowed token is kept");
+                }
+                // min-p 0.2 at temperature 1.3: the tokens within a factor 5 of the most likely
+                3 => {
+                    let sc: Vec<f64> = l.iter().map(|&x| x as f64 / 1.3).collect();
+                    let m = sc.iter().cloned().fold(f64::MIN, f64::max);
+                    let within = sc.iter().filter(|&&x| x >= m + 0.2f64.ln()).count();
+                    assert_eq!(g.kept as usize, within, "{at}: min-p kept count");
+                }
+                // greedy: processed is raw, over every token
+                _ => assert_eq!(g.kept as usize, v, "{at}"),
+            }
+            next.push(g.token);
+        }
+        got = e.append_sample_full(&next, 1, &[1; 5], None, &samplers).unwrap();
+        logits = replay.append(&next, 1, &[1; 5], None).unwrap();
+    }
+    println!("processed sums within {worst_sum:e} of 1; raw within {worst_raw:e} of the f64 log-softmax");
+    let bad = Sampler::temperature(1.0, 1).with_min_p(1.5);
+    let m = e.append_sample(&[1; 5], 1, &[1; 5], None, &[bad; 5]).unwrap_err().to_string();
+    assert!(m.contains("min_p 1.5 must be in [0, 1]"), "{m}");
+}

@@ -57,7 +57,8 @@ pub fn run(a: Args) -> Result<()> {
     let (weights, tok) = load_model(&a.model)?;
     let tok = tok.ok_or(format!("{}: the model has no tokenizer to chat with", a.model))?;
     let gpu = Gpu::new()?;
-    let sampler = Sampler { temperature: a.temperature, seed: a.seed, top_k: a.top_k, top_p: a.top_p, top_logprobs: 0 };
+    let sampler =
+        Sampler { temperature: a.temperature, seed: a.seed, top_k: a.top_k, top_p: a.top_p, ..Sampler::GREEDY };
     let rows = a.prompts.len().max(1);
     let max_len = a.engine.max_len(&gpu, &weights, rows);
     let opts = EngineOptions {

@@ -13,7 +13,14 @@ fn openai_request_seeds_are_accepted_requests() {
     let g = GgufFile::open(format!("{root}/gguf/llama-f32-tools.gguf")).unwrap();
     let tok = Tokenizer::from_gguf(&g).unwrap();
     let guide = Guide::new(&tok, tok.vocab_size());
-    let limits = Limits { max_len: 1024, max_n: 4, max_tokens: 1024, routes: Some((2, 2)), bias_slots: 2048 };
+    let limits = Limits {
+        max_len: 1024,
+        max_n: 4,
+        max_tokens: 1024,
+        routes: Some((2, 2)),
+        bias_slots: 2048,
+        logprobs_mode: Default::default(),
+    };
     let mut seen = 0;
     for entry in std::fs::read_dir(format!("{root}/openai_request")).unwrap() {
         let path = entry.unwrap().path();

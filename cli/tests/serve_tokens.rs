@@ -63,3 +63,57 @@ fn token_ids_in_and_out() {
         assert!(e["error"]["message"].as_str().unwrap().contains(want), "{e}");
     }
 }
+
+/// `logprobs_mode` on the wire. The same seeded request (top-k 2, top-p 0.9) asked for `raw` and
+/// for `processed` logprobs draws the same tokens; the processed ones of the kept tokens (`kept`
+/// per token) sum to 1, tokens not kept are -9999 (vLLM's -inf), and they equal, within 1e-6, the
+/// renormalization of the raw ones over the kept tokens at the temperature, computed here in f64.
+#[test]
+fn logprob_modes_on_the_wire() {
+    let s = start(&[]);
+    let tok =
+        kvdecode::io::tokenizer::Tokenizer::from_gguf(&kvdecode::io::gguf::GgufFile::open(MODEL).unwrap()).unwrap();
+    let eot: serde_json::Map<String, Value> = tok.end_of_turn().iter().map(|t| (t.to_string(), json!(-100))).collect();
+    let t = 0.9;
+    let ask = |mode: &str| {
+        let req = json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8, "temperature": t,
+            "top_k": 2, "top_p": 0.9, "seed": 5, "logprobs": true, "top_logprobs": 3, "logprobs_mode": mode,
+            "return_token_ids": true, "logit_bias": eot});
+        let (status, v) = post(s.port, "/v1/chat/completions", req);
+        assert_eq!(status, 200, "{v}");
+        v["choices"][0].clone()
+    };
+    let (raw, processed) = (ask("raw"), ask("processed"));
+    assert_eq!(raw["token_ids"], processed["token_ids"], "the mode changes what is reported, not what is drawn");
+    let lp = |e: &Value| e["logprob"].as_f64().unwrap();
+    let mut worst = 0f64;
+    for (r, p) in
+        raw["logprobs"]["content"].as_array().unwrap().iter().zip(processed["logprobs"]["content"].as_array().unwrap())
+    {
+        let kept = p["kept"].as_u64().unwrap() as usize;
+        assert!((1..=2).contains(&kept), "top-k 2 keeps 1 or 2 tokens: {p}");
+        let (rt, pt) = (r["top_logprobs"].as_array().unwrap(), p["top_logprobs"].as_array().unwrap());
+        let sum: f64 = pt[..kept].iter().map(|e| lp(e).exp()).sum();
+        assert!((sum - 1.0).abs() < 1e-5, "processed probabilities of the kept tokens sum to {sum}: {p}");
+        assert!(pt[kept..].iter().all(|e| lp(e) == -9999.0), "a token not kept is -9999: {p}");
+        // from the raw logprobs: log softmax(raw / t) over the kept tokens
+        let scaled: Vec<f64> = rt[..kept].iter().map(|e| lp(e) / t).collect();
+        let m = scaled.iter().cloned().fold(f64::MIN, f64::max);
+        let lz = m + scaled.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+        for (e, x) in pt[..kept].iter().zip(&scaled) {
+            worst = worst.max((lp(e) - (x - lz)).abs());
+        }
+        let chosen = pt[..kept].iter().find(|e| e["token"] == p["token"]).expect("the token drawn was kept");
+        assert_eq!(lp(chosen), lp(p));
+    }
+    println!("processed logprobs within {worst:e} of the raw ones renormalized");
+    assert!(worst < 1e-6, "processed logprobs are {worst} from the raw ones renormalized over the kept tokens");
+    // a mode that does not exist is named
+    let (status, e) = post(
+        s.port,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "x"}], "logprobs_mode": "cooked"}),
+    );
+    assert_eq!(status, 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("not one of raw, scaled, processed"), "{e}");
+}

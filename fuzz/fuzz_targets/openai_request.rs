@@ -24,7 +24,7 @@ fn setup() -> &'static Setup {
         let tok = Tokenizer::from_gguf(&g).expect("its tokenizer");
         let guide = Guide::new(&tok, tok.vocab_size());
         assert!(guide.is_ok(), "llguidance reads the seed tokenizer");
-        Setup { tok, guide, limits: Limits { max_len: 1024, max_n: 4, max_tokens: 1024, routes: Some((2, 2)), bias_slots: 2048 } }
+        Setup { tok, guide, limits: Limits { max_len: 1024, max_n: 4, max_tokens: 1024, routes: Some((2, 2)), bias_slots: 2048, logprobs_mode: Default::default() } }
     })
 }
 

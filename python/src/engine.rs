@@ -18,9 +18,11 @@ pub struct Sampler {
 #[pymethods]
 impl Sampler {
     #[new]
-    #[pyo3(signature = (temperature=0.0, seed=0, top_k=0, top_p=1.0))]
-    fn new(temperature: f32, seed: u32, top_k: u32, top_p: f32) -> PyResult<Self> {
-        let inner = kvdecode::Sampler { temperature, seed, top_k, top_p, top_logprobs: 0 };
+    #[pyo3(signature = (temperature=0.0, seed=0, top_k=0, top_p=1.0, min_p=0.0, logprobs="scaled"))]
+    fn new(temperature: f32, seed: u32, top_k: u32, top_p: f32, min_p: f32, logprobs: &str) -> PyResult<Self> {
+        let mode = kvdecode::LogprobMode::parse(logprobs).map_err(|e| invalid(format!("Sampler: {e}")))?;
+        let inner =
+            kvdecode::Sampler { temperature, seed, top_k, top_p, min_p, logprobs: mode, ..kvdecode::Sampler::GREEDY };
         // the check names a row; a sampler built on its own has none yet
         inner.check(0).map_err(|e| invalid(e.to_string().replace("invalid input: row 0: ", "Sampler: ")))?;
         Ok(Sampler { inner })
@@ -50,9 +52,29 @@ impl Sampler {
         self.inner.top_p
     }
 
+    /// Then the tokens with at least `min_p` times the most likely one's probability (0: all).
+    #[getter]
+    fn min_p(&self) -> f32 {
+        self.inner.min_p
+    }
+
+    /// Which distribution logprobs are of: "raw", "scaled" (the default) or "processed".
+    #[getter]
+    fn logprobs(&self) -> &'static str {
+        self.inner.logprobs.name()
+    }
+
     fn __repr__(&self) -> String {
         let s = &self.inner;
-        format!("Sampler(temperature={}, seed={}, top_k={}, top_p={})", s.temperature, s.seed, s.top_k, s.top_p)
+        format!(
+            "Sampler(temperature={}, seed={}, top_k={}, top_p={}, min_p={}, logprobs={:?})",
+            s.temperature,
+            s.seed,
+            s.top_k,
+            s.top_p,
+            s.min_p,
+            s.logprobs.name()
+        )
     }
 }
 

@@ -184,6 +184,10 @@ def test_bad_input_raises_and_changes_nothing(demo):
         assert (e.lens, e.history(0), e.history(1)) == before, f"state changed by: {info.value}"
     with pytest.raises(kvdecode.InvalidInput, match="top_p"):
         kvdecode.Sampler(top_p=2.0)
+    with pytest.raises(kvdecode.InvalidInput, match="min_p 1.5 must be in"):
+        kvdecode.Sampler(0.9, min_p=1.5)
+    with pytest.raises(kvdecode.InvalidInput, match="expected raw, scaled or processed"):
+        kvdecode.Sampler(0.9, logprobs="cooked")
     with pytest.raises(kvdecode.InvalidInput, match="K/V type \"f8\""):
         kvdecode.Engine(demo, rows=1, max_len=8, kv="f8")
     with pytest.raises(kvdecode.ModelFileError):
@@ -209,6 +213,18 @@ def test_fork_rollback_decode(demo):
     assert [len(t) for t in turns] == [5, 2] and not turns[0].stopped
     e.reset()
     assert e.lens == [0, 0, 0]
+
+
+def test_logprob_modes(demo):
+    """The mode changes what is reported, not what is drawn: top-k 1 keeps one token, whose
+    processed logprob is 0, while the scaled one is below it."""
+    e = kvdecode.Engine(demo, rows=2, max_len=32)
+    e.append([[3, 4, 5], [3, 4, 5]])
+    s = dict(temperature=0.9, seed=4, top_k=1)
+    ids, lps = e.decode_steps([0, 1], [7, 7], 3, sampler=[kvdecode.Sampler(**s), kvdecode.Sampler(**s, logprobs="processed")])
+    assert ids[0].tolist() == ids[1].tolist()
+    assert (lps[1] == 0).all() and (lps[0] < 0).all(), lps
+    assert kvdecode.Sampler(0.5, min_p=0.1, logprobs="raw").logprobs == "raw"
 
 
 def test_rollouts_with_forks_and_tool_results(demo):

@@ -209,8 +209,9 @@ impl Engine {
             },
             last_h: gpu.storage("last hidden", f4(rows * d))?,
             logits: gpu.storage("logits", f4(rows * cfg.vocab))?,
-            samplers: gpu.storage("samplers", (rows * 32) as u64)?,
-            sampled: gpu.storage("sampled ids", f4(2 * rows))?,
+            samplers: gpu
+                .storage("samplers", (rows * std::mem::size_of::<crate::engine::sampling::SamplerGpu>()) as u64)?,
+            sampled: gpu.storage("sampled ids", f4(3 * rows))?,
             all_logits: gpu.storage("all-position logits", f4(all_tokens * cfg.vocab))?,
             dummy: gpu.storage("dummy", 16)?,
             dummy_rw: gpu.storage("dummy output", 16)?,
@@ -240,7 +241,7 @@ impl Engine {
                 })
                 .collect::<Result<_>>()?,
             logits_read: map_read("logits readback", f4(rows * cfg.vocab))?,
-            sampled_read: map_read("sampled readback", f4(2 * rows * max_window))?,
+            sampled_read: map_read("sampled readback", f4(3 * rows * max_window))?,
             all_logits_read: map_read("all-position logits readback", f4(all_tokens * cfg.vocab))?,
         };
         let rope = RopeTables::new(gpu, &cfg, opts.max_len)?;

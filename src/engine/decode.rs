@@ -111,14 +111,14 @@ impl Engine {
             )
             .await;
         }
-        let mut raw = vec![0u32; steps * r_n * 2];
+        let mut raw = vec![0u32; steps * r_n * 3];
         let read = self.read_async(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut raw)).await;
         self.undo_if_lost(read, &mark)?;
         let mut out = vec![(Vec::with_capacity(steps), Vec::with_capacity(steps)); r_n];
         for step in 0..steps {
             for (r, o) in out.iter_mut().enumerate() {
-                o.0.push(raw[step * r_n * 2 + r]);
-                o.1.push(f32::from_bits(raw[step * r_n * 2 + r_n + r]));
+                o.0.push(raw[step * r_n * 3 + r]);
+                o.1.push(f32::from_bits(raw[step * r_n * 3 + r_n + r]));
             }
         }
         // step 0 recorded `first`; the ids fed from the GPU are known now: all sampled but the last

@@ -70,7 +70,7 @@ pub(crate) struct Scratch {
     last_h: wgpu::Buffer,     // [rows, d] final-normed hidden state of each row's last real token
     logits: wgpu::Buffer,     // [rows, vocab]
     samplers: wgpu::Buffer,   // [rows] Sampler
-    sampled: wgpu::Buffer,    // [2, rows]: sampled ids, then their logprobs (f32 bits)
+    sampled: wgpu::Buffer,    // [3, rows]: sampled ids, their logprobs (f32 bits), kept counts
     all_logits: wgpu::Buffer, // [all_logits_tokens, vocab]
     dummy: wgpu::Buffer,      // bound where a kernel's optional input is absent
     dummy_rw: wgpu::Buffer,   // the same for an optional output (one buffer may not be bound both ways)
@@ -78,7 +78,7 @@ pub(crate) struct Scratch {
     partials: wgpu::Buffer,   // split attention: [group tokens, H, parts, 4 + D] partial softmax states
     token_groups: Vec<wgpu::Buffer>, // uniform TokenGroup of each token group
     logits_read: wgpu::Buffer,
-    pub(crate) sampled_read: wgpu::Buffer, // [max_window, 2, rows]: one slot per multi-step step
+    pub(crate) sampled_read: wgpu::Buffer, // [max_window, 3, rows]: one slot per multi-step step
     all_logits_read: wgpu::Buffer,
 }
 

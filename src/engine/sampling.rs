@@ -4,9 +4,10 @@ use crate::error::{Error, Result};
 
 /// How one row picks its next token (on the GPU, `shaders/sample.wgsl`).
 ///
-/// The reported log-probability of a sampled token is `log softmax(logits / temperature)` at that
-/// token (`log softmax(logits)` when greedy), before top-k / top-p truncation, after the row's
-/// logit bias and token mask (the distribution the token was drawn from).
+/// The reported log-probability of a sampled token (and of its alternatives) is that of the
+/// distribution [`Sampler::logprobs`] names, always after the row's logit bias and token mask:
+/// by default `log softmax(logits / temperature)` at that token (`log softmax(logits)` when
+/// greedy), before top-k / top-p / min-p truncation.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampler {
     /// 0 (or less): greedy argmax. Otherwise a draw from `softmax(logits / temperature)`.
@@ -18,9 +19,50 @@ pub struct Sampler {
     pub top_k: u32,
     /// Then keep the smallest set of tokens whose probability reaches `top_p` (1: off).
     pub top_p: f32,
+    /// Then keep only the tokens whose probability is at least `min_p` times the most likely
+    /// one's (0: off; in [0, 1]).
+    pub min_p: f32,
+    /// Which distribution the reported log-probabilities are of ([`LogprobMode`]).
+    pub logprobs: LogprobMode,
     /// Also report this many most likely tokens with their log-probabilities (0 to
     /// [`TOP_LOGPROBS_MAX`]; single-step sampling only).
     pub top_logprobs: u32,
+}
+
+/// Which distribution a sampled token's reported log-probability is of (vLLM's `logprobs_mode`).
+/// Importance sampling in RL wants [`LogprobMode::Processed`] when the rollout truncates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogprobMode {
+    /// `log softmax(logits / temperature)` over the whole vocabulary, before truncation.
+    #[default]
+    Scaled,
+    /// `log softmax(logits)`: the model's own distribution, before temperature and truncation.
+    Raw,
+    /// The distribution the token was drawn from: `softmax(logits / temperature)` over the kept
+    /// tokens only (after top-k, top-p and min-p), renormalized; a token not kept has `-inf`.
+    /// Greedy rows report [`LogprobMode::Raw`]'s.
+    Processed,
+}
+
+impl LogprobMode {
+    /// `scaled`, `raw` or `processed` (vLLM's `raw_logprobs` and `processed_logprobs` too).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "scaled" => Ok(LogprobMode::Scaled),
+            "raw" | "raw_logprobs" => Ok(LogprobMode::Raw),
+            "processed" | "processed_logprobs" => Ok(LogprobMode::Processed),
+            _ => Err(Error::Input(format!("logprobs mode {s:?}: expected raw, scaled or processed"))),
+        }
+    }
+
+    /// Its name, as [`LogprobMode::parse`] reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogprobMode::Scaled => "scaled",
+            LogprobMode::Raw => "raw",
+            LogprobMode::Processed => "processed",
+        }
+    }
 }
 
 /// Most alternatives a sampler can report per token.
@@ -41,15 +83,36 @@ pub struct Sampled {
     pub logprob: f32,
     /// The `top_logprobs` most likely tokens, most likely first, with their log-probabilities.
     pub top: Vec<(u32, f32)>,
+    /// How many tokens the draw was among: those top-k, top-p and min-p kept (every token the
+    /// row's mask allows, when nothing truncates or the row is greedy).
+    pub kept: u32,
 }
 
 impl Sampler {
     /// Greedy decoding.
-    pub const GREEDY: Sampler = Sampler { temperature: 0.0, seed: 0, top_k: 0, top_p: 1.0, top_logprobs: 0 };
+    pub const GREEDY: Sampler = Sampler {
+        temperature: 0.0,
+        seed: 0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        logprobs: LogprobMode::Scaled,
+        top_logprobs: 0,
+    };
 
     /// Temperature sampling with a seed.
     pub fn temperature(temperature: f32, seed: u32) -> Self {
         Sampler { temperature, seed, ..Sampler::GREEDY }
+    }
+
+    /// With min-p truncation.
+    pub fn with_min_p(self, min_p: f32) -> Self {
+        Sampler { min_p, ..self }
+    }
+
+    /// Reporting log-probabilities of `mode`'s distribution.
+    pub fn with_logprobs(self, mode: LogprobMode) -> Self {
+        Sampler { logprobs: mode, ..self }
     }
 
     /// Also report the `n` most likely tokens with their log-probabilities.
@@ -76,6 +139,9 @@ impl Sampler {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(Error::Input(format!("row {row}: top_p {} must be in (0, 1]", self.top_p)));
         }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(Error::Input(format!("row {row}: min_p {} must be in [0, 1]", self.min_p)));
+        }
         if self.top_logprobs > TOP_LOGPROBS_MAX {
             return Err(Error::Input(format!(
                 "row {row}: top_logprobs {} is more than the {TOP_LOGPROBS_MAX} supported",
@@ -97,7 +163,9 @@ pub(crate) struct SamplerGpu {
     top_p: f32,
     masked: u32,
     top_n: u32,
-    _pad: u32,
+    min_p: f32,
+    mode: u32,
+    _pad: [u32; 2],
 }
 
 impl SamplerGpu {
@@ -110,7 +178,13 @@ impl SamplerGpu {
             top_p: s.top_p.min(1.0),
             masked: masked as u32,
             top_n: s.top_logprobs.min(TOP_LOGPROBS_MAX),
-            _pad: 0,
+            min_p: s.min_p,
+            mode: match s.logprobs {
+                LogprobMode::Scaled => 0,
+                LogprobMode::Raw => 1,
+                LogprobMode::Processed => 2,
+            },
+            _pad: [0; 2],
         }
     }
 }
@@ -367,6 +441,9 @@ pub fn sample_cpu_full(logits: &[f32], s: Sampler, counter: u32, bias: &[(u32, f
         }
         thr = lo;
     }
+    if t > 0.0 && s.min_p > 0.0 {
+        thr = thr.max(m + s.min_p.ln());
+    }
     let mut chosen = greedy;
     if t > 0.0 {
         let mut best = f32::NEG_INFINITY;
@@ -380,16 +457,32 @@ pub fn sample_cpu_full(logits: &[f32], s: Sampler, counter: u32, bias: &[(u32, f
             }
         }
     }
-    let lz = m + z.ln();
+    let kept_scores = || scores.iter().filter(|&&x| x >= thr && x > MASKED);
+    let kept = kept_scores().count() as u32;
+    // the reported distribution: its scores (`of`), log-normalizer and which tokens it has
+    let raw = |i: usize| if allowed(i) { logits[i] } else { MASKED };
+    let scaled = |i: usize| scores[i];
+    let (of, lz, cut): (&dyn Fn(usize) -> f32, f32, f32) = match s.logprobs {
+        LogprobMode::Processed if t > 0.0 => {
+            (&scaled, m + kept_scores().map(|&x| (x - m).exp()).sum::<f32>().ln(), thr)
+        }
+        LogprobMode::Raw if t > 0.0 => {
+            let mr = (0..v).map(raw).fold(f32::NEG_INFINITY, f32::max);
+            (&raw, mr + (0..v).map(|i| (raw(i) - mr).exp()).sum::<f32>().ln(), mn)
+        }
+        _ => (&scaled, m + z.ln(), mn),
+    };
     // the most likely tokens, ties to the lowest id (the GPU's rounds of argmax)
     let n = (s.top_logprobs.min(TOP_LOGPROBS_MAX) as usize).min(v);
     let mut top = Vec::with_capacity(n);
     if n > 0 {
         let mut order: Vec<usize> = (0..v).collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-        top.extend(order[..n].iter().map(|&i| (i as u32, scores[i] - lz)));
+        top.extend(
+            order[..n].iter().map(|&i| (i as u32, if scores[i] >= cut { of(i) - lz } else { f32::NEG_INFINITY })),
+        );
     }
-    Sampled { token: chosen as u32, logprob: scores[chosen] - lz, top }
+    Sampled { token: chosen as u32, logprob: of(chosen) - lz, top, kept }
 }
 
 /// Index of the largest value (first on ties).

@@ -135,7 +135,7 @@ impl Engine {
         let mark = self.cache.mark();
         let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Sampled { slot: 0, top }).await?;
         let r_n = n_new.len();
-        let mut got = vec![0u32; 2 * r_n];
+        let mut got = vec![0u32; 3 * r_n];
         let mut alts = vec![0u32; if top { r_n * TOP_LOGPROBS_MAX as usize * 2 } else { 0 }];
         if any {
             let read = self.read_async(&self.s.sampled_read, bytemuck::cast_slice_mut(&mut got)).await;
@@ -151,7 +151,7 @@ impl Engine {
                     let n = samplers[r].top_logprobs as usize;
                     let at = r * TOP_LOGPROBS_MAX as usize * 2;
                     let top = (0..n).map(|k| (alts[at + 2 * k], f32::from_bits(alts[at + 2 * k + 1]))).collect();
-                    Sampled { token: got[r], logprob: f32::from_bits(got[r_n + r]), top }
+                    Sampled { token: got[r], logprob: f32::from_bits(got[r_n + r]), top, kept: got[2 * r_n + r] }
                 })
             })
             .collect())
@@ -340,7 +340,7 @@ impl Engine {
                 enc.copy_buffer_to_buffer(&self.s.all_logits, 0, &self.s.all_logits_read, 0, bytes);
             }
             Output::Sampled { slot, top } => {
-                let bytes = (r_n * 8) as u64;
+                let bytes = (r_n * 12) as u64;
                 enc.copy_buffer_to_buffer(&self.s.sampled, 0, &self.s.sampled_read, slot as u64 * bytes, bytes);
                 if top {
                     let bytes = (r_n * TOP_LOGPROBS_MAX as usize * 8) as u64;

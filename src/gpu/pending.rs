@@ -78,15 +78,21 @@ pub(crate) async fn yield_now() {
 /// moving the engine into the future, and call [`Pending::poll`] once a frame.
 ///
 /// ```no_run
-/// # use kvdecode::{Engine, Gpu, Scheduler, gpu::pending::Pending};
+/// # use kvdecode::{Engine, Event, Gpu, Scheduler, gpu::pending::Pending};
 /// # fn frame(gpu: &Gpu, mut engine: Engine, mut sched: Scheduler) {
 /// let mut step = Pending::new(gpu, async move {
-///     let mut events = Vec::new();
-///     let done = sched.step_async(&mut engine, &mut |e| events.push(e)).await;
-///     (engine, sched, events, done)
+///     let mut tokens = Vec::new();
+///     let done = sched
+///         .step_async(&mut engine, &mut |e| {
+///             if let Event::Token { id, token, .. } = e {
+///                 tokens.push((id, token));
+///             }
+///         })
+///         .await;
+///     (engine, sched, tokens, done)
 /// });
 /// // each frame, after drawing:
-/// if let Some((engine, sched, events, done)) = step.poll() { /* show the tokens */ }
+/// if let Some((engine, sched, tokens, done)) = step.poll() { /* show the tokens */ }
 /// # }
 /// ```
 ///

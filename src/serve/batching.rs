@@ -37,6 +37,7 @@ struct Active {
     next: Option<u32>,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    kept: Vec<u32>,
     top_logprobs: Vec<Vec<(u32, f32)>>,
     weights_versions: Vec<u64>,
     adapter_versions: Vec<u64>,
@@ -68,6 +69,7 @@ impl Active {
             next: None,
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            kept: Vec::new(),
             top_logprobs: Vec::new(),
             weights_versions: Vec::new(),
             adapter_versions: Vec::new(),
@@ -108,6 +110,7 @@ impl Active {
             },
             tokens: self.tokens,
             logprobs: self.logprobs,
+            kept: self.kept,
             top_logprobs: self.top_logprobs,
             weights_versions: self.weights_versions,
             adapter_versions: self.adapter_versions,
@@ -230,6 +233,7 @@ impl Scheduler {
                     id,
                     tokens: Vec::new(),
                     logprobs: Vec::new(),
+                    kept: Vec::new(),
                     top_logprobs: Vec::new(),
                     weights_versions: Vec::new(),
                     adapter_versions: Vec::new(),
@@ -466,9 +470,11 @@ impl Scheduler {
             let weights_version = engine.weights_version();
             let adapter_version = engine.adapter(r).map(|a| a.1);
             let top = &got.top;
-            on_event(Event::Token { id: a.id, token, logprob: got.logprob, top, weights_version, adapter_version });
+            let (logprob, kept) = (got.logprob, got.kept);
+            on_event(Event::Token { id: a.id, token, logprob, kept, top, weights_version, adapter_version });
             a.tokens.push(token);
-            a.logprobs.push(got.logprob);
+            a.logprobs.push(logprob);
+            a.kept.push(kept);
             a.weights_versions.push(weights_version);
             a.adapter_versions.extend(adapter_version);
             if a.req.sampler.top_logprobs > 0 {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::sampling::Sampler;
+use crate::engine::sampling::{LogprobMode, Sampler};
 use crate::error::{Error, Result};
 
 /// One generation request.
@@ -75,6 +75,8 @@ struct JsonRequest {
     temperature: Option<f32>,
     top_k: Option<u32>,
     top_p: Option<f32>,
+    min_p: Option<f32>,
+    logprobs_mode: Option<String>,
     seed: Option<u32>,
     stop: Option<Vec<u32>>,
 }
@@ -86,7 +88,8 @@ impl Request {
     /// Parse one request from a JSON object (a line of a JSONL file):
     /// `{"tokens": [ids]}` or `{"text": "..."}` (tokenized with `tok`), and optionally
     /// `"max_tokens"` (default 32), `"temperature"` (0, the default, is greedy), `"top_k"`,
-    /// `"top_p"`, `"seed"`, `"stop"` (token ids). Untrusted input: wrong types, unknown keys,
+    /// `"top_p"`, `"min_p"`, `"logprobs_mode"` (`raw`, `scaled`, `processed`), `"seed"`, `"stop"`
+    /// (token ids). Untrusted input: wrong types, unknown keys,
     /// text without a tokenizer and bad sampler values are errors that name the field.
     pub fn from_json(line: &str, tok: Option<&crate::io::tokenizer::Tokenizer>) -> Result<Request> {
         if line.len() > Self::MAX_JSON_BYTES {
@@ -116,6 +119,8 @@ impl Request {
             seed: j.seed.unwrap_or(0),
             top_k: j.top_k.unwrap_or(0),
             top_p: j.top_p.unwrap_or(1.0),
+            min_p: j.min_p.unwrap_or(0.0),
+            logprobs: j.logprobs_mode.as_deref().map(LogprobMode::parse).transpose()?.unwrap_or_default(),
             top_logprobs: 0,
         };
         sampler.check(0).map_err(|e| Error::Input(format!("request: {e}")))?;
@@ -164,8 +169,10 @@ pub struct Completion {
     pub id: usize,
     /// Generated tokens (the stop token included when it ended on one).
     pub tokens: Vec<u32>,
-    /// Log-probability of each generated token.
+    /// Log-probability of each generated token (of the distribution [`Sampler::logprobs`] names).
     pub logprobs: Vec<f32>,
+    /// Per generated token, how many tokens its draw was among ([`crate::Sampled::kept`]).
+    pub kept: Vec<u32>,
     /// Per generated token, the most likely alternatives (when the sampler asks for them).
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
     /// Per generated token, the weights version it was sampled under: a request in flight
@@ -197,6 +204,8 @@ pub enum Event<'a> {
         token: u32,
         /// Its log-probability.
         logprob: f32,
+        /// How many tokens its draw was among ([`crate::Sampled::kept`]).
+        kept: u32,
         /// The most likely alternatives, when the request's sampler asks for them.
         top: &'a [(u32, f32)],
         /// The weights version it was sampled under.

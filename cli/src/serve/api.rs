@@ -5,7 +5,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kvdecode::io::tokenizer::{Message, Tokenizer};
-use kvdecode::{ConstraintFactory, Sampler, TOP_LOGPROBS_MAX};
+use kvdecode::{ConstraintFactory, LogprobMode, Sampler, TOP_LOGPROBS_MAX};
 use serde_json::{json, Map, Value};
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
@@ -208,6 +208,8 @@ pub struct Limits {
     /// generated token when a penalty is on. The server sizes them so that every request within
     /// the other limits fits ([`bias_slots`]).
     pub bias_slots: usize,
+    /// The logprobs mode of requests that name none (`--logprobs-mode`).
+    pub logprobs_mode: LogprobMode,
 }
 
 /// Longest `stop` string, in bytes (each is matched against the text's tail at every token).
@@ -436,6 +438,14 @@ pub fn parse(
         return Err(ApiError::bad("top_p", "`top_p` must be greater than 0"));
     }
     let top_k = f.uint("top_k", 0, u32::MAX as u64)?.unwrap_or(0) as u32;
+    let min_p = f.f32("min_p", 0.0, 0.0, 1.0)?;
+    let logprobs_mode = match f.take("logprobs_mode") {
+        None => limits.logprobs_mode,
+        Some(Value::String(s)) => LogprobMode::parse(&s).map_err(|_| {
+            ApiError::bad("logprobs_mode", format!("`logprobs_mode` {s:?} is not one of raw, scaled, processed"))
+        })?,
+        Some(v) => return Err(ApiError::bad("logprobs_mode", format!("`logprobs_mode` must be a string, got {v}"))),
+    };
     let n = f.uint("n", 1, limits.max_n as u64)?.unwrap_or(1) as usize;
     let seed = f.take("seed").map(|v| match v.as_i64() {
         Some(s) => Ok(s as u64),
@@ -530,6 +540,8 @@ pub fn parse(
             seed: (seed as u32).wrapping_add(i as u32),
             top_k,
             top_p,
+            min_p,
+            logprobs: logprobs_mode,
             top_logprobs: logprobs.unwrap_or(0),
         })
         .collect();

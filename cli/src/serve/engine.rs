@@ -164,7 +164,7 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
         let version = engine.weights_version();
         let (running, last_token, metrics) = (&mut l.running, &mut l.last_token, &l.metrics);
         let step = l.sched.step(&mut engine, &mut |ev| match ev {
-            Event::Token { id, token, logprob, top, weights_version, adapter_version } => {
+            Event::Token { id, token, logprob, kept, top, weights_version, adapter_version } => {
                 if let Some(r) = running.get(&id) {
                     let now = Instant::now();
                     if !r.job.first_token.swap(true, Ordering::Relaxed) {
@@ -174,7 +174,7 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
                         metrics.time_per_output_token.observe((now - prev).as_secs_f64());
                     }
                     metrics.completion_tokens.inc();
-                    let sampled = Sampled { token, logprob, top: top.to_vec() };
+                    let sampled = Sampled { token, logprob, top: top.to_vec(), kept };
                     let choice = r.choice;
                     let _ = r.job.events.send(JobEvent::Token { choice, sampled, weights_version, adapter_version });
                 }

@@ -109,6 +109,10 @@ pub struct Args {
     /// Turns the prompt cache off.
     #[arg(long)]
     enable_return_routed_experts: bool,
+    /// The distribution logprobs are of when a request names none: raw (the model's), scaled
+    /// (after temperature), processed (what the token was drawn from, after top-k/top-p/min-p).
+    #[arg(long, default_value = "scaled", value_parser = |s: &str| kvdecode::LogprobMode::parse(s).map_err(|e| e.to_string()))]
+    logprobs_mode: kvdecode::LogprobMode,
     /// A PEFT LoRA adapter folder served as model NAME (repeatable): requests pick it with
     /// `"model": "NAME"`, and /v1/models lists it.
     #[arg(long, value_name = "NAME=PATH")]
@@ -228,7 +232,7 @@ pub fn run(a: Args) -> Result<()> {
         admin_key: admin_key.map(gate::Key::new),
         weights_dir,
         metrics,
-        limits: Limits { max_len, max_n: a.rows, max_tokens, routes, bias_slots },
+        limits: Limits { max_len, max_n: a.rows, max_tokens, routes, bias_slots, logprobs_mode: a.logprobs_mode },
         max_body: a.max_body,
         body_timeout: std::time::Duration::from_secs_f64(a.body_timeout),
         max_weights_bytes: usize::try_from(a.max_weights_bytes).unwrap_or(usize::MAX),

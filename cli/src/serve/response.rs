@@ -200,7 +200,17 @@ impl StopMatcher {
 /// A token as OpenAI shows it in logprobs: its text and bytes.
 pub fn token_entry(tok: &Tokenizer, id: u32, logprob: f32) -> Value {
     let text = tok.decode(&[id], false).unwrap_or_default();
-    json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()})
+    json!({"token": text, "logprob": wire_logprob(logprob), "bytes": text.as_bytes()})
+}
+
+/// A logprob as JSON can carry it: `-inf` (a token `processed` logprobs did not keep) is
+/// -9999.0, as vLLM writes it (JSON has no infinity, and clients expect a number).
+fn wire_logprob(l: f32) -> f32 {
+    if l == f32::NEG_INFINITY {
+        -9999.0
+    } else {
+        l
+    }
 }
 
 /// Chat logprobs (`{"content": [...]}`) for a run of tokens.
@@ -210,6 +220,8 @@ pub fn chat_logprobs(tok: &Tokenizer, entries: &[Sampled]) -> Value {
         .map(|s| {
             let mut e = token_entry(tok, s.token, s.logprob);
             e["top_logprobs"] = s.top.iter().map(|&(t, l)| token_entry(tok, t, l)).collect();
+            // how many tokens the draw was among (the support of `processed` logprobs)
+            e["kept"] = json!(s.kept);
             e
         })
         .collect();
@@ -219,18 +231,19 @@ pub fn chat_logprobs(tok: &Tokenizer, entries: &[Sampled]) -> Value {
 /// Completion logprobs (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
 pub fn completion_logprobs(tok: &Tokenizer, entries: &[Sampled], offset0: usize) -> Value {
     let mut offset = offset0;
-    let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    let (mut tokens, mut lps, mut tops, mut offsets, mut kept) = (vec![], vec![], vec![], vec![], vec![]);
     for s in entries {
         let text = tok.decode(&[s.token], false).unwrap_or_default();
         offsets.push(offset);
         offset += text.len();
         tokens.push(text);
-        lps.push(s.logprob);
+        lps.push(wire_logprob(s.logprob));
+        kept.push(s.kept);
         let m: Map<String, Value> =
-            s.top.iter().map(|&(t, l)| (tok.decode(&[t], false).unwrap_or_default(), json!(l))).collect();
+            s.top.iter().map(|&(t, l)| (tok.decode(&[t], false).unwrap_or_default(), json!(wire_logprob(l)))).collect();
         tops.push(Value::Object(m));
     }
-    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets, "kept": kept})
 }
 
 #[cfg(test)]

@@ -105,7 +105,7 @@ fn chat_options(args: &Args) -> ChatOptions {
             seed: args.seed,
             top_k: args.top_k,
             top_p: args.top_p,
-            top_logprobs: 0,
+            ..Sampler::GREEDY
         },
         max_tokens: args.max_tokens,
         dispatches_per_submit: args.dispatches_per_submit,

@@ -41,7 +41,18 @@ class Sampler:
     """How a row picks its next token: greedy (temperature 0) or a seeded draw that depends only
     on (seed, position, token)."""
 
-    def __init__(self, temperature: float = 0.0, seed: int = 0, top_k: int = 0, top_p: float = 1.0) -> None: ...
+    def __init__(
+        self,
+        temperature: float = 0.0,
+        seed: int = 0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        logprobs: str = "scaled",
+    ) -> None:
+        """`logprobs`: which distribution reported logprobs are of: "raw" (the model's
+        log-softmax), "scaled" (after temperature, before truncation) or "processed" (what the
+        token was drawn from: after temperature, top-k, top-p and min-p, renormalized)."""
     @property
     def temperature(self) -> float: ...
     @property
@@ -50,6 +61,10 @@ class Sampler:
     def top_k(self) -> int: ...
     @property
     def top_p(self) -> float: ...
+    @property
+    def min_p(self) -> float: ...
+    @property
+    def logprobs(self) -> str: ...
 
 class Turn:
     """One decoded turn of a row."""
@@ -59,7 +74,7 @@ class Turn:
         """Sampled ids, the stop token included when the turn stopped on one."""
     @property
     def logprobs(self) -> List[float]:
-        """Log-probability of each token under the distribution it was drawn from."""
+        """Log-probability of each token, of the distribution its sampler's `logprobs` names."""
     @property
     def stopped(self) -> bool:
         """Whether the turn ended on a stop token (else on max_new)."""
