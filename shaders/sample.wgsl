@@ -16,6 +16,10 @@
 // score MASKED, which no draw can pick while one token is allowed. Logit biases were added to the
 // logits by `logit_bias.wgsl` before this dispatch.
 // Rows with no new tokens in this chunk keep their previous id.
+// SCORE: the same per-token work over every position of the chunk (all-position logits), one
+// workgroup per token p = row * width + j, with the chunk's next token ids[p + 1] in place of a
+// draw: its log-probability, kept count and alternatives are the bits a draw at that position
+// reports (the same code on the same logits), written at p for each j + 1 < n_new.
 
 struct Sampler {
     temperature: f32,  // <= 0: greedy
@@ -33,6 +37,7 @@ struct Sampler {
 
 override V: u32;           // vocabulary size
 override MASK_WORDS: u32;  // words per mask row: ceil(V / 32)
+override SCORE: bool = false;
 const WG: u32 = 256u;
 const BISECT: u32 = 32u;
 const TOP_MAX: u32 = 20u;
@@ -45,10 +50,11 @@ const NEG_INF_BITS: u32 = 0xff800000u;
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;      // [R]
 @group(0) @binding(2) var<storage, read> samplers: array<Sampler>;  // [R]
-@group(0) @binding(3) var<storage, read> logits: array<f32>;        // [R, V]
-@group(0) @binding(4) var<storage, read_write> out: array<u32>;     // [3, R]: ids, logprob bits, kept counts
+@group(0) @binding(3) var<storage, read> logits: array<f32>;        // [R, V] (SCORE: [R * C, V])
+@group(0) @binding(4) var<storage, read_write> out: array<u32>;     // [3, R]: ids, logprob bits, kept counts (SCORE: [3, R * C])
 @group(0) @binding(5) var<storage, read> mask: array<u32>;          // [cache rows, MASK_WORDS]: bit i % 32 of word i / 32 = token i allowed
-@group(0) @binding(6) var<storage, read_write> top: array<u32>;     // [R, TOP_MAX, 2]: token id, logprob bits
+@group(0) @binding(6) var<storage, read_write> top: array<u32>;     // [R, TOP_MAX, 2]: token id, logprob bits (SCORE: [R * C, ...])
+@group(0) @binding(7) var<storage, read> ids: array<u32>;           // [R, C] the chunk's ids (SCORE only)
 
 var<workgroup> red_v: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
@@ -111,12 +117,13 @@ fn reduce_argmax(t: u32) {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let r = wid.x;
+    let r = wid.x; // SCORE: the token p
     let t = lid.x;
-    let s = samplers[r];
+    let row = select(r, r / max(step.width, 1u), SCORE);
+    let s = samplers[row];
     let temp = s.temperature;
     use_mask = s.masked != 0u;
-    mask_row = rows[r].cache_row * MASK_WORDS;
+    mask_row = rows[row].cache_row * MASK_WORDS;
     // 1. max and min score, softmax normalizer
     var mx = -3.4e38;
     var mn = 3.4e38;
@@ -185,7 +192,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
     // 3. Gumbel-max over the kept set (greedy: the argmax)
     var chosen = greedy_id;
-    if temp > 0.0 {
+    if SCORE {
+        chosen = ids[min(r + 1u, step.tokens - 1u)];
+    } else if temp > 0.0 {
         var bv = -3.4e38;
         var bj = 0xffffffffu;
         for (var i = t; i < V; i += WG) {
@@ -236,10 +245,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         workgroupBarrier();
         lz = mr + log(reduce_sum(t));
     }
-    if t == 0u && r < step.rows && rows[r].n_new > 0u {
+    let n = select(step.rows, step.tokens, SCORE);
+    let writes = select(r < step.rows && rows[r].n_new > 0u, r % step.width + 1u < rows[row].n_new, SCORE);
+    if t == 0u && writes {
         out[r] = chosen;
-        out[step.rows + r] = bitcast<u32>(score(r, chosen, temp_of) - lz);
-        out[2u * step.rows + r] = u32(kept);
+        out[n + r] = bitcast<u32>(score(r, chosen, temp_of) - lz);
+        out[2u * n + r] = u32(kept);
     }
 
     // 5. the top_n most likely tokens, one argmax round each (ties to the lowest id); under

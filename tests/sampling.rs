@@ -222,3 +222,56 @@ fn logprob_modes_and_min_p_match_the_cpu_twin() {
     let m = e.append_sample(&[1; 5], 1, &[1; 5], None, &[bad; 5]).unwrap_err().to_string();
     assert!(m.contains("min_p 1.5 must be in [0, 1]"), "{m}");
 }
+
+/// Prompt logprobs (`append_scored`) are the bits a draw reports: tokens sampled one at a time on
+/// one engine, then the whole sequence scored in one append on another, each row with its own
+/// sampler and logprob mode; every scored token's logprob, kept count and alternatives equal, bit
+/// for bit, what it reported when it was drawn at that position.
+#[test]
+fn scored_tokens_are_the_bits_of_sampled_ones() {
+    use kvdecode::LogprobMode;
+    let w = model(&llama_cfg(), 47);
+    let gpu = gpu();
+    let samplers = [
+        Sampler::temperature(0.8, 3).with_top_k(5).with_logprobs(LogprobMode::Processed).with_top_logprobs(3),
+        Sampler::temperature(1.2, 4).with_top_p(0.8).with_logprobs(LogprobMode::Raw).with_top_logprobs(2),
+        Sampler::temperature(0.6, 5).with_min_p(0.05).with_top_logprobs(1),
+        Sampler::GREEDY.with_top_logprobs(4),
+    ];
+    let prompt = [5u32, 9, 2, 40];
+    let mut e = Engine::new(&gpu, &w, EngineOptions::new(4, 40)).unwrap();
+    let ids: Vec<u32> = prompt.iter().cycle().take(16).copied().collect();
+    let mut got = e.append_sample_full(&ids, 4, &[4; 4], None, &samplers).unwrap();
+    let mut drawn: Vec<Vec<kvdecode::Sampled>> = vec![Vec::new(); 4];
+    for _ in 0..10 {
+        let next: Vec<u32> = got.iter().map(|g| g.as_ref().unwrap().token).collect();
+        for (r, g) in got.into_iter().enumerate() {
+            drawn[r].push(g.unwrap());
+        }
+        got = e.append_sample_full(&next, 1, &[1; 4], None, &samplers).unwrap();
+    }
+    // the prompt and the 10 drawn tokens, scored in one append (a row each)
+    let mut scorer = Engine::new(&gpu, &w, EngineOptions::new(4, 40)).unwrap();
+    let width = prompt.len() + 10;
+    let seqs: Vec<u32> = (0..4)
+        .flat_map(|r| prompt.iter().copied().chain(drawn[r].iter().map(|s| s.token)).collect::<Vec<_>>())
+        .collect();
+    let scored = scorer.append_scored(&seqs, width, &[width; 4], None, &samplers).unwrap();
+    for r in 0..4 {
+        assert_eq!(scored[r].len(), width - 1, "row {r}: every token after the first");
+        for (k, d) in drawn[r].iter().enumerate() {
+            let s = &scored[r][prompt.len() - 1 + k];
+            let bits = |x: &kvdecode::Sampled| {
+                (x.token, x.logprob.to_bits(), x.kept, x.top.iter().map(|t| (t.0, t.1.to_bits())).collect::<Vec<_>>())
+            };
+            assert_eq!(bits(s), bits(d), "row {r}, token {k} drawn: scored {s:?}, drawn {d:?}");
+        }
+    }
+    // the scorer's rows hold the sequences, as an append leaves them
+    assert_eq!(scorer.cache().lens(), &[width; 4]);
+    // beyond one chunk's all-position budget is a named limit, and nothing was appended
+    let big = vec![1u32; 4 * 30];
+    let m = scorer.append_scored(&big, 30, &[30; 4], None, &samplers).unwrap_err().to_string();
+    assert!(m.contains("EngineOptions::all_logits_tokens"), "{m}");
+    assert_eq!(scorer.cache().lens(), &[width; 4]);
+}

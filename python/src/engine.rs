@@ -298,6 +298,34 @@ impl Engine {
         Ok(got.into_iter().map(|o| (o.map(|x| x.0), o.map(|x| x.1))).unzip())
     }
 
+    /// Append a chunk and report every token after each row's first as a draw there would:
+    /// per row, (logprobs, kept counts, top alternatives) (native form of `Engine.score`).
+    #[pyo3(signature = (ids, n_new=None, rows=None, sampler=None, top=0))]
+    #[allow(clippy::type_complexity)]
+    fn score(
+        &mut self,
+        py: Python<'_>,
+        ids: PyReadonlyArray2<'_, i64>,
+        n_new: Option<Vec<i64>>,
+        rows: Option<Vec<i64>>,
+        sampler: Option<&Bound<'_, PyAny>>,
+        top: u32,
+    ) -> PyResult<Vec<(Vec<f32>, Vec<u32>, Vec<Vec<(u32, f32)>>)>> {
+        let (ids, width, n_new, rows) = chunk(&ids, n_new, rows)?;
+        let samplers: Vec<kvdecode::Sampler> =
+            samplers(sampler, n_new.len())?.into_iter().map(|s| s.with_top_logprobs(top)).collect();
+        let e = &mut self.inner;
+        let got = py.detach(|| e.append_scored(&ids, width, &n_new, rows.as_deref(), &samplers)).map_err(to_py)?;
+        Ok(got
+            .into_iter()
+            .map(|row| {
+                let lps = row.iter().map(|s| s.logprob).collect();
+                let kept = row.iter().map(|s| s.kept).collect();
+                (lps, kept, row.into_iter().map(|s| s.top).collect())
+            })
+            .collect())
+    }
+
     /// Multi-step decode: `steps` tokens per row with one readback (native form).
     #[pyo3(signature = (rows, first, steps, sampler=None))]
     #[allow(clippy::type_complexity)]

@@ -225,6 +225,20 @@ def test_logprob_modes(demo):
     assert ids[0].tolist() == ids[1].tolist()
     assert (lps[1] == 0).all() and (lps[0] < 0).all(), lps
     assert kvdecode.Sampler(0.5, min_p=0.1, logprobs="raw").logprobs == "raw"
+    # prompt logprobs: a sequence scored in one append gets the logprobs its tokens were drawn with
+    e.reset()
+    sampler = kvdecode.Sampler(0.8, seed=2, top_k=8, logprobs="processed")
+    prompt, drawn, lps = [3, 4, 5], [], []
+    tok, lp = e.append_sample([prompt], rows=[0], sampler=sampler)
+    for _ in range(5):
+        drawn.append(tok[0])
+        lps.append(lp[0])
+        tok, lp = e.append_sample([[tok[0]]], rows=[0], sampler=sampler)
+    scored = e.score([prompt + drawn], rows=[1], sampler=sampler, top=2)
+    logprobs, kept, top = scored[0]
+    assert len(logprobs) == len(prompt + drawn) - 1 and all(1 <= k <= 8 for k in kept)
+    assert logprobs[len(prompt) - 1:] == lps, (logprobs, lps)
+    assert all(len(t) == 2 for t in top)
 
 
 def test_rollouts_with_forks_and_tool_results(demo):

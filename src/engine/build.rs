@@ -6,7 +6,7 @@ use crate::engine::builder::{Builder, ProductIo};
 use crate::engine::dispatch::{Dispatch, Grid};
 use crate::engine::options::{EngineOptions, Stats};
 use crate::engine::plan::{AttentionPlan, RopeTables};
-use crate::engine::sampling::RowSampling;
+use crate::engine::sampling::{RowSampling, TOP_LOGPROBS_MAX};
 use crate::engine::step::RowInfoGpu;
 use crate::engine::{Engine, Scratch, CHUNK};
 use crate::error::{Error, Result};
@@ -243,6 +243,10 @@ impl Engine {
             logits_read: map_read("logits readback", f4(rows * cfg.vocab))?,
             sampled_read: map_read("sampled readback", f4(3 * rows * max_window))?,
             all_logits_read: map_read("all-position logits readback", f4(all_tokens * cfg.vocab))?,
+            scored: gpu.storage("scored tokens", f4(3 * all_tokens))?,
+            scored_top: gpu.storage("scored alternatives", f4(all_tokens * TOP_LOGPROBS_MAX as usize * 2))?,
+            scored_read: map_read("scored readback", f4(3 * all_tokens))?,
+            scored_top_read: map_read("scored alternatives readback", f4(all_tokens * TOP_LOGPROBS_MAX as usize * 2))?,
         };
         let rope = RopeTables::new(gpu, &cfg, opts.max_len)?;
         let sampling = RowSampling::new(gpu, rows, cfg.vocab, opts.logit_bias_slots)?;
@@ -279,6 +283,7 @@ impl Engine {
             dispatches_per_submit: opts.dispatches_per_submit,
             max_window,
             sample_dispatch: d.sample,
+            score_dispatch: d.score,
             bias_dispatch: d.bias,
             sampling,
             stats: Stats::default(),
@@ -317,6 +322,7 @@ pub(super) struct Dispatches {
     pub(super) head: Vec<Dispatch>,
     pub(super) all_head: Vec<Dispatch>,
     pub(super) sample: Dispatch,
+    pub(super) score: Dispatch,
     pub(super) bias: Dispatch,
     /// Distinct pipelines among them.
     pub(super) pipelines: usize,
@@ -399,9 +405,14 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
         ProductIo { softcap, quantized: bld.norm_quantizes(), ..ProductIo::new(&s.h, d, &s.all_logits, cfg.vocab) },
     ));
     let sample_dispatch = bld.dispatch(
-        &kernels::Sample { vocab: cfg.vocab, mask_words: sampling.words },
-        &[&s.step, &s.row_info, &s.samplers, &s.logits, &s.sampled, &sampling.mask, &sampling.top],
+        &kernels::Sample { vocab: cfg.vocab, mask_words: sampling.words, score: false },
+        &[&s.step, &s.row_info, &s.samplers, &s.logits, &s.sampled, &sampling.mask, &sampling.top, &s.ids],
         Grid::WorkgroupPerRow,
+    );
+    let score_dispatch = bld.dispatch(
+        &kernels::Sample { vocab: cfg.vocab, mask_words: sampling.words, score: true },
+        &[&s.step, &s.row_info, &s.samplers, &s.all_logits, &s.scored, &sampling.mask, &s.scored_top, &s.ids],
+        Grid::Tokens(Kernel::Sample.workgroup_size() as usize),
     );
     let bias_dispatch = bld.dispatch(
         &kernels::LogitBias { vocab: cfg.vocab, slots: sampling.slots.max(1) },
@@ -414,6 +425,7 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
         head: head_dispatches,
         all_head: all_head_dispatches,
         sample: sample_dispatch,
+        score: score_dispatch,
         bias: bias_dispatch,
         pipelines: pipeline_count,
     })

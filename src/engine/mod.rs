@@ -80,6 +80,10 @@ pub(crate) struct Scratch {
     logits_read: wgpu::Buffer,
     pub(crate) sampled_read: wgpu::Buffer, // [max_window, 3, rows]: one slot per multi-step step
     all_logits_read: wgpu::Buffer,
+    scored: wgpu::Buffer,     // [3, all_logits_tokens]: the next token, its logprob bits, kept count
+    scored_top: wgpu::Buffer, // [all_logits_tokens, TOP_LOGPROBS_MAX, 2]: alternatives (id, logprob bits)
+    scored_read: wgpu::Buffer,
+    scored_top_read: wgpu::Buffer,
 }
 
 /// A model on the GPU with its KV cache: the object that decodes.
@@ -112,6 +116,8 @@ pub struct Engine {
     /// Most steps per multi-step window: `rollback + 1`.
     pub(crate) max_window: usize,
     sample_dispatch: Dispatch,
+    /// `sample.wgsl` over every position of the chunk ([`Engine::append_scored`]).
+    score_dispatch: Dispatch,
     /// Adds rows' logit biases to the logits of a sampling step (recorded only when one has some).
     bias_dispatch: Dispatch,
     /// Per-row logit bias and token mask.

@@ -275,7 +275,7 @@ impl Engine {
         let mut parts: Vec<wgpu::CommandBuffer> = Vec::new();
         {
             let head = match out {
-                Output::AllLogits => &self.all_head_dispatches,
+                Output::AllLogits | Output::Scored { .. } => &self.all_head_dispatches,
                 _ => &self.head_dispatches,
             };
             let mut all: Vec<&Dispatch> = self
@@ -285,7 +285,9 @@ impl Engine {
                 .filter(|d| d.live(r_n, c))
                 .map(|d| d.for_chunk(r_n, c))
                 .collect();
-            if samplers.is_some() {
+            if let Output::Scored { .. } = out {
+                all.push(&self.score_dispatch);
+            } else if samplers.is_some() {
                 if self.sampling.any_bias(cache_rows) {
                     all.push(&self.bias_dispatch);
                 }
@@ -338,6 +340,14 @@ impl Engine {
             Output::AllLogits => {
                 let bytes = (r_n * c * self.cfg.vocab * 4) as u64;
                 enc.copy_buffer_to_buffer(&self.s.all_logits, 0, &self.s.all_logits_read, 0, bytes);
+            }
+            Output::Scored { top } => {
+                let tokens = (r_n * c) as u64;
+                enc.copy_buffer_to_buffer(&self.s.scored, 0, &self.s.scored_read, 0, tokens * 12);
+                if top {
+                    let bytes = tokens * TOP_LOGPROBS_MAX as u64 * 8;
+                    enc.copy_buffer_to_buffer(&self.s.scored_top, 0, &self.s.scored_top_read, 0, bytes);
+                }
             }
             Output::Sampled { slot, top } => {
                 let bytes = (r_n * 12) as u64;
@@ -458,6 +468,80 @@ impl Engine {
             .collect())
     }
 
+    /// Append like [`Engine::append`], and report every token after a row's first one in the
+    /// chunk as a draw at its position would: its log-probability (of `samplers[r]`'s
+    /// [`crate::LogprobMode`] at its temperature and truncation), the number of tokens kept and
+    /// `top_logprobs` alternatives. Row `r` gets `n_new[r] - 1` entries, for tokens 1.. of its
+    /// chunk: a prompt's logprobs for scoring and distillation, the same bits as the token would
+    /// report sampled there (no logit bias or token mask applies). The call must fit one chunk,
+    /// as [`Engine::append_all_logits`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn append_scored(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Vec<Sampled>>> {
+        crate::gpu::pending::block_on(self.append_scored_async(ids, width, n_new, rows, samplers))
+    }
+
+    /// [`Engine::append_scored`] that awaits the readback instead of blocking.
+    pub async fn append_scored_async(
+        &mut self,
+        ids: &[u32],
+        width: usize,
+        n_new: &[usize],
+        rows: Option<&[usize]>,
+        samplers: &[Sampler],
+    ) -> Result<Vec<Vec<Sampled>>> {
+        let longest = n_new.iter().copied().max().unwrap_or(0);
+        if longest > self.chunk || n_new.len() * longest > self.all_logits_tokens {
+            return Err(Error::Limit(format!(
+                "scoring {} rows x {longest} tokens exceeds one chunk ({} tokens per row, {} tokens in all: \
+                 EngineOptions::all_logits_tokens)",
+                n_new.len(),
+                self.chunk,
+                self.all_logits_tokens
+            )));
+        }
+        let top = samplers.iter().any(|s| s.top_logprobs > 0);
+        let mark = self.cache.mark();
+        let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Scored { top }).await?;
+        let tokens = n_new.len() * longest;
+        let mut got = vec![0u32; 3 * tokens];
+        let mut alts = vec![0u32; if top { tokens * TOP_LOGPROBS_MAX as usize * 2 } else { 0 }];
+        if any {
+            let read = self.read_async(&self.s.scored_read, bytemuck::cast_slice_mut(&mut got)).await;
+            self.undo_if_lost(read, &mark)?;
+            if top {
+                let read = self.read_async(&self.s.scored_top_read, bytemuck::cast_slice_mut(&mut alts)).await;
+                self.undo_if_lost(read, &mark)?;
+            }
+        }
+        Ok(n_new
+            .iter()
+            .enumerate()
+            .map(|(r, &n)| {
+                (0..n.saturating_sub(1))
+                    .map(|j| {
+                        let p = r * longest + j;
+                        let at = p * TOP_LOGPROBS_MAX as usize * 2;
+                        let k = samplers[r].top_logprobs as usize;
+                        let top = (0..k).map(|i| (alts[at + 2 * i], f32::from_bits(alts[at + 2 * i + 1]))).collect();
+                        Sampled {
+                            token: got[p],
+                            logprob: f32::from_bits(got[tokens + p]),
+                            top,
+                            kept: got[2 * tokens + p],
+                        }
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
     /// Map a readback buffer and copy its first `out.len()` bytes. Natively the map completes
     /// inside `poll` (this one's, or a [`crate::gpu::pending::Pending`]'s); in the browser the
     /// event loop completes it while this awaits.
@@ -513,6 +597,11 @@ pub(crate) enum Output {
     Logits,
     /// Logits at every token of the chunk.
     AllLogits,
+    /// Each token's next token of the chunk, scored as a draw there would report it; with
+    /// `top`, the alternatives too.
+    Scored {
+        top: bool,
+    },
     /// Sampled ids and their logprobs, into window slot `slot`; with `top`, also the most
     /// likely alternatives (single steps only).
     Sampled {

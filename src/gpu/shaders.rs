@@ -285,7 +285,7 @@ impl Kernel {
             }
             Kernel::MlpAct => &[Uniform, Read, ReadWrite],
             Kernel::Commit => &[Uniform, Read, Read, ReadWrite, ReadWrite, ReadWrite],
-            Kernel::Sample => &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite],
+            Kernel::Sample => &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite, Read],
             Kernel::LogitBias => &[Uniform, Read, Read, Read, ReadWrite],
             Kernel::EngramGather => &[Uniform, Read, Read, Read, Read, Read, Read, ReadWrite],
             Kernel::EngramMix => &[Uniform, Read, Read, ReadWrite],

@@ -326,6 +326,17 @@ class Engine:
         their log-probabilities) are read back. Rows that received no token give ``None``."""
         return self._e.append_sample(_ids2d(ids), _opt_int_list(n_new, "n_new"), _opt_int_list(rows, "rows"), sampler)
 
+    def score(
+        self, ids: Any, n_new: Any = None, rows: Any = None, sampler: SamplerArg = None, top: int = 0
+    ) -> List[Tuple[List[float], List[int], List[List[Tuple[int, float]]]]]:
+        """:meth:`append`, and every token after each row's first reported as a draw at its
+        position would report it (prompt logprobs, for scoring and distillation): per row, the
+        log-probabilities of tokens 1.. (of the sampler's ``logprobs`` mode, at its temperature
+        and truncation), how many tokens were kept, and the ``top`` most likely alternatives. The
+        same bits as the tokens would get sampled there. One chunk at most: 64 tokens in all
+        (rows x the longest), the engine's all-position budget."""
+        return self._e.score(_ids2d(ids), _opt_int_list(n_new, "n_new"), _opt_int_list(rows, "rows"), sampler, top)
+
     def decode_steps(
         self, rows: Any, first: Any, steps: int, sampler: SamplerArg = None
     ) -> Tuple[np.ndarray, np.ndarray]:

@@ -128,6 +128,9 @@ class Engine:
     def append_sample(self, ids: npt.NDArray[np.int64], n_new: Optional[List[int]] = None,
                       rows: Optional[List[int]] = None, sampler: SamplerArg = None,
                       ) -> Tuple[List[Optional[int]], List[Optional[float]]]: ...
+    def score(self, ids: npt.NDArray[np.int64], n_new: Optional[List[int]] = None,
+              rows: Optional[List[int]] = None, sampler: SamplerArg = None, top: int = 0,
+              ) -> List[Tuple[List[float], List[int], List[List[Tuple[int, float]]]]]: ...
     def decode_steps(self, rows: List[int], first: List[int], steps: int, sampler: SamplerArg = None,
                      ) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
     def decode_turns(self, rows: List[int], first: List[int], max_new: Union[int, Sequence[int]],

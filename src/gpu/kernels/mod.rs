@@ -339,10 +339,12 @@ impl Specialize for Commit {
     }
 }
 
-/// `sample.wgsl`: one workgroup per row samples its next token.
+/// `sample.wgsl`: one workgroup per row samples its next token (`score`: one per token of the
+/// chunk reports the chunk's next token, as a draw there would).
 pub(crate) struct Sample {
     pub vocab: usize,
     pub mask_words: usize,
+    pub score: bool,
 }
 
 impl Specialize for Sample {
@@ -350,10 +352,10 @@ impl Specialize for Sample {
         Kernel::Sample
     }
     fn constants(&self) -> Constants {
-        Overrides::default().count("V", self.vocab).count("MASK_WORDS", self.mask_words).0
+        Overrides::default().count("V", self.vocab).count("MASK_WORDS", self.mask_words).flag("SCORE", self.score).0
     }
     fn label(&self) -> String {
-        "sample".into()
+        if self.score { "score" } else { "sample" }.into()
     }
 }
 
@@ -532,7 +534,8 @@ mod tests {
             Box::new(AttentionSplit { kernel: Kernel::AttentionQueryTiles, query_tile: Some(8), ..split }),
             Box::new(MlpAct { ffn: 64, act: MlpKind::GeluTanhGated }),
             Box::new(Commit { max_len: 32, ring_slots: 9, has_ring: true }),
-            Box::new(Sample { vocab: 100, mask_words: 4 }),
+            Box::new(Sample { vocab: 100, mask_words: 4, score: false }),
+            Box::new(Sample { vocab: 100, mask_words: 4, score: true }),
             Box::new(LogitBias { vocab: 100, slots: 16 }),
             Box::new(EngramGather { heads: 2, orders: 2, table_rows: 64, dim: 8, max_len: 32 }),
             Box::new(EngramMix { d: 64, eps: 1e-6 }),
