@@ -27,7 +27,7 @@ struct RowInfo {
     global_from: u32,  // global K/V is written from this position on (below: a prompt-cache replay
                        // recomputing local rings over blocks the pool already holds)
     lora: u32,         // the LoRA adapter slot the row decodes with (NO_ADAPTER: the base model)
-    _pad1: u32,
+    next_id: u32,      // sample.wgsl's SCORE: the token after this chunk's last (NO_TOKEN: none)
     _pad2: u32,
 }
 

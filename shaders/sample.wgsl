@@ -18,8 +18,9 @@
 // Rows with no new tokens in this chunk keep their previous id.
 // SCORE: the same per-token work over every position of the chunk (all-position logits), one
 // workgroup per token p = row * width + j, with the chunk's next token ids[p + 1] in place of a
-// draw: its log-probability, kept count and alternatives are the bits a draw at that position
-// reports (the same code on the same logits), written at p for each j + 1 < n_new.
+// draw (after the row's last token: its next_id, if any): its log-probability, kept count and
+// alternatives are the bits a draw at that position reports (the same code on the same logits),
+// written at p.
 
 struct Sampler {
     temperature: f32,  // <= 0: greedy
@@ -46,6 +47,7 @@ const SCALED: u32 = 0u;
 const RAW: u32 = 1u;
 const PROCESSED: u32 = 2u;
 const NEG_INF_BITS: u32 = 0xff800000u;
+const NO_TOKEN: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;      // [R]
@@ -192,8 +194,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
     // 3. Gumbel-max over the kept set (greedy: the argmax)
     var chosen = greedy_id;
+    let last = r % max(step.width, 1u) + 1u >= rows[row].n_new;
     if SCORE {
-        chosen = ids[min(r + 1u, step.tokens - 1u)];
+        chosen = select(ids[min(r + 1u, step.tokens - 1u)], rows[row].next_id, last);
     } else if temp > 0.0 {
         var bv = -3.4e38;
         var bj = 0xffffffffu;
@@ -246,7 +249,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         lz = mr + log(reduce_sum(t));
     }
     let n = select(step.rows, step.tokens, SCORE);
-    let writes = select(r < step.rows && rows[r].n_new > 0u, r % step.width + 1u < rows[row].n_new, SCORE);
+    let scored = r % step.width < rows[row].n_new && (!last || rows[row].next_id != NO_TOKEN);
+    let writes = select(r < step.rows && rows[r].n_new > 0u, scored, SCORE);
     if t == 0u && writes {
         out[r] = chosen;
         out[n + r] = bitcast<u32>(score(r, chosen, temp_of) - lz);

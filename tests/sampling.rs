@@ -256,7 +256,7 @@ fn scored_tokens_are_the_bits_of_sampled_ones() {
     let seqs: Vec<u32> = (0..4)
         .flat_map(|r| prompt.iter().copied().chain(drawn[r].iter().map(|s| s.token)).collect::<Vec<_>>())
         .collect();
-    let scored = scorer.append_scored(&seqs, width, &[width; 4], None, &samplers).unwrap();
+    let scored = scorer.append_scored(&seqs, width, &[width; 4], None, &samplers, None).unwrap();
     for r in 0..4 {
         assert_eq!(scored[r].len(), width - 1, "row {r}: every token after the first");
         for (k, d) in drawn[r].iter().enumerate() {
@@ -269,9 +269,21 @@ fn scored_tokens_are_the_bits_of_sampled_ones() {
     }
     // the scorer's rows hold the sequences, as an append leaves them
     assert_eq!(scorer.cache().lens(), &[width; 4]);
+    // in two chunks, the first naming the second's first token: the same entries, bit for bit
+    let mut halves = Engine::new(&gpu, &w, EngineOptions::new(4, 40)).unwrap();
+    let cut = 7;
+    let part =
+        |a: usize, b: usize| -> Vec<u32> { (0..4).flat_map(|r| seqs[r * width + a..r * width + b].to_vec()).collect() };
+    let next: Vec<u32> = (0..4).map(|r| seqs[r * width + cut]).collect();
+    let mut two = halves.append_scored(&part(0, cut), cut, &[cut; 4], None, &samplers, Some(&next)).unwrap();
+    let rest = halves.append_scored(&part(cut, width), width - cut, &[width - cut; 4], None, &samplers, None).unwrap();
+    for (r, more) in rest.into_iter().enumerate() {
+        two[r].extend(more);
+        assert_eq!(two[r], scored[r], "row {r}: scored in two chunks");
+    }
     // beyond one chunk's all-position budget is a named limit, and nothing was appended
     let big = vec![1u32; 4 * 30];
-    let m = scorer.append_scored(&big, 30, &[30; 4], None, &samplers).unwrap_err().to_string();
+    let m = scorer.append_scored(&big, 30, &[30; 4], None, &samplers, None).unwrap_err().to_string();
     assert!(m.contains("EngineOptions::all_logits_tokens"), "{m}");
     assert_eq!(scorer.cache().lens(), &[width; 4]);
 }

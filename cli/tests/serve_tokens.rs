@@ -117,3 +117,70 @@ fn logprob_modes_on_the_wire() {
     assert_eq!(status, 400, "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("not one of raw, scaled, processed"), "{e}");
 }
+
+/// `prompt_logprobs`: a sampled answer, sent back as a prompt, gets for each of its tokens the
+/// logprob (and kept count and alternatives) it was sampled with, bit for bit; plain and streamed.
+#[test]
+fn prompt_logprobs_are_the_sampled_bits() {
+    let s = start(&[]);
+    let tok =
+        kvdecode::io::tokenizer::Tokenizer::from_gguf(&kvdecode::io::gguf::GgufFile::open(MODEL).unwrap()).unwrap();
+    let eot: serde_json::Map<String, Value> = tok.end_of_turn().iter().map(|t| (t.to_string(), json!(-100))).collect();
+    let sampling = json!({"temperature": 0.8, "top_k": 6, "seed": 9, "logprobs_mode": "processed"});
+    let mut req = json!({"messages": [{"role": "user", "content": "tell me"}], "max_tokens": 10, "logprobs": true,
+        "top_logprobs": 2, "return_token_ids": true, "logit_bias": eot});
+    req.as_object_mut().unwrap().extend(sampling.as_object().unwrap().clone());
+    let (status, a) = post(s.port, "/v1/chat/completions", req);
+    assert_eq!(status, 200, "{a}");
+    let (prompt, answer) = (ids(&a["prompt_token_ids"]), ids(&a["choices"][0]["token_ids"]));
+    let drawn = a["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+    // the prompt and the answer, as one prompt of ids
+    let mut all = prompt.clone();
+    all.extend(&answer);
+    let mut req = json!({"prompt": all, "max_tokens": 1, "prompt_logprobs": 2});
+    req.as_object_mut().unwrap().extend(sampling.as_object().unwrap().clone());
+    for stream in [false, true] {
+        req["stream"] = json!(stream);
+        let v = if stream {
+            let (status, _, body) = http(s.port, "POST", "/v1/completions", &req.to_string());
+            assert_eq!(status, 200);
+            let first: Value = serde_json::from_str(&sse(&body)[0]).unwrap();
+            first
+        } else {
+            let (status, v) = post(s.port, "/v1/completions", req.clone());
+            assert_eq!(status, 200, "{v}");
+            v
+        };
+        let lp = v["prompt_logprobs"].as_array().unwrap_or_else(|| panic!("no prompt_logprobs (stream {stream}): {v}"));
+        assert_eq!(lp.len(), all.len());
+        assert!(lp[0].is_null(), "the first prompt token has none");
+        for (k, d) in drawn.iter().enumerate() {
+            let e = &lp[prompt.len() + k];
+            assert_eq!(e["token_id"], json!(answer[k]));
+            let bits = |x: &Value| (x.as_f64().unwrap() as f32).to_bits();
+            assert_eq!(bits(&e["logprob"]), bits(&d["logprob"]), "answer token {k} (stream {stream}): {e} vs {d}");
+            assert_eq!(e["kept"], d["kept"]);
+            assert_eq!(e["top_logprobs"], d["top_logprobs"]);
+        }
+    }
+    // completions' legacy `echo` with `logprobs`: the prompt's text leads, its tokens lead the
+    // logprobs (the first with none), the answer's tokens with the bits they were sampled with
+    let mut req = json!({"prompt": all, "max_tokens": 1, "echo": true, "logprobs": 2});
+    req.as_object_mut().unwrap().extend(sampling.as_object().unwrap().clone());
+    let (status, v) = post(s.port, "/v1/completions", req.clone());
+    assert_eq!(status, 200, "{v}");
+    let choice = &v["choices"][0];
+    let text = tok.decode(&all.iter().map(|&t| t as u32).collect::<Vec<_>>(), false).unwrap();
+    assert!(choice["text"].as_str().unwrap().starts_with(&text), "{choice}");
+    let lps = choice["logprobs"]["token_logprobs"].as_array().unwrap();
+    assert_eq!(lps.len(), all.len() + 1, "the prompt's tokens and the one generated");
+    assert!(lps[0].is_null());
+    for (k, d) in drawn.iter().enumerate() {
+        let bits = |x: &Value| (x.as_f64().unwrap() as f32).to_bits();
+        assert_eq!(bits(&lps[prompt.len() + k]), bits(&d["logprob"]), "echoed answer token {k}");
+    }
+    req["stream"] = json!(true);
+    let (status, e) = post(s.port, "/v1/completions", req);
+    assert_eq!(status, 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("`echo` with `stream`"), "{e}");
+}

@@ -315,7 +315,8 @@ impl Engine {
         let samplers: Vec<kvdecode::Sampler> =
             samplers(sampler, n_new.len())?.into_iter().map(|s| s.with_top_logprobs(top)).collect();
         let e = &mut self.inner;
-        let got = py.detach(|| e.append_scored(&ids, width, &n_new, rows.as_deref(), &samplers)).map_err(to_py)?;
+        let got =
+            py.detach(|| e.append_scored(&ids, width, &n_new, rows.as_deref(), &samplers, None)).map_err(to_py)?;
         Ok(got
             .into_iter()
             .map(|row| {

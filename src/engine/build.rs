@@ -284,6 +284,7 @@ impl Engine {
             max_window,
             sample_dispatch: d.sample,
             score_dispatch: d.score,
+            score_next: Vec::new(),
             bias_dispatch: d.bias,
             sampling,
             stats: Stats::default(),

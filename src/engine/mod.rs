@@ -118,6 +118,8 @@ pub struct Engine {
     sample_dispatch: Dispatch,
     /// `sample.wgsl` over every position of the chunk ([`Engine::append_scored`]).
     score_dispatch: Dispatch,
+    /// Per chunk row, the token after its last, for the next scored chunk (empty: none).
+    score_next: Vec<u32>,
     /// Adds rows' logit biases to the logits of a sampling step (recorded only when one has some).
     bias_dispatch: Dispatch,
     /// Per-row logit bias and token mask.

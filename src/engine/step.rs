@@ -26,7 +26,9 @@ pub(super) struct RowInfoGpu {
     rope_pos0: u32,
     global_from: u32,
     lora: u32,
-    _pad: [u32; 2],
+    /// `sample.wgsl`'s SCORE: the token after the row's last in this chunk (`u32::MAX`: none).
+    next_id: u32,
+    _pad: u32,
 }
 
 impl Engine {
@@ -234,14 +236,16 @@ impl Engine {
         let info: Vec<RowInfoGpu> = cache_rows
             .iter()
             .zip(n_sub)
-            .map(|(&row, &n)| RowInfoGpu {
+            .enumerate()
+            .map(|(r, (&row, &n))| RowInfoGpu {
                 cache_row: row as u32,
                 n_new: n as u32,
                 pos0: self.cache.lens()[row] as u32,
                 rope_pos0: self.cache.position(row) as u32,
                 global_from: self.cache.replay_until[row] as u32,
                 lora: self.lora.row_slot(row),
-                _pad: [0; 2],
+                next_id: self.score_next.get(r).copied().unwrap_or(u32::MAX),
+                _pad: 0,
             })
             .collect();
         q.write_buffer(&self.s.step, 0, bytemuck::bytes_of(&step));
@@ -472,9 +476,11 @@ impl Engine {
     /// chunk as a draw at its position would: its log-probability (of `samplers[r]`'s
     /// [`crate::LogprobMode`] at its temperature and truncation), the number of tokens kept and
     /// `top_logprobs` alternatives. Row `r` gets `n_new[r] - 1` entries, for tokens 1.. of its
-    /// chunk: a prompt's logprobs for scoring and distillation, the same bits as the token would
-    /// report sampled there (no logit bias or token mask applies). The call must fit one chunk,
-    /// as [`Engine::append_all_logits`].
+    /// chunk, and one more for `next[r]`, the token that follows the chunk (`u32::MAX`: none;
+    /// a long sequence goes chunk by chunk, each naming the next chunk's first token). A prompt's
+    /// logprobs for scoring and distillation: the same bits as each token would report sampled
+    /// there (no logit bias or token mask applies). The call must fit one chunk, as
+    /// [`Engine::append_all_logits`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn append_scored(
         &mut self,
@@ -483,8 +489,9 @@ impl Engine {
         n_new: &[usize],
         rows: Option<&[usize]>,
         samplers: &[Sampler],
+        next: Option<&[u32]>,
     ) -> Result<Vec<Vec<Sampled>>> {
-        crate::gpu::pending::block_on(self.append_scored_async(ids, width, n_new, rows, samplers))
+        crate::gpu::pending::block_on(self.append_scored_async(ids, width, n_new, rows, samplers, next))
     }
 
     /// [`Engine::append_scored`] that awaits the readback instead of blocking.
@@ -495,7 +502,20 @@ impl Engine {
         n_new: &[usize],
         rows: Option<&[usize]>,
         samplers: &[Sampler],
+        next: Option<&[u32]>,
     ) -> Result<Vec<Vec<Sampled>>> {
+        let next = next.map(<[u32]>::to_vec).unwrap_or_else(|| vec![u32::MAX; n_new.len()]);
+        if next.len() != n_new.len() {
+            return Err(Error::Input(format!("append_scored: {} next ids for {} rows", next.len(), n_new.len())));
+        }
+        if let Some((r, &id)) =
+            next.iter().enumerate().find(|&(_, &id)| id != u32::MAX && id as usize >= self.cfg.vocab)
+        {
+            return Err(Error::Input(format!(
+                "append_scored: row {r}'s next id {id} is outside the vocabulary ({})",
+                self.cfg.vocab
+            )));
+        }
         let longest = n_new.iter().copied().max().unwrap_or(0);
         if longest > self.chunk || n_new.len() * longest > self.all_logits_tokens {
             return Err(Error::Limit(format!(
@@ -508,7 +528,10 @@ impl Engine {
         }
         let top = samplers.iter().any(|s| s.top_logprobs > 0);
         let mark = self.cache.mark();
-        let any = self.run(ids, width, n_new, rows, Some(samplers), Output::Scored { top }).await?;
+        self.score_next = next.clone();
+        let ran = self.run(ids, width, n_new, rows, Some(samplers), Output::Scored { top }).await;
+        self.score_next.clear();
+        let any = ran?;
         let tokens = n_new.len() * longest;
         let mut got = vec![0u32; 3 * tokens];
         let mut alts = vec![0u32; if top { tokens * TOP_LOGPROBS_MAX as usize * 2 } else { 0 }];
@@ -524,7 +547,7 @@ impl Engine {
             .iter()
             .enumerate()
             .map(|(r, &n)| {
-                (0..n.saturating_sub(1))
+                (0..(n + usize::from(next[r] != u32::MAX)).saturating_sub(1))
                     .map(|j| {
                         let p = r * longest + j;
                         let at = p * TOP_LOGPROBS_MAX as usize * 2;

@@ -80,6 +80,12 @@ pub struct Gen {
     /// `return_token_ids`: the prompt's ids and each choice's, so a multi-turn client never
     /// tokenizes text again.
     pub return_token_ids: bool,
+    /// `prompt_logprobs` (vLLM's): every prompt token's logprob after the first, as a draw there
+    /// would report it, with this many alternatives.
+    pub prompt_logprobs: Option<u32>,
+    /// Completions' `echo`: the prompt's text leads each choice's text (and with `logprobs`, its
+    /// tokens lead the logprobs, the first with none).
+    pub echo: bool,
     /// The request's `model`: a LoRA adapter's name picks it ([`super::lora::adapter_for`]).
     pub model: Option<String>,
 }
@@ -335,6 +341,7 @@ pub fn parse(
     let stream = f.bool("stream")?;
     let return_routes = f.bool("return_routed_experts")?;
     let return_token_ids = f.bool("return_token_ids")?;
+    let prompt_logprobs = f.uint("prompt_logprobs", 0, TOP_LOGPROBS_MAX as u64)?.map(|k| k as u32);
     let model = f.0.get("model").and_then(Value::as_str).map(str::to_string);
     if return_routes && limits.routes.is_none() {
         return Err(ApiError::bad(
@@ -347,6 +354,7 @@ pub fn parse(
     }
     // the prompt
     let mut tools: Option<Tools> = None;
+    let mut echo = false;
     let (prompt, stop_ids) = match kind {
         Kind::Chat => {
             let msgs = messages(f.take("messages"))?;
@@ -359,9 +367,7 @@ pub fn parse(
         }
         Kind::Completion => {
             let ids = completion_prompt(f.take("prompt"), tok)?;
-            if f.bool("echo")? {
-                return Err(ApiError::bad("echo", "`echo` is not supported by this server"));
-            }
+            echo = f.bool("echo")?;
             if let Some(b) = f.uint("best_of", 0, u64::MAX)? {
                 if b != 1 {
                     return Err(ApiError::bad("best_of", "`best_of` other than 1 is not supported by this server"));
@@ -545,6 +551,9 @@ pub fn parse(
             top_logprobs: logprobs.unwrap_or(0),
         })
         .collect();
+    if echo && stream {
+        return Err(ApiError::bad("echo", "`echo` with `stream` is not supported by this server"));
+    }
     Ok(Gen {
         kind,
         prompt,
@@ -562,6 +571,9 @@ pub fn parse(
         tools,
         return_routes,
         return_token_ids,
+        // `echo` with `logprobs`: the prompt's tokens lead the logprobs, scored as `prompt_logprobs`
+        prompt_logprobs: prompt_logprobs.or(logprobs.filter(|_| echo)),
+        echo,
         model,
     })
 }

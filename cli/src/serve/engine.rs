@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvdecode::io::model_file::TensorFiles;
-use kvdecode::{Engine, Event, Finish, InFlight, Request, Sampled, Sampler, Scheduler};
+use kvdecode::{Engine, Event, Finish, InFlight, Request, RowOwner, Sampled, Sampler, Scheduler};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -21,6 +21,8 @@ use super::metrics::Metrics;
 pub struct Job {
     pub request: Request,
     pub samplers: Vec<Sampler>,
+    /// Score the prompt first, with this many alternatives per token (`prompt_logprobs`).
+    pub prompt_logprobs: Option<u32>,
     pub events: mpsc::UnboundedSender<JobEvent>,
     /// Per choice: set by the handler to stop it (a stop string matched).
     pub stop: Arc<Vec<AtomicBool>>,
@@ -42,6 +44,9 @@ pub enum JobEvent {
         finish: Finish,
         routes: Option<Vec<u32>>,
     },
+    /// The prompt's tokens after its first, scored as draws there would report them: the first
+    /// event of a job that asked for `prompt_logprobs`.
+    PromptLogprobs(Vec<Sampled>),
     Error(String),
 }
 
@@ -111,6 +116,10 @@ struct Loop {
     waiting: Option<(Box<TensorFiles>, String, Reply)>,
     /// Jobs that arrived while an update waits: they run on the new weights.
     held: Vec<Job>,
+    /// Jobs whose prompt waits for a free row to be scored on (`prompt_logprobs`).
+    scoring: Vec<Job>,
+    /// The owner of the row a prompt is scored on.
+    scorer: RowOwner,
     metrics: Arc<Metrics>,
 }
 
@@ -124,6 +133,8 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
         paused: false,
         waiting: None,
         held: Vec::new(),
+        scoring: Vec::new(),
+        scorer: RowOwner::new(),
         metrics,
     };
     loop {
@@ -132,13 +143,14 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
                 l.metrics.update_waiting.set(0);
                 l.update(&mut engine, &files, &source, InFlight::Keep, reply);
                 for job in std::mem::take(&mut l.held) {
-                    l.submit(&engine, job);
+                    l.submit(&mut engine, job);
                 }
             }
         }
         // take new messages: wait when there is nothing to step, else only what is already there
         let mut new = Vec::new();
-        if l.running.is_empty() || l.paused {
+        // (jobs waiting to score their prompt retry each turn: they wait for a row, not a message)
+        if (l.running.is_empty() && l.scoring.is_empty()) || l.paused {
             match rx.blocking_recv() {
                 Some(m) => new.push(m),
                 None => return,
@@ -147,10 +159,13 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
         while let Ok(m) = rx.try_recv() {
             new.push(m);
         }
+        for job in std::mem::take(&mut l.scoring) {
+            l.submit(&mut engine, job);
+        }
         for m in new {
             match m {
                 Msg::Job(job) if l.waiting.is_some() => l.held.push(job),
-                Msg::Job(job) => l.submit(&engine, job),
+                Msg::Job(job) => l.submit(&mut engine, job),
                 Msg::Admin(cmd, reply) => l.admin(&mut engine, cmd, reply),
             }
         }
@@ -217,11 +232,25 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
 }
 
 impl Loop {
-    fn submit(&mut self, engine: &Engine, job: Job) {
+    fn submit(&mut self, engine: &mut Engine, mut job: Job) {
         // an adapter unloaded after the handler picked it (the unload came first)
         if let Some(name) = job.request.adapter.as_deref().filter(|n| engine.lora(n).is_none()) {
             let _ = job.events.send(JobEvent::Error(format!("the LoRA adapter {name:?} was unloaded")));
             return;
+        }
+        if let Some(top) = job.prompt_logprobs {
+            match score_prompt(engine, self.scorer, &job, top) {
+                // no free row yet: the job waits for one, ahead of the scheduler's queue
+                Ok(None) => return self.scoring.push(job),
+                Ok(Some(scored)) => {
+                    let _ = job.events.send(JobEvent::PromptLogprobs(scored));
+                    job.prompt_logprobs = None;
+                }
+                Err(e) => {
+                    let _ = job.events.send(JobEvent::Error(format!("scoring the prompt: {e}")));
+                    return;
+                }
+            }
         }
         let handle = Arc::new(JobHandle {
             events: job.events,
@@ -317,6 +346,32 @@ impl Loop {
         });
         let _ = reply.send(r);
     }
+}
+
+/// Score `job`'s prompt on a row of its own (`None`: no row is free now), chunk by chunk, each
+/// chunk naming the next one's first token; then reset the row (its blocks stay in the prompt
+/// cache, so the scheduler's prefill of the same prompt reuses them) and give it back.
+fn score_prompt(engine: &mut Engine, scorer: RowOwner, job: &Job, top: u32) -> kvdecode::Result<Option<Vec<Sampled>>> {
+    let Ok(rows) = engine.claim_free_rows(scorer, 1) else { return Ok(None) };
+    let row = rows[0];
+    let sampler = job.samplers[0].with_top_logprobs(top);
+    let prompt = &job.request.tokens;
+    let per = engine.chunk_width().min(engine.all_logits_tokens()).max(1);
+    let mut scored = Vec::with_capacity(prompt.len());
+    let mut run = || -> kvdecode::Result<()> {
+        engine.set_adapter(row, job.request.adapter.as_deref())?;
+        for (k, chunk) in prompt.chunks(per).enumerate() {
+            let next = prompt.get((k + 1) * per).copied().unwrap_or(u32::MAX);
+            let got =
+                engine.append_scored(chunk, chunk.len(), &[chunk.len()], Some(&[row]), &[sampler], Some(&[next]))?;
+            scored.extend(got.into_iter().flatten());
+        }
+        Ok(())
+    };
+    let result = run();
+    let reset = engine.reset(&[row]);
+    engine.release_rows(scorer, &[row]);
+    result.and(reset).map(|()| Some(scored))
 }
 
 /// The K/V figures of `/metrics`: tokens and blocks in use, cached blocks, and what the prompt

@@ -435,6 +435,7 @@ async fn run_gen(app: Arc<App>, mut g: Gen) -> std::result::Result<Response, Api
             adapter,
         },
         samplers: g.samplers.clone(),
+        prompt_logprobs: g.prompt_logprobs,
         events: tx,
         stop: stop.clone(),
         received: Instant::now(),

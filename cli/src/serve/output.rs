@@ -16,6 +16,12 @@ use super::engine::JobEvent;
 use super::response::{self, ChoiceText};
 use super::{Admission, App};
 
+/// What only a stream's first chunk carries.
+struct First {
+    pending: bool,
+    prompt_logprobs: Option<Value>,
+}
+
 /// Turns a job's events into the endpoint's response shapes.
 pub(super) struct Output {
     pub(super) app: Arc<App>,
@@ -116,6 +122,8 @@ impl Output {
                 Ok(Some((choice, text, !was_done)))
             }
             JobEvent::Error(e) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
+            // taken by `collect` and `stream` before they apply events
+            JobEvent::PromptLogprobs(_) => Ok(None),
         }
     }
 
@@ -128,6 +136,28 @@ impl Output {
             Kind::Chat => response::chat_logprobs(&self.app.tok, entries),
             Kind::Completion => response::completion_logprobs(&self.app.tok, entries, 0),
         }
+    }
+
+    /// `echo`: the prompt's text and the choice's; with logprobs, the prompt's tokens first (the
+    /// first with no logprob), then the choice's, in the legacy completion form.
+    fn echoed(&self, c: &ChoiceText, scored: Option<&[kvdecode::Sampled]>) -> (String, Value) {
+        let tok = &self.app.tok;
+        let prompt_text = tok.decode(&self.g.prompt, false).unwrap_or_default();
+        let text = format!("{prompt_text}{}", c.text);
+        let Some(scored) = scored.filter(|_| self.g.logprobs.is_some()) else { return (text, Value::Null) };
+        let first = self.g.prompt[..1.min(self.g.prompt.len())].to_vec();
+        let head = tok.decode(&first, false).unwrap_or_default();
+        let prompt = response::completion_logprobs(tok, scored, head.len());
+        let answer = response::completion_logprobs(tok, &c.logprobs, prompt_text.len());
+        let mut lp = json!({"tokens": [head], "token_logprobs": [null], "top_logprobs": [null], "text_offset": [0], "kept": [null]});
+        for part in [prompt, answer] {
+            for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset", "kept"] {
+                if let (Some(all), Some(more)) = (lp[key].as_array_mut(), part[key].as_array()) {
+                    all.extend(more.iter().cloned());
+                }
+            }
+        }
+        (text, lp)
     }
 
     /// A finished chat choice's message and finish reason: with tools, the calls it makes.
@@ -152,10 +182,14 @@ impl Output {
         let mut choices: Vec<ChoiceText> = (0..n).map(|_| ChoiceText::default()).collect();
         let mut done = vec![false; n];
         let mut generated = 0;
+        let mut scored = None;
         while done.iter().any(|d| !d) {
             let Some(ev) = rx.recv().await else {
                 return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request"));
             };
+            if let JobEvent::PromptLogprobs(p) = &ev {
+                scored = Some(p.clone());
+            }
             let is_done = matches!(ev, JobEvent::Done { .. });
             if let Some((i, _, _)) = self.apply(&mut choices, &mut generated, ev)? {
                 done[i] |= is_done;
@@ -169,6 +203,10 @@ impl Output {
                     Kind::Chat => {
                         let (message, finish) = self.message(i, c);
                         json!({"index": i, "message": message, "logprobs": self.logprobs_of(c, 0), "finish_reason": finish})
+                    }
+                    Kind::Completion if self.g.echo => {
+                        let (text, logprobs) = self.echoed(c, scored.as_deref());
+                        json!({"index": i, "text": text, "logprobs": logprobs, "finish_reason": c.finish})
                     }
                     Kind::Completion => json!({
                         "index": i, "text": c.text, "logprobs": self.logprobs_of(c, 0), "finish_reason": c.finish,
@@ -188,6 +226,9 @@ impl Output {
         });
         if self.g.return_token_ids {
             v["prompt_token_ids"] = json!(self.g.prompt);
+        }
+        if let Some(p) = scored.filter(|_| self.g.prompt_logprobs.is_some() && !self.g.echo) {
+            v["prompt_logprobs"] = response::prompt_logprobs(&self.app.tok, &p);
         }
         self.stamp(&mut v, &choices);
         Ok(Json(v).into_response())
@@ -212,14 +253,18 @@ impl Output {
     }
 
     /// One server-sent event; `of` is the choices so far (its versions stamp the chunk).
-    fn chunk(&self, choices: Value, usage: Option<Value>, of: &[ChoiceText], first: &mut bool) -> SseEvent {
+    fn chunk(&self, choices: Value, usage: Option<Value>, of: &[ChoiceText], first: &mut First) -> SseEvent {
         let mut v = json!({
             "id": self.id, "object": self.object(true), "created": self.created, "model": self.model(),
             "choices": choices,
         });
-        // with `return_token_ids`, the prompt's ids come once, in the first chunk
-        if std::mem::take(first) && self.g.return_token_ids {
+        // with `return_token_ids`, the prompt's ids come once, in the first chunk, as do
+        // `prompt_logprobs`
+        if std::mem::take(&mut first.pending) && self.g.return_token_ids {
             v["prompt_token_ids"] = json!(self.g.prompt);
+        }
+        if let Some(p) = first.prompt_logprobs.take() {
+            v["prompt_logprobs"] = p;
         }
         self.stamp(&mut v, of);
         if self.g.include_usage {
@@ -240,9 +285,20 @@ impl Output {
             let mut sent_lp = vec![0usize; n];
             // with `return_token_ids`: each choice's ids ride on its chunks, those not sent yet
             let mut sent_ids = vec![0usize; n];
-            let mut first = true;
+            let mut first = First { pending: true, prompt_logprobs: None };
             let mut done = vec![false; n];
             let mut generated = 0;
+            // prompt logprobs come first (or an error in their place): they ride on the first chunk
+            let mut early = None;
+            if self.g.prompt_logprobs.is_some() {
+                match rx.recv().await {
+                    Some(JobEvent::PromptLogprobs(p)) => {
+                        first.prompt_logprobs = Some(response::prompt_logprobs(&self.app.tok, &p))
+                    }
+                    Some(ev) => early = Some(ev),
+                    None => return,
+                }
+            }
             if self.g.kind == Kind::Chat {
                 for i in 0..n {
                     let c = json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
@@ -252,7 +308,13 @@ impl Output {
                 }
             }
             while done.iter().any(|d| !d) {
-                let Some(ev) = rx.recv().await else { return };
+                let ev = match early.take() {
+                    Some(ev) => ev,
+                    None => match rx.recv().await {
+                        Some(ev) => ev,
+                        None => return,
+                    },
+                };
                 let is_done = matches!(ev, JobEvent::Done { .. });
                 let (i, text, finished) = match self.apply(&mut choices, &mut generated, ev) {
                     Ok(Some(x)) => x,

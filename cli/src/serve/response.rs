@@ -213,19 +213,29 @@ fn wire_logprob(l: f32) -> f32 {
     }
 }
 
+/// One token's chat logprob entry: its text, logprob, bytes, alternatives and `kept`.
+fn logprob_entry(tok: &Tokenizer, s: &Sampled) -> Value {
+    let mut e = token_entry(tok, s.token, s.logprob);
+    e["top_logprobs"] = s.top.iter().map(|&(t, l)| token_entry(tok, t, l)).collect();
+    // how many tokens the draw was among (the support of `processed` logprobs)
+    e["kept"] = json!(s.kept);
+    e
+}
+
 /// Chat logprobs (`{"content": [...]}`) for a run of tokens.
 pub fn chat_logprobs(tok: &Tokenizer, entries: &[Sampled]) -> Value {
-    let content: Vec<Value> = entries
-        .iter()
-        .map(|s| {
-            let mut e = token_entry(tok, s.token, s.logprob);
-            e["top_logprobs"] = s.top.iter().map(|&(t, l)| token_entry(tok, t, l)).collect();
-            // how many tokens the draw was among (the support of `processed` logprobs)
-            e["kept"] = json!(s.kept);
-            e
-        })
-        .collect();
-    json!({ "content": content })
+    json!({ "content": entries.iter().map(|s| logprob_entry(tok, s)).collect::<Vec<_>>() })
+}
+
+/// `prompt_logprobs`: `null` for the prompt's first token, then each token's chat logprob entry
+/// with its `token_id`.
+pub fn prompt_logprobs(tok: &Tokenizer, scored: &[Sampled]) -> Value {
+    let entries = scored.iter().map(|s| {
+        let mut e = logprob_entry(tok, s);
+        e["token_id"] = json!(s.token);
+        e
+    });
+    Value::Array(std::iter::once(Value::Null).chain(entries).collect())
 }
 
 /// Completion logprobs (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
