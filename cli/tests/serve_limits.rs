@@ -60,3 +60,23 @@ fn slow_and_silent_clients_are_cut_at_their_deadlines() {
     let v = chat(s.port, json!({"max_tokens": 2}));
     assert_eq!(v["object"], "chat.completion");
 }
+
+/// The engine thread's death (here a lost device, as a driver reset makes it) turns `/health` to
+/// 503 with the reason, the request in flight gets the error, and so does every later one.
+#[test]
+fn a_lost_device_turns_health_to_503_and_requests_get_the_error() {
+    let s = start(&["--lose-device-after", "2"]);
+    let (status, _, body) = http(s.port, "GET", "/health", "");
+    assert_eq!((status, body.as_str()), (200, r#"{"status":"ok"}"#));
+    let ask = serde_json::json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8});
+    let (status, v) = post(s.port, "/v1/chat/completions", ask.clone());
+    assert_eq!(status, 500, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("the engine failed") && msg.contains("lost"), "{msg}");
+    let (status, _, body) = http(s.port, "GET", "/health", "");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("lost"), "/health names the loss: {body}");
+    let (status, v) = post(s.port, "/v1/chat/completions", ask);
+    assert_eq!(status, 500, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("lost"), "{v}");
+}

@@ -124,7 +124,15 @@ struct Loop {
 }
 
 /// The engine thread's loop; returns when every sender is gone or the device fails.
-pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>, metrics: Arc<Metrics>) {
+/// `lose_device_after`: for tests, destroy the device after that many steps.
+pub fn run(
+    mut engine: Engine,
+    prefill_chunk: usize,
+    mut rx: mpsc::Receiver<Msg>,
+    metrics: Arc<Metrics>,
+    lose_device_after: Option<u64>,
+) {
+    let mut steps = 0u64;
     let mut l = Loop {
         sched: Scheduler::new(&engine, prefill_chunk),
         running: HashMap::new(),
@@ -206,6 +214,10 @@ pub fn run(mut engine: Engine, prefill_chunk: usize, mut rx: mpsc::Receiver<Msg>
             }
         });
         debug_assert_eq!(version, engine.weights_version(), "no update lands inside a step");
+        steps += 1;
+        if lose_device_after == Some(steps) {
+            engine.gpu().device.destroy();
+        }
         report_memory(&engine, &l.sched, &l.metrics, &mut l.reported);
         if let Err(e) = step {
             // the device failed: every job gets the error, and the server reports itself unhealthy

@@ -113,6 +113,10 @@ pub struct Args {
     /// (after temperature), processed (what the token was drawn from, after top-k/top-p/min-p).
     #[arg(long, default_value = "scaled", value_parser = |s: &str| kvdecode::LogprobMode::parse(s).map_err(|e| e.to_string()))]
     logprobs_mode: kvdecode::LogprobMode,
+    /// For tests: destroy the GPU device after N engine steps, as a driver reset would (health
+    /// turns 503, requests get the error).
+    #[arg(long, hide = true)]
+    lose_device_after: Option<u64>,
     /// A PEFT LoRA adapter folder served as model NAME (repeatable): requests pick it with
     /// `"model": "NAME"`, and /v1/models lists it.
     #[arg(long, value_name = "NAME=PATH")]
@@ -214,8 +218,10 @@ pub fn run(a: Args) -> Result<()> {
     let metrics = Arc::new(Metrics::new(a.rows, max_len));
     let (jobs_tx, jobs_rx) = mpsc::channel(a.rows + a.queue + ADMIN_SLACK);
     let m = metrics.clone();
-    let chunk = a.prefill_chunk;
-    std::thread::Builder::new().name("kvdecode-gpu".into()).spawn(move || engine::run(engine, chunk, jobs_rx, m))?;
+    let (chunk, lose) = (a.prefill_chunk, a.lose_device_after);
+    std::thread::Builder::new()
+        .name("kvdecode-gpu".into())
+        .spawn(move || engine::run(engine, chunk, jobs_rx, m, lose))?;
     let model = a.model_name.clone().unwrap_or_else(|| {
         std::path::Path::new(&a.model).file_name().map_or(a.model.clone(), |f| f.to_string_lossy().into_owned())
     });
