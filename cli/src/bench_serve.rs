@@ -6,7 +6,10 @@
 //! answer must equal its answer alone (nothing lost, nothing mixed between requests), malformed
 //! ones must get a 400 and nothing may get a 5xx. Prints throughput and p50 / p99 time to first
 //! token and per-token latency (from the streams), and the server's RSS before and after when
-//! `--server-pid` is given. Exits non-zero if any check fails.
+//! `--server-pid` is given. Beside the load, optionally: clients that send their headers a byte
+//! a second (`--slow-clients`), requests with a 4 KiB stop string (`--long-stops`), and a weights
+//! push halfway (`--push-weights`: the served file again, so the answers stay the same). Exits
+//! non-zero if any check fails, or the RSS grew by more than `--max-rss-growth-mib`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +44,24 @@ pub struct Args {
     /// Print one JSON object of the figures at the end.
     #[arg(long)]
     json: bool,
+    /// Connections that send a request's headers a byte a second, over and over, while the load
+    /// runs (the server cuts each at its header deadline).
+    #[arg(long, default_value_t = 0)]
+    slow_clients: usize,
+    /// The first N requests of the load carry a 4 KiB stop string (one that never matches, so
+    /// their answers are still the ones alone).
+    #[arg(long, default_value_t = 0)]
+    long_stops: usize,
+    /// Halfway through the load, push this weights file again (`POST /v1/weights`, a path under
+    /// the server's --weights-dir), with `--admin-key`.
+    #[arg(long)]
+    push_weights: Option<String>,
+    /// The server's admin key, for `--push-weights`.
+    #[arg(long)]
+    admin_key: Option<String>,
+    /// Fail when the server's RSS grew by more than this over the load (with --server-pid).
+    #[arg(long)]
+    max_rss_growth_mib: Option<f64>,
 }
 
 const PROMPTS: &[&str] = &[
@@ -78,9 +99,43 @@ struct Reply {
 }
 
 async fn request(addr: &str, body: &str, stream: bool, cancel_after_first: bool) -> std::io::Result<Reply> {
+    raw_request(addr, "/v1/chat/completions", "", body, stream, cancel_after_first).await
+}
+
+/// A 4 KiB stop string no 16-token answer holds.
+fn long_stop(k: usize) -> String {
+    (0..4096).map(|i| char::from(b'a' + ((i * 7 + k * 13) % 26) as u8)).collect()
+}
+
+/// A client that sends a request's headers a byte a second until the server cuts it, then again,
+/// until `done`; returns how many times it was cut.
+async fn slow_client(addr: String, done: Arc<std::sync::atomic::AtomicBool>) -> usize {
+    let head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n";
+    let mut cut = 0;
+    while !done.load(Ordering::Relaxed) {
+        let Ok(mut s) = TcpStream::connect(&addr).await else { break };
+        for b in head.iter().cycle() {
+            if done.load(Ordering::Relaxed) || s.write_all(&[*b]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        cut += usize::from(!done.load(Ordering::Relaxed));
+    }
+    cut
+}
+
+async fn raw_request(
+    addr: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+    stream: bool,
+    cancel_after_first: bool,
+) -> std::io::Result<Reply> {
     let mut s = TcpStream::connect(addr).await?;
     let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let t0 = Instant::now();
@@ -131,7 +186,7 @@ async fn request(addr: &str, body: &str, stream: bool, cancel_after_first: bool)
         serde_json::from_str::<Value>(&body)
             .ok()
             .and_then(|v| v["choices"][0]["message"]["content"].as_str().map(str::to_string))
-            .unwrap_or_default()
+            .unwrap_or(body)
     };
     Ok(Reply { status, text, ttft, gaps })
 }
@@ -183,11 +238,25 @@ pub fn run(a: Args) -> Result<()> {
         let results = Arc::new(Mutex::new(Vec::new()));
         let failures = Arc::new(Mutex::new(Vec::<String>::new()));
         let t0 = Instant::now();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let slow: Vec<_> = (0..a.slow_clients).map(|_| tokio::spawn(slow_client(addr.clone(), done.clone()))).collect();
+        // the weights push, once half the load has started
+        let push = a.push_weights.clone().map(|path| {
+            let (next, addr, key, half) = (next.clone(), addr.clone(), a.admin_key.clone().unwrap_or_default(), a.requests / 2);
+            tokio::spawn(async move {
+                while next.load(Ordering::Relaxed) < half {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let body = json!({"path": path}).to_string();
+                let auth = format!("Authorization: Bearer {key}\r\n");
+                raw_request(&addr, "/v1/weights", &auth, &body, false, false).await
+            })
+        });
         let mut tasks = Vec::new();
         for _ in 0..a.concurrency {
             let (next, expected, results, failures, addr) =
                 (next.clone(), expected.clone(), results.clone(), failures.clone(), addr.clone());
-            let (n, distinct, max_tokens) = (a.requests, a.distinct, a.max_tokens);
+            let (n, distinct, max_tokens, long_stops) = (a.requests, a.distinct, a.max_tokens, a.long_stops);
             tasks.push(tokio::spawn(async move {
                 loop {
                     let k = next.fetch_add(1, Ordering::Relaxed);
@@ -208,6 +277,9 @@ pub fn run(a: Args) -> Result<()> {
                     };
                     if stream {
                         body["stream"] = json!(true);
+                    }
+                    if k < long_stops {
+                        body["stop"] = json!([long_stop(k)]);
                     }
                     let r = match request(&addr, &body.to_string(), stream, cancel).await {
                         Ok(r) => r,
@@ -236,6 +308,15 @@ pub fn run(a: Args) -> Result<()> {
             t.await?;
         }
         let secs = t0.elapsed().as_secs_f64();
+        done.store(true, Ordering::Relaxed);
+        let mut slow_cut = 0;
+        for t in slow {
+            slow_cut += t.await?;
+        }
+        let pushed = match push {
+            Some(t) => Some(t.await?.map_err(|e| format!("the weights push: {e}"))?),
+            None => None,
+        };
         // let the server settle, then its memory
         tokio::time::sleep(Duration::from_millis(500)).await;
         let rss1 = a.server_pid.and_then(rss_kib);
@@ -260,20 +341,41 @@ pub fn run(a: Args) -> Result<()> {
         if let (Some(r0), Some(r1)) = (rss0, rss1) {
             println!("server RSS: {:.1} MiB before the load, {:.1} MiB after", r0 as f64 / 1024.0, r1 as f64 / 1024.0);
         }
+        let growth = rss0.zip(rss1).map(|(r0, r1)| (r1 as f64 - r0 as f64) / 1024.0);
+        let mut extra = Vec::new();
+        if a.slow_clients > 0 {
+            println!("{} slow clients, cut {slow_cut} times at the header deadline", a.slow_clients);
+        }
+        if a.long_stops > 0 {
+            println!("{} requests carried a 4 KiB stop string", a.long_stops.min(a.requests));
+        }
+        if let Some(p) = &pushed {
+            println!("weights pushed halfway: status {} {}", p.status, p.text.trim());
+            if p.status != 200 {
+                extra.push(format!("the weights push: status {}: {}", p.status, p.text));
+            }
+        }
+        if let (Some(max), Some(g)) = (a.max_rss_growth_mib, growth) {
+            if g > max {
+                extra.push(format!("the server's RSS grew by {g:.1} MiB, more than {max} MiB"));
+            }
+        }
         if a.json {
             println!(
                 "{}",
                 json!({"requests": a.requests, "concurrency": a.concurrency, "seconds": secs, "answered": answered,
                        "stream_tokens": tokens, "p50_ttft_ms": p50t, "p99_ttft_ms": p99t, "p50_token_ms": p50g,
                        "p99_token_ms": p99g, "server_5xx": fivexx, "lost": lost, "mismatched": mismatched,
-                       "failures": failures.len(), "rss_kib_before": rss0, "rss_kib_after": rss1})
+                       "failures": failures.len(), "rss_kib_before": rss0, "rss_kib_after": rss1,
+                       "slow_clients": a.slow_clients, "slow_cut": slow_cut, "long_stops": a.long_stops.min(a.requests),
+                       "weights_push_status": pushed.as_ref().map(|p| p.status)})
             );
         }
-        for f in failures.iter().take(10) {
+        for f in failures.iter().chain(&extra).take(10) {
             eprintln!("FAILED: {f}");
         }
-        if !failures.is_empty() || fivexx > 0 || lost > 0 {
-            return Err(format!("{} checks failed", failures.len() + fivexx + lost).into());
+        if !failures.is_empty() || !extra.is_empty() || fivexx > 0 || lost > 0 {
+            return Err(format!("{} checks failed", failures.len() + extra.len() + fivexx + lost).into());
         }
         Ok(())
     })
