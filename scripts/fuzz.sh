@@ -9,7 +9,9 @@
 # engine built and stepped for every model shape that loads), safetensors (reader + engine),
 # tokenizer (GGUF tokenizer metadata), chat_template (hostile templates and conversations), jsonl
 # (request lines), openai_request (bodies of the server's /v1/chat/completions and /v1/completions:
-# templates with tools, tool_choice, JSON schemas compiled by llguidance, every parameter). Each
+# templates with tools, tool_choice, JSON schemas compiled by llguidance, every parameter), server
+# (any bytes as an HTTP request to a running router: method and path, headers, body; never a
+# 5xx; valid requests generate on the tiny tools model). Each
 # starts from its seed corpus in fuzz/seeds/ (committed) plus whatever
 # earlier runs found (fuzz/corpus/, git-ignored). Installs the nightly toolchain and cargo-fuzz if
 # missing. Bounds: 2 GiB RSS, 10 s per input. A crash, timeout or bound exceeded stops that target
@@ -30,7 +32,7 @@ ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || {
 }
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(gguf safetensors tokenizer chat_template jsonl openai_request)
+[ ${#targets[@]} -gt 0 ] || targets=(gguf safetensors tokenizer chat_template jsonl openai_request server)
 mkdir -p fuzz/logs
 san=${FUZZ_SANITIZER:-none}
 (cd fuzz && cargo +nightly fuzz build -O -s "$san")
@@ -41,7 +43,7 @@ for t in "${targets[@]}"; do
   cp -n "fuzz/seeds/$t"/* "fuzz/corpus/$t/" 2>/dev/null || true
   case $t in
     gguf | safetensors) max_len=65536 ;;
-    chat_template | openai_request) max_len=16384 ;;
+    chat_template | openai_request | server) max_len=16384 ;;
     # every input builds a whole tokenizer (pre-tokenizer regexes, the added-token automaton):
     # 1 KiB (a hundred or two tokens of vocabulary, merges and texts) is about a millisecond
     tokenizer) max_len=1024 ;;

@@ -169,7 +169,45 @@ struct App {
 /// room rather than fail): admission bounds the jobs, so a job's send never finds it full.
 const ADMIN_SLACK: usize = 8;
 
+/// Run the server: [`router`], then listen on `--host`:`--port` until stopped.
 pub fn run(a: Args) -> Result<()> {
+    let (router, model, gpu, max_len) = router(&a)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse()?;
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        eprintln!(
+            "serving {} on http://{} ({} rows of {max_len} tokens, {} on {})",
+            model,
+            listener.local_addr()?,
+            a.rows,
+            a.engine.kv.name(),
+            gpu.describe()
+        );
+        let limits = listen::ConnLimits {
+            max_connections: a.max_connections,
+            header_timeout: std::time::Duration::from_secs_f64(a.header_timeout),
+        };
+        listen::serve(listener, router, limits).await?;
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
+}
+
+/// The server's flags from a command line (`serve` and its flags), for the fuzz target and
+/// tests that build the router without a process.
+pub fn args_from(flags: &[&str]) -> Result<Args> {
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: Args,
+    }
+    Ok(<Command as clap::Parser>::try_parse_from(flags)?.args)
+}
+
+/// The model loaded, its engine thread started, and every route behind its checks: the router a
+/// listener serves (the fuzz target calls it directly). Also the served model's name, the device
+/// and the rows' length.
+pub fn router(a: &Args) -> Result<(Router, String, Gpu, usize)> {
     for (flag, secs) in [("--header-timeout", a.header_timeout), ("--body-timeout", a.body_timeout)] {
         if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
             return Err(format!("{flag} {secs}: a positive number of seconds").into());
@@ -279,25 +317,7 @@ pub fn run(a: Args) -> Result<()> {
             Arc::new(gate::Gate::new(a.allowed_origins.clone(), &a.host, app.api_key.is_some())),
             gate::check,
         ));
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(async move {
-        let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse()?;
-        let listener = tokio::net::TcpListener::bind(addr).await?;
-        eprintln!(
-            "serving {} on http://{} ({} rows of {max_len} tokens, {} on {})",
-            app.model,
-            listener.local_addr()?,
-            a.rows,
-            a.engine.kv.name(),
-            gpu.describe()
-        );
-        let limits = listen::ConnLimits {
-            max_connections: a.max_connections,
-            header_timeout: std::time::Duration::from_secs_f64(a.header_timeout),
-        };
-        listen::serve(listener, router, limits).await?;
-        Ok::<(), Box<dyn std::error::Error>>(())
-    })
+    Ok((router, app.model.clone(), gpu, max_len))
 }
 
 /// With `--api-key`, a request must carry `Authorization: Bearer KEY`; the key is compared by
