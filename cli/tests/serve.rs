@@ -189,7 +189,7 @@ fn bad_requests_are_named_and_the_server_keeps_serving() {
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}).to_string(), 400, "`stop` must be a string or up to 4 strings"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "functions": []}).to_string(), 400, "`functions` is not supported"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": true}}).to_string(), 400, "only allowed when `stream` is true"),
-        ("/v1/completions", json!({"prompt": "hi", "echo": true}).to_string(), 400, "`echo` is not supported"),
+        ("/v1/completions", json!({"prompt": "hi", "echo": true, "stream": true}).to_string(), 400, "`echo` with `stream` is not supported"),
         ("/v1/completions", json!({"prompt": ["a", "b"]}).to_string(), 400, "several prompts"),
         ("/v1/completions", json!({"prompt": [1, 99999]}).to_string(), 400, "below the vocabulary size"),
         ("/v1/completions", json!({"prompt": ""}).to_string(), 400, "the prompt is empty"),
