@@ -60,12 +60,13 @@ fuzz_target!(|data: &[u8]| {
         req = req.header("authorization", "Bearer not-a-key");
     }
     let req = req.body(Body::from(body.to_vec())).expect("a request");
-    let status = s.rt.block_on(async {
+    let (status, answer) = s.rt.block_on(async {
         let res = s.router.clone().oneshot(req).await.expect("the router answers");
         let status = res.status();
         // a stream is read to its end, as a client would
-        let _ = axum::body::to_bytes(res.into_body(), 1 << 24).await;
-        status
+        let answer = axum::body::to_bytes(res.into_body(), 1 << 24).await.unwrap_or_default();
+        (status, answer)
     });
-    assert!(!status.is_server_error(), "{method} {path}: {status}");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!status.is_server_error(), "{method} {path}: {status}: {answer}");
 });
