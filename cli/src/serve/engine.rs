@@ -47,6 +47,10 @@ pub enum JobEvent {
     /// The prompt's tokens after its first, scored as draws there would report them: the first
     /// event of a job that asked for `prompt_logprobs`.
     PromptLogprobs(Vec<Sampled>),
+    /// The request's constraint could not go on (llguidance's limits, or no token of the
+    /// vocabulary continues it): the request's own doing, a 400.
+    ConstraintFailed(String),
+    /// The server could not serve the request: a 500.
     Error(String),
 }
 
@@ -206,7 +210,8 @@ pub fn run(
                 if let Some(r) = running.remove(&c.id) {
                     last_token.remove(&c.id);
                     let ev = match &c.error {
-                        Some(e) => JobEvent::Error(e.clone()),
+                        // only a request's own constraint ends it with an error
+                        Some(e) => JobEvent::ConstraintFailed(e.clone()),
                         None => JobEvent::Done { choice: r.choice, finish: c.finish, routes: c.routes.clone() },
                     };
                     let _ = r.job.events.send(ev);
@@ -222,11 +227,12 @@ pub fn run(
         if let Err(e) = step {
             // the device failed: every job gets the error, and the server reports itself unhealthy
             let msg = format!("the engine failed: {e}");
+            // unhealthy first: a client that gets the error and then asks /health sees the loss
+            *l.metrics.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg.clone());
+            l.metrics.healthy.store(false, Ordering::SeqCst);
             for (_, r) in l.running.drain() {
                 let _ = r.job.events.send(JobEvent::Error(msg.clone()));
             }
-            l.metrics.healthy.store(false, Ordering::Relaxed);
-            *l.metrics.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
             // keep answering queued jobs with the error until the process is restarted
             while let Some(m) = rx.blocking_recv() {
                 match m {

@@ -345,7 +345,7 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         let body = json!({"status": "error", "error": "the engine thread has stopped"});
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     }
-    if app.metrics.healthy.load(Ordering::Relaxed) {
+    if app.metrics.healthy.load(Ordering::SeqCst) {
         Json(json!({"status": "ok"})).into_response()
     } else {
         let why = app.metrics.last_error.lock().map(|e| e.clone()).unwrap_or_default();
