@@ -181,7 +181,7 @@ fn bad_requests_are_named_and_the_server_keeps_serving() {
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000000}).to_string(), 400, "`max_tokens` 1000000 is more than"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "n": 99}).to_string(), 400, "`n` must be an integer in [1, 8]"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}).to_string(), 400, "`response_format` {\"type\":\"xml\"} is not supported"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}).to_string(), 400, "the JSON schema was refused"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}).to_string(), 400, "the constraint was refused"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}).to_string(), 400, "`json_schema.schema` must be"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}).to_string(), 400, "this model's chat template does not take tools"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}).to_string(), 400, "needs `logprobs`"),
@@ -441,7 +441,55 @@ fn json_schema_answers_validate() {
     assert!(serde_json::from_str::<Value>(&text(&plain, 0)).is_err() || !text(&plain, 0).starts_with('{'));
 }
 
-const TOOLS_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/seeds/gguf/llama-f32-tools.gguf");
+/// vLLM's `structured_outputs`: a regex, a choice and a Lark grammar each hold for every sampled
+/// answer; a shape that is not exactly one of the four, or two constraints at once, is a 400
+/// naming it; and a grammar that names the end-of-turn token partway ends the answer there.
+#[test]
+fn structured_outputs_regex_choice_and_grammar() {
+    let s = start(&[]);
+    let ask = |so: Value, seed: u64| {
+        let body =
+            json!({"prompt": "hi", "max_tokens": 24, "temperature": 1.0, "seed": seed, "structured_outputs": so});
+        post(s.port, "/v1/completions", body)
+    };
+    let answer = |(st, v): (u16, Value)| {
+        assert_eq!(st, 200, "{v}");
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    for seed in 0..3 {
+        let t = answer(ask(json!({"regex": "[0-9]{3}-[a-c]+"}), seed));
+        let (digits, letters) = t.split_once('-').unwrap_or_else(|| panic!("{t:?}"));
+        assert!(digits.len() == 3 && digits.bytes().all(|b| b.is_ascii_digit()), "{t:?}");
+        assert!(!letters.is_empty() && letters.bytes().all(|b| (b'a'..=b'c').contains(&b)), "{t:?}");
+        let t = answer(ask(json!({"choice": ["yes", "no", "maybe so"]}), seed));
+        assert!(["yes", "no", "maybe so"].contains(&t.as_str()), "{t:?}");
+        let t = answer(ask(json!({"grammar": "start: \"(\" num \"+\" num \")\"\nnum: /[1-9][0-9]?/\n"}), seed));
+        let inner = t.strip_prefix('(').and_then(|t| t.strip_suffix(')')).unwrap_or_else(|| panic!("{t:?}"));
+        assert!(inner.split('+').all(|n| n.parse::<u32>().is_ok_and(|n| (1..100).contains(&n))), "{t:?}");
+    }
+    for (so, want) in [
+        (json!("a"), "`structured_outputs` must be an object"),
+        (json!({"json": {"type": "object"}, "regex": "a"}), "takes exactly one of json, grammar, regex, choice"),
+        (json!({"ebnf": "x"}), "`structured_outputs.ebnf` is not supported"),
+        (json!({"choice": []}), "`structured_outputs.choice` has the wrong type"),
+        (json!({"regex": "("}), "the constraint was refused"),
+    ] {
+        let (st, v) = ask(so.clone(), 0);
+        assert_eq!(st, 400, "{so}: {v}");
+        assert_eq!(v["error"]["param"], "structured_outputs", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(want), "{so}: {v}");
+    }
+    let body =
+        json!({"prompt": "hi", "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}});
+    let (st, v) = post(s.port, "/v1/completions", body);
+    assert!(st == 400 && v["error"]["message"].as_str().unwrap().contains("exclude each other"), "{v}");
+    // a grammar that names the end-of-turn token partway ends there: the answer so far, stopped
+    let (st, v) = ask(json!({"grammar": "start: \"a\" <|im_end|> \"b\"\n"}), 0);
+    assert_eq!(
+        (st, v["choices"][0]["text"].clone(), v["choices"][0]["finish_reason"].clone()),
+        (200, json!("a"), json!("stop"))
+    );
+}
 
 fn tools() -> Value {
     json!([

@@ -8,6 +8,8 @@ use kvdecode::io::tokenizer::{Message, Tokenizer};
 use kvdecode::{ConstraintFactory, LogprobMode, Sampler, TOP_LOGPROBS_MAX};
 use serde_json::{json, Map, Value};
 
+use super::guide;
+
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug)]
 pub struct ApiError {
@@ -32,15 +34,21 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// OpenAI's error object, as a response body or a stream's error event.
+    pub fn body(&self) -> Value {
         let kind = match self.status.as_u16() {
             429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
             _ => "server_error",
         };
-        let body = json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": null}});
-        let mut r = (self.status, axum::Json(body)).into_response();
+        json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": null}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
         if let Some(s) = self.retry_after {
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
@@ -72,6 +80,8 @@ pub struct Gen {
     pub include_usage: bool,
     /// Constrained decoding (`response_format` json_object / json_schema, a forced tool call).
     pub constraint: Option<ConstraintFactory>,
+    /// The parameter that asked for it (`response_format`, `structured_outputs` or `tools`).
+    pub constrained_by: Option<&'static str>,
     /// Tools the model may call: its output is parsed for calls.
     pub tools: Option<Tools>,
     /// Return each choice's `routed_experts` (a mixture of experts served with
@@ -296,33 +306,12 @@ impl Fields {
     }
 }
 
-/// The JSON schema `response_format` asks for: `None` for plain text.
-fn response_schema(fmt: Value) -> Result<Option<Value>, ApiError> {
-    let p = "response_format";
-    match fmt.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(json!({"type": "object"}))),
-        Some("json_schema") => {
-            let js = fmt.get("json_schema").ok_or_else(|| ApiError::bad(p, "`json_schema` is missing"))?;
-            match js.get("schema") {
-                Some(s) if s.is_object() => Ok(Some(s.clone())),
-                Some(s) if s.as_bool() == Some(true) => Ok(Some(json!({}))),
-                _ => Err(ApiError::bad(p, "`json_schema.schema` must be a JSON schema object")),
-            }
-        }
-        _ => Err(ApiError::bad(
-            p,
-            format!("`response_format` {fmt} is not supported (text, json_object or json_schema)"),
-        )),
-    }
-}
-
 /// Parse the body of a request to `kind`'s endpoint.
 pub fn parse(
     body: &[u8],
     kind: Kind,
     tok: &Tokenizer,
-    guide: &Result<super::guide::Guide, String>,
+    guide: &Result<guide::Guide, String>,
     limits: &Limits,
     seed_source: u64,
 ) -> Result<Gen, ApiError> {
@@ -376,30 +365,30 @@ pub fn parse(
             (ids, tok.eos.into_iter().collect())
         }
     };
-    // structured output: a JSON schema compiled by llguidance (an invalid one is a 400); a
-    // required or named tool call is the same mechanism with a grammar for the call
-    let schema = f.take("response_format").map(response_schema).transpose()?.flatten();
-    let forced_call = tools.as_ref().and_then(|t| t.forced.clone());
-    if schema.is_some() && forced_call.is_some() {
-        return Err(ApiError::bad("response_format", "`response_format` and a required tool call exclude each other"));
-    }
-    let guide = || {
-        guide.as_ref().map_err(|e| {
-            ApiError::bad("response_format", format!("constrained decoding is not available for this model: {e}"))
-        })
-    };
-    let constraint = match (schema, forced_call) {
-        (Some(schema), _) => Some(
-            guide()?
-                .json_schema(schema, stop_ids.clone())
-                .map_err(|e| ApiError::bad("response_format", format!("the JSON schema was refused: {e}")))?,
-        ),
-        (None, Some(lark)) => Some(
-            guide()?
-                .lark(&lark, stop_ids.clone())
-                .map_err(|e| ApiError::bad("tools", format!("the tools' parameters were refused: {e}")))?,
-        ),
-        (None, None) => None,
+    // structured output: a JSON schema, a grammar, a regex or a choice compiled by llguidance
+    // (an invalid one is a 400); a required or named tool call is the same mechanism
+    let asked = [
+        ("response_format", f.take("response_format").map(guide::response_format).transpose()?.flatten()),
+        ("structured_outputs", f.take("structured_outputs").map(guide::structured_outputs).transpose()?),
+        ("tools", tools.as_ref().and_then(|t| t.forced.clone()).map(guide::Wanted::Lark)),
+    ];
+    let mut asked = asked.into_iter().filter_map(|(p, w)| Some(p).zip(w));
+    let mut constrained_by = None;
+    let constraint = match (asked.next(), asked.next()) {
+        (Some((a, _)), Some((b, _))) => return Err(ApiError::bad(b, format!("`{a}` and `{b}` exclude each other"))),
+        (Some((p, wanted)), None) => {
+            let guide = guide
+                .as_ref()
+                .map_err(|e| ApiError::bad(p, format!("constrained decoding is not available for this model: {e}")))?;
+            constrained_by = Some(p);
+            let what = if p == "tools" { "the tools' parameters were" } else { "the constraint was" };
+            Some(
+                guide
+                    .compile(wanted, stop_ids.clone())
+                    .map_err(|e| ApiError::bad(p, format!("{what} refused: {e}")))?,
+            )
+        }
+        _ => None,
     };
     if prompt.is_empty() {
         return Err(ApiError::bad(if kind == Kind::Chat { "messages" } else { "prompt" }, "the prompt is empty"));
@@ -568,6 +557,7 @@ pub fn parse(
         stream,
         include_usage,
         constraint,
+        constrained_by,
         tools,
         return_routes,
         return_token_ids,

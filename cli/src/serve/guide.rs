@@ -9,6 +9,71 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 
+use super::api::ApiError;
+
+/// What a request asks its output to match, before llguidance compiles it.
+pub enum Wanted {
+    /// A JSON schema (written compactly unless its `x-guidance` says otherwise).
+    Schema(Value),
+    /// A Lark grammar in llguidance's dialect.
+    Lark(String),
+    /// A regular expression the whole output matches.
+    Regex(String),
+}
+
+/// `response_format`: `None` for plain text.
+pub fn response_format(fmt: Value) -> Result<Option<Wanted>, ApiError> {
+    let p = "response_format";
+    match fmt.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Wanted::Schema(json!({"type": "object"})))),
+        Some("json_schema") => {
+            let js = fmt.get("json_schema").ok_or_else(|| ApiError::bad(p, "`json_schema` is missing"))?;
+            match js.get("schema") {
+                Some(s) if s.is_object() => Ok(Some(Wanted::Schema(s.clone()))),
+                Some(s) if s.as_bool() == Some(true) => Ok(Some(Wanted::Schema(json!({})))),
+                _ => Err(ApiError::bad(p, "`json_schema.schema` must be a JSON schema object")),
+            }
+        }
+        _ => Err(ApiError::bad(
+            p,
+            format!("`response_format` {fmt} is not supported (text, json_object or json_schema)"),
+        )),
+    }
+}
+
+/// vLLM's `structured_outputs`: exactly one of `json` (a schema), `grammar` (Lark), `regex` and
+/// `choice` (strings, one of which is the output).
+pub fn structured_outputs(v: Value) -> Result<Wanted, ApiError> {
+    let p = "structured_outputs";
+    let Value::Object(o) = v else {
+        return Err(ApiError::bad(p, format!("`{p}` must be an object, got {v}")));
+    };
+    let mut given = o.into_iter().filter(|(_, v)| !v.is_null());
+    let (Some((key, v)), None) = (given.next(), given.next()) else {
+        return Err(ApiError::bad(p, format!("`{p}` takes exactly one of json, grammar, regex, choice")));
+    };
+    match (key.as_str(), v) {
+        ("json", s @ Value::Object(_)) => Ok(Wanted::Schema(s)),
+        ("json", Value::String(s)) => serde_json::from_str::<Value>(&s)
+            .ok()
+            .filter(Value::is_object)
+            .map(Wanted::Schema)
+            .ok_or_else(|| ApiError::bad(p, "`structured_outputs.json` must be a JSON schema object")),
+        ("grammar", Value::String(g)) => Ok(Wanted::Lark(g)),
+        ("regex", Value::String(r)) => Ok(Wanted::Regex(r)),
+        ("choice", Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
+            // each choice a JSON string literal, which Lark reads as the same string
+            let alts: Vec<String> = a.iter().map(Value::to_string).collect();
+            Ok(Wanted::Lark(format!("start: {}\n", alts.join(" | "))))
+        }
+        (k @ ("json" | "grammar" | "regex" | "choice"), v) => {
+            Err(ApiError::bad(p, format!("`{p}.{k}` has the wrong type: {v}")))
+        }
+        (k, _) => Err(ApiError::bad(p, format!("`{p}.{k}` is not supported (json, grammar, regex, choice)"))),
+    }
+}
+
 /// The model's vocabulary as llguidance sees it, built once at start.
 pub struct Guide {
     factory: Arc<ParserFactory>,
@@ -24,18 +89,20 @@ impl Guide {
         Ok(Guide { factory: Arc::new(factory) })
     }
 
-    /// A constraint for output that matches `schema`, ended by one of `stop` (the request's end
-    /// tokens) once the JSON is complete; an invalid or unsupported schema is an error with
-    /// llguidance's reason.
-    pub fn json_schema(&self, mut schema: Value, stop: Vec<u32>) -> Result<ConstraintFactory, String> {
-        compact(&mut schema);
-        self.grammar(TopLevelGrammar::from_json_schema(schema), stop)
-    }
-
-    /// A constraint for output that matches a Lark grammar (llguidance's dialect: `%json {...}`
-    /// embeds a JSON schema, `<name>` is a special token), ended by one of `stop`.
-    pub fn lark(&self, grammar: &str, stop: Vec<u32>) -> Result<ConstraintFactory, String> {
-        self.grammar(TopLevelGrammar::from_lark(grammar.to_string()), stop)
+    /// A constraint for output that matches `wanted`, ended by one of `stop` (the request's end
+    /// tokens) once it is complete; an invalid or unsupported one is an error with llguidance's
+    /// reason. In a Lark grammar (llguidance's dialect) `%json {...}` embeds a JSON schema and
+    /// `<name>` is a special token.
+    pub fn compile(&self, wanted: Wanted, stop: Vec<u32>) -> Result<ConstraintFactory, String> {
+        let grammar = match wanted {
+            Wanted::Schema(mut schema) => {
+                compact(&mut schema);
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            Wanted::Lark(g) => TopLevelGrammar::from_lark(g),
+            Wanted::Regex(r) => TopLevelGrammar::from_regex(&r),
+        };
+        self.grammar(grammar, stop)
     }
 
     fn grammar(&self, grammar: TopLevelGrammar, stop: Vec<u32>) -> Result<ConstraintFactory, String> {

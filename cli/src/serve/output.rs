@@ -121,6 +121,10 @@ impl Output {
                 c.routes = routes;
                 Ok(Some((choice, text, !was_done)))
             }
+            JobEvent::ConstraintFailed(e) => {
+                let param = self.g.constrained_by.unwrap_or("response_format");
+                Err(ApiError::bad(param, format!("`{param}` could not be followed after {generated} tokens: {e}")))
+            }
             JobEvent::Error(e) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
             // taken by `collect` and `stream` before they apply events
             JobEvent::PromptLogprobs(_) => Ok(None),
@@ -320,9 +324,11 @@ impl Output {
                     Ok(Some(x)) => x,
                     Ok(None) => continue,
                     Err(e) => {
-                        self.app.metrics.server_errors.inc();
-                        let err = json!({"error": {"message": e.message, "type": "server_error", "param": null, "code": null}});
-                        let _ = sse_tx.send(Ok(SseEvent::default().data(err.to_string()))).await;
+                        match e.status.is_client_error() {
+                            true => self.app.metrics.client_errors.inc(),
+                            false => self.app.metrics.server_errors.inc(),
+                        }
+                        let _ = sse_tx.send(Ok(SseEvent::default().data(e.body().to_string()))).await;
                         return;
                     }
                 };
