@@ -70,6 +70,10 @@ impl ChoiceText {
             return String::new();
         }
         if g.stop_ids.contains(&s.token) {
+            // the end-of-turn token the engine sampled is among the ids and logprobs (as vLLM
+            // returns them: an RL client gets the whole sequence it trains on), not in the text
+            self.tokens.push(s.token);
+            self.logprobs.push(s);
             self.finish = Some("stop");
             return self.release_all(tok);
         }

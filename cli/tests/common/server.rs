@@ -10,6 +10,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 pub const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/seeds/gguf/llama-f32-chatml.gguf");
+/// The tiny model whose ChatML template takes tools (Hermes-style `<tool_call>` blocks).
+pub const TOOLS_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/seeds/gguf/llama-f32-tools.gguf");
 
 pub struct Server {
     pub child: Child,
