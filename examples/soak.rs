@@ -196,21 +196,31 @@ pub fn soak(gpu: &Gpu, o: SoakOptions, progress: &mut dyn FnMut(&SoakReport)) ->
     Ok(rep)
 }
 
-#[allow(dead_code)]
-fn main() -> kvdecode::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    // every argument is a known flag (and its value): a misspelt flag is an error, not ignored
+/// Every argument is a known flag (and its value): a misspelt flag is an error, not ignored.
+pub fn check_flags(args: &[String]) -> Result<(), String> {
     let known = ["--steps", "--rows", "--seed", "--check-every", "--kv"];
-    let mut rest = args.iter().skip(1);
+    let mut rest = args.iter();
     while let Some(a) = rest.next() {
         match a.as_str() {
             "--json" => {}
             f if known.contains(&f) && rest.next().is_some() => {}
             f => {
-                eprintln!("unknown argument or missing value: {f:?} (flags: {} VALUE, --json)", known.join(" VALUE, "));
-                std::process::exit(2);
+                return Err(format!(
+                    "unknown argument or missing value: {f:?} (flags: {} VALUE, --json)",
+                    known.join(" VALUE, ")
+                ))
             }
         }
+    }
+    Ok(())
+}
+
+#[allow(dead_code)]
+fn main() -> kvdecode::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if let Err(e) = check_flags(&args[1..]) {
+        eprintln!("{e}");
+        std::process::exit(2);
     }
     let arg = |name: &str, default: &str| -> String {
         args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned()).unwrap_or_else(|| default.into())

@@ -27,3 +27,14 @@ fn short_soak_stays_exact_and_flat() {
     // host memory: allow allocator noise, not growth with the number of steps
     assert!(r.rss_end <= r.rss_start + (32 << 20), "RSS grew from {} to {} bytes", r.rss_start, r.rss_end);
 }
+
+/// The soak's flags: a misspelt one, or one without its value, is refused by name (it ran with
+/// the defaults before).
+#[test]
+fn misspelt_soak_flags_are_refused() {
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(soak::check_flags(&args(&["--steps", "10", "--json"])), Ok(()));
+    let e = soak::check_flags(&args(&["--step", "10"])).unwrap_err();
+    assert!(e.contains("\"--step\""), "{e}");
+    assert!(soak::check_flags(&args(&["--rows"])).is_err(), "a flag without its value");
+}

@@ -85,6 +85,9 @@ def test_logits_bit_equal_to_rust_api(tmp_path):
     ours = np.stack(ours)
     assert rust.shape == ours.shape
     assert np.array_equal(rust.view(np.uint32), ours.view(np.uint32)), "logits differ in some bit"
+    # a misspelt flag is an error that names it, not ignored (the example took any flag before)
+    bad = subprocess.run([binary, "--model", model_path, "--token", "x.npy"], capture_output=True, text=True)
+    assert bad.returncode != 0 and 'unknown argument "--token"' in bad.stderr, bad.stderr
 
 
 def test_batched_equals_alone_bitwise(demo):
