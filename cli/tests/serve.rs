@@ -181,7 +181,7 @@ fn bad_requests_are_named_and_the_server_keeps_serving() {
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000000}).to_string(), 400, "`max_tokens` 1000000 is more than"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "n": 99}).to_string(), 400, "`n` must be an integer in [1, 8]"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}).to_string(), 400, "`response_format` {\"type\":\"xml\"} is not supported"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}).to_string(), 400, "the constraint was refused"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}).to_string(), 400, "the JSON schema was refused"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}).to_string(), 400, "`json_schema.schema` must be"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}).to_string(), 400, "this model's chat template does not take tools"),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}).to_string(), 400, "needs `logprobs`"),

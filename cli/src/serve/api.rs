@@ -381,7 +381,11 @@ pub fn parse(
                 .as_ref()
                 .map_err(|e| ApiError::bad(p, format!("constrained decoding is not available for this model: {e}")))?;
             constrained_by = Some(p);
-            let what = if p == "tools" { "the tools' parameters were" } else { "the constraint was" };
+            let what = match p {
+                "tools" => "the tools' parameters were",
+                "response_format" => "the JSON schema was",
+                _ => "the constraint was",
+            };
             Some(
                 guide
                     .compile(wanted, stop_ids.clone())
