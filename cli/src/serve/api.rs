@@ -32,9 +32,7 @@ impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
         ApiError { status, message: message.into(), param: None, retry_after: None }
     }
-}
 
-impl ApiError {
     /// OpenAI's error object, as a response body or a stream's error event.
     pub fn body(&self) -> Value {
         let kind = match self.status.as_u16() {

@@ -100,6 +100,16 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Count a request that ended in an error of `status`: refused (429, 503), the client's
+    /// (other 4xx) or the server's.
+    pub fn count_error(&self, status: axum::http::StatusCode) {
+        match status.as_u16() {
+            429 | 503 => self.rejected.inc(),
+            400..=499 => self.client_errors.inc(),
+            _ => self.server_errors.inc(),
+        }
+    }
+
     pub fn new(rows: usize, max_len: usize) -> Self {
         let m = Metrics {
             ok: Counter::default(),

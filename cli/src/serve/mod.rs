@@ -414,11 +414,7 @@ async fn serve(app: Arc<App>, req: HttpRequest, kind: Kind) -> Response {
     match result {
         Ok(r) => r,
         Err(e) => {
-            match e.status.as_u16() {
-                429 | 503 => app.metrics.rejected.inc(),
-                400..=499 => app.metrics.client_errors.inc(),
-                _ => app.metrics.server_errors.inc(),
-            }
+            app.metrics.count_error(e.status);
             e.into_response()
         }
     }

@@ -324,10 +324,7 @@ impl Output {
                     Ok(Some(x)) => x,
                     Ok(None) => continue,
                     Err(e) => {
-                        match e.status.is_client_error() {
-                            true => self.app.metrics.client_errors.inc(),
-                            false => self.app.metrics.server_errors.inc(),
-                        }
+                        self.app.metrics.count_error(e.status);
                         let _ = sse_tx.send(Ok(SseEvent::default().data(e.body().to_string()))).await;
                         return;
                     }
