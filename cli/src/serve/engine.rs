@@ -318,6 +318,8 @@ impl Loop {
             }
             Admin::ResetPrefixCache => {
                 let r = engine.reset_prefix_cache().map(|_| json!({"reset": true})).map_err(|e| e.to_string());
+                // /metrics shows the emptied cache by the time the client has its answer
+                report_memory(engine, &self.sched, &self.metrics, &mut self.reported);
                 let _ = reply.send(r);
             }
             Admin::LoadLora { name, adapter } => {
