@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kvdecode's bench on whatever adapter this machine has, written as one markdown file, each run
-# bounded so the whole fits a lent GPU's few minutes: synthetic models of real shapes in Q4_1
+# bounded so the whole fits a lent GPU's few minutes: the occupancy table of a decode step (every
+# dispatch's workgroups and longest serial loop, computed); synthetic models of real shapes in Q4_1
 # blocks (SmolLM2-135M's, a ~1B Llama, a Qwen3-MoE), throughput and GPU time per kernel at 1/16/64
 # rows, a long context, the attention variants at 512 positions, the mixture of experts against
 # its dense twin; then the exactness suites, when their binaries are given. Synthetic weights run
@@ -35,6 +36,8 @@ run() {
 }
 {
   echo "# kvdecode bench ($(date -u +%Y-%m-%d), $("$bin" --version 2>/dev/null || echo kvdecode))"
+  # computed, nothing timed: the dispatches of a decode step as this adapter's kernels launch them
+  run "$bin" bench --tables occupancy --occupancy-on adapter
   run "$bin" bench --model synthetic:smollm2 --rows 1,16,64 --ctx 512 --steps 16 --kv f16 --tables throughput,profile
   run "$bin" bench --model synthetic:smollm2 --rows 1 --ctx 4096 --steps 16 --kv f16 --tables throughput,profile
   run "$bin" bench --model synthetic:1b --rows 1,16 --ctx 512 --steps 16 --kv f16 --tables throughput,profile

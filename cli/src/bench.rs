@@ -52,13 +52,32 @@ pub struct Args {
     /// Rank of the LoRA table's adapters.
     #[arg(long, default_value_t = 16)]
     lora_rank: usize,
+    /// Models of the occupancy table (it ignores `--model`).
+    #[arg(long, value_delimiter = ',', default_value = "synthetic:smollm2,synthetic:1b")]
+    occupancy_models: Vec<String>,
+    /// Rows of the occupancy table.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    occupancy_rows: Vec<usize>,
+    /// Contexts of the occupancy table.
+    #[arg(long, value_delimiter = ',', default_value = "512,4096")]
+    occupancy_ctx: Vec<usize>,
+    /// The occupancy table's device: `dry-run` (wgpu's noop backend posing as a discrete GPU
+    /// with 32-lane subgroups: the kernels an NVIDIA card gets) or `adapter` (the bench's own).
+    #[arg(long, default_value = "dry-run", value_parser = ["dry-run", "adapter"])]
+    occupancy_on: String,
+    /// Workgroups that fill the GPU (SMs or CUs; an H100's and H200's 132): the occupancy
+    /// table's bar, below which a dispatch's loop must be short.
+    #[arg(long, default_value_t = 132)]
+    occupancy_sms: u64,
     /// Tables to print: throughput, profile, attention, multistep, prefix; and, only when named,
     /// weights (a full weight update against `queue.write_buffer` of the same bytes, memory over
     /// many updates and sleep/wake cycles), formats (the model's weights in each block format:
     /// GPU time of the products per decode step against Q4_1's, same run) and moe (a mixture of
     /// experts' decode step against the dense model of its active parameters, and the distinct
     /// experts the rows read), lora (adapters on every linear layer, rows spread over 4, against
-    /// the base model; an adapter update against `queue.write_buffer` of its bytes).
+    /// the base model; an adapter update against `queue.write_buffer` of its bytes), occupancy
+    /// (every dispatch of a decode step: workgroups, threads, longest serial loop, bytes;
+    /// computed, needs no GPU).
     #[arg(long, value_delimiter = ',', default_value = "throughput,profile,attention,multistep,prefix")]
     tables: Vec<String>,
     /// Prefix table: tokens of the system prompt every request shares.
@@ -91,12 +110,22 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let (rows_list, ctx_list, steps) = (a.rows.clone(), a.ctx.clone(), a.steps);
     for t in &a.tables {
-        if !["throughput", "profile", "attention", "multistep", "prefix", "weights", "formats", "moe", "lora"]
-            .contains(&t.as_str())
-        {
+        let known = [
+            "throughput",
+            "profile",
+            "attention",
+            "multistep",
+            "prefix",
+            "weights",
+            "formats",
+            "moe",
+            "lora",
+            "occupancy",
+        ];
+        if !known.contains(&t.as_str()) {
             return Err(format!(
                 "--tables: unknown table {t:?} (throughput, profile, attention, multistep, prefix, weights, formats, moe, \
-                 lora)"
+                 lora, occupancy)"
             )
             .into());
         }
@@ -226,6 +255,17 @@ pub fn run(a: Args) -> Result<()> {
         let l =
             crate::bench_lora::lora_table(&gpu, &model, a.weights, &a.lora_rows, a.lora_rank, steps, a.weight_rounds)?;
         json.insert("lora".into(), l);
+    }
+    if table("occupancy") {
+        let shapes = crate::bench_occupancy::Shapes {
+            models: &a.occupancy_models,
+            rows: &a.occupancy_rows,
+            ctx: &a.occupancy_ctx,
+            sms: a.occupancy_sms,
+            max_alone: 64,
+        };
+        let on = if a.occupancy_on == "adapter" { gpu.clone() } else { Gpu::dry_run(32)? };
+        json.extend(crate::bench_occupancy::occupancy_table(&on, &shapes)?);
     }
     if a.json {
         println!("{}", serde_json::Value::Object(json));

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod bench_lora;
 pub mod bench_moe;
+pub mod bench_occupancy;
 pub mod bench_serve;
 pub mod bench_weights;
 pub mod chat;

@@ -1,5 +1,5 @@
-//! `kvdecode bench --json`: the figures scripts read (scripts/bench-llamacpp.sh) come out as one
-//! JSON object on the last line, with every table that ran.
+//! `kvdecode bench --json`: the figures scripts read (scripts/bench-llamacpp.sh, gpu-bench.sh)
+//! come out as one JSON object on the last line, with every table that ran.
 
 use std::process::Command;
 
@@ -20,9 +20,15 @@ fn bench_json_carries_throughput_and_attention_variants() {
         "--kv",
         "f32",
         "--tables",
-        "throughput,attention",
+        "throughput,attention,occupancy",
         "--attention-ctx",
         "70",
+        "--occupancy-models",
+        "demo",
+        "--occupancy-rows",
+        "1,2",
+        "--occupancy-ctx",
+        "64",
         "--json",
     ]);
     let last = v.to_string();
@@ -44,6 +50,17 @@ fn bench_json_carries_throughput_and_attention_variants() {
         assert!(a["chunk_attention_ms"].as_f64().unwrap() > 0.0, "{last}");
     }
     assert!(!stdout.contains("multi-step"), "--tables left the multi-step table out");
+    // the occupancy table (dry run, computed): a row per dispatch of each configuration, ending
+    // with the sampler, and a summary per configuration (2 rows x 1 context x 2 samplers)
+    let occ = v["occupancy"].as_array().expect("occupancy");
+    for key in ["label", "workgroups", "threads", "serial_iters", "bytes"] {
+        assert!(occ.iter().all(|d| !d[key].is_null()), "{key} in every row: {last}");
+    }
+    let first: Vec<&serde_json::Value> = occ.iter().filter(|d| d["rows"] == 1 && d["sampler"] == "greedy").collect();
+    assert_eq!(first.last().map(|d| d["label"].clone()), Some("sample".into()), "{last}");
+    assert!(v["dispatches_per_layer"]["demo"].as_f64().unwrap() >= 4.0, "{last}");
+    assert_eq!(v["occupancy_summary"].as_array().map(|s| s.len()), Some(4), "{last}");
+    assert!(stdout.contains("| sample * | 1 | 1 | 256 |"), "the sampler is one workgroup a row: {stdout}");
     let bad = Command::new(env!("CARGO_BIN_EXE_kvdecode")).args(["bench", "--tables", "nope"]).output().unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown table \"nope\""));

@@ -129,6 +129,7 @@ impl Builder<'_> {
             label: label.into(),
             grid,
             wg: spec.workgroup_size(),
+            work: spec.work(),
             many_tokens: None,
         }
     }

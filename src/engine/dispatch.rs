@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::gpu::kernels::{At, Work};
 use crate::gpu::shaders::Kernel;
 use crate::gpu::variants::{QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS};
 
@@ -45,6 +46,8 @@ pub(super) struct Dispatch {
     pub(super) bind: wgpu::BindGroup,
     pub(super) grid: Grid,
     pub(super) wg: u32,
+    /// What its threads do, for the occupancy table.
+    pub(super) work: Work,
     /// The form recorded instead for steps of many tokens, with the same bits, so a step may take
     /// either: a product's mat-mat kernel (`tiled` variant) from [`TILED_MIN_TOKENS`] tokens on,
     /// split-group attention's query tiles from [`QUERY_TILE_MIN_WIDTH`] tokens a row on.
@@ -58,7 +61,7 @@ fn matmul_token_blocks(n: usize) -> u32 {
 }
 
 impl Dispatch {
-    fn workgroups(&self, rows: usize, width: usize) -> (u32, u32, u32) {
+    pub(super) fn workgroups(&self, rows: usize, width: usize) -> (u32, u32, u32) {
         let linear = |threads: usize| {
             let groups = threads.div_ceil(self.wg as usize).max(1);
             let x = groups.min(65535);
@@ -134,6 +137,15 @@ impl Dispatch {
             (Some(t), Grid::SplitPartials { .. }) if width >= QUERY_TILE_MIN_WIDTH => t,
             _ => self,
         }
+    }
+
+    /// Workgroups launched, threads in them, the longest serial loop of a thread and the bytes
+    /// moved, in a chunk of `at.rows x width` tokens.
+    pub(super) fn occupancy(&self, width: usize, at: &At) -> (u64, u64, usize, u64) {
+        let (x, y, z) = self.workgroups(at.rows, width);
+        let groups = x as u64 * y as u64 * z as u64;
+        let (serial, bytes) = self.work.at(at);
+        (groups, groups * self.wg as u64, serial, bytes)
     }
 
     pub(super) fn record(&self, pass: &mut wgpu::ComputePass<'_>, rows: usize, width: usize) {

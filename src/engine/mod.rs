@@ -15,6 +15,7 @@ mod dispatch;
 mod inspect;
 pub mod lora;
 mod moe;
+mod occupancy;
 pub mod options;
 mod plan;
 pub mod sampling;
@@ -36,6 +37,7 @@ pub use crate::gpu::variants::{
 };
 pub use decode::{Turn, TurnLimit};
 pub use lora::LoraUpdate;
+pub use occupancy::{Occupancy, OccupancyTable};
 pub use options::{EngineOptions, Logits, Stats};
 pub use sleep::{MemoryReport, Sleep};
 pub(crate) use step::Output;

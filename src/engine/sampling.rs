@@ -150,6 +150,39 @@ impl Sampler {
         }
         Ok(())
     }
+
+    /// Passes over a vocabulary of `vocab` and workgroup reductions `sample.wgsl` runs for a
+    /// row with this sampler, following its stages (the occupancy table's sampler row). A pass
+    /// of the top-N search `k` counts `1 + k`: each entry is checked against the `k` found.
+    pub(crate) fn vocabulary_passes(&self, vocab: usize) -> (usize, usize) {
+        const BISECT: usize = 32;
+        let drawn = self.temperature > 0.0;
+        // max and min (two argmax reductions), the normalizer; then the kept count
+        let (mut passes, mut reductions) = (3, 4);
+        if drawn && self.top_k > 0 && (self.top_k as usize) < vocab {
+            passes += BISECT;
+            reductions += BISECT;
+        }
+        if drawn && self.top_p < 1.0 {
+            passes += 1 + BISECT;
+            reductions += 1 + BISECT;
+        }
+        if drawn {
+            // the Gumbel-max draw, and the normalizer of the logprob mode
+            passes += 1;
+            reductions += 1;
+            match self.logprobs {
+                LogprobMode::Processed => reductions += 1,
+                LogprobMode::Raw => {
+                    passes += 2;
+                    reductions += 2;
+                }
+                LogprobMode::Scaled => {}
+            }
+        }
+        let n = self.top_logprobs.min(TOP_LOGPROBS_MAX) as usize;
+        (passes + n * (n + 1) / 2, reductions + n)
+    }
 }
 
 /// GPU layout of one row's sampler (matches `struct Sampler` in `sample.wgsl`).

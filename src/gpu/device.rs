@@ -208,6 +208,40 @@ impl Gpu {
         Self::from_device_with(info, device, queue, opts, AppHandlers::default())
     }
 
+    /// A `Gpu` that runs nothing but says it is a discrete GPU with subgroups of
+    /// `subgroup_size` lanes (wgpu's noop backend: buffers hold their bytes, dispatches are
+    /// dropped). An engine built on it picks the kernels such a GPU gets, so
+    /// [`crate::Engine::occupancy`] gives that GPU's table on a machine without one.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn dry_run(subgroup_size: u32) -> Result<Self> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::NOOP;
+        desc.backend_options.noop = wgpu::NoopBackendOptions {
+            enable: true,
+            device_type: Some(wgpu::DeviceType::DiscreteGpu),
+            subgroup_min_size: Some(subgroup_size),
+            subgroup_max_size: Some(subgroup_size),
+            ..Default::default()
+        };
+        let instance = wgpu::Instance::new(desc);
+        use crate::gpu::pending::block_on;
+        let adapter = block_on(instance.request_adapter(&Default::default()))
+            .map_err(|e| Error::Device(format!("wgpu's noop backend gave no adapter: {e}")))?;
+        let mut info = adapter.get_info();
+        // wgpu 30's noop adapter says Cpu whatever it was told; the kernel choice reads this
+        info.device_type = wgpu::DeviceType::DiscreteGpu;
+        info.name = format!("dry run: a discrete GPU with {subgroup_size}-lane subgroups (wgpu's noop backend)");
+        let (required_features, required_limits) = Self::device_requirements(&adapter, &GpuOptions::default());
+        let (device, queue) = block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("kvdecode dry run"),
+            required_features,
+            required_limits,
+            ..Default::default()
+        }))
+        .map_err(|e| Error::Device(format!("wgpu's noop backend refused a device: {e}")))?;
+        Self::from_device(info, device, queue)
+    }
+
     /// The features and limits kvdecode asks of `adapter` when it makes its own device: an app
     /// that makes the device ([`Gpu::from_device`]) puts them in its `wgpu::DeviceDescriptor`
     /// (raising any limit its own drawing needs) to get the kernels kvdecode would pick.

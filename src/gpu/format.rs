@@ -94,6 +94,16 @@ impl WeightFormat {
                 | WeightFormat::IQ4NL
         )
     }
+
+    /// Bytes of one weight row of `k` features as the GPU holds it (blocks as repacked).
+    pub(crate) fn row_bytes(self, k: usize) -> u64 {
+        let kind = QuantKind::ALL.into_iter().find(|&q| WeightFormat::from(q) == self);
+        match (self, kind) {
+            (_, Some(q)) => (k.div_ceil(q.block_len()) * q.gpu_block_words() * 4) as u64,
+            (WeightFormat::F32, _) => 4 * k as u64,
+            _ => 2 * k as u64,
+        }
+    }
 }
 
 impl From<QuantKind> for WeightFormat {

@@ -1,6 +1,7 @@
 //! The attention path's kernels: qk-norm and RoPE (with the fused pool write), the K/V write,
 //! and attention itself, serial or split over partitions, heads, groups or query tiles.
 
+use super::work::{levels, Work};
 use super::{Overrides, Paging, Shard, Specialize};
 use crate::gpu::shaders::{Constants, Kernel};
 use crate::model::dtype::KvDtype;
@@ -92,6 +93,18 @@ impl Specialize for QkRope {
         }
         l
     }
+    /// With qk-norm a thread per (token, head) sums the head's squares, then rotates its pairs;
+    /// without, a thread rotates one or two pairs. The pool write copies the keys and values.
+    fn work(&self) -> Work {
+        let d = self.head_dim;
+        let iters = match (self.qk_norm, self.qk_norm_whole) {
+            (true, true) => 2 * d + levels(self.workgroup_size() as usize),
+            (true, false) => 2 * d,
+            (false, _) => 2,
+        };
+        let pool = self.kv_write.map_or(0, |(kv, _)| 2 * self.t_k_heads * d * kv.bytes());
+        Work::flat(iters, 8 * (self.heads + self.t_k_heads + self.k_heads) * d + pool)
+    }
 }
 
 /// `kv_write.wgsl`: scatter fresh K/V into a global pool (through the block tables) or a ring.
@@ -126,6 +139,10 @@ impl Specialize for KvWrite {
     fn label(&self) -> String {
         format!("kv_write_{}_{}", if self.ring { "ring" } else { "global" }, self.kv.name())
     }
+    /// A thread per pair of a token's keys or values.
+    fn work(&self) -> Work {
+        Work::flat(1, 2 * self.kv_heads * self.head_dim * (4 + self.kv.bytes()))
+    }
 }
 
 /// What both halves of attention share: the heads, the K/V layout of one cache shard, the
@@ -148,6 +165,16 @@ pub(crate) struct AttentionShape {
 }
 
 impl AttentionShape {
+    /// Bytes of K and V per key position of a row.
+    fn key_bytes(&self) -> u64 {
+        (2 * self.kv_heads * self.head_dim * self.kv.bytes()) as u64
+    }
+
+    /// Bytes of one token's partial states (each head's max, sum and values per partition).
+    fn partial_bytes(&self) -> usize {
+        4 * self.heads * self.parts * (4 + self.head_dim)
+    }
+
     fn overrides(&self) -> Overrides {
         let o = Overrides::default()
             .count("H", self.heads)
@@ -210,6 +237,32 @@ impl Specialize for Attention {
         let form = if self.split { "attention_merge" } else { "attention" };
         format!("{form}_{keys}_{}", self.shape.kv.name())
     }
+    /// A thread per (token, head) walks its keys in order, a vec4 of the dot and one of the
+    /// values each; split, it walks the partitions instead (per value vec4 when the merge is
+    /// alone); local keys add the window.
+    fn work(&self) -> Work {
+        let sh = &self.shape;
+        let d4 = sh.head_dim / 4;
+        let q_bytes = 8 * sh.heads * sh.head_dim;
+        let local = if self.local { 2 * d4 * self.window } else { 0 };
+        let local_bytes = if self.local { self.window as u64 * sh.key_bytes() } else { 0 };
+        let mut w = Work::flat(local, q_bytes);
+        w.token_bytes += local_bytes;
+        match (self.global, self.split) {
+            (true, true) => {
+                w.per_part = if self.local { d4 } else { 1 };
+                w.part_span = sh.span;
+                w.token_bytes += sh.partial_bytes() as u64;
+            }
+            (true, false) => {
+                w.per_key = 2 * d4;
+                w.key_span = usize::MAX;
+                w.key_bytes = sh.key_bytes();
+            }
+            _ => {}
+        }
+        w
+    }
 }
 
 /// `attention_split.wgsl`: the partitions of the global keys, one workgroup per (partition, kv
@@ -246,5 +299,25 @@ impl Specialize for AttentionSplit {
             _ => "attention_split_group".to_string(),
         };
         format!("{form}_{}", self.shape.kv.name())
+    }
+    /// The keys of one partition (`span`). Per head: a thread walks them alone, as the serial
+    /// kernel. Per group (and query tiles, counted alike): per tile of keys a lane scores its
+    /// keys for every head of the group, heads' maxima and sums run over the 64 lanes, and each
+    /// lane adds the tile's keys into its value slots.
+    fn work(&self) -> Work {
+        let sh = &self.shape;
+        let d4 = sh.head_dim / 4;
+        let io = Work { key_span: sh.span, key_bytes: sh.key_bytes(), ..Work::flat(d4, 4 * sh.heads * sh.head_dim) };
+        let io = Work { token_bytes: io.token_bytes + sh.partial_bytes() as u64, ..io };
+        if self.kernel == Kernel::AttentionSplitHead {
+            return Work { per_key: 2 * d4, ..io };
+        }
+        let lanes = 64;
+        let tile = self.tile.unwrap_or(lanes);
+        let heads = sh.heads / sh.kv_heads.max(1) * self.query_tile.unwrap_or(1);
+        let slots = heads * d4;
+        let ranges = (lanes / slots.max(1)).max(1);
+        let values = if ranges > 1 { tile.div_ceil(ranges) + ranges } else { tile * slots.div_ceil(lanes) };
+        Work { per_tile: heads * tile.div_ceil(lanes) * d4 + 2 * lanes + values, key_tile: tile, ..io }
     }
 }

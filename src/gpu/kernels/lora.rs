@@ -2,7 +2,7 @@
 //! more targets that read the same input and write the same buffer (`src/gpu/lora.rs` holds the
 //! layout they index).
 
-use super::{Overrides, Specialize};
+use super::{Overrides, Specialize, Work};
 use crate::gpu::shaders::{Constants, Kernel};
 
 /// Outputs each lane of `lora.wgsl` sums: a workgroup covers `64 * 16` outputs of one token, so
@@ -66,5 +66,15 @@ impl Specialize for Lora {
     }
     fn label(&self) -> String {
         format!("lora_{}x{}_r{}", self.targets, self.outs(), self.max_rank)
+    }
+    /// A workgroup per (token, tile of outputs), at the slots' largest rank: per target, the
+    /// lanes' shares of A x for 8 ranks at once and their sums over the lanes; then each lane's
+    /// outputs, a rank's products each.
+    fn work(&self) -> Work {
+        let wg = self.workgroup_size() as usize;
+        let groups = self.max_rank.div_ceil(8);
+        let a = self.targets * groups * (8 * self.k.div_ceil(wg) + wg);
+        let reads = 4 * (self.targets * self.max_rank * self.k + self.outs() * self.max_rank);
+        Work::flat(a + LORA_OUTS_PER_LANE * self.max_rank, 4 * self.k + 8 * self.outs() + reads)
     }
 }

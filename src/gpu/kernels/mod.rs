@@ -10,9 +10,11 @@ use crate::model::config::MlpKind;
 mod attention;
 mod lora;
 mod moe;
+mod work;
 pub(crate) use attention::{Attention, AttentionShape, AttentionSplit, KvWrite, QkRope};
 pub(crate) use lora::Lora;
 pub(crate) use moe::{ExpertProduct, MoeRoute, RouteSlots};
+pub(crate) use work::{At, Work};
 
 /// A kernel specialized by its override constants.
 pub(crate) trait Specialize {
@@ -26,6 +28,9 @@ pub(crate) trait Specialize {
     fn workgroup_size(&self) -> u32 {
         self.kernel().workgroup_size()
     }
+    /// What a dispatch's threads do: their longest serial path and the bytes moved, for the
+    /// occupancy table ([`work`]'s module doc says what an iteration is). It follows the WGSL's loops.
+    fn work(&self) -> Work;
 }
 
 /// Collects override constants by kind, so no call site writes a float for a count or a flag.
@@ -119,6 +124,11 @@ impl Specialize for Embed {
     fn label(&self) -> String {
         format!("embed_{}", self.format.name())
     }
+    /// A thread per 4 features of a token: one table row read, one written.
+    fn work(&self) -> Work {
+        let row = self.format.row_bytes(self.d) as usize;
+        Work::flat(4, 4 + row + 4 * self.d)
+    }
 }
 
 /// `rmsnorm.wgsl`: `out (+)= norm(x) [* w]` per token, or at each row's last token.
@@ -155,6 +165,17 @@ impl Specialize for RmsNorm {
             }
         }
         l
+    }
+    /// A workgroup of 64 per token: each lane sums and scales its share of the features, with
+    /// one tree reduction between.
+    fn work(&self) -> Work {
+        let lanes = Kernel::RmsNorm.workgroup_size() as usize;
+        let reads = if self.accumulate { 3 } else { 2 };
+        Work {
+            fixed_bytes: if self.weight { 4 * self.d as u64 } else { 0 },
+            per_row: self.gather_last,
+            ..Work::flat(2 * self.d.div_ceil(lanes) + work::levels(lanes), reads * 4 * self.d)
+        }
     }
 }
 
@@ -270,6 +291,32 @@ impl Specialize for Product {
             Lanes::Fixed => self.kernel.workgroup_size(),
         }
     }
+    /// Iterations are weight vec4s (a thread's up to 4 tokens ride in one vec4 of sums): the
+    /// weight rows a thread sums alone, times K / 4, or its lanes' share of one row and the
+    /// reduction.
+    fn work(&self) -> Work {
+        let gated = if self.act.is_some_and(|a| a != MlpKind::ReluSquared) { 2 } else { 1 };
+        let k4 = self.k / 4;
+        let wg = self.workgroup_size() as usize;
+        let norm = if self.norm.is_some() { self.k.div_ceil(wg) + work::levels(wg) } else { 0 };
+        let iters = match (self.kernel, self.lanes) {
+            (Kernel::MatmulSubgroup, _) => gated * k4.div_ceil(wg) + work::levels(wg) + norm,
+            (Kernel::MatmulReduce, _) => gated * k4.div_ceil(wg) + work::levels(wg),
+            // a 4 x 4 register block: 4 weight rows, the tokens riding in the vec4s
+            (Kernel::MatmulTiled, _) => 4 * k4 + norm,
+            (_, Lanes::Threads { outs, .. }) => gated * outs * k4 + norm,
+            _ => gated * k4 + norm,
+        };
+        let rows = (gated * self.out_rows) as u64;
+        let bias = if self.bias { 4 * self.out_rows as u64 } else { 0 };
+        let norm_w = if self.norm.is_some_and(|n| n.weight) { 4 * self.k as u64 } else { 0 };
+        let writes = if self.accumulate { 2 } else { 1 };
+        Work {
+            fixed_bytes: rows * self.format.row_bytes(self.k) + bias + norm_w,
+            per_row: self.per_row,
+            ..Work::flat(iters, 4 * self.k + writes * 4 * self.out_rows)
+        }
+    }
 }
 
 impl Product {
@@ -296,6 +343,10 @@ impl Specialize for Quantize {
     fn label(&self) -> String {
         if self.per_row { "quantize_rows" } else { "quantize" }.into()
     }
+    /// A thread per block of 32: 8 vec4s in, 9 words out.
+    fn work(&self) -> Work {
+        Work { per_row: self.per_row, ..Work::flat(8, 4 * self.k + 36 * self.k / 32) }
+    }
 }
 
 /// `mlp_act.wgsl`: the MLP activation as a dispatch of its own.
@@ -313,6 +364,10 @@ impl Specialize for MlpAct {
     }
     fn label(&self) -> String {
         format!("mlp_act_{}", act_name(self.act))
+    }
+    /// A thread per feature: gate and up in, one out.
+    fn work(&self) -> Work {
+        Work::flat(1, 12 * self.ffn)
     }
 }
 
@@ -337,6 +392,10 @@ impl Specialize for Commit {
     fn label(&self) -> String {
         "commit".into()
     }
+    /// A thread per token: its id into the history, its row's length and ring position.
+    fn work(&self) -> Work {
+        Work::flat(1, 16)
+    }
 }
 
 /// `sample.wgsl`: one workgroup per row samples its next token (`score`: one per token of the
@@ -357,6 +416,19 @@ impl Specialize for Sample {
     fn label(&self) -> String {
         if self.score { "score" } else { "sample" }.into()
     }
+    /// One workgroup of 256 per row (a token, scoring): a pass over the vocabulary is
+    /// ceil(V / 256) entries a thread; how many passes and reductions the row's sampler runs is
+    /// `Sampler::vocabulary_passes`.
+    fn work(&self) -> Work {
+        let lanes = Kernel::Sample.workgroup_size() as usize;
+        Work {
+            per_pass: self.vocab.div_ceil(lanes),
+            per_reduction: work::levels(lanes),
+            per_row: !self.score,
+            // the logits, the row's mask, and the top-N list
+            ..Work::flat(0, 4 * self.vocab + 4 * self.mask_words + 8 * 20 + 12)
+        }
+    }
 }
 
 /// `logit_bias.wgsl`: rows' sparse biases added to their logits.
@@ -374,6 +446,10 @@ impl Specialize for LogitBias {
     }
     fn label(&self) -> String {
         "logit_bias".into()
+    }
+    /// A thread per (row, bias slot).
+    fn work(&self) -> Work {
+        Work { per_row: true, ..Work::flat(1, 12 * self.slots) }
     }
 }
 
@@ -402,6 +478,10 @@ impl Specialize for EngramGather {
     fn label(&self) -> String {
         "engram_gather".into()
     }
+    /// A thread per (token, head, order): the n-gram's tokens hashed, its table row gathered.
+    fn work(&self) -> Work {
+        Work::flat(self.orders + self.dim / 4, 4 * self.heads * self.orders * (self.dim + self.orders))
+    }
 }
 
 /// `engram_mix.wgsl`: the Engram gated residual.
@@ -420,6 +500,10 @@ impl Specialize for EngramMix {
     fn label(&self) -> String {
         "engram_mix".into()
     }
+    /// A thread per token walks its features twice (the gate's dot product, then the mix).
+    fn work(&self) -> Work {
+        Work::flat(2 * self.d, 16 * self.d)
+    }
 }
 
 /// `copy.wgsl`: `n4` vec4s copied, the bench's bandwidth yardstick (native only).
@@ -437,6 +521,9 @@ impl Specialize for Copy {
     }
     fn label(&self) -> String {
         "copy".into()
+    }
+    fn work(&self) -> Work {
+        Work { fixed_bytes: 32 * self.n4 as u64, ..Work::flat(1, 0) }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The typed constants of a mixture of experts' kernels: the router's top-k (`moe.wgsl`) and the
 //! routed experts' products (`matmul_experts.wgsl`).
 
-use super::{Overrides, Product, Specialize};
+use super::{Overrides, Product, Specialize, Work};
 use crate::gpu::shaders::{Constants, Kernel};
 
 /// Where a MoE layer's routes live: each token's entries of the routes and their weights hold
@@ -49,6 +49,11 @@ impl Specialize for MoeRoute {
         let log = if self.log_max_len.is_some() { "_log" } else { "" };
         format!("moe_route_top{}{norm}{log}", self.slots.top_k)
     }
+    /// A thread per token: the softmax over the experts, then one pass over them per slot.
+    fn work(&self) -> Work {
+        let (e, k) = (self.slots.experts, self.slots.top_k);
+        Work::flat(e * (2 + k), 4 * e + 8 * k)
+    }
 }
 
 /// `matmul_experts.wgsl`: the routed experts' products of a MoE layer (`product`'s kernel is
@@ -75,5 +80,15 @@ impl Specialize for ExpertProduct {
         let what = if self.sum_slots { "out" } else { "in" };
         let shared = if self.shared { "_shared" } else { "" };
         format!("{}_experts_{what}_top{}{shared}", self.product.label(), self.slots.top_k)
+    }
+    /// A thread per (token, output) sums its output row of each of the token's experts; the
+    /// weights read are the token's experts' (at most all of them, shared by the tokens).
+    fn work(&self) -> Work {
+        let p = &self.product;
+        let gated =
+            if self.sum_slots || p.act.is_none_or(|a| a == crate::model::config::MlpKind::ReluSquared) { 1 } else { 2 };
+        let k = self.slots.top_k;
+        let weights = (k * gated * p.out_rows) as u64 * p.format.row_bytes(p.k);
+        Work { token_bytes: weights + (4 * k * (p.k + p.out_rows)) as u64, ..Work::flat(k * gated * p.k / 4, 0) }
     }
 }

@@ -1,0 +1,148 @@
+//! The occupancy table: every dispatch of one decode step with the workgroups it launches, the
+//! threads in them, the longest serial loop any thread runs and the bytes it moves, computed
+//! from the kernels' constants and grids as the step would record them. It needs no GPU: an
+//! engine on [`crate::Gpu::dry_run`] gives the table of the kernels a discrete GPU would run.
+
+use crate::engine::sampling::Sampler;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::gpu::kernels::At;
+use crate::gpu::shaders::Kernel;
+
+/// One dispatch of a decode step ([`Engine::occupancy`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Occupancy {
+    /// The kernel variant's label (`matmul_subgroup_q4_1_normed`), as the profile names it.
+    pub label: String,
+    /// Workgroups launched.
+    pub workgroups: u64,
+    /// Threads in them.
+    pub threads: u64,
+    /// The longest serial loop of any thread, in iterations: one trip of its innermost loop (a
+    /// vec4 multiply-add of a product or of attention, one element of a norm or RoPE, one
+    /// vocabulary entry of the sampler, one level of a reduction), summed along its path.
+    pub serial_iters: usize,
+    /// Bytes read and written (a buffer that later passes of the same thread read again counts
+    /// once).
+    pub bytes: u64,
+}
+
+/// A decode step's dispatches in recording order ([`Engine::occupancy`]).
+#[derive(Clone, Debug)]
+pub struct OccupancyTable {
+    /// One per dispatch.
+    pub dispatches: Vec<Occupancy>,
+    /// Dispatches of the model's layers, per layer (the step's others: the embedding, the
+    /// bookkeeping, the final norm, the LM head and the sampler).
+    pub dispatches_per_layer: f64,
+}
+
+impl OccupancyTable {
+    /// The dispatch with the fewest workgroups (the first of equals).
+    pub fn fewest_workgroups(&self) -> Option<&Occupancy> {
+        self.dispatches.iter().reduce(|a, b| if b.workgroups < a.workgroups { b } else { a })
+    }
+
+    /// The dispatch with the longest serial loop (the first of equals).
+    pub fn longest_loop(&self) -> Option<&Occupancy> {
+        self.dispatches.iter().reduce(|a, b| if b.serial_iters > a.serial_iters { b } else { a })
+    }
+
+    /// How many dispatches launch fewer than `workgroups` workgroups.
+    pub fn below(&self, workgroups: u64) -> usize {
+        self.dispatches.iter().filter(|d| d.workgroups < workgroups).count()
+    }
+
+    /// The dispatches that walk alone: fewer than `workgroups` workgroups (a GPU's SMs or CUs)
+    /// and a serial loop longer than `iters`, so most of the GPU idles while a few threads loop.
+    pub fn walking_alone(&self, workgroups: u64, iters: usize) -> Vec<&Occupancy> {
+        self.dispatches.iter().filter(|d| d.workgroups < workgroups && d.serial_iters > iters).collect()
+    }
+}
+
+impl Engine {
+    /// The occupancy table of one decode step (one new token a row) of `rows` rows whose
+    /// contexts are `context` tokens after it, sampled with `sampler` (`None`: logits only).
+    /// Computed from the dispatches as built, never run: nothing on the GPU changes.
+    pub fn occupancy(&self, rows: usize, context: usize, sampler: Option<&Sampler>) -> Result<OccupancyTable> {
+        if rows == 0 || rows > self.cache.rows() {
+            return Err(Error::Input(format!(
+                "occupancy: rows {rows} must be 1 to the engine's {}",
+                self.cache.rows()
+            )));
+        }
+        if context == 0 || context > self.cache.max_len() {
+            return Err(Error::Input(format!(
+                "occupancy: context {context} must be 1 to the engine's max_len {}",
+                self.cache.max_len()
+            )));
+        }
+        let (vocab_passes, reductions) = sampler.map_or((0, 0), |s| s.vocabulary_passes(self.cfg.vocab));
+        let at = At { rows, tokens: rows, context, vocab_passes, reductions };
+        let recorded = self
+            .chunk_dispatches
+            .iter()
+            .chain(&self.head_dispatches)
+            .filter(|d| d.live(rows, 1))
+            .map(|d| d.for_chunk(rows, 1))
+            .chain(sampler.map(|_| &self.sample_dispatch));
+        let dispatches = recorded
+            .map(|d| {
+                let (workgroups, threads, serial_iters, bytes) = d.occupancy(1, &at);
+                Occupancy { label: d.label.to_string(), workgroups, threads, serial_iters, bytes }
+            })
+            .collect();
+        let in_layers = self
+            .chunk_dispatches
+            .iter()
+            .filter(|d| d.live(rows, 1) && !matches!(d.kernel, Kernel::Embed | Kernel::Commit))
+            .count();
+        Ok(OccupancyTable { dispatches, dispatches_per_layer: in_layers as f64 / self.cfg.n_layers().max(1) as f64 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Engine, EngineOptions, Gpu, LogprobMode, MatmulKernel, ModelWeights, Sampler};
+
+    /// The table lists exactly what a step records: every variant as many times as the profiled
+    /// step of the same shape runs it (on the dry-run GPU, which runs nothing but records all),
+    /// with the kernels a GPU gets; a product launches a workgroup per output and token there, and the
+    /// sampler's loop follows its settings. Bad shapes are refused by name.
+    #[test]
+    fn the_table_lists_what_a_step_records() {
+        let gpu = Gpu::dry_run(32).expect("the noop backend");
+        let w = ModelWeights::demo();
+        let mut e = Engine::new(&gpu, &w, EngineOptions::new(3, 64)).expect("an engine on the dry run");
+        assert_eq!(e.matmul_kernel(), MatmulKernel::Subgroup, "the dry run poses as a GPU with subgroups");
+        let top_p = Sampler::temperature(0.8, 1).with_top_p(0.9).with_top_logprobs(5);
+        for (rows, sampler) in [(1, Sampler::GREEDY), (3, top_p.with_logprobs(LogprobMode::Raw))] {
+            let table = e.occupancy(rows, 10, Some(&sampler)).expect("a table");
+            let (ids, sub): (Vec<u32>, Vec<usize>) = (vec![1; rows], (0..rows).collect());
+            let profile = e
+                .profile_step(&ids, 1, &vec![1; rows], Some(&sub), Some(&vec![sampler; rows]))
+                .expect("a profiled step");
+            let mut counted: Vec<(String, usize)> = Vec::new();
+            for d in &table.dispatches {
+                match counted.iter_mut().find(|(l, _)| *l == d.label) {
+                    Some((_, n)) => *n += 1,
+                    None => counted.push((d.label.clone(), 1)),
+                }
+            }
+            let ran: Vec<(String, usize)> = profile.variants.iter().map(|(l, _, n)| (l.clone(), *n)).collect();
+            assert_eq!(counted, ran, "{rows} row(s)");
+            assert_eq!(table.dispatches.len(), e.dispatches_per_chunk() + 1);
+            let head = table.dispatches.iter().find(|d| d.label.ends_with("_rows")).expect("the LM head");
+            // one per output and token (fewer than 4 tokens: one token a workgroup)
+            assert_eq!(head.workgroups, (w.cfg.vocab * rows) as u64);
+            let sample = table.dispatches.last().expect("the sampler");
+            assert_eq!((sample.label.as_str(), sample.workgroups), ("sample", rows as u64));
+            // 512 logits: 2 entries a thread each pass; greedy: 3 passes and 4 reductions of 8
+            // levels; top-p + 5 logprobs (raw): 3 + 33 + 1 + 2 + 15 passes, 4 + 33 + 1 + 2 + 5
+            let want = if rows == 1 { 2 * 3 + 8 * 4 } else { 2 * 54 + 8 * 45 };
+            assert_eq!(sample.serial_iters, want, "{rows} row(s)");
+        }
+        assert!(e.occupancy(4, 10, None).is_err_and(|e| e.to_string().contains("rows 4")));
+        assert!(e.occupancy(1, 65, None).is_err_and(|e| e.to_string().contains("max_len 64")));
+    }
+}
