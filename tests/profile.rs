@@ -1,5 +1,6 @@
-//! Timestamp profiling: a profiled step times every dispatch it ran, per kernel class, and is a
-//! real step (the engine's results afterwards are bit for bit those of an unprofiled engine).
+//! Timestamp profiling: a profiled step times every dispatch it ran, per kernel class (inside the
+//! step's one pass where the device writes timestamps there), and is a real step (the engine's
+//! results afterwards are bit for bit those of an unprofiled engine).
 //! Adapters without timestamp queries (Mesa's GL) get an error naming the feature instead.
 
 mod common;
@@ -32,6 +33,8 @@ fn profiled_steps_time_every_dispatch_and_change_no_result() {
     let p = got.unwrap();
     println!("{p:?}");
     assert_eq!(p.dispatches as u64, per_step, "every dispatch of the step is timed");
+    let inside = gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
+    assert_eq!(p.in_one_pass, inside && std::env::var("KVDECODE_PROFILE_PASSES").as_deref() != Ok("each"));
     assert!(p.matmul > 0.0 && p.attention > 0.0 && p.other > 0.0, "{p:?}");
     assert!(p.total() < 10.0, "{p:?}");
     // the profiled step was a real step: the same state, the same next logits, bit for bit

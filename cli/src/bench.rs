@@ -537,9 +537,16 @@ fn profile_table(
                 },
             };
             if !printed_head {
+                let how = if gpu.device.features().contains(kvdecode::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+                    && std::env::var("KVDECODE_PROFILE_PASSES").as_deref() != Ok("each")
+                {
+                    "a timestamp after each dispatch inside the step's one pass"
+                } else {
+                    "each dispatch in a pass of its own, timestamps around it"
+                };
                 println!(
-                    "\nGPU time per decode step by kernel class (timestamp queries around each dispatch; f32 K/V; \
-                     device copy bandwidth {:.1} GB/s, read + write):\n",
+                    "\nGPU time per decode step by kernel class (timestamp queries: {how}; f32 K/V; device copy \
+                     bandwidth {:.1} GB/s, read + write):\n",
                     bw / 1e9
                 );
                 println!("| rows | context | matmul ms | attention ms | other ms | GPU ms / step | dispatches / layer | weights GB/s | of copy bandwidth |");

@@ -13,7 +13,9 @@ impl Engine {
     /// One append (at most [`Engine::chunk_width`] tokens per row, so one submit), with every
     /// dispatch timed by timestamp queries: GPU time per kernel class. The append itself is real
     /// (the rows advance); with `samplers` the step also samples, as a decode step does. For
-    /// benchmarks: the dispatches run in separate passes and the call waits for the timestamps.
+    /// benchmarks: the call waits for the timestamps. Where the device has
+    /// `TIMESTAMP_QUERY_INSIDE_PASSES` the dispatches run in one pass as in any step, a timestamp
+    /// after each ([`crate::Profile::in_one_pass`]); elsewhere each runs in a pass of its own.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn profile_step(
         &mut self,

@@ -298,7 +298,22 @@ impl Engine {
                 all.push(&self.sample_dispatch);
             }
             match self.profiler.as_mut().filter(|_| self.profiling) {
-                // profiled: one pass per dispatch, timestamps around each
+                // profiled: one pass with a timestamp after each dispatch, or where the device
+                // cannot write those, one pass per dispatch with timestamps around each
+                Some(p) if p.in_one_pass => {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("profiled"),
+                        timestamp_writes: None,
+                    });
+                    p.stamp(&mut pass, 0);
+                    for (i, d) in all.iter().enumerate() {
+                        d.record(&mut pass, r_n, c);
+                        p.stamp(&mut pass, i + 1);
+                    }
+                    drop(pass);
+                    p.recorded = all.iter().map(|d| (d.kernel, d.label.clone())).collect();
+                    p.resolve(&mut enc);
+                }
                 Some(p) => {
                     for (i, d) in all.iter().enumerate() {
                         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {

@@ -247,7 +247,8 @@ impl Gpu {
     /// (raising any limit its own drawing needs) to get the kernels kvdecode would pick.
     /// - Features: subgroups, where the adapter has them with one fixed subgroup size (the
     ///   subgroup products' workgroup is one subgroup) and `opts` is not portable; timestamp
-    ///   queries where present (they change no kernel; the bench times kernels with them).
+    ///   queries, and inside passes, where present (they change no kernel; the bench times
+    ///   kernels with them).
     /// - Limits: the WebGPU defaults (or the adapter's own, see
     ///   [`GpuOptions::webgpu_default_limits`]), with `max_storage_binding` applied.
     pub fn device_requirements(adapter: &wgpu::Adapter, opts: &GpuOptions) -> (wgpu::Features, wgpu::Limits) {
@@ -258,7 +259,8 @@ impl Gpu {
         }
         let fast = !opts.portable && fixed_subgroups(&info) && adapter.features().contains(wgpu::Features::SUBGROUP);
         let features = if fast { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
-        (features | (adapter.features() & wgpu::Features::TIMESTAMP_QUERY), limits)
+        let timing = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        (features | (adapter.features() & timing), limits)
     }
 
     /// A `Gpu` on a device the app made and keeps using (its UI draws on it, say), so buffers

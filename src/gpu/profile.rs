@@ -1,8 +1,12 @@
 //! Where a step's GPU time goes: timestamp queries around every dispatch, summed per kernel class
 //! (matmul, attention, other), and the device's own copy bandwidth as the yardstick. For
-//! benchmarks only: a profiled step records one compute pass per dispatch and waits for its
-//! timestamps, so its wall time is not the engine's. Native only (the browser cannot wait); the
-//! wasm build keeps the types so the engine's recording code is the same.
+//! benchmarks only: a profiled step waits for its timestamps, so its wall time is not the
+//! engine's. Where the device has `TIMESTAMP_QUERY_INSIDE_PASSES` the step runs as always, in one
+//! compute pass, with a timestamp after each dispatch (a dispatch's time then includes the wait
+//! for what it depends on, as in a real step); elsewhere each dispatch gets a pass of its own,
+//! timed at its start and end, which adds the passes' own cost and keeps nothing overlapping.
+//! Native only (the browser cannot wait); the wasm build keeps the types so the engine's
+//! recording code is the same.
 #![cfg_attr(target_arch = "wasm32", allow(dead_code))]
 
 use std::sync::Arc;
@@ -27,6 +31,9 @@ pub struct Profile {
     /// Per pipeline variant (its label, as `kv_write_ring_f16`; the names a GPU capture shows):
     /// seconds and dispatches, in the order the variants first ran.
     pub variants: Vec<(String, f64, usize)>,
+    /// Timed inside the step's one compute pass (`TIMESTAMP_QUERY_INSIDE_PASSES`), as it runs;
+    /// otherwise each dispatch ran in a pass of its own.
+    pub in_one_pass: bool,
 }
 
 impl Profile {
@@ -38,6 +45,7 @@ impl Profile {
     /// Add another step's times.
     pub fn add(&mut self, o: &Profile) {
         self.matmul += o.matmul;
+        self.in_one_pass |= o.in_one_pass;
         self.attention += o.attention;
         self.other += o.other;
         self.dispatches += o.dispatches;
@@ -112,6 +120,9 @@ pub(crate) struct Profiler {
     resolve: wgpu::Buffer,
     read: wgpu::Buffer,
     capacity: usize,
+    /// Timestamps go inside one pass ([`Profiler::stamp`]): dispatch `i` runs from stamp `i` to
+    /// stamp `i + 1`. Otherwise [`Profiler::writes`] brackets a pass per dispatch.
+    pub(crate) in_one_pass: bool,
     /// The kernel and variant label of each dispatch timed by the last recorded submit, in order.
     pub(crate) recorded: Vec<(Kernel, Arc<str>)>,
 }
@@ -152,8 +163,28 @@ impl Profiler {
                 mapped_at_creation: false,
             }),
             capacity,
+            // KVDECODE_PROFILE_PASSES=each: the pass per dispatch anyway, to compare the two
+            in_one_pass: device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+                && std::env::var("KVDECODE_PROFILE_PASSES").as_deref() != Ok("each"),
             recorded: Vec::new(),
         })
+    }
+
+    /// In one pass: stamp `i`, before dispatch `i` (and after dispatch `i - 1`); nothing past
+    /// capacity.
+    pub(crate) fn stamp(&self, pass: &mut wgpu::ComputePass<'_>, i: usize) {
+        if i <= self.capacity {
+            pass.write_timestamp(&self.queries, i as u32);
+        }
+    }
+
+    /// Queries the last recorded submit wrote for `n` dispatches.
+    fn queries_for(&self, n: usize) -> usize {
+        if self.in_one_pass {
+            n + 1
+        } else {
+            2 * n
+        }
     }
 
     /// Timestamp writes around dispatch `i` of the submit being recorded (`None` past capacity).
@@ -167,10 +198,11 @@ impl Profiler {
 
     /// Resolve the recorded dispatches' timestamps into the readback buffer.
     pub(crate) fn resolve(&self, enc: &mut wgpu::CommandEncoder) {
-        let n = self.recorded.len().min(self.capacity) as u32;
+        let n = self.recorded.len().min(self.capacity);
         if n > 0 {
-            enc.resolve_query_set(&self.queries, 0..2 * n, &self.resolve, 0);
-            enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, u64::from(2 * n) * 8);
+            let q = self.queries_for(n) as u32;
+            enc.resolve_query_set(&self.queries, 0..q, &self.resolve, 0);
+            enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, u64::from(q) * 8);
         }
     }
 
@@ -178,11 +210,11 @@ impl Profiler {
     #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn read(&self, gpu: &crate::gpu::device::Gpu) -> Result<Profile> {
         let n = self.recorded.len().min(self.capacity);
-        let mut p = Profile::default();
+        let mut p = Profile { in_one_pass: self.in_one_pass, ..Profile::default() };
         if n == 0 {
             return Ok(p);
         }
-        let slice = self.read.slice(..(2 * n * 8) as u64);
+        let slice = self.read.slice(..(self.queries_for(n) * 8) as u64);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
@@ -200,7 +232,8 @@ impl Profiler {
         self.read.unmap();
         let period = f64::from(gpu.queue.get_timestamp_period()) * 1e-9;
         for (i, (k, label)) in self.recorded.iter().take(n).enumerate() {
-            p.charge(*k, label, ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period);
+            let (start, end) = if self.in_one_pass { (i, i + 1) } else { (2 * i, 2 * i + 1) };
+            p.charge(*k, label, ticks[end].saturating_sub(ticks[start]) as f64 * period);
         }
         Ok(p)
     }
