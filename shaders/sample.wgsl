@@ -21,6 +21,14 @@
 // draw (after the row's last token: its next_id, if any): its log-probability, kept count and
 // alternatives are the bits a draw at that position reports (the same code on the same logits),
 // written at p.
+// The split path (`splits`: rows that truncate nothing and list no alternatives, so greedy rows
+// and plain draws) leaves `main` for two dispatches in which no thread walks the vocabulary alone:
+// `chunks`, a workgroup per chunk of WG * PER_THREAD entries of a row (CHUNKS chunks), writes the
+// chunk's partial results; `merge`, a workgroup per row, combines them chunk by chunk in one fixed
+// tree and writes what `main` writes. The same token (argmax and Gumbel-max over every token, ties
+// to the lowest id) and kept count as `main`; the log-normalizers are the same sums in another
+// fixed order (a logprob may differ from `main`'s in its last bits, never with the batch), and
+// PROCESSED's is SCALED's (nothing is truncated).
 
 struct Sampler {
     temperature: f32,  // <= 0: greedy
@@ -39,6 +47,8 @@ struct Sampler {
 override V: u32;           // vocabulary size
 override MASK_WORDS: u32;  // words per mask row: ceil(V / 32)
 override SCORE: bool = false;
+override PER_THREAD: u32 = 1u;  // split path: entries of a chunk per thread
+override CHUNKS: u32 = 1u;      // split path: chunks per row, ceil(V / (WG * PER_THREAD))
 const WG: u32 = 256u;
 const BISECT: u32 = 32u;
 const TOP_MAX: u32 = 20u;
@@ -48,6 +58,9 @@ const RAW: u32 = 1u;
 const PROCESSED: u32 = 2u;
 const NEG_INF_BITS: u32 = 0xff800000u;
 const NO_TOKEN: u32 = 0xffffffffu;
+// a chunk's partial results: max score, its id, sum exp(score - max), best Gumbel score, its id,
+// kept count, raw max, sum exp(raw - raw max) (f32 bits but the ids)
+const STATS: u32 = 8u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;      // [R]
@@ -57,6 +70,7 @@ const NO_TOKEN: u32 = 0xffffffffu;
 @group(0) @binding(5) var<storage, read> mask: array<u32>;          // [cache rows, MASK_WORDS]: bit i % 32 of word i / 32 = token i allowed
 @group(0) @binding(6) var<storage, read_write> top: array<u32>;     // [R, TOP_MAX, 2]: token id, logprob bits (SCORE: [R * C, ...])
 @group(0) @binding(7) var<storage, read> ids: array<u32>;           // [R, C] the chunk's ids (SCORE only)
+@group(0) @binding(8) var<storage, read_write> chunk_stats: array<u32>;  // [R, CHUNKS, STATS] (SCORE: [R * C, ...]): split path
 
 var<workgroup> red_v: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
@@ -117,12 +131,20 @@ fn reduce_argmax(t: u32) {
     }
 }
 
+// Whether a row takes the split path: nothing truncates (greedy, or a draw without top-k, top-p or
+// min-p) and no alternatives are listed (`Sampler::splits` says the same on the host).
+fn splits(s: Sampler) -> bool {
+    let truncates = s.temperature > 0.0 && ((s.top_k > 0u && s.top_k < V) || s.top_p < 1.0 || s.min_p > 0.0);
+    return s.top_n == 0u && !truncates;
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let r = wid.x; // SCORE: the token p
     let t = lid.x;
     let row = select(r, r / max(step.width, 1u), SCORE);
     let s = samplers[row];
+    if splits(s) { return; }  // the whole workgroup: `chunks` and `merge` take the row
     let temp = s.temperature;
     use_mask = s.masked != 0u;
     mask_row = rows[row].cache_row * MASK_WORDS;
@@ -278,5 +300,191 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             top[(r * TOP_MAX + k) * 2u + 1u] = select(NEG_INF_BITS, lp, red_v[0] >= cut);
         }
         workgroupBarrier();
+    }
+}
+
+// The token this workgroup's row (SCORE: position) reports instead of a draw, and whether it
+// writes at all: the same rules as `main`.
+fn scored_next(r: u32, row: u32) -> u32 {
+    let last = r % max(step.width, 1u) + 1u >= rows[row].n_new;
+    return select(ids[min(r + 1u, step.tokens - 1u)], rows[row].next_id, last);
+}
+
+fn writes_at(r: u32, row: u32) -> bool {
+    let last = r % max(step.width, 1u) + 1u >= rows[row].n_new;
+    let scored = r % step.width < rows[row].n_new && (!last || rows[row].next_id != NO_TOKEN);
+    return select(r < step.rows && rows[r].n_new > 0u, scored, SCORE);
+}
+
+// Split path, part 1: workgroup (c, r) takes chunk c of row r (SCORE: position r), entries
+// c * WG * PER_THREAD + lane + k * WG, and writes the chunk's partial results.
+@compute @workgroup_size(WG)
+fn chunks(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+) {
+    let c = wid.x;
+    let r = wid.y + wid.z * nwg.y;  // past 65535 rows or positions, on in z
+    let t = lid.x;
+    if r >= select(step.rows, step.tokens, SCORE) { return; }
+    let row = select(r, r / max(step.width, 1u), SCORE);
+    let s = samplers[row];
+    if !splits(s) { return; }
+    let temp = s.temperature;
+    let draw = temp > 0.0 && !SCORE;
+    let raw = temp > 0.0 && s.mode == RAW;
+    use_mask = s.masked != 0u;
+    mask_row = rows[row].cache_row * MASK_WORDS;
+    var mx = -3.4e38;
+    var bi = NO_TOKEN;
+    var gv = -3.4e38;
+    var gi = NO_TOKEN;
+    var kept = 0.0;
+    var mr = -3.4e38;
+    let first = c * WG * PER_THREAD + t;
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = first + k * WG;
+        if i >= V { break; }
+        let v = score(r, i, temp);
+        if v > mx { mx = v; bi = i; }
+        if v > MASKED { kept += 1.0; }
+        if draw {
+            let g = v - log(-log(uniform01(s.seed, s.counter, i)));
+            if g > gv { gv = g; gi = i; }
+        }
+        if raw { mr = max(mr, score(r, i, 1.0)); }
+    }
+    red_v[t] = mx;
+    red_i[t] = bi;
+    workgroupBarrier();
+    reduce_argmax(t);
+    let m = red_v[0];
+    let best = red_i[0];
+    workgroupBarrier();
+    red_v[t] = gv;
+    red_i[t] = gi;
+    workgroupBarrier();
+    reduce_argmax(t);
+    let g_best = red_v[0];
+    let g_id = red_i[0];
+    workgroupBarrier();
+    red_v[t] = mr;
+    red_i[t] = 0u;
+    workgroupBarrier();
+    reduce_argmax(t);
+    let m_raw = red_v[0];
+    workgroupBarrier();
+    red_v[t] = kept;
+    workgroupBarrier();
+    kept = reduce_sum(t);
+    var z = 0.0;
+    var zr = 0.0;
+    for (var k = 0u; k < PER_THREAD; k++) {
+        let i = first + k * WG;
+        if i >= V { break; }
+        z += exp(score(r, i, temp) - m);
+        if raw { zr += exp(score(r, i, 1.0) - m_raw); }
+    }
+    red_v[t] = z;
+    workgroupBarrier();
+    z = reduce_sum(t);
+    red_v[t] = zr;
+    workgroupBarrier();
+    zr = reduce_sum(t);
+    if t == 0u {
+        let at = (r * CHUNKS + c) * STATS;
+        chunk_stats[at] = bitcast<u32>(m);
+        chunk_stats[at + 1u] = best;
+        chunk_stats[at + 2u] = bitcast<u32>(z);
+        chunk_stats[at + 3u] = bitcast<u32>(g_best);
+        chunk_stats[at + 4u] = g_id;
+        chunk_stats[at + 5u] = bitcast<u32>(kept);
+        chunk_stats[at + 6u] = bitcast<u32>(m_raw);
+        chunk_stats[at + 7u] = bitcast<u32>(zr);
+    }
+}
+
+// Split path, part 2: workgroup r combines row r's chunks (lane l: chunks l, l + WG, ..., in
+// order, then the tree) and writes the token, its log-probability and the kept count.
+@compute @workgroup_size(WG)
+fn merge(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+) {
+    let r = wid.x + wid.y * nwg.x;  // past 65535 rows or positions, on in y
+    let t = lid.x;
+    if r >= select(step.rows, step.tokens, SCORE) { return; }
+    let row = select(r, r / max(step.width, 1u), SCORE);
+    let s = samplers[row];
+    if !splits(s) { return; }
+    let temp = s.temperature;
+    let raw = temp > 0.0 && s.mode == RAW;
+    use_mask = s.masked != 0u;
+    mask_row = rows[row].cache_row * MASK_WORDS;
+    var mx = -3.4e38;
+    var bi = NO_TOKEN;
+    var gv = -3.4e38;
+    var gi = NO_TOKEN;
+    var kept = 0.0;
+    var mr = -3.4e38;
+    for (var c = t; c < CHUNKS; c += WG) {
+        let at = (r * CHUNKS + c) * STATS;
+        let cm = bitcast<f32>(chunk_stats[at]);
+        if cm > mx { mx = cm; bi = chunk_stats[at + 1u]; }
+        let cg = bitcast<f32>(chunk_stats[at + 3u]);
+        if cg > gv { gv = cg; gi = chunk_stats[at + 4u]; }
+        kept += bitcast<f32>(chunk_stats[at + 5u]);
+        mr = max(mr, bitcast<f32>(chunk_stats[at + 6u]));
+    }
+    red_v[t] = mx;
+    red_i[t] = bi;
+    workgroupBarrier();
+    reduce_argmax(t);
+    let m = red_v[0];
+    var chosen = red_i[0];
+    workgroupBarrier();
+    red_v[t] = gv;
+    red_i[t] = gi;
+    workgroupBarrier();
+    reduce_argmax(t);
+    if temp > 0.0 { chosen = red_i[0]; }
+    workgroupBarrier();
+    red_v[t] = mr;
+    red_i[t] = 0u;
+    workgroupBarrier();
+    reduce_argmax(t);
+    let m_raw = red_v[0];
+    workgroupBarrier();
+    red_v[t] = kept;
+    workgroupBarrier();
+    kept = reduce_sum(t);
+    var z = 0.0;
+    var zr = 0.0;
+    for (var c = t; c < CHUNKS; c += WG) {
+        let at = (r * CHUNKS + c) * STATS;
+        z = fma(bitcast<f32>(chunk_stats[at + 2u]), exp(bitcast<f32>(chunk_stats[at]) - m), z);
+        if raw { zr = fma(bitcast<f32>(chunk_stats[at + 7u]), exp(bitcast<f32>(chunk_stats[at + 6u]) - m_raw), zr); }
+    }
+    red_v[t] = z;
+    workgroupBarrier();
+    z = reduce_sum(t);
+    red_v[t] = zr;
+    workgroupBarrier();
+    zr = reduce_sum(t);
+    if SCORE { chosen = scored_next(r, row); }
+    // RAW reads its scores at temperature 1 (greedy rows: their scores are the logits already)
+    var temp_of = temp;
+    var lz = m + log(z);
+    if raw {
+        temp_of = 1.0;
+        lz = m_raw + log(zr);
+    }
+    let n = select(step.rows, step.tokens, SCORE);
+    if t == 0u && writes_at(r, row) {
+        out[r] = chosen;
+        out[n + r] = bitcast<u32>(score(r, chosen, temp_of) - lz);
+        out[2u * n + r] = u32(kept);
     }
 }

@@ -51,13 +51,17 @@ fn bench_json_carries_throughput_and_attention_variants() {
     }
     assert!(!stdout.contains("multi-step"), "--tables left the multi-step table out");
     // the occupancy table (dry run, computed): a row per dispatch of each configuration, ending
-    // with the sampler, and a summary per configuration (2 rows x 1 context x 2 samplers)
+    // with the sampling dispatches, and a summary per configuration (2 rows x 1 context x 2
+    // samplers)
     let occ = v["occupancy"].as_array().expect("occupancy");
     for key in ["label", "workgroups", "threads", "serial_iters", "bytes"] {
         assert!(occ.iter().all(|d| !d[key].is_null()), "{key} in every row: {last}");
     }
-    let first: Vec<&serde_json::Value> = occ.iter().filter(|d| d["rows"] == 1 && d["sampler"] == "greedy").collect();
-    assert_eq!(first.last().map(|d| d["label"].clone()), Some("sample".into()), "{last}");
+    // greedy takes the split sampler (chunks, then the merge), top-p the one-workgroup kernel
+    for (sampler, ends) in [("greedy", "sample_merge"), ("top-p + 5 logprobs", "sample")] {
+        let step: Vec<&serde_json::Value> = occ.iter().filter(|d| d["rows"] == 1 && d["sampler"] == sampler).collect();
+        assert_eq!(step.last().map(|d| d["label"].clone()), Some(ends.into()), "{last}");
+    }
     assert!(v["dispatches_per_layer"]["demo"].as_f64().unwrap() >= 4.0, "{last}");
     assert_eq!(v["occupancy_summary"].as_array().map(|s| s.len()), Some(4), "{last}");
     assert!(stdout.contains("| sample * | 1 | 1 | 256 |"), "the sampler is one workgroup a row: {stdout}");

@@ -3,7 +3,7 @@
 
 use crate::cache::KvCache;
 use crate::engine::builder::{Builder, ProductIo};
-use crate::engine::dispatch::{Dispatch, Grid};
+use crate::engine::dispatch::{Dispatch, Grid, SampleDispatches};
 use crate::engine::options::{EngineOptions, Stats};
 use crate::engine::plan::{AttentionPlan, RopeTables};
 use crate::engine::sampling::{RowSampling, TOP_LOGPROBS_MAX};
@@ -11,7 +11,7 @@ use crate::engine::step::RowInfoGpu;
 use crate::engine::{Engine, Scratch, CHUNK};
 use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
-use crate::gpu::kernels;
+use crate::gpu::kernels::{self, SampleStage};
 use crate::gpu::lora::GpuLora;
 use crate::gpu::shaders::Kernel;
 use crate::gpu::variants::{product_wg, resolve_matmul, Fusion, MatmulKernel};
@@ -212,6 +212,10 @@ impl Engine {
             samplers: gpu
                 .storage("samplers", (rows * std::mem::size_of::<crate::engine::sampling::SamplerGpu>()) as u64)?,
             sampled: gpu.storage("sampled ids", f4(3 * rows))?,
+            sample_stats: gpu.storage(
+                "sampling's chunk results",
+                f4(rows.max(all_tokens) * kernels::Sample::chunks(cfg.vocab) * 8),
+            )?,
             all_logits: gpu.storage("all-position logits", f4(all_tokens * cfg.vocab))?,
             dummy: gpu.storage("dummy", 16)?,
             dummy_rw: gpu.storage("dummy output", 16)?,
@@ -282,8 +286,8 @@ impl Engine {
             all_logits_tokens: all_tokens,
             dispatches_per_submit: opts.dispatches_per_submit,
             max_window,
-            sample_dispatch: d.sample,
-            score_dispatch: d.score,
+            sample_dispatches: d.sample,
+            score_dispatches: d.score,
             score_next: Vec::new(),
             bias_dispatch: d.bias,
             sampling,
@@ -322,8 +326,8 @@ pub(super) struct Dispatches {
     pub(super) chunk: Vec<Dispatch>,
     pub(super) head: Vec<Dispatch>,
     pub(super) all_head: Vec<Dispatch>,
-    pub(super) sample: Dispatch,
-    pub(super) score: Dispatch,
+    pub(super) sample: SampleDispatches,
+    pub(super) score: SampleDispatches,
     pub(super) bias: Dispatch,
     /// Distinct pipelines among them.
     pub(super) pipelines: usize,
@@ -405,16 +409,25 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
         head,
         ProductIo { softcap, quantized: bld.norm_quantizes(), ..ProductIo::new(&s.h, d, &s.all_logits, cfg.vocab) },
     ));
-    let sample_dispatch = bld.dispatch(
-        &kernels::Sample { vocab: cfg.vocab, mask_words: sampling.words, score: false },
-        &[&s.step, &s.row_info, &s.samplers, &s.logits, &s.sampled, &sampling.mask, &sampling.top, &s.ids],
-        Grid::WorkgroupPerRow,
-    );
-    let score_dispatch = bld.dispatch(
-        &kernels::Sample { vocab: cfg.vocab, mask_words: sampling.words, score: true },
-        &[&s.step, &s.row_info, &s.samplers, &s.all_logits, &s.scored, &sampling.mask, &s.scored_top, &s.ids],
-        Grid::Tokens(Kernel::Sample.workgroup_size() as usize),
-    );
+    let sampler = |score: bool| {
+        let (logits, out, top) = match score {
+            false => (&s.logits, &s.sampled, &sampling.top),
+            true => (&s.all_logits, &s.scored, &s.scored_top),
+        };
+        let buffers = [&s.step, &s.row_info, &s.samplers, logits, out, &sampling.mask, top, &s.ids, &s.sample_stats];
+        let spec = |stage| kernels::Sample { vocab: cfg.vocab, mask_words: sampling.words, score, stage };
+        let per_workgroup = match score {
+            false => Grid::WorkgroupPerRow,
+            true => Grid::Tokens(Kernel::Sample.workgroup_size() as usize),
+        };
+        let chunks = Grid::Chunks { chunks: kernels::Sample::chunks(cfg.vocab), per_token: score };
+        SampleDispatches {
+            whole: bld.dispatch(&spec(SampleStage::Whole), &buffers, per_workgroup),
+            chunks: bld.dispatch(&spec(SampleStage::Chunks), &buffers, chunks),
+            merge: bld.dispatch(&spec(SampleStage::Merge), &buffers, per_workgroup),
+        }
+    };
+    let (sample_dispatches, score_dispatches) = (sampler(false), sampler(true));
     let bias_dispatch = bld.dispatch(
         &kernels::LogitBias { vocab: cfg.vocab, slots: sampling.slots.max(1) },
         &[&s.step, &s.row_info, &sampling.bias_n, &sampling.bias, &s.logits],
@@ -425,8 +438,8 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
         chunk: chunk_dispatches,
         head: head_dispatches,
         all_head: all_head_dispatches,
-        sample: sample_dispatch,
-        score: score_dispatch,
+        sample: sample_dispatches,
+        score: score_dispatches,
         bias: bias_dispatch,
         pipelines: pipeline_count,
     })

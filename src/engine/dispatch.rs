@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::engine::sampling::Sampler;
 use crate::gpu::kernels::{At, Work};
 use crate::gpu::shaders::Kernel;
 use crate::gpu::variants::{QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS};
@@ -28,6 +29,9 @@ pub(super) enum Grid {
     TokenTiles(usize),
     /// One workgroup per chunk row.
     WorkgroupPerRow,
+    /// `chunks` workgroups per chunk row (per token with `per_token`), one row or token per
+    /// workgroup row (past 65535, on in z): the split sampler's chunks.
+    Chunks { chunks: usize, per_token: bool },
     /// `per_token` threads per token of token group `group` (`size` tokens per group), linear.
     TokenGroup { group: usize, size: usize, per_token: usize },
     /// Split attention's partials: one workgroup per (partition, kv head, token of the group).
@@ -92,6 +96,10 @@ impl Dispatch {
                 (tiles as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
             }
             Grid::WorkgroupPerRow => (rows as u32, 1, 1),
+            Grid::Chunks { chunks, per_token } => {
+                let n = (if per_token { rows * width } else { rows }).max(1);
+                (chunks as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
+            }
             Grid::TokenGroup { group, size, per_token } => {
                 linear(Self::group_count(rows * width, group, size) * per_token)
             }
@@ -153,5 +161,31 @@ impl Dispatch {
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind, &[]);
         pass.dispatch_workgroups(x, y, z);
+    }
+}
+
+/// Sampling's dispatches of one form (each row's next token, or every position's score): `whole`,
+/// a workgroup a row, takes the rows that truncate or list alternatives; `chunks` then `merge`
+/// take the rest ([`Sampler::splits`]). Each kernel leaves the other path's rows alone, so a step
+/// records only what its rows need and a row's bits never depend on the others'.
+pub(super) struct SampleDispatches {
+    pub(super) whole: Dispatch,
+    pub(super) chunks: Dispatch,
+    pub(super) merge: Dispatch,
+}
+
+impl SampleDispatches {
+    /// The dispatches a step whose rows sample with `samplers` records, in order.
+    pub(super) fn for_samplers<'a>(&'a self, samplers: &[Sampler], vocab: usize) -> Vec<&'a Dispatch> {
+        let split = samplers.iter().any(|s| s.splits(vocab));
+        let whole = samplers.iter().any(|s| !s.splits(vocab));
+        let mut out = Vec::with_capacity(3);
+        if split {
+            out.extend([&self.chunks, &self.merge]);
+        }
+        if whole {
+            out.push(&self.whole);
+        }
+        out
     }
 }

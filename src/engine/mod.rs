@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
 use crate::gpu::weights::GpuWeights;
 use crate::model::config::ModelConfig;
-use dispatch::Dispatch;
+use dispatch::{Dispatch, SampleDispatches};
 use plan::{AttentionPlan, RopeTables};
 use sampling::RowSampling;
 
@@ -69,15 +69,16 @@ pub(crate) struct Scratch {
     route_log_read: wgpu::Buffer, // [max_len, MoE layers, top_k]: one row's routes, read back
     route_log_row: wgpu::Buffer,  // [max_len, MoE layers, top_k]: a fork's source row on its way (a
     // buffer is never its own copy's source and destination)
-    last_h: wgpu::Buffer,     // [rows, d] final-normed hidden state of each row's last real token
-    logits: wgpu::Buffer,     // [rows, vocab]
-    samplers: wgpu::Buffer,   // [rows] Sampler
-    sampled: wgpu::Buffer,    // [3, rows]: sampled ids, their logprobs (f32 bits), kept counts
-    all_logits: wgpu::Buffer, // [all_logits_tokens, vocab]
-    dummy: wgpu::Buffer,      // bound where a kernel's optional input is absent
-    dummy_rw: wgpu::Buffer,   // the same for an optional output (one buffer may not be bound both ways)
-    xq: wgpu::Buffer,         // int-dot products: [T, K / 32, Q8_BLOCK_WORDS] quantized input
-    partials: wgpu::Buffer,   // split attention: [group tokens, H, parts, 4 + D] partial softmax states
+    last_h: wgpu::Buffer,       // [rows, d] final-normed hidden state of each row's last real token
+    logits: wgpu::Buffer,       // [rows, vocab]
+    samplers: wgpu::Buffer,     // [rows] Sampler
+    sampled: wgpu::Buffer,      // [3, rows]: sampled ids, their logprobs (f32 bits), kept counts
+    sample_stats: wgpu::Buffer, // [max(rows, all_logits_tokens), chunks, 8]: the split sampler's chunk results
+    all_logits: wgpu::Buffer,   // [all_logits_tokens, vocab]
+    dummy: wgpu::Buffer,        // bound where a kernel's optional input is absent
+    dummy_rw: wgpu::Buffer,     // the same for an optional output (one buffer may not be bound both ways)
+    xq: wgpu::Buffer,           // int-dot products: [T, K / 32, Q8_BLOCK_WORDS] quantized input
+    partials: wgpu::Buffer,     // split attention: [group tokens, H, parts, 4 + D] partial softmax states
     token_groups: Vec<wgpu::Buffer>, // uniform TokenGroup of each token group
     logits_read: wgpu::Buffer,
     pub(crate) sampled_read: wgpu::Buffer, // [max_window, 3, rows]: one slot per multi-step step
@@ -117,9 +118,10 @@ pub struct Engine {
     dispatches_per_submit: usize,
     /// Most steps per multi-step window: `rollback + 1`.
     pub(crate) max_window: usize,
-    sample_dispatch: Dispatch,
+    /// `sample.wgsl`: each row's next token.
+    sample_dispatches: SampleDispatches,
     /// `sample.wgsl` over every position of the chunk ([`Engine::append_scored`]).
-    score_dispatch: Dispatch,
+    score_dispatches: SampleDispatches,
     /// Per chunk row, the token after its last, for the next scored chunk (empty: none).
     score_next: Vec<u32>,
     /// Adds rows' logit biases to the logits of a sampling step (recorded only when one has some).

@@ -79,13 +79,15 @@ impl Engine {
         }
         let (vocab_passes, reductions) = sampler.map_or((0, 0), |s| s.vocabulary_passes(self.cfg.vocab));
         let at = At { rows, tokens: rows, context, vocab_passes, reductions };
-        let recorded = self
-            .chunk_dispatches
-            .iter()
-            .chain(&self.head_dispatches)
-            .filter(|d| d.live(rows, 1))
-            .map(|d| d.for_chunk(rows, 1))
-            .chain(sampler.map(|_| &self.sample_dispatch));
+        let recorded =
+            self.chunk_dispatches
+                .iter()
+                .chain(&self.head_dispatches)
+                .filter(|d| d.live(rows, 1))
+                .map(|d| d.for_chunk(rows, 1))
+                .chain(sampler.map_or(Vec::new(), |s| {
+                    self.sample_dispatches.for_samplers(std::slice::from_ref(s), self.cfg.vocab)
+                }));
         let dispatches = recorded
             .map(|d| {
                 let (workgroups, threads, serial_iters, bytes) = d.occupancy(1, &at);
@@ -103,12 +105,15 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Engine, EngineOptions, Gpu, LogprobMode, MatmulKernel, ModelWeights, Sampler};
+    use crate::engine::sampling::{LogprobMode, Sampler};
+    use crate::engine::{Engine, EngineOptions, MatmulKernel};
+    use crate::gpu::device::Gpu;
+    use crate::model::weights::ModelWeights;
 
     /// The table lists exactly what a step records: every variant as many times as the profiled
     /// step of the same shape runs it (on the dry-run GPU, which runs nothing but records all),
-    /// with the kernels a GPU gets; a product launches a workgroup per output and token there, and the
-    /// sampler's loop follows its settings. Bad shapes are refused by name.
+    /// with the kernels a GPU gets; a product launches a workgroup per output and token there, and
+    /// the sampler's dispatches and loops follow its settings. Bad shapes are refused by name.
     #[test]
     fn the_table_lists_what_a_step_records() {
         let gpu = Gpu::dry_run(32).expect("the noop backend");
@@ -131,16 +136,22 @@ mod tests {
             }
             let ran: Vec<(String, usize)> = profile.variants.iter().map(|(l, _, n)| (l.clone(), *n)).collect();
             assert_eq!(counted, ran, "{rows} row(s)");
-            assert_eq!(table.dispatches.len(), e.dispatches_per_chunk() + 1);
             let head = table.dispatches.iter().find(|d| d.label.ends_with("_rows")).expect("the LM head");
             // one per output and token (fewer than 4 tokens: one token a workgroup)
             assert_eq!(head.workgroups, (w.cfg.vocab * rows) as u64);
-            let sample = table.dispatches.last().expect("the sampler");
-            assert_eq!((sample.label.as_str(), sample.workgroups), ("sample", rows as u64));
-            // 512 logits: 2 entries a thread each pass; greedy: 3 passes and 4 reductions of 8
-            // levels; top-p + 5 logprobs (raw): 3 + 33 + 1 + 2 + 15 passes, 4 + 33 + 1 + 2 + 5
-            let want = if rows == 1 { 2 * 3 + 8 * 4 } else { 2 * 54 + 8 * 45 };
-            assert_eq!(sample.serial_iters, want, "{rows} row(s)");
+            let sampling: Vec<(&str, u64, usize)> = table.dispatches[e.dispatches_per_chunk()..]
+                .iter()
+                .map(|d| (d.label.as_str(), d.workgroups, d.serial_iters))
+                .collect();
+            // 512 logits. Greedy takes the split path: 2 chunks of 256 a row, 1 entry a thread
+            // read twice and 6 trees of 8 levels; the merge 1 chunk a lane. Top-p + 5 logprobs
+            // (raw) one workgroup a row: 2 entries a thread each pass, 3 + 33 + 1 + 2 + 15 passes,
+            // 4 + 33 + 1 + 2 + 5 reductions.
+            let want: Vec<(&str, u64, usize)> = match rows {
+                1 => vec![("sample_chunks", 2, 2 + 48), ("sample_merge", 1, 2 + 48)],
+                _ => vec![("sample", rows as u64, 2 * 54 + 8 * 45)],
+            };
+            assert_eq!(sampling, want, "{rows} row(s)");
         }
         assert!(e.occupancy(4, 10, None).is_err_and(|e| e.to_string().contains("rows 4")));
         assert!(e.occupancy(1, 65, None).is_err_and(|e| e.to_string().contains("max_len 64")));

@@ -151,6 +151,15 @@ impl Sampler {
         Ok(())
     }
 
+    /// Whether a row sampling with this takes sampling's split path (`sample.wgsl`'s `splits`):
+    /// nothing truncates (greedy, or a draw without top-k, top-p or min-p) and no alternatives
+    /// are listed. Its vocabulary is then cut into chunks of their own workgroups.
+    pub(crate) fn splits(&self, vocab: usize) -> bool {
+        let top_k = self.top_k > 0 && (self.top_k as usize) < vocab;
+        let truncates = self.temperature > 0.0 && (top_k || self.top_p < 1.0 || self.min_p > 0.0);
+        self.top_logprobs == 0 && !truncates
+    }
+
     /// Passes over a vocabulary of `vocab` and workgroup reductions `sample.wgsl` runs for a
     /// row with this sampler, following its stages (the occupancy table's sampler row). A pass
     /// of the top-N search `k` counts `1 + k`: each entry is checked against the `k` found.

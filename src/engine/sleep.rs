@@ -159,7 +159,8 @@ impl Engine {
         self.chunk_dispatches = d.chunk;
         self.head_dispatches = d.head;
         self.all_head_dispatches = d.all_head;
-        self.sample_dispatch = d.sample;
+        self.sample_dispatches = d.sample;
+        self.score_dispatches = d.score;
         self.bias_dispatch = d.bias;
         self.gpu.queue.submit([]);
         // natively, wait for the writes: their staging memory is freed once they are done

@@ -289,13 +289,16 @@ impl Engine {
                 .filter(|d| d.live(r_n, c))
                 .map(|d| d.for_chunk(r_n, c))
                 .collect();
-            if let Output::Scored { .. } = out {
-                all.push(&self.score_dispatch);
-            } else if samplers.is_some() {
-                if self.sampling.any_bias(cache_rows) {
-                    all.push(&self.bias_dispatch);
+            let vocab = self.cfg.vocab;
+            match (out, samplers) {
+                (Output::Scored { .. }, Some(sm)) => all.extend(self.score_dispatches.for_samplers(sm, vocab)),
+                (_, Some(sm)) => {
+                    if self.sampling.any_bias(cache_rows) {
+                        all.push(&self.bias_dispatch);
+                    }
+                    all.extend(self.sample_dispatches.for_samplers(sm, vocab));
                 }
-                all.push(&self.sample_dispatch);
+                _ => {}
             }
             match self.profiler.as_mut().filter(|_| self.profiling) {
                 // profiled: one pass with a timestamp after each dispatch, or where the device

@@ -102,6 +102,8 @@ impl Profile {
             | Kernel::MlpAct
             | Kernel::Commit
             | Kernel::Sample
+            | Kernel::SampleChunks
+            | Kernel::SampleMerge
             | Kernel::LogitBias
             | Kernel::EngramGather
             | Kernel::EngramMix

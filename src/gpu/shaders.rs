@@ -58,8 +58,15 @@ pub enum Kernel {
     MlpAct,
     /// End-of-chunk bookkeeping: lens, lpos, token history (`commit.wgsl`).
     Commit,
-    /// Greedy / temperature sampling (`sample.wgsl`).
+    /// Greedy / temperature sampling, one workgroup a row (`sample.wgsl`): rows that truncate
+    /// (top-k, top-p, min-p) or list alternatives.
     Sample,
+    /// The split path of sampling, part 1: a workgroup per chunk of a row's vocabulary writes
+    /// its partial results (the `chunks` entry point of `sample.wgsl`).
+    SampleChunks,
+    /// The split path, part 2: a workgroup per row merges the chunks' results in a fixed order
+    /// (`merge` of `sample.wgsl`).
+    SampleMerge,
     /// Sparse logit bias added before sampling (`logit_bias.wgsl`).
     LogitBias,
     /// Engram n-gram addresses and table lookup (`engram_gather.wgsl`).
@@ -98,7 +105,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 27] = [
+    pub const ALL: [Kernel; 29] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -113,6 +120,8 @@ impl Kernel {
         Kernel::MlpAct,
         Kernel::Commit,
         Kernel::Sample,
+        Kernel::SampleChunks,
+        Kernel::SampleMerge,
         Kernel::LogitBias,
         Kernel::EngramGather,
         Kernel::EngramMix,
@@ -141,6 +150,8 @@ impl Kernel {
             Kernel::MatmulReduce => "matmul_reduce.wgsl",
             Kernel::MatmulInt => "matmul_int.wgsl",
             Kernel::MatmulExperts => "matmul_experts.wgsl",
+            Kernel::SampleChunks => "sample.wgsl chunks",
+            Kernel::SampleMerge => "sample.wgsl merge",
             k => k.file(),
         }
     }
@@ -157,7 +168,7 @@ impl Kernel {
             Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => "attention_split.wgsl",
             Kernel::MlpAct => "mlp_act.wgsl",
             Kernel::Commit => "commit.wgsl",
-            Kernel::Sample => "sample.wgsl",
+            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleMerge => "sample.wgsl",
             Kernel::LogitBias => "logit_bias.wgsl",
             Kernel::EngramGather => "engram_gather.wgsl",
             Kernel::EngramMix => "engram_mix.wgsl",
@@ -186,6 +197,8 @@ impl Kernel {
             Kernel::MatmulNormed => "main_normed",
             Kernel::MatmulInt => "main_int",
             Kernel::MatmulExperts => "main_experts",
+            Kernel::SampleChunks => "chunks",
+            Kernel::SampleMerge => "merge",
             _ => "main",
         }
     }
@@ -218,7 +231,7 @@ impl Kernel {
             }
             Kernel::MlpAct => include_str!("../../shaders/mlp_act.wgsl"),
             Kernel::Commit => include_str!("../../shaders/commit.wgsl"),
-            Kernel::Sample => include_str!("../../shaders/sample.wgsl"),
+            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleMerge => include_str!("../../shaders/sample.wgsl"),
             Kernel::LogitBias => include_str!("../../shaders/logit_bias.wgsl"),
             Kernel::EngramGather => include_str!("../../shaders/engram_gather.wgsl"),
             Kernel::EngramMix => include_str!("../../shaders/engram_mix.wgsl"),
@@ -285,7 +298,9 @@ impl Kernel {
             }
             Kernel::MlpAct => &[Uniform, Read, ReadWrite],
             Kernel::Commit => &[Uniform, Read, Read, ReadWrite, ReadWrite, ReadWrite],
-            Kernel::Sample => &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite, Read],
+            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleMerge => {
+                &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite, Read, ReadWrite]
+            }
             Kernel::LogitBias => &[Uniform, Read, Read, Read, ReadWrite],
             Kernel::EngramGather => &[Uniform, Read, Read, Read, Read, Read, Read, ReadWrite],
             Kernel::EngramMix => &[Uniform, Read, Read, ReadWrite],
@@ -305,7 +320,7 @@ impl Kernel {
     /// device).
     pub(crate) fn workgroup_size(self) -> u32 {
         match self {
-            Kernel::Sample => 256,
+            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleMerge => 256,
             Kernel::AttentionSplitHead => 8,
             _ => 64,
         }

@@ -8,12 +8,16 @@ use crate::gpu::shaders::{Constants, Kernel};
 use crate::model::config::MlpKind;
 
 mod attention;
+mod engram;
 mod lora;
 mod moe;
+mod sample;
 mod work;
 pub(crate) use attention::{Attention, AttentionShape, AttentionSplit, KvWrite, QkRope};
+pub(crate) use engram::{EngramGather, EngramMix};
 pub(crate) use lora::Lora;
 pub(crate) use moe::{ExpertProduct, MoeRoute, RouteSlots};
+pub(crate) use sample::{LogitBias, Sample, SampleStage};
 pub(crate) use work::{At, Work};
 
 /// A kernel specialized by its override constants.
@@ -398,114 +402,6 @@ impl Specialize for Commit {
     }
 }
 
-/// `sample.wgsl`: one workgroup per row samples its next token (`score`: one per token of the
-/// chunk reports the chunk's next token, as a draw there would).
-pub(crate) struct Sample {
-    pub vocab: usize,
-    pub mask_words: usize,
-    pub score: bool,
-}
-
-impl Specialize for Sample {
-    fn kernel(&self) -> Kernel {
-        Kernel::Sample
-    }
-    fn constants(&self) -> Constants {
-        Overrides::default().count("V", self.vocab).count("MASK_WORDS", self.mask_words).flag("SCORE", self.score).0
-    }
-    fn label(&self) -> String {
-        if self.score { "score" } else { "sample" }.into()
-    }
-    /// One workgroup of 256 per row (a token, scoring): a pass over the vocabulary is
-    /// ceil(V / 256) entries a thread; how many passes and reductions the row's sampler runs is
-    /// `Sampler::vocabulary_passes`.
-    fn work(&self) -> Work {
-        let lanes = Kernel::Sample.workgroup_size() as usize;
-        Work {
-            per_pass: self.vocab.div_ceil(lanes),
-            per_reduction: work::levels(lanes),
-            per_row: !self.score,
-            // the logits, the row's mask, and the top-N list
-            ..Work::flat(0, 4 * self.vocab + 4 * self.mask_words + 8 * 20 + 12)
-        }
-    }
-}
-
-/// `logit_bias.wgsl`: rows' sparse biases added to their logits.
-pub(crate) struct LogitBias {
-    pub vocab: usize,
-    pub slots: usize,
-}
-
-impl Specialize for LogitBias {
-    fn kernel(&self) -> Kernel {
-        Kernel::LogitBias
-    }
-    fn constants(&self) -> Constants {
-        Overrides::default().count("V", self.vocab).count("SLOTS", self.slots).0
-    }
-    fn label(&self) -> String {
-        "logit_bias".into()
-    }
-    /// A thread per (row, bias slot).
-    fn work(&self) -> Work {
-        Work { per_row: true, ..Work::flat(1, 12 * self.slots) }
-    }
-}
-
-/// `engram_gather.wgsl`: n-gram addresses from the token history and their table rows.
-pub(crate) struct EngramGather {
-    pub heads: usize,
-    pub orders: usize,
-    pub table_rows: usize,
-    pub dim: usize,
-    pub max_len: usize,
-}
-
-impl Specialize for EngramGather {
-    fn kernel(&self) -> Kernel {
-        Kernel::EngramGather
-    }
-    fn constants(&self) -> Constants {
-        Overrides::default()
-            .count("HEADS", self.heads)
-            .count("N_ORDERS", self.orders)
-            .count("TABLE_ROWS", self.table_rows)
-            .count("DIM", self.dim)
-            .count("MAX_LEN", self.max_len)
-            .0
-    }
-    fn label(&self) -> String {
-        "engram_gather".into()
-    }
-    /// A thread per (token, head, order): the n-gram's tokens hashed, its table row gathered.
-    fn work(&self) -> Work {
-        Work::flat(self.orders + self.dim / 4, 4 * self.heads * self.orders * (self.dim + self.orders))
-    }
-}
-
-/// `engram_mix.wgsl`: the Engram gated residual.
-pub(crate) struct EngramMix {
-    pub d: usize,
-    pub eps: f32,
-}
-
-impl Specialize for EngramMix {
-    fn kernel(&self) -> Kernel {
-        Kernel::EngramMix
-    }
-    fn constants(&self) -> Constants {
-        Overrides::default().count("D", self.d).float("EPS", self.eps).0
-    }
-    fn label(&self) -> String {
-        "engram_mix".into()
-    }
-    /// A thread per token walks its features twice (the gate's dot product, then the mix).
-    fn work(&self) -> Work {
-        Work::flat(2 * self.d, 16 * self.d)
-    }
-}
-
 /// `copy.wgsl`: `n4` vec4s copied, the bench's bandwidth yardstick (native only).
 #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 pub(crate) struct Copy {
@@ -621,8 +517,10 @@ mod tests {
             Box::new(AttentionSplit { kernel: Kernel::AttentionQueryTiles, query_tile: Some(8), ..split }),
             Box::new(MlpAct { ffn: 64, act: MlpKind::GeluTanhGated }),
             Box::new(Commit { max_len: 32, ring_slots: 9, has_ring: true }),
-            Box::new(Sample { vocab: 100, mask_words: 4, score: false }),
-            Box::new(Sample { vocab: 100, mask_words: 4, score: true }),
+            Box::new(Sample { vocab: 100, mask_words: 4, score: false, stage: SampleStage::Whole }),
+            Box::new(Sample { vocab: 100, mask_words: 4, score: true, stage: SampleStage::Whole }),
+            Box::new(Sample { vocab: 70000, mask_words: 2188, score: false, stage: SampleStage::Chunks }),
+            Box::new(Sample { vocab: 100, mask_words: 4, score: true, stage: SampleStage::Merge }),
             Box::new(LogitBias { vocab: 100, slots: 16 }),
             Box::new(EngramGather { heads: 2, orders: 2, table_rows: 64, dim: 8, max_len: 32 }),
             Box::new(EngramMix { d: 64, eps: 1e-6 }),
