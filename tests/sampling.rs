@@ -141,7 +141,8 @@ fn bias_mask_and_top_logprobs_match_the_cpu_twin() {
     assert!(m.contains("top_logprobs"), "{m}");
 }
 
-/// The three logprob modes and min-p, each on its own row of one batch (one row masked): the GPU
+/// The three logprob modes and min-p, each on its own row of one batch (one row masked; two rows
+/// on the split path): the GPU
 /// draws and reports what the CPU twin does; `processed` logprobs are a distribution over the
 /// kept tokens (they sum to 1, a token not kept is -inf); `raw` ones are the model's own
 /// log-softmax of the logits `append` returns; min-p keeps what its definition keeps.
@@ -151,8 +152,8 @@ fn logprob_modes_and_min_p_match_the_cpu_twin() {
     let w = model(&tiny_agent_cfg(), 45);
     let v = w.cfg.vocab;
     let gpu = gpu();
-    let mut e = Engine::new(&gpu, &w, EngineOptions::new(5, 64)).unwrap();
-    let mut replay = Engine::new(&gpu, &w, EngineOptions::new(5, 64)).unwrap();
+    let mut e = Engine::new(&gpu, &w, EngineOptions::new(7, 64)).unwrap();
+    let mut replay = Engine::new(&gpu, &w, EngineOptions::new(7, 64)).unwrap();
     let processed = LogprobMode::Processed;
     let samplers = [
         Sampler::temperature(0.8, 3).with_top_k(2).with_top_p(0.9).with_logprobs(processed).with_top_logprobs(3),
@@ -160,17 +161,20 @@ fn logprob_modes_and_min_p_match_the_cpu_twin() {
         Sampler::temperature(0.7, 5).with_logprobs(LogprobMode::Raw).with_top_logprobs(4),
         Sampler::temperature(1.3, 6).with_min_p(0.2).with_top_logprobs(2),
         Sampler::GREEDY.with_logprobs(processed).with_top_logprobs(2),
+        // the split path: nothing truncated, no alternatives
+        Sampler::temperature(0.9, 8).with_logprobs(processed),
+        Sampler::temperature(1.1, 9).with_logprobs(LogprobMode::Raw),
     ];
     let even: Vec<u32> = (0..v.div_ceil(32)).map(|_| 0x5555_5555).collect();
     e.set_token_mask(2, Some(&even)).unwrap();
-    let masks: [Option<&[u32]>; 5] = [None, None, Some(&even), None, None];
-    let prompt = [3u32, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17];
-    let mut got = e.append_sample_full(&prompt, 3, &[3; 5], None, &samplers).unwrap();
-    let mut logits = replay.append(&prompt, 3, &[3; 5], None).unwrap();
+    let masks: [Option<&[u32]>; 7] = [None, None, Some(&even), None, None, None, None];
+    let prompt: Vec<u32> = (3..24).collect();
+    let mut got = e.append_sample_full(&prompt, 3, &[3; 7], None, &samplers).unwrap();
+    let mut logits = replay.append(&prompt, 3, &[3; 7], None).unwrap();
     let (mut worst_raw, mut worst_sum) = (0f64, 0f64);
     for step in 0..8 {
         let mut next = Vec::new();
-        for r in 0..5 {
+        for r in 0..7 {
             let (g, s) = (got[r].clone().unwrap(), samplers[r]);
             let l = logits.row(r).unwrap();
             let want = sample_cpu_full(l, s, replay.cache().lens()[r] as u32, &[], masks[r]);
@@ -209,24 +213,25 @@ fn logprob_modes_and_min_p_match_the_cpu_twin() {
                     let within = sc.iter().filter(|&&x| x >= m + 0.2f64.ln()).count();
                     assert_eq!(g.kept as usize, within, "{at}: min-p kept count");
                 }
-                // greedy: processed is raw, over every token
+                // greedy (processed is raw), and the split path's draws: every token is kept
                 _ => assert_eq!(g.kept as usize, v, "{at}"),
             }
             next.push(g.token);
         }
-        got = e.append_sample_full(&next, 1, &[1; 5], None, &samplers).unwrap();
-        logits = replay.append(&next, 1, &[1; 5], None).unwrap();
+        got = e.append_sample_full(&next, 1, &[1; 7], None, &samplers).unwrap();
+        logits = replay.append(&next, 1, &[1; 7], None).unwrap();
     }
     println!("processed sums within {worst_sum:e} of 1; raw within {worst_raw:e} of the f64 log-softmax");
     let bad = Sampler::temperature(1.0, 1).with_min_p(1.5);
-    let m = e.append_sample(&[1; 5], 1, &[1; 5], None, &[bad; 5]).unwrap_err().to_string();
+    let m = e.append_sample(&[1; 7], 1, &[1; 7], None, &[bad; 7]).unwrap_err().to_string();
     assert!(m.contains("min_p 1.5 must be in [0, 1]"), "{m}");
 }
 
 /// Prompt logprobs (`append_scored`) are the bits a draw reports: tokens sampled one at a time on
 /// one engine, then the whole sequence scored in one append on another, each row with its own
-/// sampler and logprob mode; every scored token's logprob, kept count and alternatives equal, bit
-/// for bit, what it reported when it was drawn at that position.
+/// sampler and logprob mode, on both sampling paths (one workgroup a row, and split in chunks);
+/// every scored token's logprob, kept count and alternatives equal, bit for bit, what it reported
+/// when it was drawn at that position.
 #[test]
 fn scored_tokens_are_the_bits_of_sampled_ones() {
     use kvdecode::LogprobMode;
@@ -237,27 +242,32 @@ fn scored_tokens_are_the_bits_of_sampled_ones() {
         Sampler::temperature(1.2, 4).with_top_p(0.8).with_logprobs(LogprobMode::Raw).with_top_logprobs(2),
         Sampler::temperature(0.6, 5).with_min_p(0.05).with_top_logprobs(1),
         Sampler::GREEDY.with_top_logprobs(4),
+        // the split path (nothing truncated, no alternatives): scored in the same batch
+        Sampler::GREEDY,
+        Sampler::temperature(0.9, 7).with_logprobs(LogprobMode::Raw),
     ];
     let prompt = [5u32, 9, 2, 40];
-    let mut e = Engine::new(&gpu, &w, EngineOptions::new(4, 40)).unwrap();
-    let ids: Vec<u32> = prompt.iter().cycle().take(16).copied().collect();
-    let mut got = e.append_sample_full(&ids, 4, &[4; 4], None, &samplers).unwrap();
-    let mut drawn: Vec<Vec<kvdecode::Sampled>> = vec![Vec::new(); 4];
+    let mut e = Engine::new(&gpu, &w, EngineOptions::new(6, 40)).unwrap();
+    let ids: Vec<u32> = prompt.iter().cycle().take(24).copied().collect();
+    let mut got = e.append_sample_full(&ids, 4, &[4; 6], None, &samplers).unwrap();
+    let mut drawn: Vec<Vec<kvdecode::Sampled>> = vec![Vec::new(); 6];
     for _ in 0..10 {
         let next: Vec<u32> = got.iter().map(|g| g.as_ref().unwrap().token).collect();
         for (r, g) in got.into_iter().enumerate() {
             drawn[r].push(g.unwrap());
         }
-        got = e.append_sample_full(&next, 1, &[1; 4], None, &samplers).unwrap();
+        got = e.append_sample_full(&next, 1, &[1; 6], None, &samplers).unwrap();
     }
     // the prompt and the 10 drawn tokens, scored in one append (a row each)
-    let mut scorer = Engine::new(&gpu, &w, EngineOptions::new(4, 40)).unwrap();
+    // six rows of 14 tokens: more than the default 64 all-position logits of one chunk
+    let opts = EngineOptions { all_logits_tokens: 96, ..EngineOptions::new(6, 40) };
+    let mut scorer = Engine::new(&gpu, &w, opts.clone()).unwrap();
     let width = prompt.len() + 10;
-    let seqs: Vec<u32> = (0..4)
+    let seqs: Vec<u32> = (0..6)
         .flat_map(|r| prompt.iter().copied().chain(drawn[r].iter().map(|s| s.token)).collect::<Vec<_>>())
         .collect();
-    let scored = scorer.append_scored(&seqs, width, &[width; 4], None, &samplers, None).unwrap();
-    for r in 0..4 {
+    let scored = scorer.append_scored(&seqs, width, &[width; 6], None, &samplers, None).unwrap();
+    for r in 0..6 {
         assert_eq!(scored[r].len(), width - 1, "row {r}: every token after the first");
         for (k, d) in drawn[r].iter().enumerate() {
             let s = &scored[r][prompt.len() - 1 + k];
@@ -268,22 +278,22 @@ fn scored_tokens_are_the_bits_of_sampled_ones() {
         }
     }
     // the scorer's rows hold the sequences, as an append leaves them
-    assert_eq!(scorer.cache().lens(), &[width; 4]);
+    assert_eq!(scorer.cache().lens(), &[width; 6]);
     // in two chunks, the first naming the second's first token: the same entries, bit for bit
-    let mut halves = Engine::new(&gpu, &w, EngineOptions::new(4, 40)).unwrap();
+    let mut halves = Engine::new(&gpu, &w, opts).unwrap();
     let cut = 7;
     let part =
-        |a: usize, b: usize| -> Vec<u32> { (0..4).flat_map(|r| seqs[r * width + a..r * width + b].to_vec()).collect() };
-    let next: Vec<u32> = (0..4).map(|r| seqs[r * width + cut]).collect();
-    let mut two = halves.append_scored(&part(0, cut), cut, &[cut; 4], None, &samplers, Some(&next)).unwrap();
-    let rest = halves.append_scored(&part(cut, width), width - cut, &[width - cut; 4], None, &samplers, None).unwrap();
+        |a: usize, b: usize| -> Vec<u32> { (0..6).flat_map(|r| seqs[r * width + a..r * width + b].to_vec()).collect() };
+    let next: Vec<u32> = (0..6).map(|r| seqs[r * width + cut]).collect();
+    let mut two = halves.append_scored(&part(0, cut), cut, &[cut; 6], None, &samplers, Some(&next)).unwrap();
+    let rest = halves.append_scored(&part(cut, width), width - cut, &[width - cut; 6], None, &samplers, None).unwrap();
     for (r, more) in rest.into_iter().enumerate() {
         two[r].extend(more);
         assert_eq!(two[r], scored[r], "row {r}: scored in two chunks");
     }
     // beyond one chunk's all-position budget is a named limit, and nothing was appended
-    let big = vec![1u32; 4 * 30];
-    let m = scorer.append_scored(&big, 30, &[30; 4], None, &samplers, None).unwrap_err().to_string();
+    let big = vec![1u32; 6 * 30];
+    let m = scorer.append_scored(&big, 30, &[30; 6], None, &samplers, None).unwrap_err().to_string();
     assert!(m.contains("EngineOptions::all_logits_tokens"), "{m}");
-    assert_eq!(scorer.cache().lens(), &[width; 4]);
+    assert_eq!(scorer.cache().lens(), &[width; 6]);
 }
