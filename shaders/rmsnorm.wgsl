@@ -9,7 +9,11 @@ override HAS_WEIGHT: bool = false;
 override ACCUMULATE: bool = false;   // out += norm(x): Gemma's post-norms feeding the residual
 override GATHER_LAST: bool = false;
 override QUANTIZE: bool = false;     // also write the output quantized for the integer-dot products (D % 32 == 0)
-const WG: u32 = 64u;  // lanes per row: one workgroup normalizes one row
+// Lanes per row (one workgroup normalizes one row): 64, and 256 for the final norm before the LM
+// head, which at one row is the step's only workgroup (its two forms, a row's last token and every
+// token, take the same lanes: the same bits).
+override WG: u32 = 64u;
+const MAX_WG: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> rows: array<RowInfo>;       // [R]
@@ -18,7 +22,7 @@ const WG: u32 = 64u;  // lanes per row: one workgroup normalizes one row
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;      // [R * C, D], or [R, D] with GATHER_LAST
 @group(0) @binding(5) var<storage, read_write> xq: array<u32>;       // [R * C or R, D / 32, Q8_BLOCK_WORDS] with QUANTIZE
 
-var<workgroup> lane_sums: array<f32, WG>;  // each lane's sum of squares, then the tree's sums
+var<workgroup> lane_sums: array<f32, MAX_WG>;  // [WG] each lane's sum of squares, then the tree's sums
 
 // Workgroup o: token o (row o with GATHER_LAST). Lane i sums squares of elements i, i + WG, ...,
 // then a fixed tree adds the lanes: one order whatever else is in the step. (One thread walking a

@@ -47,6 +47,7 @@ struct Sampler {
 override V: u32;           // vocabulary size
 override MASK_WORDS: u32;  // words per mask row: ceil(V / 32)
 override SCORE: bool = false;
+override SPLIT: bool = false;   // the split path is on (`splits`)
 override PER_THREAD: u32 = 1u;  // split path: entries of a chunk per thread
 override CHUNKS: u32 = 1u;      // split path: chunks per row, ceil(V / (WG * PER_THREAD))
 const WG: u32 = 256u;
@@ -131,11 +132,12 @@ fn reduce_argmax(t: u32) {
     }
 }
 
-// Whether a row takes the split path: nothing truncates (greedy, or a draw without top-k, top-p or
-// min-p) and no alternatives are listed (`Sampler::splits` says the same on the host).
+// Whether a row takes the split path: it is on (EngineOptions::split_sampling), nothing truncates
+// (greedy, or a draw without top-k, top-p or min-p) and no alternatives are listed
+// (`Sampler::splits` says the same on the host).
 fn splits(s: Sampler) -> bool {
     let truncates = s.temperature > 0.0 && ((s.top_k > 0u && s.top_k < V) || s.top_p < 1.0 || s.min_p > 0.0);
-    return s.top_n == 0u && !truncates;
+    return SPLIT && s.top_n == 0u && !truncates;
 }
 
 @compute @workgroup_size(WG)

@@ -148,12 +148,22 @@ fn bias_mask_and_top_logprobs_match_the_cpu_twin() {
 /// log-softmax of the logits `append` returns; min-p keeps what its definition keeps.
 #[test]
 fn logprob_modes_and_min_p_match_the_cpu_twin() {
+    for split in [false, true] {
+        logprob_modes_and_min_p(split);
+    }
+}
+
+/// The body of `logprob_modes_and_min_p_match_the_cpu_twin`, with the split sampling path on or off.
+fn logprob_modes_and_min_p(split: bool) {
     use kvdecode::{sample_cpu_full, LogprobMode};
+    println!("split sampling: {split}");
     let w = model(&tiny_agent_cfg(), 45);
     let v = w.cfg.vocab;
     let gpu = gpu();
-    let mut e = Engine::new(&gpu, &w, EngineOptions::new(7, 64)).unwrap();
-    let mut replay = Engine::new(&gpu, &w, EngineOptions::new(7, 64)).unwrap();
+    let opts = EngineOptions { split_sampling: Some(split), ..EngineOptions::new(7, 64) };
+    let mut e = Engine::new(&gpu, &w, opts).unwrap();
+    assert_eq!(e.split_sampling(), split);
+    let mut replay = Engine::new(&gpu, &w, opts).unwrap();
     let processed = LogprobMode::Processed;
     let samplers = [
         Sampler::temperature(0.8, 3).with_top_k(2).with_top_p(0.9).with_logprobs(processed).with_top_logprobs(3),
@@ -234,7 +244,16 @@ fn logprob_modes_and_min_p_match_the_cpu_twin() {
 /// when it was drawn at that position.
 #[test]
 fn scored_tokens_are_the_bits_of_sampled_ones() {
+    for split in [false, true] {
+        scored_tokens_are_drawn_bits(split);
+    }
+}
+
+/// The body of `scored_tokens_are_the_bits_of_sampled_ones`, with the split sampling path on or
+/// off.
+fn scored_tokens_are_drawn_bits(split: bool) {
     use kvdecode::LogprobMode;
+    println!("split sampling: {split}");
     let w = model(&llama_cfg(), 47);
     let gpu = gpu();
     let samplers = [
@@ -247,7 +266,8 @@ fn scored_tokens_are_the_bits_of_sampled_ones() {
         Sampler::temperature(0.9, 7).with_logprobs(LogprobMode::Raw),
     ];
     let prompt = [5u32, 9, 2, 40];
-    let mut e = Engine::new(&gpu, &w, EngineOptions::new(6, 40)).unwrap();
+    let mut e =
+        Engine::new(&gpu, &w, EngineOptions { split_sampling: Some(split), ..EngineOptions::new(6, 40) }).unwrap();
     let ids: Vec<u32> = prompt.iter().cycle().take(24).copied().collect();
     let mut got = e.append_sample_full(&ids, 4, &[4; 6], None, &samplers).unwrap();
     let mut drawn: Vec<Vec<kvdecode::Sampled>> = vec![Vec::new(); 6];
@@ -260,8 +280,8 @@ fn scored_tokens_are_the_bits_of_sampled_ones() {
     }
     // the prompt and the 10 drawn tokens, scored in one append (a row each)
     // six rows of 14 tokens: more than the default 64 all-position logits of one chunk
-    let opts = EngineOptions { all_logits_tokens: 96, ..EngineOptions::new(6, 40) };
-    let mut scorer = Engine::new(&gpu, &w, opts.clone()).unwrap();
+    let opts = EngineOptions { all_logits_tokens: 96, split_sampling: Some(split), ..EngineOptions::new(6, 40) };
+    let mut scorer = Engine::new(&gpu, &w, opts).unwrap();
     let width = prompt.len() + 10;
     let seqs: Vec<u32> = (0..6)
         .flat_map(|r| prompt.iter().copied().chain(drawn[r].iter().map(|s| s.token)).collect::<Vec<_>>())

@@ -47,10 +47,11 @@ pub fn occupancy_table(gpu: &Gpu, s: &Shapes) -> Result<serde_json::Map<String, 
         };
         let first = engine(s.rows[0], s.ctx[0])?;
         println!(
-            "\n{name}: matmul {}, attention {}, fused: {}",
+            "\n{name}: matmul {}, attention {}, fused: {}, sampling: {}",
             first.matmul_kernel().name(),
             first.attention_kernel().name(),
-            first.fusion().name()
+            first.fusion().name(),
+            if first.split_sampling() { "split" } else { "whole" }
         );
         let table = first.occupancy(s.rows[0], s.ctx[0], Some(&samplers()[1].1))?;
         drop(first);

@@ -2,6 +2,7 @@
 //! targets reach them: the server's request parser above all (`serve::api::parse`).
 
 pub mod bench;
+pub mod bench_formats;
 pub mod bench_lora;
 pub mod bench_moe;
 pub mod bench_occupancy;

@@ -14,7 +14,9 @@ use crate::gpu::device::Gpu;
 use crate::gpu::kernels::{self, SampleStage};
 use crate::gpu::lora::GpuLora;
 use crate::gpu::shaders::Kernel;
-use crate::gpu::variants::{product_wg, resolve_matmul, Fusion, MatmulKernel};
+use crate::gpu::variants::{
+    product_wg, resolve_matmul, split_sampling_auto, split_sampling_from_env, Fusion, MatmulKernel,
+};
 use crate::gpu::weights::GpuWeights;
 use crate::model::config::ModelConfig;
 use crate::model::weights::ModelWeights;
@@ -171,6 +173,10 @@ impl Engine {
             fusion.norm = false;
             fusion.act = false;
         }
+        let split_sampling = match opts.split_sampling {
+            Some(on) => on,
+            None => split_sampling_from_env()?.unwrap_or_else(|| split_sampling_auto(&gpu.info)),
+        };
         // all-position logits: as many tokens as asked, that one chunk and one binding can hold
         let all_tokens = opts.all_logits_tokens.min(t).min(gpu.max_binding() as usize / (cfg.vocab * 4)).max(1);
         let max_window = opts.rollback + 1;
@@ -212,10 +218,13 @@ impl Engine {
             samplers: gpu
                 .storage("samplers", (rows * std::mem::size_of::<crate::engine::sampling::SamplerGpu>()) as u64)?,
             sampled: gpu.storage("sampled ids", f4(3 * rows))?,
-            sample_stats: gpu.storage(
-                "sampling's chunk results",
-                f4(rows.max(all_tokens) * kernels::Sample::chunks(cfg.vocab) * 8),
-            )?,
+            sample_stats: match split_sampling {
+                true => gpu.storage(
+                    "sampling's chunk results",
+                    f4(rows.max(all_tokens) * kernels::Sample::chunks(cfg.vocab) * 8),
+                )?,
+                false => gpu.storage("no split sampling", 16)?,
+            },
             all_logits: gpu.storage("all-position logits", f4(all_tokens * cfg.vocab))?,
             dummy: gpu.storage("dummy", 16)?,
             dummy_rw: gpu.storage("dummy output", 16)?,
@@ -267,6 +276,7 @@ impl Engine {
             gw: &gw,
             sampling: &sampling,
             route_log: opts.record_routes,
+            split_sampling,
         })?;
         Ok(Engine {
             gpu: gpu.clone(),
@@ -298,6 +308,7 @@ impl Engine {
             attention,
             fusion,
             matmul,
+            split_sampling,
             record_routes: opts.record_routes,
             lora: super::lora::LoraState::new(opts.max_loras, rows),
         })
@@ -319,6 +330,8 @@ pub(super) struct DispatchInputs<'a> {
     pub(super) sampling: &'a RowSampling,
     /// MoE layers keep real tokens' routes in the route log.
     pub(super) route_log: bool,
+    /// Rows that truncate nothing sample on the split path.
+    pub(super) split_sampling: bool,
 }
 
 /// Every dispatch of an engine.
@@ -337,8 +350,21 @@ pub(super) struct Dispatches {
 /// `Engine::new`, and again when [`Engine::wake`] brings back buffers that were released (the
 /// pipelines come from the device's cache; only bind groups are new).
 pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
-    let DispatchInputs { gpu, cfg, max_len, matmul, fusion, attention, cache, s, rope, gw, sampling, route_log } =
-        *inputs;
+    let DispatchInputs {
+        gpu,
+        cfg,
+        max_len,
+        matmul,
+        fusion,
+        attention,
+        cache,
+        s,
+        rope,
+        gw,
+        sampling,
+        route_log,
+        split_sampling,
+    } = *inputs;
     let d = cfg.d_model;
     let pipelines = &gpu.pipelines;
     // the products' float kernel (int-dot: for the formats it does not take, what `Auto` picks)
@@ -391,12 +417,13 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
         accumulate: false,
         quantize: false,
         gather_last: true,
+        lanes: kernels::FINAL_NORM_LANES,
     };
     let mut head_dispatches = vec![bld.dispatch(
         &final_norm,
         // no QUANTIZE: rows without tokens keep last_h, and xq is every product's scratch
         &[&s.step, &s.row_info, &s.x, gw.final_norm.as_ref().unwrap_or(&s.dummy), &s.last_h, &s.dummy_rw],
-        Grid::Rows(Kernel::RmsNorm.workgroup_size() as usize),
+        Grid::Rows(kernels::FINAL_NORM_LANES as usize),
     )];
     let head = gw.head.as_ref().unwrap_or(&gw.embed);
     let softcap = cfg.logit_softcap.unwrap_or(0.0);
@@ -404,7 +431,8 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
         bld.product(head, ProductIo { per_row: true, softcap, ..ProductIo::new(&s.last_h, d, &s.logits, cfg.vocab) }),
     );
     // all-position logits (speculative verify): final norm of every token into h, LM head
-    let mut all_head_dispatches = vec![bld.norm(&s.x, gw.final_norm.as_ref(), &s.h, false)];
+    let mut all_head_dispatches =
+        vec![bld.norm_lanes(&s.x, gw.final_norm.as_ref(), &s.h, false, kernels::FINAL_NORM_LANES)];
     all_head_dispatches.extend(bld.product(
         head,
         ProductIo { softcap, quantized: bld.norm_quantizes(), ..ProductIo::new(&s.h, d, &s.all_logits, cfg.vocab) },
@@ -415,7 +443,13 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
             true => (&s.all_logits, &s.scored, &s.scored_top),
         };
         let buffers = [&s.step, &s.row_info, &s.samplers, logits, out, &sampling.mask, top, &s.ids, &s.sample_stats];
-        let spec = |stage| kernels::Sample { vocab: cfg.vocab, mask_words: sampling.words, score, stage };
+        let spec = |stage| kernels::Sample {
+            vocab: cfg.vocab,
+            mask_words: sampling.words,
+            score,
+            split: split_sampling,
+            stage,
+        };
         let per_workgroup = match score {
             false => Grid::WorkgroupPerRow,
             true => Grid::Tokens(Kernel::Sample.workgroup_size() as usize),
@@ -423,8 +457,10 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
         let chunks = Grid::Chunks { chunks: kernels::Sample::chunks(cfg.vocab), per_token: score };
         SampleDispatches {
             whole: bld.dispatch(&spec(SampleStage::Whole), &buffers, per_workgroup),
-            chunks: bld.dispatch(&spec(SampleStage::Chunks), &buffers, chunks),
-            merge: bld.dispatch(&spec(SampleStage::Merge), &buffers, per_workgroup),
+            split: split_sampling.then(|| {
+                let chunk_results = bld.dispatch(&spec(SampleStage::Chunks), &buffers, chunks);
+                (chunk_results, bld.dispatch(&spec(SampleStage::Merge), &buffers, per_workgroup))
+            }),
         }
     };
     let (sample_dispatches, score_dispatches) = (sampler(false), sampler(true));

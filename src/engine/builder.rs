@@ -143,6 +143,18 @@ impl Builder<'_> {
         out: &wgpu::Buffer,
         accumulate: bool,
     ) -> Dispatch {
+        self.norm_lanes(x, w, out, accumulate, Kernel::RmsNorm.workgroup_size())
+    }
+
+    /// [`Builder::norm`] with `lanes` lanes a token (the final norm's wider workgroup).
+    pub(super) fn norm_lanes(
+        &self,
+        x: &wgpu::Buffer,
+        w: Option<&wgpu::Buffer>,
+        out: &wgpu::Buffer,
+        accumulate: bool,
+        lanes: u32,
+    ) -> Dispatch {
         let c = self.cfg;
         let quantize = !accumulate && self.norm_quantizes();
         let spec = kernels::RmsNorm {
@@ -152,6 +164,7 @@ impl Builder<'_> {
             accumulate,
             quantize,
             gather_last: false,
+            lanes,
         };
         self.dispatch(
             &spec,
@@ -163,7 +176,7 @@ impl Builder<'_> {
                 out,
                 if quantize { &self.s.xq } else { &self.s.dummy_rw },
             ],
-            Grid::Tokens(Kernel::RmsNorm.workgroup_size() as usize),
+            Grid::Tokens(lanes as usize),
         )
     }
 

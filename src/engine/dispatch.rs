@@ -165,23 +165,25 @@ impl Dispatch {
 }
 
 /// Sampling's dispatches of one form (each row's next token, or every position's score): `whole`,
-/// a workgroup a row, takes the rows that truncate or list alternatives; `chunks` then `merge`
-/// take the rest ([`Sampler::splits`]). Each kernel leaves the other path's rows alone, so a step
-/// records only what its rows need and a row's bits never depend on the others'.
+/// a workgroup a row, takes the rows that truncate or list alternatives; with the split path on
+/// ([`crate::EngineOptions::split_sampling`]), `split`'s chunks then merge take the rest
+/// ([`Sampler::splits`]). Each kernel leaves the other path's rows alone, so a step records only
+/// what its rows need and a row's bits never depend on the others'.
 pub(super) struct SampleDispatches {
     pub(super) whole: Dispatch,
-    pub(super) chunks: Dispatch,
-    pub(super) merge: Dispatch,
+    pub(super) split: Option<(Dispatch, Dispatch)>,
 }
 
 impl SampleDispatches {
     /// The dispatches a step whose rows sample with `samplers` records, in order.
     pub(super) fn for_samplers<'a>(&'a self, samplers: &[Sampler], vocab: usize) -> Vec<&'a Dispatch> {
-        let split = samplers.iter().any(|s| s.splits(vocab));
-        let whole = samplers.iter().any(|s| !s.splits(vocab));
         let mut out = Vec::with_capacity(3);
-        if split {
-            out.extend([&self.chunks, &self.merge]);
+        let mut whole = true;
+        if let Some((chunks, merge)) = &self.split {
+            if samplers.iter().any(|s| s.splits(vocab)) {
+                out.extend([chunks, merge]);
+            }
+            whole = samplers.iter().any(|s| !s.splits(vocab));
         }
         if whole {
             out.push(&self.whole);

@@ -140,6 +140,8 @@ pub struct Engine {
     attention: AttentionPlan,
     fusion: Fusion,
     matmul: MatmulKernel,
+    /// Rows that truncate nothing sample on the split path ([`EngineOptions::split_sampling`]).
+    split_sampling: bool,
     /// MoE layers keep every real token's routes in `s.route_log` ([`EngineOptions::record_routes`]).
     record_routes: bool,
 }
@@ -188,6 +190,12 @@ impl Engine {
     /// Which kernels this engine runs fused ([`EngineOptions::fusion`] resolved).
     pub fn fusion(&self) -> Fusion {
         self.fusion
+    }
+
+    /// Whether rows that truncate nothing sample on the split path
+    /// ([`EngineOptions::split_sampling`] resolved).
+    pub fn split_sampling(&self) -> bool {
+        self.split_sampling
     }
 
     /// The product kernel this engine built ([`EngineOptions::matmul`] resolved; never `Auto`).

@@ -80,6 +80,13 @@ pub struct EngineOptions {
     /// holds a frame back for a whole step. The same dispatches run in the same order: the bits
     /// do not change.
     pub dispatches_per_submit: usize,
+    /// Whether rows that truncate nothing and list no alternatives (greedy, plain draws) sample
+    /// on the split path, a workgroup per chunk of the vocabulary and a merge, rather than one
+    /// workgroup a row (the same tokens; logprobs from the same sums in another fixed order).
+    /// `None` (the default): the `KVDECODE_SAMPLING` environment variable (`split`, `whole`),
+    /// else on GPUs and off on adapters that are really the CPU
+    /// ([`crate::gpu::variants::split_sampling_auto`]).
+    pub split_sampling: Option<bool>,
 }
 
 impl EngineOptions {
@@ -105,6 +112,7 @@ impl EngineOptions {
             max_loras: 0,
             max_lora_rank: 16,
             dispatches_per_submit: 0,
+            split_sampling: None,
         }
     }
 

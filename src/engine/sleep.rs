@@ -155,6 +155,7 @@ impl Engine {
             gw: &self.weights,
             sampling: &self.sampling,
             route_log: self.record_routes,
+            split_sampling: self.split_sampling,
         })?;
         self.chunk_dispatches = d.chunk;
         self.head_dispatches = d.head;

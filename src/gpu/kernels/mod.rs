@@ -145,7 +145,13 @@ pub(crate) struct RmsNorm {
     pub quantize: bool,
     /// Norm only each row's last real token, into one row per chunk row (the final norm).
     pub gather_last: bool,
+    /// Lanes of the workgroup that norms a row: 64, or [`FINAL_NORM_LANES`] for the final norm.
+    pub lanes: u32,
 }
+
+/// Lanes of the final norm before the LM head, in both its forms (a row's last token, every
+/// token): at one row it is the step's only workgroup, so it spreads wider than a layer's norms.
+pub(crate) const FINAL_NORM_LANES: u32 = 256;
 
 impl Specialize for RmsNorm {
     fn kernel(&self) -> Kernel {
@@ -159,7 +165,11 @@ impl Specialize for RmsNorm {
             .flag("ACCUMULATE", self.accumulate)
             .flag("QUANTIZE", self.quantize)
             .flag("GATHER_LAST", self.gather_last)
+            .code("WG", self.lanes)
             .0
+    }
+    fn workgroup_size(&self) -> u32 {
+        self.lanes
     }
     fn label(&self) -> String {
         let mut l = "rmsnorm".to_string();
@@ -168,12 +178,15 @@ impl Specialize for RmsNorm {
                 l.push_str(s);
             }
         }
+        if self.lanes != Kernel::RmsNorm.workgroup_size() {
+            l.push_str(&format!("_{}", self.lanes));
+        }
         l
     }
-    /// A workgroup of 64 per token: each lane sums and scales its share of the features, with
-    /// one tree reduction between.
+    /// A workgroup per token: each lane sums and scales its share of the features, with one
+    /// tree reduction between.
     fn work(&self) -> Work {
-        let lanes = Kernel::RmsNorm.workgroup_size() as usize;
+        let lanes = self.lanes as usize;
         let reads = if self.accumulate { 3 } else { 2 };
         Work {
             fixed_bytes: if self.weight { 4 * self.d as u64 } else { 0 },
@@ -470,7 +483,15 @@ mod tests {
         let split = AttentionSplit { kernel: Kernel::AttentionSplit, shape, tile: Some(64), query_tile: None };
         vec![
             Box::new(Embed { d: 64, part_start: 0, part_rows: 100, format: WeightFormat::F16, scale: 8.0 }),
-            Box::new(RmsNorm { d: 64, eps: 1e-6, weight: true, accumulate: true, quantize: true, gather_last: true }),
+            Box::new(RmsNorm {
+                d: 64,
+                eps: 1e-6,
+                weight: true,
+                accumulate: true,
+                quantize: true,
+                gather_last: true,
+                lanes: FINAL_NORM_LANES,
+            }),
             Box::new(product),
             Box::new(Product {
                 kernel: Kernel::Matmul,
@@ -517,10 +538,10 @@ mod tests {
             Box::new(AttentionSplit { kernel: Kernel::AttentionQueryTiles, query_tile: Some(8), ..split }),
             Box::new(MlpAct { ffn: 64, act: MlpKind::GeluTanhGated }),
             Box::new(Commit { max_len: 32, ring_slots: 9, has_ring: true }),
-            Box::new(Sample { vocab: 100, mask_words: 4, score: false, stage: SampleStage::Whole }),
-            Box::new(Sample { vocab: 100, mask_words: 4, score: true, stage: SampleStage::Whole }),
-            Box::new(Sample { vocab: 70000, mask_words: 2188, score: false, stage: SampleStage::Chunks }),
-            Box::new(Sample { vocab: 100, mask_words: 4, score: true, stage: SampleStage::Merge }),
+            Box::new(Sample { vocab: 100, mask_words: 4, score: false, split: false, stage: SampleStage::Whole }),
+            Box::new(Sample { vocab: 100, mask_words: 4, score: true, split: true, stage: SampleStage::Whole }),
+            Box::new(Sample { vocab: 70000, mask_words: 2188, score: false, split: true, stage: SampleStage::Chunks }),
+            Box::new(Sample { vocab: 100, mask_words: 4, score: true, split: true, stage: SampleStage::Merge }),
             Box::new(LogitBias { vocab: 100, slots: 16 }),
             Box::new(EngramGather { heads: 2, orders: 2, table_rows: 64, dim: 8, max_len: 32 }),
             Box::new(EngramMix { d: 64, eps: 1e-6 }),

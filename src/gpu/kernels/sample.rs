@@ -19,6 +19,8 @@ pub(crate) struct Sample {
     pub vocab: usize,
     pub mask_words: usize,
     pub score: bool,
+    /// The split path is on: `Whole` leaves the rows it takes to `Chunks` and `Merge`.
+    pub split: bool,
     pub stage: SampleStage,
 }
 
@@ -44,8 +46,11 @@ impl Specialize for Sample {
         }
     }
     fn constants(&self) -> Constants {
-        let o =
-            Overrides::default().count("V", self.vocab).count("MASK_WORDS", self.mask_words).flag("SCORE", self.score);
+        let o = Overrides::default()
+            .count("V", self.vocab)
+            .count("MASK_WORDS", self.mask_words)
+            .flag("SCORE", self.score)
+            .flag("SPLIT", self.split);
         match self.stage {
             SampleStage::Whole => o.0,
             _ => o.count("PER_THREAD", Sample::per_thread(self.vocab)).count("CHUNKS", Sample::chunks(self.vocab)).0,
