@@ -15,12 +15,25 @@
 # Vulkan loader's Debian packages if the machine has none. A test binary looks for its fixtures
 # at the path it was built at: link that path to the checkout there. Each command's own limit
 # (LIMIT, seconds, default 90) bounds a run that would take too long on a slow adapter.
+#
+# LLAMACPP_BIN (llama.cpp's built bin/ folders, vulkan/ and cpu/) and MODEL (SmolLM2-135M-Instruct
+# Q4_1, or its header grown back with scripts/gguf-skeleton.py) add llama.cpp's Vulkan backend
+# beside kvdecode on the same card (scripts/bench-llamacpp.sh, its own LIMIT). QUICK=1 is the dry
+# run of the same list at a CPU adapter's sizes (contexts of 64, 4 steps, 1 and 16 rows), to time
+# the script and see every table come out; TOTAL (seconds, default 480) is the whole run's bound.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-target/release/kvdecode}
 out=${2:-gpu-bench.md}
 tests=${3:-}
 limit=${LIMIT:-90}
+total=${TOTAL:-480}
+t_start=$(date +%s)
+if [ "${QUICK:-0}" = 1 ]; then
+  rows=1,16 rows_1b=1 ctx=64 long=256 steps=4 occupancy=(--occupancy-models synthetic:smollm2 --occupancy-ctx 64,256)
+else
+  rows=1,16,64 rows_1b=1,16 ctx=512 long=4096 steps=16 occupancy=()
+fi
 if [ ! -x "$bin" ]; then
   cargo build --quiet --release -p kvdecode-cli || exit 1
 fi
@@ -29,7 +42,12 @@ run() {
   echo "### \`$*\`"
   echo
   local t0=$(date +%s)
-  timeout "$limit" "$@"
+  local left=$(( total - (t0 - t_start) ))
+  if [ "$left" -le 5 ]; then
+    echo "(skipped: the whole run's ${total} s are spent)"
+    return
+  fi
+  timeout "$(( left < limit ? left : limit ))" "$@"
   local rc=$?
   echo
   echo "(exit $rc, $(( $(date +%s) - t0 )) s$([ $rc = 124 ] && echo ": stopped at the ${limit} s limit"))"
@@ -37,16 +55,21 @@ run() {
 {
   echo "# kvdecode bench ($(date -u +%Y-%m-%d), $("$bin" --version 2>/dev/null || echo kvdecode))"
   # computed, nothing timed: the dispatches of a decode step as this adapter's kernels launch them
-  run "$bin" bench --tables occupancy --occupancy-on adapter
-  run "$bin" bench --model synthetic:smollm2 --rows 1,16,64 --ctx 512 --steps 16 --kv f16 --tables throughput,profile
-  run "$bin" bench --model synthetic:smollm2 --rows 1 --ctx 4096 --steps 16 --kv f16 --tables throughput,profile
-  run "$bin" bench --model synthetic:1b --rows 1,16 --ctx 512 --steps 16 --kv f16 --tables throughput,profile
-  run "$bin" bench --model synthetic:smollm2 --kv f16 --tables attention --attention-ctx 512 --attention-rows 1 --steps 4
-  run "$bin" bench --model synthetic:qwen3-moe --tables moe --moe-rows 1,16 --steps 4
+  run "$bin" bench --tables occupancy --occupancy-on adapter "${occupancy[@]}"
+  run "$bin" bench --model synthetic:smollm2 --rows "$rows" --ctx "$ctx" --steps "$steps" --kv f16 --tables throughput,profile
+  run "$bin" bench --model synthetic:smollm2 --rows 1 --ctx "$long" --steps "$steps" --kv f16 --tables throughput,profile
+  run "$bin" bench --model synthetic:1b --rows "$rows_1b" --ctx "$ctx" --steps "$steps" --kv f16 --tables throughput,profile
+  run "$bin" bench --model synthetic:smollm2 --kv f16 --tables attention --attention-ctx "$ctx" --attention-rows 1 --steps 4
+  run "$bin" bench --model synthetic:qwen3-moe --tables moe --moe-rows "$rows" --steps 4
+  if [ -n "${LLAMACPP_BIN:-}" ]; then
+    run env KVDECODE_BIN="$bin" MODEL="${MODEL:?MODEL: the SmolLM2 Q4_1 GGUF for llama.cpp}" bash scripts/bench-llamacpp.sh
+  fi
   if [ -n "$tests" ]; then
     for t in attention_variants half_kv guards parity rollback_fork batching hf_shapes fixtures; do
       [ -x "$tests/$t" ] && run "$tests/$t"
     done
   fi
+  echo
+  echo "(whole run: $(( $(date +%s) - t_start )) s)"
 } 2>&1 | tee "$out"
 echo "written: $out"
