@@ -32,7 +32,8 @@ impl Engine {
             )));
         }
         if self.profiler.is_none() {
-            let most = self.chunk_dispatches.len() + self.all_head_dispatches.len().max(self.head_dispatches.len()) + 2;
+            // then the logit bias and at most three sampling dispatches (both paths)
+            let most = self.chunk_dispatches.len() + self.all_head_dispatches.len().max(self.head_dispatches.len()) + 4;
             self.profiler = Some(crate::gpu::profile::Profiler::new(&self.gpu.device, most)?);
         }
         self.profiling = true;
