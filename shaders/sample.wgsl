@@ -132,6 +132,36 @@ fn reduce_argmax(t: u32) {
     }
 }
 
+// The lanes' best (v, i) pair: the largest v, ties to the lowest i (every thread calls it; the
+// lane arrays are free again when it returns).
+struct Best {
+    v: f32,
+    i: u32,
+}
+
+fn lanes_argmax(t: u32, v: f32, i: u32) -> Best {
+    red_v[t] = v;
+    red_i[t] = i;
+    workgroupBarrier();
+    reduce_argmax(t);
+    let best = Best(red_v[0], red_i[0]);
+    workgroupBarrier();
+    return best;
+}
+
+// The lanes' sum of v, in the fixed tree (every thread calls it).
+fn lanes_sum(t: u32, v: f32) -> f32 {
+    red_v[t] = v;
+    workgroupBarrier();
+    return reduce_sum(t);
+}
+
+// Point the mask lookups of `score` at row `row`'s mask, when its sampler has one.
+fn use_row_mask(row: u32, s: Sampler) {
+    use_mask = s.masked != 0u;
+    mask_row = rows[row].cache_row * MASK_WORDS;
+}
+
 // Whether a row takes the split path: it is on (EngineOptions::split_sampling), nothing truncates
 // (greedy, or a draw without top-k, top-p or min-p) and no alternatives are listed
 // (`Sampler::splits` says the same on the host).
@@ -148,8 +178,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let s = samplers[row];
     if splits(s) { return; }  // the whole workgroup: `chunks` and `merge` take the row
     let temp = s.temperature;
-    use_mask = s.masked != 0u;
-    mask_row = rows[row].cache_row * MASK_WORDS;
+    use_row_mask(row, s);
     // 1. max and min score, softmax normalizer
     var mx = -3.4e38;
     var mn = 3.4e38;
@@ -336,8 +365,7 @@ fn chunks(
     let temp = s.temperature;
     let draw = temp > 0.0 && !SCORE;
     let raw = temp > 0.0 && s.mode == RAW;
-    use_mask = s.masked != 0u;
-    mask_row = rows[row].cache_row * MASK_WORDS;
+    use_row_mask(row, s);
     var mx = -3.4e38;
     var bi = NO_TOKEN;
     var gv = -3.4e38;
@@ -357,50 +385,27 @@ fn chunks(
         }
         if raw { mr = max(mr, score(r, i, 1.0)); }
     }
-    red_v[t] = mx;
-    red_i[t] = bi;
-    workgroupBarrier();
-    reduce_argmax(t);
-    let m = red_v[0];
-    let best = red_i[0];
-    workgroupBarrier();
-    red_v[t] = gv;
-    red_i[t] = gi;
-    workgroupBarrier();
-    reduce_argmax(t);
-    let g_best = red_v[0];
-    let g_id = red_i[0];
-    workgroupBarrier();
-    red_v[t] = mr;
-    red_i[t] = 0u;
-    workgroupBarrier();
-    reduce_argmax(t);
-    let m_raw = red_v[0];
-    workgroupBarrier();
-    red_v[t] = kept;
-    workgroupBarrier();
-    kept = reduce_sum(t);
+    let best = lanes_argmax(t, mx, bi);
+    let gumbel = lanes_argmax(t, gv, gi);
+    let m_raw = lanes_argmax(t, mr, 0u).v;
+    kept = lanes_sum(t, kept);
     var z = 0.0;
     var zr = 0.0;
     for (var k = 0u; k < PER_THREAD; k++) {
         let i = first + k * WG;
         if i >= V { break; }
-        z += exp(score(r, i, temp) - m);
+        z += exp(score(r, i, temp) - best.v);
         if raw { zr += exp(score(r, i, 1.0) - m_raw); }
     }
-    red_v[t] = z;
-    workgroupBarrier();
-    z = reduce_sum(t);
-    red_v[t] = zr;
-    workgroupBarrier();
-    zr = reduce_sum(t);
+    z = lanes_sum(t, z);
+    zr = lanes_sum(t, zr);
     if t == 0u {
         let at = (r * CHUNKS + c) * STATS;
-        chunk_stats[at] = bitcast<u32>(m);
-        chunk_stats[at + 1u] = best;
+        chunk_stats[at] = bitcast<u32>(best.v);
+        chunk_stats[at + 1u] = best.i;
         chunk_stats[at + 2u] = bitcast<u32>(z);
-        chunk_stats[at + 3u] = bitcast<u32>(g_best);
-        chunk_stats[at + 4u] = g_id;
+        chunk_stats[at + 3u] = bitcast<u32>(gumbel.v);
+        chunk_stats[at + 4u] = gumbel.i;
         chunk_stats[at + 5u] = bitcast<u32>(kept);
         chunk_stats[at + 6u] = bitcast<u32>(m_raw);
         chunk_stats[at + 7u] = bitcast<u32>(zr);
@@ -423,8 +428,7 @@ fn merge(
     if !splits(s) { return; }
     let temp = s.temperature;
     let raw = temp > 0.0 && s.mode == RAW;
-    use_mask = s.masked != 0u;
-    mask_row = rows[row].cache_row * MASK_WORDS;
+    use_row_mask(row, s);
     var mx = -3.4e38;
     var bi = NO_TOKEN;
     var gv = -3.4e38;
@@ -440,28 +444,13 @@ fn merge(
         kept += bitcast<f32>(chunk_stats[at + 5u]);
         mr = max(mr, bitcast<f32>(chunk_stats[at + 6u]));
     }
-    red_v[t] = mx;
-    red_i[t] = bi;
-    workgroupBarrier();
-    reduce_argmax(t);
-    let m = red_v[0];
-    var chosen = red_i[0];
-    workgroupBarrier();
-    red_v[t] = gv;
-    red_i[t] = gi;
-    workgroupBarrier();
-    reduce_argmax(t);
-    if temp > 0.0 { chosen = red_i[0]; }
-    workgroupBarrier();
-    red_v[t] = mr;
-    red_i[t] = 0u;
-    workgroupBarrier();
-    reduce_argmax(t);
-    let m_raw = red_v[0];
-    workgroupBarrier();
-    red_v[t] = kept;
-    workgroupBarrier();
-    kept = reduce_sum(t);
+    let best = lanes_argmax(t, mx, bi);
+    let m = best.v;
+    var chosen = best.i;
+    let gumbel = lanes_argmax(t, gv, gi);
+    if temp > 0.0 { chosen = gumbel.i; }
+    let m_raw = lanes_argmax(t, mr, 0u).v;
+    kept = lanes_sum(t, kept);
     var z = 0.0;
     var zr = 0.0;
     for (var c = t; c < CHUNKS; c += WG) {
@@ -469,12 +458,8 @@ fn merge(
         z = fma(bitcast<f32>(chunk_stats[at + 2u]), exp(bitcast<f32>(chunk_stats[at]) - m), z);
         if raw { zr = fma(bitcast<f32>(chunk_stats[at + 7u]), exp(bitcast<f32>(chunk_stats[at + 6u]) - m_raw), zr); }
     }
-    red_v[t] = z;
-    workgroupBarrier();
-    z = reduce_sum(t);
-    red_v[t] = zr;
-    workgroupBarrier();
-    zr = reduce_sum(t);
+    z = lanes_sum(t, z);
+    zr = lanes_sum(t, zr);
     if SCORE { chosen = scored_next(r, row); }
     // RAW reads its scores at temperature 1 (greedy rows: their scores are the logits already)
     var temp_of = temp;

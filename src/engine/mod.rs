@@ -131,7 +131,8 @@ pub struct Engine {
     stats: Stats,
     /// Timestamp queries for [`Engine::profile_step`], made on its first call.
     profiler: Option<crate::gpu::profile::Profiler>,
-    /// Whether the next submit is profiled (one pass per dispatch, timestamps around each).
+    /// Whether the next submit is profiled (timestamps between its dispatches, see
+    /// [`Engine::profile_step`]).
     profiling: bool,
     /// Bytes of buffers this engine counts against the device's memory budget.
     gpu_bytes: u64,

@@ -158,7 +158,7 @@ pub fn split_sampling_from_env() -> Result<Option<bool>> {
 /// The split sampling path by default on GPUs, where one workgroup walking the vocabulary leaves
 /// the rest idle; not on adapters that are really the CPU, where each chunk's workgroup barriers
 /// cost more than the passes they spread (lavapipe, SmolLM2's 49,152 logits, greedy: 13 ms a step
-/// for the chunks against 0.9 to 1.5 ms for one workgroup a row; 206 to 274 ms against 6 at 16
+/// for the chunks against 0.9 to 1.5 ms for one workgroup a row; 207 to 276 ms against 6 at 16
 /// rows).
 pub fn split_sampling_auto(info: &wgpu::AdapterInfo) -> bool {
     info.device_type != wgpu::DeviceType::Cpu

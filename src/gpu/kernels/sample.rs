@@ -2,6 +2,7 @@
 
 use super::work::{self, Work};
 use super::{Overrides, Specialize};
+use crate::engine::sampling::TOP_LOGPROBS_MAX;
 use crate::gpu::shaders::{Constants, Kernel};
 
 /// Which of sampling's dispatches: the whole-vocabulary kernel, or the split path's two.
@@ -25,15 +26,16 @@ pub(crate) struct Sample {
 }
 
 impl Sample {
-    /// Split path: entries of a chunk per thread, so that a row has at most 256 chunks (one per
-    /// lane of the merge).
+    /// Split path: entries of a chunk per thread, so that a row has at most one chunk per lane of
+    /// the merge (256 chunks).
     pub(crate) fn per_thread(vocab: usize) -> usize {
-        vocab.div_ceil(256 * 256).max(1)
+        let lanes = Kernel::Sample.workgroup_size() as usize;
+        vocab.div_ceil(lanes * lanes).max(1)
     }
 
     /// Split path: chunks per row.
     pub(crate) fn chunks(vocab: usize) -> usize {
-        vocab.div_ceil(256 * Sample::per_thread(vocab))
+        vocab.div_ceil(Kernel::Sample.workgroup_size() as usize * Sample::per_thread(vocab))
     }
 }
 
@@ -81,7 +83,7 @@ impl Specialize for Sample {
                 per_reduction: work::levels(lanes),
                 per_row,
                 // the logits, the row's mask, and the top-N list
-                ..Work::flat(0, 4 * self.vocab + 4 * self.mask_words + 8 * 20 + 12)
+                ..Work::flat(0, 4 * self.vocab + 4 * self.mask_words + 8 * TOP_LOGPROBS_MAX as usize + 12)
             },
             SampleStage::Chunks => Work {
                 per_row,
