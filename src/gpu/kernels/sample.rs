@@ -2,7 +2,6 @@
 
 use super::work::{self, Work};
 use super::{Overrides, Specialize};
-use crate::engine::sampling::TOP_LOGPROBS_MAX;
 use crate::gpu::shaders::{Constants, Kernel};
 
 /// Which of sampling's dispatches: the whole-vocabulary kernel, or the split path's two.
@@ -24,6 +23,10 @@ pub(crate) struct Sample {
     pub split: bool,
     pub stage: SampleStage,
 }
+
+/// Alternatives a row's top-N list holds (`TOP_MAX` in sample.wgsl; the engine's
+/// `TOP_LOGPROBS_MAX`).
+const TOP_MAX: usize = 20;
 
 impl Sample {
     /// Split path: entries of a chunk per thread, so that a row has at most one chunk per lane of
@@ -83,7 +86,7 @@ impl Specialize for Sample {
                 per_reduction: work::levels(lanes),
                 per_row,
                 // the logits, the row's mask, and the top-N list
-                ..Work::flat(0, 4 * self.vocab + 4 * self.mask_words + 8 * TOP_LOGPROBS_MAX as usize + 12)
+                ..Work::flat(0, 4 * self.vocab + 4 * self.mask_words + 8 * TOP_MAX + 12)
             },
             SampleStage::Chunks => Work {
                 per_row,
