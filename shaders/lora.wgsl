@@ -9,8 +9,8 @@
 // target of the dispatch into workgroup memory, 8 ranks at a time: each lane sums the inputs
 // k = lane, lane + WG, ... in order (neighbouring lanes read neighbouring values), then one lane
 // per rank adds the WG lanes' sums in lane order. Then each lane sums OUTS_PER_LANE outputs over
-// the rank in order (B is stored transposed per target, so neighbouring lanes read neighbouring
-// values). Every sum has a fixed order that depends on nothing but the shapes: a row's bits are
+// the rank in order (B as PEFT stores it, an output's rank values side by side: a trainer's push
+// is written as it comes). Every sum has a fixed order that depends on nothing but the shapes: a row's bits are
 // the same in any batch, with any adapters beside it, in any chunking.
 
 override K: u32;              // input features
@@ -36,7 +36,8 @@ const NO_ADAPTER: u32 = 0xffffffffu;
 @group(0) @binding(1) var<storage, read> row_info: array<RowInfo>;   // [R]
 @group(0) @binding(2) var<storage, read> x: array<f32>;              // [R * C, X_STRIDE]
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;        // [R * C, Y_STRIDE]
-// per slot: A [GROUP_TARGETS, MAX_RANK, K], then per target B transposed [MAX_RANK, its rows]
+// per slot: A [GROUP_TARGETS, MAX_RANK, K], then per target room for B [its rows, MAX_RANK],
+// holding [its rows, rank] at the module's own rank
 @group(0) @binding(4) var<storage, read> ab: array<f32>;             // [slots, SLOT_FLOATS]
 @group(0) @binding(5) var<storage, read> lora_meta: array<vec2<u32>>;     // [layers, slots, 7]: rank, scale bits
 
@@ -118,10 +119,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let m = lora_meta[entry + i];
         if m.x == 0u { continue; }  // this adapter leaves the target alone
         let rows = target_rows(i);
-        let b0 = base + a_floats + (B_ROW0 + rows.y) * MAX_RANK + (o - rows.y);
+        let b0 = base + a_floats + (B_ROW0 + rows.y) * MAX_RANK + (o - rows.y) * m.x;
         var acc = 0.0;
         for (var j = 0u; j < m.x; j++) {
-            acc = fma(ab[b0 + j * rows.x], ax[i * MAX_RANK + j], acc);
+            acc = fma(ab[b0 + j], ax[i * MAX_RANK + j], acc);
         }
         let at = n * Y_STRIDE + Y_OFFSET + o;
         y[at] = fma(bitcast<f32>(m.y), acc, y[at]);  // fma: see dot_fma in common.wgsl

@@ -34,8 +34,8 @@ pub use cache::{BlockUsage, CacheOptions, KvCache, KvDtype, PromptCacheStats, Ro
 pub use engine::sampling::{argmax, sample_cpu, sample_cpu_full, LogprobMode, Sampled, Sampler, TOP_LOGPROBS_MAX};
 pub use engine::{
     AttentionKernel, Engine, EngineOptions, Fusion, InFlight, Logits, LoraUpdate, MatmulKernel, MemoryReport,
-    Occupancy, OccupancyTable, Sleep, Stats, Turn, TurnLimit, WeightUpdate, CHUNK, QUERY_TILE_MIN_WIDTH,
-    TILED_MIN_TOKENS,
+    Occupancy, OccupancyTable, Sleep, Stats, Turn, TurnLimit, WeightUpdate, CHUNK, EXPERT_TOKEN_BLOCK,
+    QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
 pub use error::{Error, Result};
 pub use gpu::device::{AppHandlers, Gpu, GpuOptions};

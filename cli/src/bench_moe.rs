@@ -3,7 +3,7 @@
 //! shared expert's), GPU time by timestamp queries, in one run; beside it how many distinct
 //! experts the step's rows read per layer.
 
-use kvdecode::{Engine, EngineOptions, Gpu, ModelWeights, Sampler, SplitMix64, WeightDtype};
+use kvdecode::{Engine, EngineOptions, Gpu, ModelWeights, Sampler, SplitMix64, WeightDtype, EXPERT_TOKEN_BLOCK};
 use serde_json::json;
 
 use crate::common::Result;
@@ -23,9 +23,16 @@ pub fn dense_twin(model: &ModelWeights) -> Result<ModelWeights> {
     })
 }
 
+/// Per MoE layer of the timed steps (means): the distinct experts the rows' tokens were routed to,
+/// and the weight reads of the expert products, an expert's rows once per four of its (token,
+/// slot) pairs in each block of [`EXPERT_TOKEN_BLOCK`] tokens (`matmul_experts.wgsl`).
+struct ExpertReads {
+    distinct: f64,
+    reads: f64,
+}
+
 /// GPU ms per decode step (the median of `steps` profiled steps after two untimed ones) of
-/// `rows` rows at context `ctx`, and with `routes` the mean distinct experts per MoE layer that
-/// the timed steps read.
+/// `rows` rows at context `ctx`, and with a MoE model the experts the timed steps read.
 fn time_steps(
     gpu: &Gpu,
     w: &ModelWeights,
@@ -33,7 +40,7 @@ fn time_steps(
     rows: usize,
     ctx: usize,
     steps: usize,
-) -> Result<(f64, Option<f64>)> {
+) -> Result<(f64, Option<ExpertReads>)> {
     let moe = w.cfg.moe.is_some();
     let opts = EngineOptions {
         weights: dtype,
@@ -60,31 +67,38 @@ fn time_steps(
     ms.sort_by(f64::total_cmp);
     let distinct = match (&w.cfg.moe, moe) {
         (Some(m), true) => {
-            // per timed step and MoE layer, the experts the rows' tokens were routed to
+            // per timed step and MoE layer, the experts the rows' tokens were routed to (a decode
+            // step's tokens are its rows, in order)
             let routes: Vec<Vec<u32>> = (0..rows).map(|r| e.routes(r)).collect::<kvdecode::Result<_>>()?;
             let (stride, layers) = (m.layers.len() * m.top_k, m.layers.len());
             let len = e.cache().lens()[0];
-            let mut total = 0usize;
+            let (mut distinct, mut reads) = (0usize, 0usize);
             for pos in len - steps..len {
                 for l in 0..layers {
-                    let mut seen: Vec<u32> = routes
-                        .iter()
-                        .flat_map(|r| r[pos * stride + l * m.top_k..pos * stride + (l + 1) * m.top_k].iter().copied())
-                        .collect();
-                    seen.sort_unstable();
-                    seen.dedup();
-                    total += seen.len();
+                    let at = pos * stride + l * m.top_k;
+                    let mut pairs = vec![0usize; m.experts];
+                    for block in routes.chunks(EXPERT_TOKEN_BLOCK) {
+                        let mut in_block = vec![0usize; m.experts];
+                        for &ex in block.iter().flat_map(|r| &r[at..at + m.top_k]) {
+                            in_block[ex as usize] += 1;
+                        }
+                        reads += in_block.iter().map(|n| n.div_ceil(4)).sum::<usize>();
+                        pairs.iter_mut().zip(&in_block).for_each(|(p, n)| *p += n);
+                    }
+                    distinct += pairs.iter().filter(|&&n| n > 0).count();
                 }
             }
-            Some(total as f64 / (steps * layers) as f64)
+            let per_layer = (steps * layers) as f64;
+            Some(ExpertReads { distinct: distinct as f64 / per_layer, reads: reads as f64 / per_layer })
         }
         _ => None,
     };
     Ok((ms[ms.len() / 2], distinct))
 }
 
-/// The table: per row count, the MoE step's GPU time, the dense twin's, their ratio and the
-/// distinct experts read per layer (of the experts there are; rows x top_k reads in all).
+/// The table: per row count, the MoE step's GPU time, the dense twin's, their ratio, the distinct
+/// experts read per layer (of the experts there are) and the weight reads of those experts' rows
+/// per layer (rows x top_k pairs, four to a read where they share an expert).
 pub fn moe_table(
     gpu: &Gpu,
     model: &ModelWeights,
@@ -100,22 +114,28 @@ pub fn moe_table(
          timestamp queries, median of {steps}; dense twin: MLP of {} on every layer; {} experts, top {})",
         dense.cfg.ffn, moe.experts, moe.top_k
     );
-    println!("| rows | MoE ms / step | dense ms / step | MoE / dense | distinct experts read per layer | expert reads per layer |");
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| rows | MoE ms / step | dense ms / step | MoE / dense | distinct experts read per layer | (token, expert) \
+         pairs per layer | expert weight reads per layer |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mut out = Vec::new();
     for &rows in rows_list {
-        let (moe_ms, distinct) = time_steps(gpu, model, dtype, rows, ctx, steps)?;
+        let (moe_ms, read) = time_steps(gpu, model, dtype, rows, ctx, steps)?;
         let (dense_ms, _) = time_steps(gpu, &dense, dtype, rows, ctx, steps)?;
-        let distinct = distinct.unwrap_or(0.0);
+        let read = read.ok_or("the MoE model kept no routes")?;
         println!(
-            "| {rows} | {moe_ms:.2} | {dense_ms:.2} | {:.2} | {distinct:.1} of {} | {} |",
+            "| {rows} | {moe_ms:.2} | {dense_ms:.2} | {:.2} | {:.1} of {} | {} | {:.1} |",
             moe_ms / dense_ms,
+            read.distinct,
             moe.experts,
-            rows * moe.top_k
+            rows * moe.top_k,
+            read.reads
         );
         out.push(json!({
             "rows": rows, "moe_ms": moe_ms, "dense_ms": dense_ms, "ratio": moe_ms / dense_ms,
-            "distinct_experts_per_layer": distinct, "experts": moe.experts, "top_k": moe.top_k,
+            "distinct_experts_per_layer": read.distinct, "expert_weight_reads_per_layer": read.reads,
+            "experts": moe.experts, "top_k": moe.top_k,
         }));
     }
     Ok(out)

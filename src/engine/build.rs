@@ -138,18 +138,28 @@ impl Engine {
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);
         let engram_width = cfg.engram.as_ref().map_or(0, |e| e.width());
         // a MoE layer's per-token activations: router logits, routes of every MoE layer (an expert
-        // id and its weight each), and the routed experts' activations (top_k of them)
-        let (moe_logits, moe_routes, moe_act) =
-            cfg.moe.as_ref().map_or((0, 0, 0), |m| (m.experts, 2 * route_stride, m.top_k * m.ffn));
+        // id and its weight each), and the routed experts' activations and outputs (top_k of each)
+        let (moe_logits, moe_routes, moe_act, moe_out) =
+            cfg.moe.as_ref().map_or((0, 0, 0, 0), |m| (m.experts, 2 * route_stride, m.top_k * m.ffn, m.top_k * d));
         // the dense MLPs' size: the dense layers' and a MoE layer's shared expert's
         let shared_ffn = cfg.moe.as_ref().and_then(|m| m.shared_ffn);
         let dense_ffn = cfg.ffn.max(shared_ffn.unwrap_or(0));
-        let widest =
-            [d, hd, kvd, cfg.mlp.in_factor() * dense_ffn, engram_width, 2 * d, moe_logits, moe_routes, moe_act]
-                .into_iter()
-                .max()
-                .unwrap_or(d)
-                * 4;
+        let widest = [
+            d,
+            hd,
+            kvd,
+            cfg.mlp.in_factor() * dense_ffn,
+            engram_width,
+            2 * d,
+            moe_logits,
+            moe_routes,
+            moe_act,
+            moe_out,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(d)
+            * 4;
         // chunk width: as many tokens per row as fit one binding for the widest activation
         let chunk = CHUNK.min(gpu.max_binding() as usize / (rows * widest));
         if chunk == 0 {
@@ -200,6 +210,7 @@ impl Engine {
             router_logits: gpu.storage("router logits", f4((t * moe_logits).max(4)))?,
             routes: gpu.storage("routes", f4((t * moe_routes).max(4)))?,
             expert_act: gpu.storage("expert activations", f4((t * moe_act).max(4)))?,
+            expert_out: gpu.storage("expert outputs", f4((t * moe_out).max(4)))?,
             shared_gate: gpu.storage("shared expert gate", f4(if shared_ffn.is_some() { t } else { 4 }))?,
             route_log: match opts.record_routes {
                 true => gpu.storage("route log", f4(rows * opts.max_len * route_stride))?,

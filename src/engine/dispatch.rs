@@ -21,9 +21,13 @@ pub(super) enum Grid {
     MatmulPerOutput { out_rows: usize, per_row: bool },
     /// Tiled matmul: one workgroup per 32 tokens and 32 weight rows (16 outputs when `gated`).
     MatmulTiled { out_rows: usize, per_row: bool, gated: bool },
-    /// A MoE layer's expert products: one thread per output, one token per workgroup row (past
-    /// 65535 tokens, on in z).
-    Experts { out_rows: usize },
+    /// A MoE layer's expert products: one workgroup row per expert a token block can route to
+    /// (its pairs, at most all experts), `outs` outputs a thread, one workgroup layer (z) per
+    /// `token_block` tokens.
+    ExpertPairs { out_rows: usize, outs: usize, experts: usize, top_k: usize, token_block: usize },
+    /// A MoE layer's sum of each token's experts: one thread per output, one token per workgroup
+    /// row (past 65535 tokens, on in z).
+    ExpertSums { out_rows: usize },
     /// `tiles` workgroups per token of the chunk, one token per workgroup row (past 65535
     /// tokens, on in z): the LoRA adapters' dispatches.
     TokenTiles(usize),
@@ -87,7 +91,12 @@ impl Dispatch {
                 let n = if per_row { rows } else { rows * width };
                 (out_rows.div_ceil(if gated { 16 } else { 32 }) as u32, n.div_ceil(32).max(1) as u32, 1)
             }
-            Grid::Experts { out_rows } => {
+            Grid::ExpertPairs { out_rows, outs, experts, top_k, token_block } => {
+                let n = (rows * width).max(1);
+                let routed = experts.min(n.min(token_block) * top_k);
+                (out_rows.div_ceil(self.wg as usize * outs) as u32, routed as u32, n.div_ceil(token_block) as u32)
+            }
+            Grid::ExpertSums { out_rows } => {
                 let n = (rows * width).max(1);
                 (out_rows.div_ceil(self.wg as usize) as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
             }

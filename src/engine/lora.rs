@@ -176,17 +176,22 @@ impl Engine {
         self.ready()?;
         let slot = self.lora.slot_of(name)?;
         let resident = self.lora.slots[slot].as_ref().expect("found above");
-        let changes = resident.adapter.changes(tensors, &self.cfg)?;
+        let plan = resident.adapter.plan_update(tensors, &self.cfg)?;
         let g = self.weights.lora.as_ref().expect("a loaded adapter has slots");
-        for (l, t, m) in &changes {
-            g.check_module(&self.cfg, *l, *t, m).map_err(|e| Error::Weights(format!("adapter {name:?}: {e}")))?;
-        }
-        let bytes: u64 = changes.iter().map(|(l, t, m)| g.write_module(&self.gpu, slot, *l, *t, m)).sum();
+        let bytes: u64 = plan
+            .iter()
+            .map(|u| {
+                let (a, b) = (u.a.as_ref().map(|v| v.bytes()), u.b.as_ref().map(|v| v.bytes()));
+                g.write_halves(&self.gpu, slot, u.layer, u.target, a, b)
+            })
+            .sum();
         self.gpu.queue.submit([]);
-        let modules = changes.len();
+        let modules = plan.len();
         let resident = self.lora.slots[slot].as_mut().expect("found above");
-        for (l, t, m) in changes {
-            resident.adapter.layers[l][t as usize] = Some(m);
+        for u in &plan {
+            let m = resident.adapter.layers[u.layer][u.target as usize].as_mut().expect("planned against its modules");
+            u.a.iter().for_each(|v| v.copy_into(&mut m.a));
+            u.b.iter().for_each(|v| v.copy_into(&mut m.b));
         }
         resident.version += 1;
         let version = resident.version;

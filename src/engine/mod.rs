@@ -37,6 +37,7 @@ pub use crate::gpu::variants::{
 };
 pub use decode::{Turn, TurnLimit};
 pub use lora::LoraUpdate;
+pub use moe::EXPERT_TOKEN_BLOCK;
 pub use occupancy::{Occupancy, OccupancyTable};
 pub use options::{EngineOptions, Logits, Stats};
 pub use sleep::{MemoryReport, Sleep};
@@ -64,6 +65,7 @@ pub(crate) struct Scratch {
     router_logits: wgpu::Buffer,  // [T, experts] a MoE layer's router logits
     routes: wgpu::Buffer,         // [T, MoE layers, top_k, 2] u32: each token's experts and their weights' bits
     expert_act: wgpu::Buffer,     // [T, top_k, moe ffn] the routed experts' activations
+    expert_out: wgpu::Buffer,     // [T, top_k, d] the routed experts' outputs, before their sum
     shared_gate: wgpu::Buffer,    // [T] a shared expert's gate logit
     route_log: wgpu::Buffer,      // [rows, max_len, MoE layers, top_k] u32 (record_routes)
     route_log_read: wgpu::Buffer, // [max_len, MoE layers, top_k]: one row's routes, read back

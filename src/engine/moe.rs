@@ -10,11 +10,18 @@ use crate::gpu::shaders::Kernel;
 use crate::gpu::weights::{GpuLayer, GpuMatrix};
 use crate::model::config::{MlpKind, MoeConfig};
 
+/// Tokens whose (token, slot) pairs one workgroup of the expert products walks: in a decode step
+/// of up to this many rows, the tokens routed to one expert share its weight reads (once per four
+/// of them); larger steps (prefill) spread over more workgroups, a block of tokens each.
+pub const EXPERT_TOKEN_BLOCK: usize = 32;
+
 impl Builder<'_> {
     /// A MoE layer's MLP and residual: the block's input written once (the router and every
     /// expert read it), the router's logits (a product like any other, f32 weights), each token's
-    /// top-k experts and weights (`moe.wgsl`), then the routed experts' gated MLP in and their
-    /// weighted sum out (`matmul_experts.wgsl`), added to the stream.
+    /// top-k experts and weights (`moe.wgsl`), then the routed experts' gated MLP in and MLP out,
+    /// a row per (token, slot), the tokens on one expert sharing its weight reads
+    /// (`matmul_experts.wgsl`), and each token's rows summed by its routes' weights into the
+    /// stream.
     pub(super) fn moe_mlp(
         &self,
         out: &mut Vec<Dispatch>,
@@ -44,35 +51,60 @@ impl Builder<'_> {
             Grid::Tokens(1),
         ));
         // (GpuWeights::upload refuses a MoE layer whose experts need more than one binding)
-        let experts = |w: &GpuMatrix, x_stride: usize, out_rows: usize, act: Option<MlpKind>, accumulate: bool| {
+        let lanes = Lanes::Threads { outs: self.outs_per_thread, wg: self.product_wg };
+        let experts = |w: &GpuMatrix, x_stride: usize, out_rows: usize, out_stride: usize, act: Option<MlpKind>| {
             kernels::Product {
                 kernel: Kernel::MatmulExperts,
                 k: w.cols,
                 x_stride,
                 out_rows,
-                out_stride: if act.is_some() { moe.ffn } else { c.d_model },
+                out_stride,
                 out_offset: 0,
                 format: w.format,
-                accumulate,
+                accumulate: false,
                 softcap: 0.0,
                 per_row: false,
                 norm: None,
                 act,
                 bias: false,
-                lanes: Lanes::Fixed,
+                lanes,
             }
         };
-        let spec_in = kernels::ExpertProduct {
-            product: experts(&lw.mlp_in, c.d_model, moe.ffn, Some(c.mlp), false),
+        let pairs = |product, x_per_slot| kernels::ExpertProduct {
+            product,
             slots,
             sum_slots: false,
+            x_per_slot,
+            token_block: EXPERT_TOKEN_BLOCK,
             shared: false,
+        };
+        let grid = |out_rows| Grid::ExpertPairs {
+            out_rows,
+            outs: self.outs_per_thread,
+            experts: moe.experts,
+            top_k: moe.top_k,
+            token_block: EXPERT_TOKEN_BLOCK,
         };
         let dummy = &s.dummy;
         out.push(self.dispatch(
-            &spec_in,
+            &pairs(experts(&lw.mlp_in, c.d_model, moe.ffn, moe.ffn, Some(c.mlp)), false),
             &[&s.step, h, &lw.mlp_in.parts[0].buffer, &s.expert_act, dummy, dummy, &s.routes, dummy, dummy],
-            Grid::Experts { out_rows: moe.ffn },
+            grid(moe.ffn),
+        ));
+        out.push(self.dispatch(
+            &pairs(experts(&lw.mlp_out, moe.ffn, c.d_model, c.d_model, None), true),
+            &[
+                &s.step,
+                &s.expert_act,
+                &lw.mlp_out.parts[0].buffer,
+                &s.expert_out,
+                dummy,
+                dummy,
+                &s.routes,
+                dummy,
+                dummy,
+            ],
+            grid(c.d_model),
         ));
         // a shared expert: a dense gated MLP into tmp and its gate's logit, which the experts' sum
         // adds (config validation keeps post-norms, which would also use tmp, away from it)
@@ -82,18 +114,25 @@ impl Builder<'_> {
             out.extend(self.matmul(&s.act, &sh.mlp_out, &s.tmp, c.d_model, false));
             out.extend(self.product(&sh.gate, ProductIo::new(h, c.d_model, &s.shared_gate, 1)));
         }
+        // each token's pairs summed in rank order, as one token's sums alone would be
         let (y, accumulate) = if c.post_norms { (&s.tmp, false) } else { (&s.x, true) };
-        let spec_out = kernels::ExpertProduct {
-            product: experts(&lw.mlp_out, moe.ffn, c.d_model, None, accumulate),
+        let spec_sum = kernels::ExpertProduct {
+            product: kernels::Product {
+                accumulate,
+                lanes: Lanes::Threads { outs: 1, wg: 64 },
+                ..experts(&lw.mlp_out, c.d_model, c.d_model, c.d_model, None)
+            },
             slots,
             sum_slots: true,
+            x_per_slot: true,
+            token_block: EXPERT_TOKEN_BLOCK,
             shared: lw.shared.is_some(),
         };
         let (shared_out, shared_gate) = if lw.shared.is_some() { (&s.tmp, &s.shared_gate) } else { (dummy, dummy) };
         out.push(self.dispatch(
-            &spec_out,
-            &[&s.step, &s.expert_act, &lw.mlp_out.parts[0].buffer, y, dummy, dummy, &s.routes, shared_out, shared_gate],
-            Grid::Experts { out_rows: c.d_model },
+            &spec_sum,
+            &[&s.step, &s.expert_out, &lw.mlp_out.parts[0].buffer, y, dummy, dummy, &s.routes, shared_out, shared_gate],
+            Grid::ExpertSums { out_rows: c.d_model },
         ));
         if c.post_norms {
             out.push(self.norm(&s.tmp, lw.post_mlp_norm.as_ref(), &s.x, true));

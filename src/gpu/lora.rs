@@ -61,7 +61,9 @@ impl LoraGroup {
 }
 
 /// One block's buffer for one group: per slot, `A [targets, max_rank, k]`, then each target's `B`
-/// transposed, `[max_rank, its rows]` (a module of a lower rank fills the first rows of each).
+/// in room for `[its rows, max_rank]`, as PEFT stores it: `[its rows, rank]` at the module's own
+/// rank (a module of a lower rank fills the first rows of each A and the start of each B, so both
+/// go in with one write each, as they come).
 pub(crate) struct GroupBuffer {
     pub(crate) buffer: wgpu::Buffer,
     /// Input features.
@@ -93,7 +95,7 @@ pub(crate) struct GpuLora {
     pub(crate) slots: usize,
     /// The largest rank a module may have.
     pub(crate) max_rank: usize,
-    /// Rows of A (and of transposed B) each slot holds per target: `max_rank` rounded up to a
+    /// Rows of A (and B's room per output) each slot holds per target: `max_rank` rounded up to a
     /// multiple of 8 (`lora.wgsl` reads 8 ranks at a time).
     pub(crate) stride_rank: usize,
     /// `[layers, slots, 7]` of (rank, scale bits); rank 0: the slot leaves that target alone.
@@ -220,16 +222,33 @@ impl GpuLora {
         let (g, i) = LoraGroup::of(target);
         let Some(buf) = &self.layers[l][g as usize] else { return 0 };
         q.write_buffer(&buf.buffer, buf.a_at(slot, i, r) as u64 * 4, bytemuck::cast_slice(&m.a));
-        // B transposed, [rank, rows] (the kernel's lanes read neighbouring outputs)
-        let rows = buf.rows[i];
-        let mut bt = vec![0f32; m.rank * rows];
-        for (o, row) in m.b.chunks(m.rank).enumerate() {
-            for (j, &v) in row.iter().enumerate() {
-                bt[j * rows + o] = v;
+        q.write_buffer(&buf.buffer, buf.b_at(slot, i, r) as u64 * 4, bytemuck::cast_slice(&m.b));
+        (m.a.len() + m.b.len()) as u64 * 4
+    }
+
+    /// Write an update's new halves of `target` in block `l` into `slot`, as little-endian f32
+    /// bytes ([`crate::model::lora::LoraAdapter::plan_update`] checked their sizes against the
+    /// module's rank, which the slot already holds). Returns the bytes written.
+    pub(crate) fn write_halves(
+        &self,
+        gpu: &Gpu,
+        slot: usize,
+        l: usize,
+        target: LoraTarget,
+        a: Option<&[u8]>,
+        b: Option<&[u8]>,
+    ) -> u64 {
+        let (g, i) = LoraGroup::of(target);
+        let Some(buf) = &self.layers[l][g as usize] else { return 0 };
+        let r = self.stride_rank;
+        let mut bytes = 0;
+        for (half, at) in [(a, buf.a_at(slot, i, r)), (b, buf.b_at(slot, i, r))] {
+            if let Some(half) = half {
+                gpu.queue.write_buffer(&buf.buffer, at as u64 * 4, half);
+                bytes += half.len() as u64;
             }
         }
-        q.write_buffer(&buf.buffer, buf.b_at(slot, i, r) as u64 * 4, bytemuck::cast_slice(&bt));
-        (m.a.len() + bt.len()) as u64 * 4
+        bytes
     }
 
     /// Write the rank and scale of `slot`'s `modules` of block `l`. Returns the bytes written.

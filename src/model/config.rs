@@ -167,7 +167,8 @@ pub struct MoeConfig {
 /// `qk_rope.wgsl` then runs one workgroup per token, a thread per head (its `MAX_TOKEN_HEADS`).
 pub const QK_NORM_WHOLE_MAX_HEADS: usize = 256;
 
-/// Most experts a MoE layer may have: the router's top-k runs one thread per token over them.
+/// Most experts a MoE layer may have: the router's top-k runs one thread per token over them, and
+/// the expert products keep a bit per expert (`MASK_WORDS` in matmul_experts.wgsl, 1024 / 32).
 pub const MAX_EXPERTS: usize = 1024;
 /// Most experts a token may be routed to.
 pub const MAX_TOP_K: usize = 32;

@@ -99,6 +99,37 @@ impl LoraModule {
     }
 }
 
+/// One half (A or B) of a module from an update, checked: a pushed f32 tensor as it came, or the
+/// values made from another type or a fused tensor's rows.
+pub(crate) enum HalfValues<'t> {
+    F32(&'t HostTensor<'t>),
+    Values(Vec<f32>),
+}
+
+impl HalfValues<'_> {
+    /// Its values as little-endian f32 bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            HalfValues::F32(t) => &t.bytes[..t.elements() * 4],
+            HalfValues::Values(v) => bytemuck::cast_slice(v),
+        }
+    }
+
+    /// Copy them over `dst`, a module's half of the same length, in place (memory the process
+    /// already holds: no fresh pages to fault in, as a new vector's would be).
+    pub(crate) fn copy_into(&self, dst: &mut [f32]) {
+        bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(self.bytes());
+    }
+}
+
+/// One module's part of an update ([`LoraAdapter::plan_update`]): its new A and B, where given.
+pub(crate) struct ModuleUpdate<'t> {
+    pub layer: usize,
+    pub target: LoraTarget,
+    pub a: Option<HalfValues<'t>>,
+    pub b: Option<HalfValues<'t>>,
+}
+
 /// An adapter: for every block, the projections it changes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LoraAdapter {
@@ -409,6 +440,30 @@ impl LoraAdapter {
     /// The modules [`LoraAdapter::updated`] would replace, made from `tensors`, without copying
     /// the rest: (block, target, new module).
     pub fn changes(&self, tensors: &[HostTensor], cfg: &ModelConfig) -> Result<Vec<(usize, LoraTarget, LoraModule)>> {
+        let half = |new: Option<HalfValues>, old: &Vec<f32>| match new {
+            Some(HalfValues::F32(t)) => t.values_f32(),
+            Some(HalfValues::Values(v)) => v,
+            None => old.clone(),
+        };
+        let plan = self.plan_update(tensors, cfg)?;
+        Ok(plan
+            .into_iter()
+            .map(|u| {
+                let old = self.module(u.layer, u.target).expect("planned against this adapter's modules");
+                let (a, b) = (half(u.a, &old.a), half(u.b, &old.b));
+                (u.layer, u.target, LoraModule { rank: old.rank, scale: old.scale, a, b })
+            })
+            .collect())
+    }
+
+    /// An update's new halves per module, every tensor checked (names, shapes for the modules'
+    /// ranks, finite values) and nothing copied that can go as it came: an f32 tensor stays the
+    /// pushed bytes, for the GPU and the adapter's own values to copy once each.
+    pub(crate) fn plan_update<'t>(
+        &self,
+        tensors: &'t [HostTensor],
+        cfg: &ModelConfig,
+    ) -> Result<Vec<ModuleUpdate<'t>>> {
         let names = base_names(cfg);
         let mut out = Vec::new();
         for ((layer, module), [a, b]) in &halves(tensors, cfg)? {
@@ -421,24 +476,19 @@ impl LoraAdapter {
                 })?;
             let (rank, inputs) = (old[0].rank, parts[0].0.dims(cfg, *layer).0);
             let hint = |e| rank_hint(e, module, &format!("rank {rank}, as loaded"));
-            let mut av = a.map(|a| a.check(&[rank, inputs]).map(|_| a.values_f32())).transpose().map_err(hint)?;
-            let mut bv = b.map(|b| b.check(&[rows, rank]).map(|_| b.values_f32())).transpose().map_err(hint)?;
-            let n = parts.len();
-            for (k, ((target, place), old)) in parts.iter().zip(old).enumerate() {
-                // the last target takes the values as they are where it can (a push is mostly copies)
-                let last = k + 1 == n;
+            a.map(|a| a.check(&[rank, inputs])).transpose().map_err(hint)?;
+            b.map(|b| b.check(&[rows, rank])).transpose().map_err(hint)?;
+            let of = |t: &'t HostTensor<'t>| match t.dtype {
+                HostDtype::F32 => HalfValues::F32(t),
+                _ => HalfValues::Values(t.values_f32()),
+            };
+            for (target, place) in &parts {
                 let whole = place.rows == (0..rows) && place.order == RowOrder::AsIs;
-                let a = match &mut av {
-                    Some(v) if last => std::mem::take(v),
-                    Some(v) => v.clone(),
-                    None => old.a.clone(),
-                };
-                let b = match &mut bv {
-                    Some(v) if last && whole => std::mem::take(v),
-                    Some(v) => rows_of(place, v, rank),
-                    None => old.b.clone(),
-                };
-                out.push((*layer, *target, LoraModule { rank, scale: old.scale, a, b }));
+                let b = b.map(|b| match whole {
+                    true => of(b),
+                    false => HalfValues::Values(rows_of(place, &b.values_f32(), rank)),
+                });
+                out.push(ModuleUpdate { layer: *layer, target: *target, a: a.map(of), b });
             }
         }
         Ok(out)

@@ -563,7 +563,26 @@ mod tests {
                 },
                 slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 },
                 sum_slots: true,
+                x_per_slot: true,
+                token_block: 32,
                 shared: true,
+            }),
+            Box::new(ExpertProduct {
+                product: Product {
+                    kernel: Kernel::MatmulExperts,
+                    norm: None,
+                    per_row: false,
+                    softcap: 0.0,
+                    bias: false,
+                    act: Some(MlpKind::SwiGlu),
+                    lanes: Lanes::Threads { outs: 8, wg: 8 },
+                    ..product
+                },
+                slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 },
+                sum_slots: false,
+                x_per_slot: false,
+                token_block: 32,
+                shared: false,
             }),
             Box::new(Lora {
                 k: 64,
