@@ -10,8 +10,8 @@
 // k = lane, lane + WG, ... in order (neighbouring lanes read neighbouring values), then one lane
 // per rank adds the WG lanes' sums in lane order. Then each lane sums OUTS_PER_LANE outputs over
 // the rank in order (B as PEFT stores it, an output's rank values side by side: a trainer's push
-// is written as it comes). Every sum has a fixed order that depends on nothing but the shapes: a row's bits are
-// the same in any batch, with any adapters beside it, in any chunking.
+// is written as it comes). Every sum has a fixed order that depends on nothing but the shapes: a
+// row's bits are the same in any batch, with any adapters beside it, in any chunking.
 
 override K: u32;              // input features
 override X_STRIDE: u32;       // floats per token row of x

@@ -7,10 +7,10 @@
 // routed to, so the host launches no more expert rows than a block can route to (4 at one row of
 // top 4, not every expert). It walks the block's pairs in order, takes those routed to its
 // expert, and runs them four at a time through matmul.wgsl's sums, so the tokens that picked the
-// same expert share each weight read. Each pair's sum runs in `dots`' order over its own input alone
-// (the portable bits, whichever other pairs share the call), so a token's results depend only on
-// its own input and routes, never on what other tokens picked; and only routed experts' weights
-// are read. Pair p = n * TOP_K + s writes row p of y:
+// same expert share each weight read. Each pair's sum runs in `dots`' order over its own input
+// alone (the portable bits, whichever other pairs share the call), so a token's results depend
+// only on its own input and routes, never on what other tokens picked; and only routed experts'
+// weights are read. Pair p = n * TOP_K + s writes row p of y:
 //   y[p, o] = act(gate_e[o] . x[in(p)], up_e[o] . x[in(p)]), e = routes[n, s],
 //   gate_e[o] = w row e * O_ROWS + o, up_e[o] = w row (EXPERTS + e) * O_ROWS + o (MLP_ACT gated;
 //   without an act, y[p, o] = gate_e[o] . x[in(p)]); in(p) = n (the experts' MLP in, whose input
@@ -110,7 +110,9 @@ fn main_experts(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgrou
 // The experts pairs first .. end - 1 were routed to, as a bit set: the j-th of them in id order,
 // or EXPERTS when they are fewer.
 fn routed_expert(first: u32, end: u32, j: u32) -> u32 {
-    var routed: array<u32, MASK_WORDS>;
+    // initialised explicitly, as lora.wgsl's sums are: SwiftShader once zeroed an array declared
+    // without one only the first time
+    var routed = array<u32, MASK_WORDS>();
     for (var p = first; p < end; p++) {
         let e = pair_expert(p);
         routed[e / 32u] |= 1u << (e % 32u);
