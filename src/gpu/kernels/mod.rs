@@ -480,6 +480,23 @@ mod tests {
             paging,
         };
         let product = wide_product();
+        // the experts' sum; the pairs' product below is the same with the weights read
+        let sum = ExpertProduct {
+            product: Product {
+                kernel: Kernel::MatmulExperts,
+                norm: None,
+                per_row: false,
+                softcap: 0.0,
+                bias: false,
+                lanes: Lanes::Fixed,
+                ..product
+            },
+            slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 },
+            sum_slots: true,
+            x_per_slot: true,
+            token_block: 32,
+            shared: true,
+        };
         let split = AttentionSplit { kernel: Kernel::AttentionSplit, shape, tile: Some(64), query_tile: None };
         vec![
             Box::new(Embed { d: 64, part_start: 0, part_rows: 100, format: WeightFormat::F16, scale: 8.0 }),
@@ -553,37 +570,16 @@ mod tests {
             }),
             Box::new(ExpertProduct {
                 product: Product {
-                    kernel: Kernel::MatmulExperts,
-                    norm: None,
-                    per_row: false,
-                    softcap: 0.0,
-                    bias: false,
-                    lanes: Lanes::Fixed,
-                    ..product
-                },
-                slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 },
-                sum_slots: true,
-                x_per_slot: true,
-                token_block: 32,
-                shared: true,
-            }),
-            Box::new(ExpertProduct {
-                product: Product {
-                    kernel: Kernel::MatmulExperts,
-                    norm: None,
-                    per_row: false,
-                    softcap: 0.0,
-                    bias: false,
                     act: Some(MlpKind::SwiGlu),
                     lanes: Lanes::Threads { outs: 8, wg: 8 },
-                    ..product
+                    ..sum.product
                 },
-                slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 },
                 sum_slots: false,
                 x_per_slot: false,
-                token_block: 32,
                 shared: false,
+                ..sum
             }),
+            Box::new(sum),
             Box::new(Lora {
                 k: 64,
                 x_stride: 64,
