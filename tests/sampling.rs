@@ -317,3 +317,87 @@ fn scored_tokens_are_drawn_bits(split: bool) {
     assert!(m.contains("EngineOptions::all_logits_tokens"), "{m}");
     assert_eq!(scorer.cache().lens(), &[width; 6]);
 }
+
+/// At a vocabulary of 70,000 (two entries a thread, 137 chunks on the split path) every kind of
+/// truncation and list, on rows that mix them: the split path reports what one workgroup a row
+/// does (the token, kept count and alternatives exactly; logprobs to 1e-5), the CPU twin draws the
+/// same tokens and keeps the same counts, and each row's bits are those it gets alone in an
+/// engine of one row. Top-k past the tokens a mask allows ends on the masked scores' tie.
+#[test]
+fn split_sampling_is_whole_sampling_at_a_real_vocabulary() {
+    use kvdecode::{model::config::ModelConfig, sample_cpu_full, LogprobMode, Sampled};
+    let w = model(&ModelConfig::llama(70_000, 32, 4, 2, 8, 48, 1, 10000.0, 1e-6, true), 48);
+    let v = w.cfg.vocab;
+    let gpu = gpu();
+    let samplers = [
+        Sampler::temperature(9.0, 1)
+            .with_top_k(400)
+            .with_top_p(0.9)
+            .with_logprobs(LogprobMode::Processed)
+            .with_top_logprobs(20),
+        Sampler::temperature(12.0, 2).with_top_p(0.5).with_logprobs(LogprobMode::Raw).with_top_logprobs(5),
+        Sampler::temperature(0.7, 3).with_top_k(1),
+        Sampler::temperature(6.0, 4).with_min_p(0.05).with_top_logprobs(3),
+        Sampler::GREEDY.with_top_logprobs(20),
+        Sampler::temperature(8.0, 5).with_top_k(30_000).with_logprobs(LogprobMode::Processed),
+    ];
+    let thirds: Vec<u32> = (0..v.div_ceil(32))
+        .map(|word| (0..32).filter(|b| (word * 32 + b) % 3 == 0).fold(0u32, |m, b| m | 1 << b))
+        .collect();
+    let masks: [Option<&[u32]>; 6] = [None, None, None, None, None, Some(&thirds)];
+    let n = samplers.len();
+    let prompt: Vec<u32> = (0..n as u32 * 3).map(|i| i * 7919 % v as u32).collect();
+    // `steps` draws on rows `rows` of an engine of `split`, and the logits each was drawn from
+    let run = |split: bool, rows: &[usize], steps: usize| -> (Vec<Vec<Sampled>>, Vec<Vec<Vec<f32>>>) {
+        let opts = EngineOptions { split_sampling: Some(split), ..EngineOptions::new(rows.len(), 16) };
+        let (mut e, mut replay) = (Engine::new(&gpu, &w, opts).unwrap(), Engine::new(&gpu, &w, opts).unwrap());
+        assert_eq!(e.split_sampling(), split);
+        for (i, &r) in rows.iter().enumerate() {
+            e.set_token_mask(i, masks[r]).unwrap();
+        }
+        let sm: Vec<Sampler> = rows.iter().map(|&r| samplers[r]).collect();
+        let ids: Vec<u32> = rows.iter().flat_map(|&r| prompt[r * 3..r * 3 + 3].to_vec()).collect();
+        let k = rows.len();
+        let mut got = e.append_sample_full(&ids, 3, &vec![3; k], None, &sm).unwrap();
+        let mut logits = replay.append(&ids, 3, &vec![3; k], None).unwrap();
+        let (mut drawn, mut seen) = (vec![Vec::new(); k], vec![Vec::new(); k]);
+        for _ in 0..steps {
+            let next: Vec<u32> = got.iter().map(|g| g.as_ref().unwrap().token).collect();
+            for (i, g) in got.into_iter().enumerate() {
+                drawn[i].push(g.unwrap());
+                seen[i].push(logits.row(i).unwrap().to_vec());
+            }
+            got = e.append_sample_full(&next, 1, &vec![1; k], None, &sm).unwrap();
+            logits = replay.append(&next, 1, &vec![1; k], None).unwrap();
+        }
+        (drawn, seen)
+    };
+    let all: Vec<usize> = (0..n).collect();
+    let (split, logits) = run(true, &all, 3);
+    let (whole, _) = run(false, &all, 3);
+    let bits = |x: &Sampled| {
+        (x.token, x.logprob.to_bits(), x.kept, x.top.iter().map(|t| (t.0, t.1.to_bits())).collect::<Vec<_>>())
+    };
+    for r in 0..n {
+        let (alone, _) = run(true, &[r], 3);
+        for step in 0..3 {
+            let (s, wh) = (&split[r][step], &whole[r][step]);
+            let at = format!("row {r} step {step}");
+            assert_eq!(bits(s), bits(&alone[0][step]), "{at}: alone in its engine");
+            assert_eq!((s.token, s.kept), (wh.token, wh.kept), "{at}: split against whole");
+            assert!((s.logprob - wh.logprob).abs() < 1e-5, "{at}: {} vs {}", s.logprob, wh.logprob);
+            let ids = |x: &Sampled| x.top.iter().map(|t| t.0).collect::<Vec<_>>();
+            assert_eq!(ids(s), ids(wh), "{at}: alternatives");
+            for (a, b) in s.top.iter().zip(&wh.top) {
+                assert!(a.1 == b.1 || (a.1 - b.1).abs() < 1e-5, "{at}: {a:?} vs {b:?}");
+            }
+            let counter = (3 + step) as u32;
+            let want = sample_cpu_full(&logits[r][step], samplers[r], counter, &[], masks[r]);
+            assert_eq!((s.token, s.kept, ids(s)), (want.token, want.kept, ids(&want)), "{at}: the CPU twin");
+            println!("{at}: token {} kept {} logprob {}", s.token, s.kept, s.logprob);
+        }
+    }
+    // top-k 1 keeps one token; top-k 30,000 over the 23,334 allowed keeps them all
+    assert!(split[2].iter().all(|s| s.kept == 1));
+    assert!(split[5].iter().all(|s| s.kept as usize == v.div_ceil(3)));
+}

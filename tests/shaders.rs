@@ -34,7 +34,9 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
         ],
         Kernel::MlpAct => &[("F", 64.0), ("ACT", 1.0)],
         Kernel::Commit => &[("MAX_LEN", 32.0)],
-        Kernel::Sample | Kernel::SampleChunks | Kernel::SampleMerge => &[("V", 100.0), ("MASK_WORDS", 4.0)],
+        Kernel::Sample | Kernel::SampleChunks | Kernel::SampleRadix | Kernel::SampleKept | Kernel::SampleMerge => {
+            &[("V", 100.0), ("MASK_WORDS", 4.0)]
+        }
         Kernel::LogitBias => &[("V", 100.0), ("SLOTS", 16.0)],
         Kernel::EngramGather => {
             &[("HEADS", 2.0), ("N_ORDERS", 2.0), ("TABLE_ROWS", 64.0), ("DIM", 8.0), ("MAX_LEN", 32.0)]

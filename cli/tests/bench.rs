@@ -57,14 +57,17 @@ fn bench_json_carries_throughput_and_attention_variants() {
     for key in ["label", "workgroups", "threads", "serial_iters", "bytes"] {
         assert!(occ.iter().all(|d| !d[key].is_null()), "{key} in every row: {last}");
     }
-    // greedy takes the split sampler (chunks, then the merge), top-p the one-workgroup kernel
-    for (sampler, ends) in [("greedy", "sample_merge"), ("top-p + 5 logprobs", "sample")] {
+    // both samplers take the split path (the dry run poses as a GPU): greedy its chunks and
+    // merge, top-p its four radix passes and the draw among the kept between them
+    for (sampler, stages) in [("greedy", 2), ("top-p + 5 logprobs", 7)] {
         let step: Vec<&serde_json::Value> = occ.iter().filter(|d| d["rows"] == 1 && d["sampler"] == sampler).collect();
-        assert_eq!(step.last().map(|d| d["label"].clone()), Some(ends.into()), "{last}");
+        let labels: Vec<&str> = step[step.len() - stages..].iter().map(|d| d["label"].as_str().unwrap()).collect();
+        assert_eq!(labels.first(), Some(&"sample_chunks"), "{last}");
+        assert_eq!(labels.last(), Some(&"sample_merge"), "{last}");
     }
     assert!(v["dispatches_per_layer"]["demo"].as_f64().unwrap() >= 4.0, "{last}");
     assert_eq!(v["occupancy_summary"].as_array().map(|s| s.len()), Some(4), "{last}");
-    assert!(stdout.contains("| sample * | 1 | 1 | 256 |"), "the sampler is one workgroup a row: {stdout}");
+    assert!(stdout.contains("| sample_radix_p3 * | 1 | 2 | 512 |"), "a radix pass is a workgroup a chunk: {stdout}");
     let bad = Command::new(env!("CARGO_BIN_EXE_kvdecode")).args(["bench", "--tables", "nope"]).output().unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown table \"nope\""));

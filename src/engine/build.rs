@@ -3,7 +3,7 @@
 
 use crate::cache::KvCache;
 use crate::engine::builder::{Builder, ProductIo};
-use crate::engine::dispatch::{Dispatch, Grid, SampleDispatches};
+use crate::engine::dispatch::{Dispatch, Grid, SampleDispatches, SplitSampling};
 use crate::engine::options::{EngineOptions, Stats};
 use crate::engine::plan::{AttentionPlan, RopeTables};
 use crate::engine::sampling::{RowSampling, TOP_LOGPROBS_MAX};
@@ -189,6 +189,10 @@ impl Engine {
         };
         // all-position logits: as many tokens as asked, that one chunk and one binding can hold
         let all_tokens = opts.all_logits_tokens.min(t).min(gpu.max_binding() as usize / (cfg.vocab * 4)).max(1);
+        // the split path's limits: its per-thread marks, and its work buffer in one binding
+        let split_sampling = split_sampling
+            && kernels::Sample::per_thread(cfg.vocab) <= kernels::SAMPLE_MAX_PER_THREAD
+            && 4 * kernels::Sample::work_words(cfg.vocab, rows.max(all_tokens)) as u64 <= gpu.max_binding();
         let max_window = opts.rollback + 1;
         let f4 = |n: usize| (n * 4) as u64;
         let map_read = |label: &str, size: u64| {
@@ -231,8 +235,8 @@ impl Engine {
             sampled: gpu.storage("sampled ids", f4(3 * rows))?,
             sample_stats: match split_sampling {
                 true => gpu.storage(
-                    "sampling's chunk results",
-                    f4(rows.max(all_tokens) * kernels::Sample::chunks(cfg.vocab) * 8),
+                    "split sampling's work",
+                    f4(kernels::Sample::work_words(cfg.vocab, rows.max(all_tokens))),
                 )?,
                 false => gpu.storage("no split sampling", 16)?,
             },
@@ -288,6 +292,7 @@ impl Engine {
             sampling: &sampling,
             route_log: opts.record_routes,
             split_sampling,
+            all_logits_tokens: all_tokens,
         })?;
         Ok(Engine {
             gpu: gpu.clone(),
@@ -341,8 +346,10 @@ pub(super) struct DispatchInputs<'a> {
     pub(super) sampling: &'a RowSampling,
     /// MoE layers keep real tokens' routes in the route log.
     pub(super) route_log: bool,
-    /// Rows that truncate nothing sample on the split path.
+    /// Rows sample on the split path ([`crate::engine::sampling::Sampler::splits`]).
     pub(super) split_sampling: bool,
+    /// Positions an all-position step scores.
+    pub(super) all_logits_tokens: usize,
 }
 
 /// Every dispatch of an engine.
@@ -375,6 +382,7 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
         sampling,
         route_log,
         split_sampling,
+        all_logits_tokens,
     } = *inputs;
     let d = cfg.d_model;
     let pipelines = &gpu.pipelines;
@@ -458,7 +466,7 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
             vocab: cfg.vocab,
             mask_words: sampling.words,
             score,
-            split: split_sampling,
+            stat_rows: cache.rows().max(all_logits_tokens),
             stage,
         };
         let per_workgroup = match score {
@@ -468,9 +476,13 @@ pub(super) fn build_dispatches(inputs: &DispatchInputs) -> Result<Dispatches> {
         let chunks = Grid::Chunks { chunks: kernels::Sample::chunks(cfg.vocab), per_token: score };
         SampleDispatches {
             whole: bld.dispatch(&spec(SampleStage::Whole), &buffers, per_workgroup),
-            split: split_sampling.then(|| {
-                let chunk_results = bld.dispatch(&spec(SampleStage::Chunks), &buffers, chunks);
-                (chunk_results, bld.dispatch(&spec(SampleStage::Merge), &buffers, per_workgroup))
+            split: split_sampling.then(|| SplitSampling {
+                chunks: bld.dispatch(&spec(SampleStage::Chunks), &buffers, chunks),
+                radix: (0..kernels::RADIX_PASSES)
+                    .map(|pass| bld.dispatch(&spec(SampleStage::Radix(pass)), &buffers, chunks))
+                    .collect(),
+                kept: bld.dispatch(&spec(SampleStage::Kept), &buffers, chunks),
+                merge: bld.dispatch(&spec(SampleStage::Merge), &buffers, per_workgroup),
             }),
         }
     };

@@ -174,29 +174,39 @@ impl Dispatch {
 }
 
 /// Sampling's dispatches of one form (each row's next token, or every position's score): `whole`,
-/// a workgroup a row, takes the rows that truncate or list alternatives; with the split path on
-/// ([`crate::EngineOptions::split_sampling`]), `split`'s chunks then merge take the rest
-/// ([`Sampler::splits`]). Each kernel leaves the other path's rows alone, so a step records only
+/// a workgroup a row; or with the split path on ([`crate::EngineOptions::split_sampling`]),
+/// `split`. Each split stage leaves the rows that do not need it alone, so a step records only
 /// what its rows need and a row's bits never depend on the others'.
 pub(super) struct SampleDispatches {
     pub(super) whole: Dispatch,
-    pub(super) split: Option<(Dispatch, Dispatch)>,
+    pub(super) split: Option<SplitSampling>,
+}
+
+/// The split path's dispatches, in recording order: the chunks' statistics, the radix passes of
+/// top-k's threshold then top-p's, the draw among the kept tokens, the merge.
+pub(super) struct SplitSampling {
+    pub(super) chunks: Dispatch,
+    pub(super) radix: Vec<Dispatch>,
+    pub(super) kept: Dispatch,
+    pub(super) merge: Dispatch,
 }
 
 impl SampleDispatches {
     /// The dispatches a step whose rows sample with `samplers` records, in order.
     pub(super) fn for_samplers<'a>(&'a self, samplers: &[Sampler], vocab: usize) -> Vec<&'a Dispatch> {
-        let mut out = Vec::with_capacity(3);
-        let mut whole = true;
-        if let Some((chunks, merge)) = &self.split {
-            if samplers.iter().any(|s| s.splits(vocab)) {
-                out.extend([chunks, merge]);
-            }
-            whole = samplers.iter().any(|s| !s.splits(vocab));
+        let Some(split) = &self.split else { return vec![&self.whole] };
+        let mut out = vec![&split.chunks];
+        let (k, p) = split.radix.split_at(split.radix.len() / 2);
+        if samplers.iter().any(|s| s.has_top_k(vocab)) {
+            out.extend(k);
         }
-        if whole {
-            out.push(&self.whole);
+        if samplers.iter().any(|s| s.has_top_p()) {
+            out.extend(p);
         }
+        if samplers.iter().any(|s| s.truncates(vocab)) {
+            out.push(&split.kept);
+        }
+        out.push(&split.merge);
         out
     }
 }

@@ -32,8 +32,11 @@ impl Engine {
             )));
         }
         if self.profiler.is_none() {
-            // then the logit bias and at most three sampling dispatches (both paths)
-            let most = self.chunk_dispatches.len() + self.all_head_dispatches.len().max(self.head_dispatches.len()) + 4;
+            // then the logit bias and sampling's dispatches, both paths: the whole kernel, the
+            // split path's chunks, radix passes, kept draw and merge
+            let sampling = 1 + 1 + 3 + crate::gpu::kernels::RADIX_PASSES;
+            let most =
+                self.chunk_dispatches.len() + self.all_head_dispatches.len().max(self.head_dispatches.len()) + sampling;
             self.profiler = Some(crate::gpu::profile::Profiler::new(&self.gpu.device, most)?);
         }
         self.profiling = true;

@@ -78,7 +78,8 @@ impl Engine {
             )));
         }
         let (vocab_passes, reductions) = sampler.map_or((0, 0), |s| s.vocabulary_passes(self.cfg.vocab));
-        let at = At { rows, tokens: rows, context, vocab_passes, reductions };
+        let top_n = sampler.map_or(0, |s| s.top_logprobs.min(crate::engine::sampling::TOP_LOGPROBS_MAX) as usize);
+        let at = At { rows, tokens: rows, context, vocab_passes, reductions, top_n };
         let recorded =
             self.chunk_dispatches
                 .iter()
@@ -139,17 +140,25 @@ mod tests {
             let head = table.dispatches.iter().find(|d| d.label.ends_with("_rows")).expect("the LM head");
             // one per output and token (fewer than 4 tokens: one token a workgroup)
             assert_eq!(head.workgroups, (w.cfg.vocab * rows) as u64);
-            let sampling: Vec<(&str, u64, usize)> = table.dispatches[e.dispatches_per_chunk()..]
+            let sampling: Vec<(String, u64, usize)> = table.dispatches[e.dispatches_per_chunk()..]
                 .iter()
-                .map(|d| (d.label.as_str(), d.workgroups, d.serial_iters))
+                .map(|d| (d.label.clone(), d.workgroups, d.serial_iters))
                 .collect();
-            // 512 logits. Greedy takes the split path: 2 chunks of 256 a row, 1 entry a thread
-            // read twice and 6 trees of 8 levels; the merge 1 chunk a lane. Top-p + 5 logprobs
-            // (raw) one workgroup a row: 2 entries a thread each pass, 3 + 33 + 1 + 2 + 15 passes,
-            // 4 + 33 + 1 + 2 + 5 reductions.
-            let want: Vec<(&str, u64, usize)> = match rows {
-                1 => vec![("sample_chunks", 2, 2 + 48), ("sample_merge", 1, 2 + 48)],
-                _ => vec![("sample", rows as u64, 2 * 54 + 8 * 45)],
+            // 512 logits, every row on the split path: 2 chunks of 256 a row, 1 entry a thread.
+            // The chunks read theirs twice and run 6 trees of 8 levels, then (top-p + 5
+            // logprobs) 5 rounds of an entry and a tree; a radix pass two choices of digit (8
+            // levels and a load each), the row's max (a tree) and its entry; the kept draw one
+            // choice, four trees and its entry. The merge: a chunk a lane, twice, 6 trees, then 5
+            // rounds of a tree and one candidate a lane.
+            let at = |label: &str, workgroups: usize, iters: usize| (label.to_string(), workgroups as u64, iters);
+            let want = match rows {
+                1 => vec![at("sample_chunks", 2, 50), at("sample_merge", 1, 50)],
+                _ => {
+                    let mut w = vec![at("sample_chunks", 2 * rows, 50 + 5 * 9)];
+                    w.extend((0..4).map(|p| at(&format!("sample_radix_p{p}"), 2 * rows, 2 * 9 + 8 + 1)));
+                    w.extend([at("sample_kept", 2 * rows, 9 + 32 + 1), at("sample_merge", rows, 50 + 5 * 9)]);
+                    w
+                }
             };
             assert_eq!(sampling, want, "{rows} row(s)");
         }

@@ -80,9 +80,13 @@ pub struct EngineOptions {
     /// holds a frame back for a whole step. The same dispatches run in the same order: the bits
     /// do not change.
     pub dispatches_per_submit: usize,
-    /// Whether rows that truncate nothing and list no alternatives (greedy, plain draws) sample
-    /// on the split path, a workgroup per chunk of the vocabulary and a merge, rather than one
-    /// workgroup a row (the same tokens; logprobs from the same sums in another fixed order).
+    /// Whether rows (and scored positions) sample on the split path, a workgroup per chunk of the
+    /// vocabulary in each stage (statistics, radix passes for top-k and top-p, the draw among the
+    /// kept) and a merge, rather than one workgroup a row (the same tokens, kept counts and
+    /// alternatives; logprobs from the same sums in another fixed order). Vocabularies past
+    /// 2,097,152 tokens, and devices whose largest binding cannot hold the split path's work
+    /// buffer (its histograms and top-N candidates, tens of KiB a row), take one workgroup a row
+    /// ([`crate::Engine::split_sampling`] says which).
     /// `None` (the default): the `KVDECODE_SAMPLING` environment variable (`split`, `whole`),
     /// else on GPUs and off on adapters that are really the CPU
     /// ([`crate::gpu::variants::split_sampling_auto`]).

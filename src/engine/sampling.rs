@@ -151,30 +151,37 @@ impl Sampler {
         Ok(())
     }
 
-    /// Whether a row sampling with this takes sampling's split path (`sample.wgsl`'s `splits`):
-    /// nothing truncates (greedy, or a draw without top-k, top-p or min-p) and no alternatives
-    /// are listed. Its vocabulary is then cut into chunks of their own workgroups.
-    pub(crate) fn splits(&self, vocab: usize) -> bool {
-        let top_k = self.top_k > 0 && (self.top_k as usize) < vocab;
-        let truncates = self.temperature > 0.0 && (top_k || self.top_p < 1.0 || self.min_p > 0.0);
-        self.top_logprobs == 0 && !truncates
+    /// Whether top-k truncates a vocabulary of `vocab` (`sample.wgsl`'s `has_top_k`).
+    pub(crate) fn has_top_k(&self, vocab: usize) -> bool {
+        self.temperature > 0.0 && self.top_k > 0 && (self.top_k as usize) < vocab
     }
 
-    /// Passes over a vocabulary of `vocab` and workgroup reductions `sample.wgsl` runs for a
-    /// row with this sampler, following its stages (the occupancy table's sampler row). A pass
-    /// of the top-N search `k` counts `1 + k`: each entry is checked against the `k` found.
+    /// Whether top-p truncates (`has_top_p`).
+    pub(crate) fn has_top_p(&self) -> bool {
+        self.temperature > 0.0 && self.top_p < 1.0
+    }
+
+    /// Whether anything truncates: top-k, top-p or min-p (`truncates`).
+    pub(crate) fn truncates(&self, vocab: usize) -> bool {
+        self.has_top_k(vocab) || self.has_top_p() || (self.temperature > 0.0 && self.min_p > 0.0)
+    }
+
+    /// Passes over a vocabulary of `vocab` and workgroup reductions `sample.wgsl`'s `main` runs
+    /// for a row with this sampler, following its stages (the occupancy table's sampler row). A
+    /// radix pass is a pass and a choice of digit (a scan, counted as a reduction). A pass of
+    /// the top-N search `k` counts `1 + k`: each entry is checked against the `k` found.
     pub(crate) fn vocabulary_passes(&self, vocab: usize) -> (usize, usize) {
-        const BISECT: usize = 32;
+        const DIGITS: usize = 4;
         let drawn = self.temperature > 0.0;
         // max and min (two argmax reductions), the normalizer; then the kept count
         let (mut passes, mut reductions) = (3, 4);
-        if drawn && self.top_k > 0 && (self.top_k as usize) < vocab {
-            passes += BISECT;
-            reductions += BISECT;
+        if self.has_top_k(vocab) {
+            passes += DIGITS;
+            reductions += DIGITS;
         }
-        if drawn && self.top_p < 1.0 {
-            passes += 1 + BISECT;
-            reductions += 1 + BISECT;
+        if self.has_top_p() {
+            passes += DIGITS;
+            reductions += DIGITS;
         }
         if drawn {
             // the Gumbel-max draw, and the normalizer of the logprob mode
@@ -413,8 +420,9 @@ fn uniform01(seed: u32, counter: u32, id: u32) -> f32 {
 }
 
 /// What the GPU sampler picks for `logits` (same hash, same kept set, same tie rule), with its
-/// log-probability: `counter` is the position the sampled token will take. Sums run in another
-/// order than on the GPU, so a top-p boundary that is a near tie can fall differently.
+/// log-probability: `counter` is the position the sampled token will take. The GPU's `exp` may
+/// differ from the CPU's in its last bits, so a top-p boundary that is a near tie can fall
+/// differently.
 pub fn sample_cpu(logits: &[f32], s: Sampler, counter: u32) -> (u32, f32) {
     let got = sample_cpu_full(logits, s, counter, &[], None);
     (got.token, got.logprob)
@@ -456,32 +464,27 @@ pub fn sample_cpu_full(logits: &[f32], s: Sampler, counter: u32, bias: &[(u32, f
     }
     let z: f32 = scores.iter().map(|&x| (x - m).exp()).sum();
     let mut thr = mn;
-    if t > 0.0 && s.top_k > 0 && (s.top_k as usize) < v {
-        let (mut lo, mut hi) = (mn, m);
-        for _ in 0..32 {
-            let mid = 0.5 * (lo + hi);
-            let c = scores.iter().filter(|&&x| x >= mid).count();
-            if c as f32 >= s.top_k as f32 {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        thr = lo;
+    // top-k: the top_k-th largest score; top-p: the largest score whose tokens at or above it (of
+    // those top-k keeps) hold top_p of their fixed-point mass (`sample.wgsl`'s radix select)
+    let mut desc: Vec<f32> = scores.clone();
+    desc.sort_by(|a, b| b.total_cmp(a));
+    if s.has_top_k(v) {
+        thr = desc[s.top_k as usize - 1];
     }
-    if t > 0.0 && s.top_p < 1.0 {
-        let zk: f32 = scores.iter().filter(|&&x| x >= thr).map(|&x| (x - m).exp()).sum();
-        let (mut lo, mut hi) = (thr, m);
-        for _ in 0..32 {
-            let mid = 0.5 * (lo + hi);
-            let p: f32 = scores.iter().filter(|&&x| x >= mid).map(|&x| (x - m).exp()).sum();
-            if p >= s.top_p * zk {
-                lo = mid;
-            } else {
-                hi = mid;
+    if s.has_top_p() {
+        let mass = |x: f32| ((x - m).exp() * 2_147_483_648.0).round_ties_even() as u64;
+        let wide =
+            |q: u64| (q >> 32) as f32 * 4_294_967_296.0 + (((q >> 16) & 0xffff) as f32 * 65536.0 + (q & 0xffff) as f32);
+        let kept = &desc[..desc.iter().take_while(|&&x| x >= thr).count()];
+        let target = s.top_p * wide(kept.iter().map(|&x| mass(x)).sum());
+        let mut cum = 0u64;
+        for (i, &x) in kept.iter().enumerate() {
+            cum += mass(x);
+            if kept.get(i + 1) != Some(&x) && wide(cum) >= target {
+                thr = x;
+                break;
             }
         }
-        thr = lo;
     }
     if t > 0.0 && s.min_p > 0.0 {
         thr = thr.max(m + s.min_p.ln());

@@ -156,6 +156,7 @@ impl Engine {
             sampling: &self.sampling,
             route_log: self.record_routes,
             split_sampling: self.split_sampling,
+            all_logits_tokens: self.all_logits_tokens,
         })?;
         self.chunk_dispatches = d.chunk;
         self.head_dispatches = d.head;

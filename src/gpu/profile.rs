@@ -103,6 +103,8 @@ impl Profile {
             | Kernel::Commit
             | Kernel::Sample
             | Kernel::SampleChunks
+            | Kernel::SampleRadix
+            | Kernel::SampleKept
             | Kernel::SampleMerge
             | Kernel::LogitBias
             | Kernel::EngramGather

@@ -58,13 +58,20 @@ pub enum Kernel {
     MlpAct,
     /// End-of-chunk bookkeeping: lens, lpos, token history (`commit.wgsl`).
     Commit,
-    /// Greedy / temperature sampling, one workgroup a row (`sample.wgsl`): rows that truncate
-    /// (top-k, top-p, min-p) or list alternatives.
+    /// Greedy / temperature sampling, one workgroup a row (`sample.wgsl`): every row without the
+    /// split path, and with it the scored positions that truncate or list alternatives.
     Sample,
     /// The split path of sampling, part 1: a workgroup per chunk of a row's vocabulary writes
     /// its partial results (the `chunks` entry point of `sample.wgsl`).
     SampleChunks,
-    /// The split path, part 2: a workgroup per row merges the chunks' results in a fixed order
+    /// The split path, a radix pass of top-k's or top-p's threshold: a workgroup per chunk adds
+    /// its histogram into its row's (the `radix` entry point of `sample.wgsl`, one pipeline a
+    /// pass).
+    SampleRadix,
+    /// The split path, rows that truncate: a workgroup per chunk draws among its kept tokens
+    /// (`kept` of `sample.wgsl`).
+    SampleKept,
+    /// The split path, last: a workgroup per row merges the chunks' results in a fixed order
     /// (`merge` of `sample.wgsl`).
     SampleMerge,
     /// Sparse logit bias added before sampling (`logit_bias.wgsl`).
@@ -105,7 +112,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// All kernels.
-    pub const ALL: [Kernel; 29] = [
+    pub const ALL: [Kernel; 31] = [
         Kernel::Embed,
         Kernel::RmsNorm,
         Kernel::Matmul,
@@ -121,6 +128,8 @@ impl Kernel {
         Kernel::Commit,
         Kernel::Sample,
         Kernel::SampleChunks,
+        Kernel::SampleRadix,
+        Kernel::SampleKept,
         Kernel::SampleMerge,
         Kernel::LogitBias,
         Kernel::EngramGather,
@@ -151,6 +160,8 @@ impl Kernel {
             Kernel::MatmulInt => "matmul_int.wgsl",
             Kernel::MatmulExperts => "matmul_experts.wgsl",
             Kernel::SampleChunks => "sample.wgsl chunks",
+            Kernel::SampleRadix => "sample.wgsl radix",
+            Kernel::SampleKept => "sample.wgsl kept",
             Kernel::SampleMerge => "sample.wgsl merge",
             k => k.file(),
         }
@@ -168,7 +179,9 @@ impl Kernel {
             Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => "attention_split.wgsl",
             Kernel::MlpAct => "mlp_act.wgsl",
             Kernel::Commit => "commit.wgsl",
-            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleMerge => "sample.wgsl",
+            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleRadix | Kernel::SampleKept | Kernel::SampleMerge => {
+                "sample.wgsl"
+            }
             Kernel::LogitBias => "logit_bias.wgsl",
             Kernel::EngramGather => "engram_gather.wgsl",
             Kernel::EngramMix => "engram_mix.wgsl",
@@ -198,6 +211,8 @@ impl Kernel {
             Kernel::MatmulInt => "main_int",
             Kernel::MatmulExperts => "main_experts",
             Kernel::SampleChunks => "chunks",
+            Kernel::SampleRadix => "radix",
+            Kernel::SampleKept => "kept",
             Kernel::SampleMerge => "merge",
             _ => "main",
         }
@@ -231,7 +246,9 @@ impl Kernel {
             }
             Kernel::MlpAct => include_str!("../../shaders/mlp_act.wgsl"),
             Kernel::Commit => include_str!("../../shaders/commit.wgsl"),
-            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleMerge => include_str!("../../shaders/sample.wgsl"),
+            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleRadix | Kernel::SampleKept | Kernel::SampleMerge => {
+                include_str!("../../shaders/sample.wgsl")
+            }
             Kernel::LogitBias => include_str!("../../shaders/logit_bias.wgsl"),
             Kernel::EngramGather => include_str!("../../shaders/engram_gather.wgsl"),
             Kernel::EngramMix => include_str!("../../shaders/engram_mix.wgsl"),
@@ -298,7 +315,7 @@ impl Kernel {
             }
             Kernel::MlpAct => &[Uniform, Read, ReadWrite],
             Kernel::Commit => &[Uniform, Read, Read, ReadWrite, ReadWrite, ReadWrite],
-            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleMerge => {
+            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleRadix | Kernel::SampleKept | Kernel::SampleMerge => {
                 &[Uniform, Read, Read, Read, ReadWrite, Read, ReadWrite, Read, ReadWrite]
             }
             Kernel::LogitBias => &[Uniform, Read, Read, Read, ReadWrite],
@@ -320,7 +337,9 @@ impl Kernel {
     /// device).
     pub(crate) fn workgroup_size(self) -> u32 {
         match self {
-            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleMerge => 256,
+            Kernel::Sample | Kernel::SampleChunks | Kernel::SampleRadix | Kernel::SampleKept | Kernel::SampleMerge => {
+                256
+            }
             Kernel::AttentionSplitHead => 8,
             _ => 64,
         }

@@ -17,7 +17,7 @@ pub(crate) use attention::{Attention, AttentionShape, AttentionSplit, KvWrite, Q
 pub(crate) use engram::{EngramGather, EngramMix};
 pub(crate) use lora::Lora;
 pub(crate) use moe::{ExpertProduct, MoeRoute, RouteSlots};
-pub(crate) use sample::{LogitBias, Sample, SampleStage};
+pub(crate) use sample::{LogitBias, Sample, SampleStage, RADIX_PASSES, SAMPLE_MAX_PER_THREAD};
 pub(crate) use work::{At, Work};
 
 /// A kernel specialized by its override constants.
@@ -555,10 +555,17 @@ mod tests {
             Box::new(AttentionSplit { kernel: Kernel::AttentionQueryTiles, query_tile: Some(8), ..split }),
             Box::new(MlpAct { ffn: 64, act: MlpKind::GeluTanhGated }),
             Box::new(Commit { max_len: 32, ring_slots: 9, has_ring: true }),
-            Box::new(Sample { vocab: 100, mask_words: 4, score: false, split: false, stage: SampleStage::Whole }),
-            Box::new(Sample { vocab: 100, mask_words: 4, score: true, split: true, stage: SampleStage::Whole }),
-            Box::new(Sample { vocab: 70000, mask_words: 2188, score: false, split: true, stage: SampleStage::Chunks }),
-            Box::new(Sample { vocab: 100, mask_words: 4, score: true, split: true, stage: SampleStage::Merge }),
+            Box::new(Sample { vocab: 100, mask_words: 4, score: false, stat_rows: 2, stage: SampleStage::Whole }),
+            Box::new(Sample { vocab: 100, mask_words: 4, score: true, stat_rows: 2, stage: SampleStage::Merge }),
+            Box::new(Sample { vocab: 70000, mask_words: 2188, score: false, stat_rows: 2, stage: SampleStage::Chunks }),
+            Box::new(Sample {
+                vocab: 70000,
+                mask_words: 2188,
+                score: true,
+                stat_rows: 2,
+                stage: SampleStage::Radix(5),
+            }),
+            Box::new(Sample { vocab: 100, mask_words: 4, score: false, stat_rows: 2, stage: SampleStage::Kept }),
             Box::new(LogitBias { vocab: 100, slots: 16 }),
             Box::new(EngramGather { heads: 2, orders: 2, table_rows: 64, dim: 8, max_len: 32 }),
             Box::new(EngramMix { d: 64, eps: 1e-6 }),

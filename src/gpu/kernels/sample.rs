@@ -1,32 +1,49 @@
-//! Sampling's kernels: `sample.wgsl` in its three dispatches, and the logit bias before it.
+//! Sampling's kernels: `sample.wgsl` in its dispatches, and the logit bias before it.
 
 use super::work::{self, Work};
 use super::{Overrides, Specialize};
 use crate::gpu::shaders::{Constants, Kernel};
 
-/// Which of sampling's dispatches: the whole-vocabulary kernel, or the split path's two.
+/// Which of sampling's dispatches: the whole-vocabulary kernel, or one of the split path's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SampleStage {
     Whole,
     Chunks,
+    /// Radix pass `0..RADIX_PASSES` (top-k's four digits, then top-p's).
+    Radix(usize),
+    Kept,
     Merge,
 }
 
+/// Radix passes of the split path: four 8-bit digits of top-k's threshold, four of top-p's
+/// (`PASSES` in sample.wgsl).
+pub(crate) const RADIX_PASSES: usize = 8;
+
 /// `sample.wgsl`: each row samples its next token (`score`: each token of the chunk reports the
 /// chunk's next token, as a draw there would), one workgroup a row (`Whole`), or on the split path
-/// a workgroup per chunk of its vocabulary (`Chunks`) and one to merge them (`Merge`).
+/// a workgroup per chunk of its vocabulary (`Chunks`, `Radix`, `Kept`) and one to merge them
+/// (`Merge`).
 pub(crate) struct Sample {
     pub vocab: usize,
     pub mask_words: usize,
     pub score: bool,
-    /// The split path is on: `Whole` leaves the rows it takes to `Chunks` and `Merge`.
-    pub split: bool,
+    /// Rows of the split path's work buffer: the engine's rows, or its all-position tokens when
+    /// more.
+    pub stat_rows: usize,
     pub stage: SampleStage,
 }
+
+/// The split path's most entries of a chunk per thread (a thread marks the ones its top-N took
+/// in one u32): vocabularies up to 32 * 256 * 256 tokens.
+pub(crate) const SAMPLE_MAX_PER_THREAD: usize = 32;
 
 /// Alternatives a row's top-N list holds (`TOP_MAX` in sample.wgsl; the engine's
 /// `TOP_LOGPROBS_MAX`).
 const TOP_MAX: usize = 20;
+/// Words of a chunk's statistics (`STATS`).
+const STATS: usize = 9;
+/// Words of a sampled row's histograms and radix states (`HIST_WORDS + STATE_WORDS`).
+const ROW_SELECT_WORDS: usize = RADIX_PASSES * 256 * 2 + (RADIX_PASSES + 1) * 4;
 
 impl Sample {
     /// Split path: entries of a chunk per thread, so that a row has at most one chunk per lane of
@@ -40,6 +57,13 @@ impl Sample {
     pub(crate) fn chunks(vocab: usize) -> usize {
         vocab.div_ceil(Kernel::Sample.workgroup_size() as usize * Sample::per_thread(vocab))
     }
+
+    /// Split path: words of the work buffer, for `stat_rows` rows (or scored positions) of
+    /// chunk statistics, histograms, radix states and top-N candidates.
+    pub(crate) fn work_words(vocab: usize, stat_rows: usize) -> usize {
+        let chunks = Sample::chunks(vocab);
+        stat_rows * (chunks * STATS + ROW_SELECT_WORDS + chunks * TOP_MAX * 2)
+    }
 }
 
 impl Specialize for Sample {
@@ -47,18 +71,25 @@ impl Specialize for Sample {
         match self.stage {
             SampleStage::Whole => Kernel::Sample,
             SampleStage::Chunks => Kernel::SampleChunks,
+            SampleStage::Radix(_) => Kernel::SampleRadix,
+            SampleStage::Kept => Kernel::SampleKept,
             SampleStage::Merge => Kernel::SampleMerge,
         }
     }
     fn constants(&self) -> Constants {
-        let o = Overrides::default()
-            .count("V", self.vocab)
-            .count("MASK_WORDS", self.mask_words)
-            .flag("SCORE", self.score)
-            .flag("SPLIT", self.split);
+        let o =
+            Overrides::default().count("V", self.vocab).count("MASK_WORDS", self.mask_words).flag("SCORE", self.score);
+        let chunks = Sample::chunks(self.vocab);
+        let o = match self.stage {
+            SampleStage::Whole => return o.0,
+            _ => o
+                .count("PER_THREAD", Sample::per_thread(self.vocab))
+                .count("CHUNKS", chunks)
+                .count("STAT_WORDS", self.stat_rows * chunks * STATS),
+        };
         match self.stage {
-            SampleStage::Whole => o.0,
-            _ => o.count("PER_THREAD", Sample::per_thread(self.vocab)).count("CHUNKS", Sample::chunks(self.vocab)).0,
+            SampleStage::Radix(pass) => o.count("PASS", pass).0,
+            _ => o.0,
         }
     }
     fn label(&self) -> String {
@@ -66,35 +97,58 @@ impl Specialize for Sample {
         match self.stage {
             SampleStage::Whole => form.into(),
             SampleStage::Chunks => format!("{form}_chunks"),
+            SampleStage::Radix(pass) => format!("{form}_radix_{}{}", ["k", "p"][pass / 4], pass % 4),
+            SampleStage::Kept => format!("{form}_kept"),
             SampleStage::Merge => format!("{form}_merge"),
         }
     }
     /// One workgroup of 256 per row (a token, scoring): a pass over the vocabulary is
     /// ceil(V / 256) entries a thread; how many passes and reductions the row's sampler runs is
     /// `Sampler::vocabulary_passes`.
-    /// The split path: a chunk is `per_thread` entries a thread, read twice, and six trees (the
-    /// argmax, the Gumbel-max, the raw max, the kept count and two sums); the merge the same over
-    /// its chunks.
+    /// The split path: a chunk is `per_thread` entries a thread. `Chunks` reads them twice and
+    /// runs six trees (the argmax, the Gumbel-max, the raw max, the kept count and two sums),
+    /// then a round per top-N entry (its entries and a tree). A radix pass or `Kept` reads them
+    /// once after at most two radix choices (a suffix scan of 8 levels and the uniform load) and
+    /// the row's max (a tree); `Kept` adds three trees. The merge reads its chunks twice, six
+    /// trees, then a round per top-N entry over the chunks' candidates.
     fn work(&self) -> Work {
         let lanes = Kernel::Sample.workgroup_size() as usize;
-        let trees = 6 * work::levels(lanes);
-        let stats = 32 * Sample::chunks(self.vocab);
+        let levels = work::levels(lanes);
+        let per_thread = Sample::per_thread(self.vocab);
+        let chunks = Sample::chunks(self.vocab);
+        let stats = 4 * STATS * chunks;
         let per_row = !self.score;
+        let choice = levels + 1;
+        // a row's histogram of one pass, its states and its top-N candidates
+        let hist = 4 * 256 * 2;
+        let candidates = 4 * chunks * TOP_MAX * 2;
+        let logits = 4 * self.vocab + 4 * self.mask_words;
         match self.stage {
             SampleStage::Whole => Work {
                 per_pass: self.vocab.div_ceil(lanes),
-                per_reduction: work::levels(lanes),
+                per_reduction: levels,
                 per_row,
                 // the logits, the row's mask, and the top-N list
-                ..Work::flat(0, 4 * self.vocab + 4 * self.mask_words + 8 * TOP_MAX + 12)
+                ..Work::flat(0, logits + 8 * TOP_MAX + 12)
             },
             SampleStage::Chunks => Work {
                 per_row,
-                ..Work::flat(2 * Sample::per_thread(self.vocab) + trees, 4 * self.vocab + 4 * self.mask_words + stats)
+                per_top: per_thread + levels,
+                ..Work::flat(2 * per_thread + 6 * levels, logits + stats + hist * RADIX_PASSES + candidates)
             },
-            SampleStage::Merge => {
-                Work { per_row, ..Work::flat(2 * Sample::chunks(self.vocab).div_ceil(lanes) + trees, stats + 12) }
+            SampleStage::Radix(_) => {
+                Work { per_row, ..Work::flat(2 * choice + levels + per_thread, logits + stats / STATS + 2 * hist) }
             }
+            SampleStage::Kept => {
+                Work { per_row, ..Work::flat(choice + 4 * levels + per_thread, logits + stats / STATS * 5 + hist) }
+            }
+            SampleStage::Merge => Work {
+                per_row,
+                per_top: levels,
+                top_candidates: chunks,
+                top_lanes: lanes,
+                ..Work::flat(2 * chunks.div_ceil(lanes) + 6 * levels, stats + candidates + 8 * TOP_MAX + 12)
+            },
         }
     }
 }

@@ -28,6 +28,11 @@ pub(crate) struct Work {
     /// each a row runs depends on its sampler ([`At::vocab_passes`]).
     pub per_pass: usize,
     pub per_reduction: usize,
+    /// The split sampler's top-N: iterations per entry found, plus a walk over `top_candidates`
+    /// per entry (the chunks' candidates) spread over `top_lanes` lanes (0: none).
+    pub per_top: usize,
+    pub top_candidates: usize,
+    pub top_lanes: usize,
     /// Bytes read once a dispatch (weights).
     pub fixed_bytes: u64,
     /// Bytes read and written per token of the step (per chunk row with `per_row`).
@@ -47,6 +52,8 @@ pub(crate) struct At {
     /// Passes over the vocabulary and workgroup reductions the longest row's sampler runs.
     pub vocab_passes: usize,
     pub reductions: usize,
+    /// Alternatives the longest row lists (its top-N).
+    pub top_n: usize,
 }
 
 impl Work {
@@ -60,6 +67,13 @@ impl Work {
         let keys = at.context.min(self.key_span);
         let mut serial = self.iters + self.per_key * keys + self.per_pass * at.vocab_passes;
         serial += self.per_reduction * at.reductions;
+        if at.top_n > 0 {
+            let walk = match self.top_lanes {
+                0 => 0,
+                lanes => (at.top_n * self.top_candidates).div_ceil(lanes),
+            };
+            serial += at.top_n * (self.per_top + walk);
+        }
         if self.key_tile > 0 {
             serial += self.per_tile * keys.div_ceil(self.key_tile);
         }
@@ -85,7 +99,7 @@ mod tests {
     #[test]
     fn keys_tiles_and_partitions_follow_the_context() {
         let w = Work { per_key: 2, key_span: 256, per_tile: 10, key_tile: 64, key_bytes: 8, ..Work::default() };
-        let at = At { rows: 2, tokens: 2, context: 100, vocab_passes: 0, reductions: 0 };
+        let at = At { rows: 2, tokens: 2, context: 100, vocab_passes: 0, reductions: 0, top_n: 0 };
         assert_eq!(w.at(&at), (2 * 100 + 10 * 2, 8 * 200));
         assert_eq!(w.at(&At { context: 1000, ..at }).0, 2 * 256 + 10 * 4);
         let merge = Work { per_part: 3, part_span: 256, ..Work::default() };
