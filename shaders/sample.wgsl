@@ -100,6 +100,9 @@ const STATE_WORDS: u32 = (PASSES + 1u) * 4u;
 var<workgroup> red_v: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
 var<workgroup> picked: array<u32, TOP_MAX>;
+var<workgroup> red_max: array<vec4<f32>, WG>;
+var<workgroup> red_ids: array<vec2<u32>, WG>;
+var<workgroup> red_sum: array<vec4<f32>, WG>;
 // radix select: the workgroup's histogram, suffix sums of a histogram ([BUCKETS] is 0) and the
 // chosen digit with the count or mass above its bucket
 var<workgroup> hist_hi: array<atomic<u32>, BUCKETS>;
@@ -180,11 +183,37 @@ fn lanes_argmax(t: u32, v: f32, i: u32) -> Best {
     return best;
 }
 
-// The lanes' sum of v, in the fixed tree (every thread calls it).
-fn lanes_sum(t: u32, v: f32) -> f32 {
-    red_v[t] = v;
+// Several independent reductions in one tree, for the split path's partial results: maxes.x
+// and .y argmaxes (ids in ids.x, .y; ties to the lowest id), maxes.z a max, sums four sums. The
+// same pairs as `lanes_argmax` and `reduce_sum`, so the same bits, for one tree's barriers.
+struct Reduced {
+    maxes: vec4<f32>,
+    ids: vec2<u32>,
+    sums: vec4<f32>,
+}
+
+fn lanes_reduce(t: u32, maxes: vec4<f32>, ids: vec2<u32>, sums: vec4<f32>) -> Reduced {
+    red_max[t] = maxes;
+    red_ids[t] = ids;
+    red_sum[t] = sums;
     workgroupBarrier();
-    return reduce_sum(t);
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if t < stride {
+            let a = red_max[t];
+            let b = red_max[t + stride];
+            let ai = red_ids[t];
+            let bi = red_ids[t + stride];
+            let x = b.x > a.x || (b.x == a.x && bi.x < ai.x);
+            let y = b.y > a.y || (b.y == a.y && bi.y < ai.y);
+            red_max[t] = vec4<f32>(select(a.x, b.x, x), select(a.y, b.y, y), select(a.z, b.z, b.z > a.z), 0.0);
+            red_ids[t] = vec2<u32>(select(ai.x, bi.x, x), select(ai.y, bi.y, y));
+            red_sum[t] += red_sum[t + stride];
+        }
+        workgroupBarrier();
+    }
+    let r = Reduced(red_max[0], red_ids[0], red_sum[0]);
+    workgroupBarrier();
+    return r;
 }
 
 // Point the mask lookups of `score` at row `row`'s mask, when its sampler has one.
@@ -581,10 +610,11 @@ fn chunks(
         }
         if raw { mr = max(mr, score(r, i, 1.0)); }
     }
-    let best = lanes_argmax(t, mx, bi);
-    let gumbel = lanes_argmax(t, gv, gi);
-    let m_raw = lanes_argmax(t, mr, 0u).v;
-    kept = lanes_sum(t, kept);
+    let found = lanes_reduce(t, vec4<f32>(mx, gv, mr, 0.0), vec2<u32>(bi, gi), vec4<f32>(kept, 0.0, 0.0, 0.0));
+    let best = Best(found.maxes.x, found.ids.x);
+    let gumbel = Best(found.maxes.y, found.ids.y);
+    let m_raw = found.maxes.z;
+    kept = found.sums.x;
     var z = 0.0;
     var zr = 0.0;
     for (var k = 0u; k < PER_THREAD; k++) {
@@ -593,8 +623,9 @@ fn chunks(
         z += exp(score(r, i, temp) - best.v);
         if raw { zr += exp(score(r, i, 1.0) - m_raw); }
     }
-    z = lanes_sum(t, z);
-    zr = lanes_sum(t, zr);
+    let sums = lanes_reduce(t, vec4<f32>(), vec2<u32>(), vec4<f32>(z, zr, 0.0, 0.0)).sums;
+    z = sums.x;
+    zr = sums.y;
     if t == 0u {
         let at = (r * CHUNKS + c) * STATS;
         st(at, bitcast<u32>(best.v));
@@ -726,9 +757,10 @@ fn kept(
             }
         }
     }
-    let gumbel = lanes_argmax(t, gv, gi);
-    kept = lanes_sum(t, kept);
-    zk = lanes_sum(t, zk);
+    let found = lanes_reduce(t, vec4<f32>(gv, 0.0, 0.0, 0.0), vec2<u32>(gi, 0u), vec4<f32>(kept, zk, 0.0, 0.0));
+    let gumbel = Best(found.maxes.x, found.ids.x);
+    kept = found.sums.x;
+    zk = found.sums.y;
     if t == 0u {
         let at = (r * CHUNKS + c) * STATS;
         st(at + 3u, bitcast<u32>(gumbel.v));
@@ -771,13 +803,12 @@ fn merge(
         kept += bitcast<f32>(ld(at + 5u));
         mr = max(mr, bitcast<f32>(ld(at + 6u)));
     }
-    let best = lanes_argmax(t, mx, bi);
-    let m = best.v;
-    var chosen = best.i;
-    let gumbel = lanes_argmax(t, gv, gi);
-    if temp > 0.0 { chosen = gumbel.i; }
-    let m_raw = lanes_argmax(t, mr, 0u).v;
-    kept = lanes_sum(t, kept);
+    let found = lanes_reduce(t, vec4<f32>(mx, gv, mr, 0.0), vec2<u32>(bi, gi), vec4<f32>(kept, 0.0, 0.0, 0.0));
+    let m = found.maxes.x;
+    var chosen = found.ids.x;
+    if temp > 0.0 { chosen = found.ids.y; }
+    let m_raw = found.maxes.z;
+    kept = found.sums.x;
     var z = 0.0;
     var zr = 0.0;
     var zk = 0.0;
@@ -787,9 +818,10 @@ fn merge(
         if raw { zr = fma(bitcast<f32>(ld(at + 7u)), exp(bitcast<f32>(ld(at + 6u)) - m_raw), zr); }
         if cut_kept { zk += bitcast<f32>(ld(at + 8u)); }
     }
-    z = lanes_sum(t, z);
-    zr = lanes_sum(t, zr);
-    zk = lanes_sum(t, zk);
+    let sums = lanes_reduce(t, vec4<f32>(), vec2<u32>(), vec4<f32>(z, zr, zk, 0.0)).sums;
+    z = sums.x;
+    zr = sums.y;
+    zk = sums.z;
     if SCORE { chosen = scored_next(r, row); }
     // RAW reads its scores at temperature 1 (greedy rows: their scores are the logits already);
     // PROCESSED, over the kept tokens, reports the others as -inf
@@ -810,28 +842,21 @@ fn merge(
         out[n + r] = bitcast<u32>(score(r, chosen, temp_of) - lz);
         out[2u * n + r] = u32(kept);
     }
-    // the top_n: rounds of argmax over the chunks' candidates (lane l: candidates l, l + WG, ...;
-    // bit k of `taken`: its k-th taken)
+    // the top_n: rounds of argmax over the heads of the chunks' candidate lists (lane l: chunk l,
+    // at most 256 chunks). Each list is in (score desc, id asc) order, so the best untaken
+    // candidate is always a head: the same list as rounds over every candidate.
     let n_top = min(s.top_n, TOP_MAX);
-    let cands = CHUNKS * n_top;
-    var taken = 0u;
+    var head = 0u;
     for (var q = 0u; q < n_top; q++) {
-        var bv = -3.4e38;
-        var bj = NO_TOKEN;
-        var bk = 0u;
-        for (var k = 0u; t + k * WG < cands; k++) {
-            let e = t + k * WG;
-            let at = cand_at(r, e / n_top, e % n_top);
-            let id = ld(at);
-            let v = bitcast<f32>(ld(at + 1u));
-            if (taken & (1u << k)) == 0u && id != NO_TOKEN && (v > bv || (v == bv && id < bj)) {
-                bv = v;
-                bj = id;
-                bk = k;
-            }
+        var v = -3.4e38;
+        var id = NO_TOKEN;
+        if t < CHUNKS && head < n_top {
+            let at = cand_at(r, t, head);
+            id = ld(at);
+            if id != NO_TOKEN { v = bitcast<f32>(ld(at + 1u)); }
         }
-        let b = lanes_argmax(t, bv, bj);
-        if b.i == bj && bj != NO_TOKEN { taken |= 1u << bk; }
+        let b = lanes_argmax(t, v, id);
+        if id != NO_TOKEN && b.i == id { head++; }
         if t == 0u && writes {
             top[(r * TOP_MAX + q) * 2u] = b.i;
             let lp = bitcast<u32>(score(r, b.i, temp_of) - lz);

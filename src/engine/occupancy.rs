@@ -145,18 +145,18 @@ mod tests {
                 .map(|d| (d.label.clone(), d.workgroups, d.serial_iters))
                 .collect();
             // 512 logits, every row on the split path: 2 chunks of 256 a row, 1 entry a thread.
-            // The chunks read theirs twice and run 6 trees of 8 levels, then (top-p + 5
+            // The chunks read theirs twice and run 2 trees of 8 levels, then (top-p + 5
             // logprobs) 5 rounds of an entry and a tree; a radix pass two choices of digit (8
             // levels and a load each), the row's max (a tree) and its entry; the kept draw one
-            // choice, four trees and its entry. The merge: a chunk a lane, twice, 6 trees, then 5
-            // rounds of a tree and one candidate a lane.
+            // choice, two trees and its entry. The merge: a chunk a lane, twice, 2 trees, then 5
+            // rounds of a tree and one candidate list's head a lane.
             let at = |label: &str, workgroups: usize, iters: usize| (label.to_string(), workgroups as u64, iters);
             let want = match rows {
-                1 => vec![at("sample_chunks", 2, 50), at("sample_merge", 1, 50)],
+                1 => vec![at("sample_chunks", 2, 18), at("sample_merge", 1, 18)],
                 _ => {
-                    let mut w = vec![at("sample_chunks", 2 * rows, 50 + 5 * 9)];
+                    let mut w = vec![at("sample_chunks", 2 * rows, 18 + 5 * 9)];
                     w.extend((0..4).map(|p| at(&format!("sample_radix_p{p}"), 2 * rows, 2 * 9 + 8 + 1)));
-                    w.extend([at("sample_kept", 2 * rows, 9 + 32 + 1), at("sample_merge", rows, 50 + 5 * 9)]);
+                    w.extend([at("sample_kept", 2 * rows, 9 + 16 + 1), at("sample_merge", rows, 18 + 5 * 9)]);
                     w
                 }
             };

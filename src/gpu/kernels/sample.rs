@@ -106,11 +106,11 @@ impl Specialize for Sample {
     /// ceil(V / 256) entries a thread; how many passes and reductions the row's sampler runs is
     /// `Sampler::vocabulary_passes`.
     /// The split path: a chunk is `per_thread` entries a thread. `Chunks` reads them twice and
-    /// runs six trees (the argmax, the Gumbel-max, the raw max, the kept count and two sums),
-    /// then a round per top-N entry (its entries and a tree). A radix pass or `Kept` reads them
-    /// once after at most two radix choices (a suffix scan of 8 levels and the uniform load) and
-    /// the row's max (a tree); `Kept` adds three trees. The merge reads its chunks twice, six
-    /// trees, then a round per top-N entry over the chunks' candidates.
+    /// runs two trees (the argmaxes, raw max and kept count in one; the two sums), then a round
+    /// per top-N entry (its entries and a tree). A radix pass or `Kept` reads them once after at
+    /// most two radix choices (a suffix scan of 8 levels and the uniform load) and the row's max
+    /// (a tree); `Kept` adds one tree. The merge reads its chunks twice, two trees, then a round
+    /// per top-N entry: the head of a chunk's candidate list a lane, and a tree.
     fn work(&self) -> Work {
         let lanes = Kernel::Sample.workgroup_size() as usize;
         let levels = work::levels(lanes);
@@ -134,20 +134,18 @@ impl Specialize for Sample {
             SampleStage::Chunks => Work {
                 per_row,
                 per_top: per_thread + levels,
-                ..Work::flat(2 * per_thread + 6 * levels, logits + stats + hist * RADIX_PASSES + candidates)
+                ..Work::flat(2 * per_thread + 2 * levels, logits + stats + hist * RADIX_PASSES + candidates)
             },
             SampleStage::Radix(_) => {
                 Work { per_row, ..Work::flat(2 * choice + levels + per_thread, logits + stats / STATS + 2 * hist) }
             }
             SampleStage::Kept => {
-                Work { per_row, ..Work::flat(choice + 4 * levels + per_thread, logits + stats / STATS * 5 + hist) }
+                Work { per_row, ..Work::flat(choice + 2 * levels + per_thread, logits + stats / STATS * 5 + hist) }
             }
             SampleStage::Merge => Work {
                 per_row,
-                per_top: levels,
-                top_candidates: chunks,
-                top_lanes: lanes,
-                ..Work::flat(2 * chunks.div_ceil(lanes) + 6 * levels, stats + candidates + 8 * TOP_MAX + 12)
+                per_top: 1 + levels,
+                ..Work::flat(2 * chunks.div_ceil(lanes) + 2 * levels, stats + candidates + 8 * TOP_MAX + 12)
             },
         }
     }

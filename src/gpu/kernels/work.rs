@@ -28,11 +28,8 @@ pub(crate) struct Work {
     /// each a row runs depends on its sampler ([`At::vocab_passes`]).
     pub per_pass: usize,
     pub per_reduction: usize,
-    /// The split sampler's top-N: iterations per entry found, plus a walk over `top_candidates`
-    /// per entry (the chunks' candidates) spread over `top_lanes` lanes (0: none).
+    /// The split sampler's top-N: iterations per entry found.
     pub per_top: usize,
-    pub top_candidates: usize,
-    pub top_lanes: usize,
     /// Bytes read once a dispatch (weights).
     pub fixed_bytes: u64,
     /// Bytes read and written per token of the step (per chunk row with `per_row`).
@@ -67,13 +64,7 @@ impl Work {
         let keys = at.context.min(self.key_span);
         let mut serial = self.iters + self.per_key * keys + self.per_pass * at.vocab_passes;
         serial += self.per_reduction * at.reductions;
-        if at.top_n > 0 {
-            let walk = match self.top_lanes {
-                0 => 0,
-                lanes => (at.top_n * self.top_candidates).div_ceil(lanes),
-            };
-            serial += at.top_n * (self.per_top + walk);
-        }
+        serial += at.top_n * self.per_top;
         if self.key_tile > 0 {
             serial += self.per_tile * keys.div_ceil(self.key_tile);
         }
