@@ -102,6 +102,10 @@ pub struct Args {
     /// Weights table: sleep/wake cycles before the memory is read again.
     #[arg(long, default_value_t = 50)]
     sleep_cycles: usize,
+    /// The profile table's sampler: `greedy`, or `top-p` (temperature 0.8, top-p 0.9 and the 5
+    /// most likely tokens with their logprobs: the sampler's longest path).
+    #[arg(long, default_value = "greedy", value_parser = ["greedy", "top-p"])]
+    sampler: String,
     /// End with one JSON object of the figures (one line), for scripts.
     #[arg(long)]
     json: bool,
@@ -230,7 +234,8 @@ pub fn run(a: Args) -> Result<()> {
     json.insert("model".into(), a.model.clone().into());
     json.insert("throughput".into(), throughput.into());
     if table("profile") {
-        profile_table(&gpu, &model, &a.weights, &rows_list, &ctx_list, steps)?;
+        let sampler = crate::bench_occupancy::samplers()[usize::from(a.sampler == "top-p")];
+        profile_table(&gpu, &model, &a.weights, &rows_list, &ctx_list, steps, sampler)?;
     }
     if table("attention") {
         let rows = attention_table(&gpu, &model, &a.weights, &a.attention_rows, &a.attention_ctx, steps)?;
@@ -422,6 +427,7 @@ fn profile_table(
     rows_list: &[usize],
     ctx_list: &[usize],
     steps: usize,
+    (sampler_name, sampler): (&str, Sampler),
 ) -> Result<()> {
     let layers = model.cfg.n_layers();
     let mut rng = SplitMix64(5);
@@ -455,8 +461,8 @@ fn profile_table(
                     "each dispatch in a pass of its own, timestamps around it"
                 };
                 println!(
-                    "\nGPU time per decode step by kernel class (timestamp queries: {how}; f32 K/V; device copy \
-                     bandwidth {:.1} GB/s, read + write):\n",
+                    "\nGPU time per decode step by kernel class (timestamp queries: {how}; f32 K/V; sampler: \
+                     {sampler_name}; device copy bandwidth {:.1} GB/s, read + write):\n",
                     bw / 1e9
                 );
                 println!("| rows | context | matmul ms | attention ms | other ms | GPU ms / step | dispatches / layer | weights GB/s | of copy bandwidth |");
@@ -464,12 +470,12 @@ fn profile_table(
                 printed_head = true;
             }
             let ids: Vec<u32> = (0..rows * ctx).map(|_| rng.below(model.cfg.vocab) as u32).collect();
-            let greedy = vec![Sampler::GREEDY; rows];
-            let mut next = e.append_sample(&ids, ctx, &vec![ctx; rows], None, &greedy)?;
+            let samplers = vec![sampler; rows];
+            let mut next = e.append_sample(&ids, ctx, &vec![ctx; rows], None, &samplers)?;
             let mut total = Profile::default();
             for _ in 0..steps {
                 let step_ids: Vec<u32> = next.iter().map(|x| x.unwrap_or(0)).collect();
-                total.add(&e.profile_step(&step_ids, 1, &vec![1; rows], None, Some(&greedy))?);
+                total.add(&e.profile_step(&step_ids, 1, &vec![1; rows], None, Some(&samplers))?);
                 // the profiled step samples on the GPU without reading back; feed fresh ids
                 next = (0..rows).map(|_| Some(rng.below(model.cfg.vocab) as u32)).collect();
             }

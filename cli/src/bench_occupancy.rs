@@ -20,8 +20,9 @@ pub struct Shapes<'a> {
     pub max_alone: usize,
 }
 
-/// The two samplers of the table: greedy, and a draw with top-p and the 5 most likely tokens.
-fn samplers() -> [(&'static str, Sampler); 2] {
+/// The two samplers of the table: greedy, and a draw with top-p and the 5 most likely tokens
+/// (also the profile table's `--sampler`).
+pub(crate) fn samplers() -> [(&'static str, Sampler); 2] {
     let top_p = Sampler::temperature(0.8, 1).with_top_p(0.9).with_top_logprobs(5).with_logprobs(LogprobMode::Processed);
     [("greedy", Sampler::GREEDY), ("top-p + 5 logprobs", top_p)]
 }
