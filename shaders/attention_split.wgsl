@@ -5,32 +5,34 @@
 // once per group; it writes the partition's unnormalized softmax state (max, sum, weighted values)
 // to `partials`. attention.wgsl (SPLIT) then merges the partitions in position order and goes on
 // with the local keys.
-// A partition is walked in tiles of TILE keys: all of a tile's scores first (lanes over keys),
-// then its max and sum (each lane over its own keys, then one lane per head over the lanes), then
-// the weighted values (lanes over (head, element), keys in position order). Four barriers a tile.
-// Exactness: every reduction has one fixed order set by TILE and WG, and the partitions' bounds
+// A partition is walked in tiles of TILE keys: all of a tile's scores first (lanes over (head,
+// key)), then each head's max and the sum of its weights (trees over the tile's keys, all heads
+// at once), then the weighted values (lanes over (key range, head, element), keys in position
+// order in a range, the ranges added in order). 256 lanes, so that a partition's serial loop
+// stays short at short contexts, where there are few partitions (the occupancy table).
+// Exactness: every reduction has one fixed order set by TILE and MAIN_WG, and the partitions' bounds
 // depend only on the query's position, so a query's result depends on its position and the keys
 // alone: never on the other rows or tokens of the step, nor on how the tokens were chunked.
 
 override H: u32;                // query heads
 override HK: u32;               // kv heads
-override D: u32;                // head_dim (multiple of 4; G * D <= 4 * WG)
+override D: u32;                // head_dim (multiple of 4; G * D <= 4 * MAIN_WG)
 override Q_STRIDE: u32;         // floats per token row of qy (its first H * D are the queries)
 override BLOCK: u32 = 16u;      // positions per block of the global pool
 override MAX_BLOCKS: u32 = 1u;  // block table entries per row
 override KV_FORMAT: u32 = 0u;   // 0 f32, 1 f16 pairs, 5 bf16 pairs (common.wgsl)
 override SCALE: f32;
 override ATTN_SOFTCAP: f32 = 0.0; // > 0: scores become ATTN_SOFTCAP * tanh(score / ATTN_SOFTCAP) (Gemma 2)
-override TILE: u32 = 64u;       // keys per tile: a multiple of WG, G * TILE <= 1024
+override TILE: u32 = 64u;       // keys per tile: a power of two <= WG, G * TILE <= 1024
 override SPAN: u32;             // positions per partition: a multiple of TILE
 override PARTS: u32;            // partitions per query: ceil(max_len / SPAN)
 override GROUP_TOKENS: u32 = 0xffffffffu;  // tokens per dispatch (its token group)
 override ROW0: u32 = 0u;        // first cache row held by the bound cache shard
 override SHARD_ROWS: u32 = 0xffffffffu;
 
-const WG: u32 = 64u;            // lanes per workgroup
+const WG: u32 = 64u;            // lanes per workgroup of `query_tiles`
+const MAIN_WG: u32 = 256u;      // lanes per workgroup of `main`: G * D / 4 <= MAIN_WG
 const MAX_G: u32 = 16u;         // query heads per kv head
-const SLOTS: u32 = 4u;          // value vec4s per lane: G * D / 4 <= SLOTS * WG
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> group: TokenGroup;                     // this dispatch's first token
@@ -42,8 +44,7 @@ const SLOTS: u32 = 4u;          // value vec4s per lane: G * D / 4 <= SLOTS * WG
 
 var<workgroup> qs: array<vec4<f32>, 256>;       // [G, D / 4] the group's queries
 var<workgroup> score: array<f32, 1024>;         // [G, TILE] a tile's scores, then their weights
-var<workgroup> per_lane: array<f32, 1024>;      // [G, WG] each lane's max, then sum, over its keys
-var<workgroup> quarter: array<vec4<f32>, WG>;   // [parts, G * D / 4] a tile's values per key range
+var<workgroup> tree_v: array<vec4<f32>, MAIN_WG>; // [G, TILE] floats of the max and sum trees, then [ranges, G * D / 4] values
 var<workgroup> run_m: array<f32, MAX_G>;        // running max per head
 var<workgroup> run_l: array<f32, MAX_G>;        // running sum per head
 var<workgroup> corr: array<f32, MAX_G>;         // this tile's rescale of the earlier state
@@ -71,7 +72,7 @@ fn partial_at(t: u32, h: u32, s: u32) -> u32 {
 }
 
 // Workgroup (s, kh, t): partition s of kv head kh for token group.token0 + t.
-@compute @workgroup_size(WG)
+@compute @workgroup_size(MAIN_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let s = wid.x;
     let kh = wid.y;
@@ -92,107 +93,132 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if w.x == 0u { return; }
     let last = min(w.y, s * SPAN + SPAN - 1u);
     let row = w.z + ROW0;
-    for (var i = lane; i < g_n * d4n; i += WG) {
+    for (var i = lane; i < g_n * d4n; i += MAIN_WG) {
         qs[i] = qy[n * (Q_STRIDE / 4u) + kh * g_n * d4n + i] * SCALE;
     }
     if lane < g_n {
         run_m[lane] = -3.0e38;
         run_l[lane] = 0.0;
     }
-    var acc: array<vec4<f32>, SLOTS>;
-    for (var k = 0u; k < SLOTS; k++) { acc[k] = vec4<f32>(0.0); }
+    // the value step: lane (range, slot) folds element slot % d4n of head slot / d4n over the
+    // keys of its range
+    let slots = g_n * d4n;
+    let ranges = value_ranges(g_n);
+    let slot = lane % slots;
+    let range = lane / slots;
+    var acc = vec4<f32>(0.0);
     for (var t0 = s * SPAN; t0 <= last; t0 += TILE) {
         let count = min(TILE, last + 1u - t0);
         workgroupBarrier();
-        // 1. lane i scores keys t0 + i, t0 + i + WG, ... against every head (K re-read per head
-        //    from the cache; per-lane arrays indexed by head cost more on CPU adapters) and keeps
-        //    its max per head
-        for (var g = 0u; g < g_n; g++) {
-            var lane_max = -3.0e38;
-            for (var i = lane; i < count; i += WG) {
+        // 1. lane e: the score of (head e / TILE, key e % TILE), and a copy for the max tree
+        for (var e = lane; e < g_n * TILE; e += MAIN_WG) {
+            let i = e % TILE;
+            var sc = -3.0e38;
+            if i < count {
                 let at = key_at(row, kh, t0 + i);
                 var dot_sum = 0.0;
-                for (var c = 0u; c < d4n; c++) { dot_sum = dot_fma(qs[g * d4n + c], global4(false, at + c * 4u), dot_sum); }
-                dot_sum = softcap_score(ATTN_SOFTCAP, dot_sum);
-                score[g * TILE + i] = dot_sum;
-                lane_max = max(lane_max, dot_sum);
+                for (var c = 0u; c < d4n; c++) { dot_sum = dot_fma(qs[(e / TILE) * d4n + c], global4(false, at + c * 4u), dot_sum); }
+                sc = softcap_score(ATTN_SOFTCAP, dot_sum);
             }
-            per_lane[g * WG + lane] = lane_max;
+            score[e] = sc;
+            tree_f32_set(e, sc);
         }
         workgroupBarrier();
-        // 2. lane g: head g's max over the lanes
+        // 2. each head's max over the tile (order-free), its rescale
+        tree_max(lane, g_n);
         if lane < g_n {
-            var mt = run_m[lane];
-            for (var i = 0u; i < WG; i++) { mt = max(mt, per_lane[lane * WG + i]); }
+            let mt = max(run_m[lane], tree_f32(lane * TILE));
             corr[lane] = exp(run_m[lane] - mt);
             run_m[lane] = mt;
         }
         workgroupBarrier();
-        // 3. lane i: the weights of its keys and their sum per head
-        for (var g = 0u; g < g_n; g++) {
-            var sum = 0.0;
-            for (var i = lane; i < count; i += WG) {
-                let p = exp(score[g * TILE + i] - run_m[g]);
-                score[g * TILE + i] = p;
-                sum += p;
-            }
-            per_lane[g * WG + lane] = sum;
+        // 3. the weights (0 past the count), and their sum in the fixed tree `query_tiles` shares
+        for (var e = lane; e < g_n * TILE; e += MAIN_WG) {
+            let p = select(0.0, exp(score[e] - run_m[e / TILE]), e % TILE < count);
+            score[e] = p;
+            tree_f32_set(e, p);
         }
         workgroupBarrier();
-        // 4. lane g: the running sum over the lanes; every lane: its slots of the weighted values,
-        //    keys in position order (consecutive lanes read consecutive elements of V). Fewer
-        //    slots than lanes: the tile's keys are cut into `ranges` consecutive ranges, one lane
-        //    per (range, slot), and the ranges are added in order.
-        if lane < g_n {
-            var sum = 0.0;
-            for (var i = 0u; i < WG; i++) { sum += per_lane[lane * WG + i]; }
-            run_l[lane] = fma(run_l[lane], corr[lane], sum);
-        }
-        let slots = g_n * d4n;
-        let ranges = max(1u, WG / slots);
-        if ranges > 1u {
-            let slot = lane % slots;
-            let range = lane / slots;
-            let g = slot / d4n;
-            let per = (count + ranges - 1u) / ranges;
-            var part = vec4<f32>(0.0);
-            if range < ranges {
-                for (var i = range * per; i < min(count, range * per + per); i++) {
-                    part = fma(vec4<f32>(score[g * TILE + i]), global4(true, key_at(row, kh, t0 + i) + (slot % d4n) * 4u), part);
-                }
-            }
-            quarter[lane] = part;
-            workgroupBarrier();
+        tree_sum(lane, g_n);
+        // 4. the weighted values, as `query_tiles` folds them: one range, the keys in order onto
+        //    the rescaled state; several, range q of a slot holds keys q * per .. q * per + per - 1,
+        //    folded from zero, and the ranges are added in order
+        let g = slot / d4n;
+        let v_at = (slot % d4n) * 4u;
+        if ranges == 1u {
             if lane < slots {
-                var a = fma(acc[0], vec4<f32>(corr[g]), quarter[lane]);
-                for (var q = 1u; q < ranges; q++) { a += quarter[q * slots + lane]; }
-                acc[0] = a;
+                var a = acc * corr[g];
+                for (var i = 0u; i < count; i++) {
+                    a = fma(vec4<f32>(score[g * TILE + i]), global4(true, key_at(row, kh, t0 + i) + v_at), a);
+                }
+                acc = a;
             }
+            if lane < g_n { run_l[lane] = fma(run_l[lane], corr[lane], tree_f32(lane * TILE)); }
             continue;
         }
-        for (var k = 0u; k < SLOTS; k++) {
-            let slot = lane + k * WG;
-            if slot < g_n * d4n {
-                let g = slot / d4n;
-                let d4 = slot % d4n;
-                var a = acc[k] * corr[g];
-                for (var i = 0u; i < count; i++) {
-                    a = fma(vec4<f32>(score[g * TILE + i]), global4(true, key_at(row, kh, t0 + i) + d4 * 4u), a);
-                }
-                acc[k] = a;
+        var part = vec4<f32>(0.0);
+        if range < ranges {
+            let per = (count + ranges - 1u) / ranges;
+            for (var i = range * per; i < min(count, range * per + per); i++) {
+                part = fma(vec4<f32>(score[g * TILE + i]), global4(true, key_at(row, kh, t0 + i) + v_at), part);
             }
+        }
+        if lane < g_n { run_l[lane] = fma(run_l[lane], corr[lane], tree_f32(lane * TILE)); }
+        workgroupBarrier();
+        tree_v[lane] = part;
+        workgroupBarrier();
+        if lane < slots {
+            var a = fma(acc, vec4<f32>(corr[g]), tree_v[lane]);
+            for (var q = 1u; q < ranges; q++) { a += tree_v[q * slots + lane]; }
+            acc = a;
         }
     }
     workgroupBarrier();
     if lane < g_n {
         partials[partial_at(n - group.token0, kh * g_n + lane, s)] = vec4<f32>(run_m[lane], run_l[lane], 0.0, 0.0);
     }
-    for (var k = 0u; k < SLOTS; k++) {
-        let slot = lane + k * WG;
-        if slot < g_n * d4n {
-            let g = slot / d4n;
-            partials[partial_at(n - group.token0, kh * g_n + g, s) + 1u + slot % d4n] = acc[k];
+    if lane < slots {
+        partials[partial_at(n - group.token0, kh * g_n + slot / d4n, s) + 1u + slot % d4n] = acc;
+    }
+}
+
+// Key ranges of a tile's value step: `main`'s spare lanes per (head, value vec4) slot.
+fn value_ranges(g_n: u32) -> u32 {
+    return max(1u, MAIN_WG / (g_n * (D / 4u)));
+}
+
+// The tile trees' scratch: [G, TILE] floats in vec4s (the value step reuses it as its ranges'
+// partial values).
+fn tree_f32(e: u32) -> f32 {
+    return tree_v[e / 4u][e % 4u];
+}
+
+fn tree_f32_set(e: u32, v: f32) {
+    tree_v[e / 4u][e % 4u] = v;
+}
+
+// Each head's max over the tile's TILE entries into entry g * TILE (a tree; max is order-free).
+// Every lane calls it, after a barrier; it ends with one.
+fn tree_max(lane: u32, g_n: u32) {
+    for (var stride = TILE / 2u; stride > 0u; stride /= 2u) {
+        for (var e = lane; e < g_n * stride; e += MAIN_WG) {
+            let at = (e / stride) * TILE + e % stride;
+            tree_f32_set(at, max(tree_f32(at), tree_f32(at + stride)));
         }
+        workgroupBarrier();
+    }
+}
+
+// Each head's sum over the tile's TILE entries into entry g * TILE, in one fixed tree (entry i
+// takes i + stride, strides TILE / 2 down to 1): `query_tiles` adds the same pairs. Every lane
+// calls it, after a barrier; it ends with one.
+fn tree_sum(lane: u32, g_n: u32) {
+    for (var stride = TILE / 2u; stride > 0u; stride /= 2u) {
+        for (var e = lane; e < g_n * stride; e += MAIN_WG) {
+            let at = (e / stride) * TILE + e % stride;
+            tree_f32_set(at, tree_f32(at) + tree_f32(at + stride));
+        }
+        workgroupBarrier();
     }
 }
 
@@ -251,11 +277,11 @@ fn per_head(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 // per query tile (one lane per key, against every query of the tile) where `main` reads it once
 // per head and token, and a value once per lane group of the value step instead of once per head
 // and token. Every sum keeps `main`'s order: a score is the query's D / 4 products in order; a
-// tile's max is order-free; its weights are summed over the keys in position order (`main`'s
-// lane-by-lane sum, one key per lane as TILE == WG); its weighted values per (head, element) are
-// folded over the keys in order, or, where `main` spreads a tile's keys over its spare lanes, in
-// its key ranges, each folded from zero and added in order. A token whose last key lies before
-// a tile skips the tile, as `main`'s walk ends there. So a step may take either kernel.
+// tile's max is order-free; its weights are summed in `main`'s tree (zeros past the count); its
+// weighted values per (head, element) are folded over the keys in order, or, where `main`
+// spreads a tile's keys over its spare lanes, in its key ranges, each folded from zero and added
+// in order. A token whose last key lies before a tile skips the tile, as `main`'s walk ends
+// there. So a step may take either kernel.
 
 override QT: u32 = 1u;          // tokens per query tile: QT * G <= 32, QT * G * D <= 1536
 const QT_PAIRS: u32 = 32u;      // (token, head) pairs of a tile at most
@@ -331,7 +357,7 @@ fn query_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     let subs = WG / d4n;
     let sub = lane / d4n;
     let d4 = lane % d4n;
-    let ranges = max(1u, WG / (g_n * d4n));  // `main`'s key ranges of a tile's value step
+    let ranges = value_ranges(g_n);  // `main`'s key ranges of a tile's value step
     var acc: array<vec4<f32>, QT_ACC>;
     for (var k = 0u; k < QT_ACC; k++) { acc[k] = vec4<f32>(0.0); }
     for (var t0 = s * SPAN; t0 <= job.y; t0 += TILE) {
@@ -349,23 +375,21 @@ fn query_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             for (var k = 0u; k < pairs; k++) { tile_p[k * TILE + lane] = softcap_score(ATTN_SOFTCAP, dots[k]); }
         }
         workgroupBarrier();
-        // 2. lane k, pair k: the tile's max, the rescale, the weights and their sum in key order
+        // 2. lane k, pair k: the tile's max (order-free) and the rescale; then every lane: the
+        //    weights, 0 past a pair's count (the sum's tree adds them after the values)
         if lane < pairs {
             let count = tile_count(lane, t0);
             if count > 0u {
                 var mt = tile_m[lane];
                 for (var i = 0u; i < count; i++) { mt = max(mt, tile_p[lane * TILE + i]); }
-                let corr = exp(tile_m[lane] - mt);
-                var sum = 0.0;
-                for (var i = 0u; i < count; i++) {
-                    let p = exp(tile_p[lane * TILE + i] - mt);
-                    tile_p[lane * TILE + i] = p;
-                    sum += p;
-                }
-                tile_corr[lane] = corr;
+                tile_corr[lane] = exp(tile_m[lane] - mt);
                 tile_m[lane] = mt;
-                tile_l[lane] = fma(tile_l[lane], corr, sum);
             }
+        }
+        workgroupBarrier();
+        for (var e = lane; e < pairs * TILE; e += WG) {
+            let k = e / TILE;
+            tile_p[e] = select(0.0, exp(tile_p[e] - tile_m[k]), e % TILE < tile_count(k, t0));
         }
         workgroupBarrier();
         // 3. the weighted values, each value element read once per lane group
@@ -419,6 +443,19 @@ fn query_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     }
                 }
             }
+        }
+        // 4. the weights' sum per pair in `main`'s tree (entry i takes i + stride), in place:
+        //    the values have read them
+        workgroupBarrier();
+        for (var stride = TILE / 2u; stride > 0u; stride /= 2u) {
+            for (var e = lane; e < pairs * stride; e += WG) {
+                let at = (e / stride) * TILE + e % stride;
+                tile_p[at] += tile_p[at + stride];
+            }
+            workgroupBarrier();
+        }
+        if lane < pairs && tile_count(lane, t0) > 0u {
+            tile_l[lane] = fma(tile_l[lane], tile_corr[lane], tile_p[lane * TILE]);
         }
     }
     // the partial states of the tile's tokens, in `main`'s layout

@@ -149,10 +149,12 @@ fn split_exact(kernel: AttentionKernel) {
 
 #[test]
 fn query_tiles_give_the_bits_of_one_token_at_a_time() {
-    // 2 query heads per kv head of 8 dims: split-group spreads a tile's keys over spare lanes in
-    // ranges; 3 heads of 64 (SmolLM2's group): one lane per value element, keys in order
+    // split-group's 256 lanes spread a tile's keys over the lanes a group's value elements leave
+    // in ranges: 2 query heads per kv head of 8 dims, 64 ranges of one key; 3 heads of 64
+    // (SmolLM2's group), 5 ranges; 6 heads of 96, 144 elements: one range, keys in order
     let heads_of_64 = ModelConfig::llama(96, 64, 6, 2, 64, 96, 2, 10000.0, 1e-6, false);
-    for (cfg, tile) in [(llama_cfg(), 16), (heads_of_64, 8)] {
+    let heads_of_96 = ModelConfig::llama(96, 64, 6, 1, 96, 96, 2, 10000.0, 1e-6, false);
+    for (cfg, tile) in [(llama_cfg(), 16), (heads_of_64, 8), (heads_of_96, 2)] {
         for kv in [KvDtype::F32, KvDtype::F16] {
             query_tiles_exact(&cfg, tile, kv);
         }

@@ -341,6 +341,7 @@ impl Kernel {
                 256
             }
             Kernel::AttentionSplitHead => 8,
+            Kernel::AttentionSplit => 256,
             _ => 64,
         }
     }

@@ -301,23 +301,45 @@ impl Specialize for AttentionSplit {
         format!("{form}_{}", self.shape.kv.name())
     }
     /// The keys of one partition (`span`). Per head: a thread walks them alone, as the serial
-    /// kernel. Per group (and query tiles, counted alike): per tile of keys a lane scores its
-    /// keys for every head of the group, heads' maxima and sums run over the 64 lanes, and each
-    /// lane adds the tile's keys into its value slots.
+    /// kernel. Per group (256 lanes): per tile of keys, a lane scores (head, key) pairs, two
+    /// trees over the tile's keys (max, sum) run for all heads at once, and each lane folds its
+    /// key range of one value slot. Query tiles (64 lanes): a lane scores its key for every pair,
+    /// a lane per pair finds the max, the weights spread over the lanes, a lane folds its
+    /// value element of its pairs over the tile, and the sum's tree runs over all pairs.
     fn work(&self) -> Work {
         let sh = &self.shape;
         let d4 = sh.head_dim / 4;
-        let io = Work { key_span: sh.span, key_bytes: sh.key_bytes(), ..Work::flat(d4, 4 * sh.heads * sh.head_dim) };
+        let g = sh.heads / sh.kv_heads.max(1);
+        let io = Work { key_span: sh.span, key_bytes: sh.key_bytes(), ..Work::flat(0, 4 * sh.heads * sh.head_dim) };
         let io = Work { token_bytes: io.token_bytes + sh.partial_bytes() as u64, ..io };
         if self.kernel == Kernel::AttentionSplitHead {
-            return Work { per_key: 2 * d4, ..io };
+            return Work { per_key: 2 * d4, ..Work { iters: d4, ..io } };
         }
-        let lanes = 64;
-        let tile = self.tile.unwrap_or(lanes);
-        let heads = sh.heads / sh.kv_heads.max(1) * self.query_tile.unwrap_or(1);
-        let slots = heads * d4;
+        let tile = self.tile.unwrap_or(64);
+        let lanes = Kernel::AttentionSplit.workgroup_size() as usize;
+        let slots = g * d4;
+        if let Some(qt) = self.query_tile {
+            let (lanes, pairs) = (64, g * qt);
+            let values = tile * pairs.div_ceil(lanes / d4);
+            let per_tile = pairs * d4 + tile + (pairs * tile).div_ceil(lanes) + tree_iters(pairs, tile, lanes) + values;
+            return Work { per_tile, key_tile: tile, ..Work { iters: (pairs * d4).div_ceil(lanes), ..io } };
+        }
         let ranges = (lanes / slots.max(1)).max(1);
-        let values = if ranges > 1 { tile.div_ceil(ranges) + ranges } else { tile * slots.div_ceil(lanes) };
-        Work { per_tile: heads * tile.div_ceil(lanes) * d4 + 2 * lanes + values, key_tile: tile, ..io }
+        let values = if ranges > 1 { tile.div_ceil(ranges) + ranges } else { tile };
+        let pairs = (g * tile).div_ceil(lanes);
+        let per_tile = pairs * d4 + 2 * tree_iters(g, tile, lanes) + pairs + values;
+        Work { per_tile, key_tile: tile, ..Work { iters: slots.div_ceil(lanes), ..io } }
     }
+}
+
+/// Iterations of a lane in `attention_split.wgsl`'s tile trees: `rows` rows of `tile` entries
+/// halved until one, spread over `lanes` lanes.
+fn tree_iters(rows: usize, tile: usize, lanes: usize) -> usize {
+    let mut stride = tile / 2;
+    let mut iters = 0;
+    while stride > 0 {
+        iters += (rows * stride).div_ceil(lanes);
+        stride /= 2;
+    }
+    iters
 }
