@@ -58,8 +58,8 @@ pub fn occupancy_table(gpu: &Gpu, s: &Shapes) -> Result<serde_json::Map<String, 
         drop(first);
         print_dispatches(&table, s.rows[0], s.ctx[0], s.sms);
         per_layer.insert(name.clone(), table.dispatches_per_layer.into());
-        println!("\n| rows | context | sampler | fewest workgroups | longest serial loop | below {} workgroups | walk alone (< {} workgroups, > {} iterations) |", s.sms, s.sms, s.max_alone);
-        println!("|---:|---:|---|---|---|---:|---|");
+        println!("\n| rows | context | sampler | fewest workgroups | longest serial loop | below {} workgroups | walk alone (< {} workgroups, > {} iterations) | after a barrier |", s.sms, s.sms, s.max_alone);
+        println!("|---:|---:|---|---|---|---:|---|---:|");
         for &rows in s.rows {
             for &ctx in s.ctx {
                 let engine = engine(rows, ctx)?;
@@ -69,14 +69,15 @@ pub fn occupancy_table(gpu: &Gpu, s: &Shapes) -> Result<serde_json::Map<String, 
                     let long = t.longest_loop().ok_or("no dispatches")?;
                     let alone: Vec<&str> = dedup(t.walking_alone(s.sms, s.max_alone).iter().map(|d| d.label.as_str()));
                     println!(
-                        "| {rows} | {ctx} | {sampler_name} | {} ({}) | {} ({}) | {} of {} | {} |",
+                        "| {rows} | {ctx} | {sampler_name} | {} ({}) | {} ({}) | {} of {} | {} | {} |",
                         few.label,
                         few.workgroups,
                         long.label,
                         long.serial_iters,
                         t.below(s.sms),
                         t.dispatches.len(),
-                        if alone.is_empty() { "none".to_string() } else { alone.join(", ") }
+                        if alone.is_empty() { "none".to_string() } else { alone.join(", ") },
+                        t.barriers
                     );
                     let tag = json!({ "model": name, "rows": rows, "context": ctx, "sampler": sampler_name });
                     for (i, d) in t.dispatches.iter().enumerate() {
@@ -93,6 +94,7 @@ pub fn occupancy_table(gpu: &Gpu, s: &Shapes) -> Result<serde_json::Map<String, 
                         json!({
                             "dispatches": t.dispatches.len(),
                             "dispatches_per_layer": t.dispatches_per_layer,
+                            "barriers": t.barriers,
                             "fewest_workgroups": { "label": few.label, "workgroups": few.workgroups },
                             "longest_loop": { "label": long.label, "serial_iters": long.serial_iters },
                             "below_sms": t.below(s.sms),
@@ -130,9 +132,11 @@ fn dedup<'a>(labels: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
 /// printed once with its count.
 fn print_dispatches(t: &OccupancyTable, rows: usize, ctx: usize, sms: u64) {
     println!(
-        "\n{rows} row(s), context {ctx}, top-p + 5 logprobs: {} dispatches, {:.2} per layer (* below {sms} workgroups)",
+        "\n{rows} row(s), context {ctx}, top-p + 5 logprobs: {} dispatches, {:.2} per layer, {} after a barrier (* below \
+         {sms} workgroups)",
         t.dispatches.len(),
-        t.dispatches_per_layer
+        t.dispatches_per_layer,
+        t.barriers
     );
     println!("| dispatch | times | workgroups | threads | serial iterations | KiB |");
     println!("|---|---:|---:|---:|---:|---:|");

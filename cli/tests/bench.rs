@@ -67,6 +67,10 @@ fn bench_json_carries_throughput_and_attention_variants() {
     }
     assert!(v["dispatches_per_layer"]["demo"].as_f64().unwrap() >= 4.0, "{last}");
     assert_eq!(v["occupancy_summary"].as_array().map(|s| s.len()), Some(4), "{last}");
+    for s in v["occupancy_summary"].as_array().unwrap() {
+        let (barriers, dispatches) = (s["barriers"].as_u64().unwrap(), s["dispatches"].as_u64().unwrap());
+        assert!(barriers > 0 && barriers < dispatches, "the first dispatch waits for none: {s}");
+    }
     assert!(stdout.contains("| sample_radix_p3 * | 1 | 2 | 512 |"), "a radix pass is a workgroup a chunk: {stdout}");
     let bad = Command::new(env!("CARGO_BIN_EXE_kvdecode")).args(["bench", "--tables", "nope"]).output().unwrap();
     assert!(!bad.status.success());

@@ -131,6 +131,7 @@ impl Builder<'_> {
             wg: spec.workgroup_size(),
             work: spec.work(),
             many_tokens: None,
+            uses: buffers.iter().zip(kernel.bindings()).map(|(b, &how)| ((*b).clone(), how)).collect(),
         }
     }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::engine::sampling::Sampler;
 use crate::gpu::kernels::{At, Work};
-use crate::gpu::shaders::Kernel;
+use crate::gpu::shaders::{Bind, Kernel};
 use crate::gpu::variants::{QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS};
 
 /// How many workgroups a dispatch needs, given the chunk shape (R rows, C width).
@@ -60,6 +60,9 @@ pub(super) struct Dispatch {
     /// either: a product's mat-mat kernel (`tiled` variant) from [`TILED_MIN_TOKENS`] tokens on,
     /// split-group attention's query tiles from [`QUERY_TILE_MIN_WIDTH`] tokens a row on.
     pub(super) many_tokens: Option<Box<Dispatch>>,
+    /// The buffers it binds and how, in binding order: what wgpu's usage tracking sees, for the
+    /// barriers the occupancy table counts.
+    pub(super) uses: Vec<(wgpu::Buffer, Bind)>,
 }
 
 /// Blocks of tokens a matmul dispatch covers: one per 4 tokens, or one per token in steps of

@@ -7,7 +7,7 @@ use crate::engine::sampling::Sampler;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::kernels::At;
-use crate::gpu::shaders::Kernel;
+use crate::gpu::shaders::{Bind, Kernel};
 
 /// One dispatch of a decode step ([`Engine::occupancy`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +25,9 @@ pub struct Occupancy {
     /// Bytes read and written (a buffer that later passes of the same thread read again counts
     /// once).
     pub bytes: u64,
+    /// Whether wgpu puts a barrier before it ([`OccupancyTable::barriers`]): without one it may
+    /// overlap the dispatch before.
+    pub after_barrier: bool,
 }
 
 /// A decode step's dispatches in recording order ([`Engine::occupancy`]).
@@ -35,6 +38,10 @@ pub struct OccupancyTable {
     /// Dispatches of the model's layers, per layer (the step's others: the embedding, the
     /// bookkeeping, the final norm, the LM head and the sampler).
     pub dispatches_per_layer: f64,
+    /// Dispatches wgpu puts a barrier before: one of its buffers was bound `read_write` by an
+    /// earlier dispatch of the step, or is now and was bound before (wgpu's usage tracking skips
+    /// a transition only between equal read-only uses). Those dispatches wait for the ones before.
+    pub barriers: usize,
 }
 
 impl OccupancyTable {
@@ -89,10 +96,28 @@ impl Engine {
                 .chain(sampler.map_or(Vec::new(), |s| {
                     self.sample_dispatches.for_samplers(std::slice::from_ref(s), self.cfg.vocab)
                 }));
+        // (a step binds a few dozen buffers: a list; a buffer's interior mutability keeps it
+        // out of a map's keys)
+        let mut last_use: Vec<(&wgpu::Buffer, Bind)> = Vec::new();
+        let mut barriers = 0;
         let dispatches = recorded
             .map(|d| {
+                let waits = d.uses.iter().any(|(b, how)| {
+                    last_use
+                        .iter()
+                        .find(|(u, _)| *u == b)
+                        .is_some_and(|(_, was)| *was == Bind::ReadWrite || *how == Bind::ReadWrite || was != how)
+                });
+                barriers += usize::from(waits);
+                let after_barrier = waits;
+                for (b, how) in &d.uses {
+                    match last_use.iter_mut().find(|(u, _)| *u == b) {
+                        Some(u) => u.1 = *how,
+                        None => last_use.push((b, *how)),
+                    }
+                }
                 let (workgroups, threads, serial_iters, bytes) = d.occupancy(1, &at);
-                Occupancy { label: d.label.to_string(), workgroups, threads, serial_iters, bytes }
+                Occupancy { label: d.label.to_string(), workgroups, threads, serial_iters, bytes, after_barrier }
             })
             .collect();
         let in_layers = self
@@ -100,7 +125,8 @@ impl Engine {
             .iter()
             .filter(|d| d.live(rows, 1) && !matches!(d.kernel, Kernel::Embed | Kernel::Commit))
             .count();
-        Ok(OccupancyTable { dispatches, dispatches_per_layer: in_layers as f64 / self.cfg.n_layers().max(1) as f64 })
+        let dispatches_per_layer = in_layers as f64 / self.cfg.n_layers().max(1) as f64;
+        Ok(OccupancyTable { dispatches, dispatches_per_layer, barriers })
     }
 }
 
@@ -137,6 +163,13 @@ mod tests {
             }
             let ran: Vec<(String, usize)> = profile.variants.iter().map(|(l, _, n)| (l.clone(), *n)).collect();
             assert_eq!(counted, ran, "{rows} row(s)");
+            let free: Vec<&str> =
+                table.dispatches.iter().filter(|d| !d.after_barrier).map(|d| d.label.as_str()).collect();
+            // a step is a chain, but for its first dispatch, layer 0's second product (the same
+            // normed input, into a buffer nothing wrote yet) and the Engram gather (the ids and
+            // its tables): nothing before them wrote what they use
+            assert_eq!(free, ["embed_f32", "matmul_subgroup_f32_normed", "engram_gather"], "{rows} row(s)");
+            assert_eq!(table.barriers, table.dispatches.len() - free.len());
             let head = table.dispatches.iter().find(|d| d.label.ends_with("_rows")).expect("the LM head");
             // one per output and token (fewer than 4 tokens: one token a workgroup)
             assert_eq!(head.workgroups, (w.cfg.vocab * rows) as u64);
