@@ -29,6 +29,13 @@ override PARTS: u32;            // partitions per query: ceil(max_len / SPAN)
 override GROUP_TOKENS: u32 = 0xffffffffu;  // tokens per dispatch (its token group)
 override ROW0: u32 = 0u;        // first cache row held by the bound cache shard
 override SHARD_ROWS: u32 = 0xffffffffu;
+// `main` at one token a row (decode): qk_rope.wgsl's work for layers without qk-norm or local
+// keys, so its dispatch is left out: the queries rotated as they load, and with KV_WRITE the
+// token's rotated key and its value stored in the pool by the partition that holds its position,
+// before it reads them. The same operations as qk_rope.wgsl, so the same bits.
+override FUSED_ROPE: bool = false;
+override ROTATE: bool = true;   // false: a NoPE layer
+override KV_WRITE: bool = false;
 
 const WG: u32 = 64u;            // lanes per workgroup of `query_tiles`
 const MAIN_WG: u32 = 256u;      // lanes per workgroup of `main`: G * D / 4 <= MAIN_WG
@@ -38,9 +45,10 @@ const MAX_G: u32 = 16u;         // query heads per kv head
 @group(0) @binding(1) var<uniform> group: TokenGroup;                     // this dispatch's first token
 @group(0) @binding(2) var<storage, read> rows: array<RowInfo>;            // [R]
 @group(0) @binding(3) var<storage, read> qy: array<vec4<f32>>;            // [R * C, Q_STRIDE]: roped queries first
-@group(0) @binding(4) var<storage, read> gkv: array<u32>;                 // [shard blocks, 2, HK, BLOCK, D]
+@group(0) @binding(4) var<storage, read_write> gkv: array<u32>;           // [shard blocks, 2, HK, BLOCK, D] (written with KV_WRITE)
 @group(0) @binding(5) var<storage, read_write> partials: array<vec4<f32>>; // [group tokens, H, PARTS, 1 + D / 4]: (max, sum, 0, 0), then values
 @group(0) @binding(6) var<storage, read> block_table: array<u32>;         // [rows, MAX_BLOCKS]
+@group(0) @binding(7) var<storage, read> rope: array<vec2<f32>>;          // [max_len, D / 2] (cos, sin) (FUSED_ROPE with ROTATE)
 
 var<workgroup> qs: array<vec4<f32>, 256>;       // [G, D / 4] the group's queries
 var<workgroup> score: array<f32, 1024>;         // [G, TILE] a tile's scores, then their weights
@@ -86,15 +94,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let info = rows[r];
         let mine = info.cache_row >= ROW0 && info.cache_row - ROW0 < SHARD_ROWS;
         let p = info.pos0 + j;
-        job = vec4<u32>(select(0u, 1u, mine && j < info.n_new && s * SPAN <= p), p, info.cache_row - ROW0, r);
+        let valid = mine && j < info.n_new && s * SPAN <= p;
+        // 2: it also stores the token's K/V (FUSED_ROPE with KV_WRITE)
+        let stores = FUSED_ROPE && KV_WRITE && s == p / SPAN && p >= info.global_from;
+        job = vec4<u32>(select(0u, select(1u, 2u, stores), valid), p, info.cache_row - ROW0, r);
     }
     // one value for the whole workgroup: padding, another shard's row or a partition past the query
     let w = workgroupUniformLoad(&job);
     if w.x == 0u { return; }
     let last = min(w.y, s * SPAN + SPAN - 1u);
     let row = w.z + ROW0;
+    let rope_pos = rows[w.w].rope_pos0 + n % step.width;
     for (var i = lane; i < g_n * d4n; i += MAIN_WG) {
-        qs[i] = qy[n * (Q_STRIDE / 4u) + kh * g_n * d4n + i] * SCALE;
+        let at = n * (Q_STRIDE / 4u) + kh * g_n * d4n + i;
+        var q = qy[at];
+        if FUSED_ROPE && ROTATE { q = rotated(at, i % d4n, rope_pos); }
+        qs[i] = q * SCALE;
+    }
+    if FUSED_ROPE && KV_WRITE {
+        if w.x == 2u { store_fresh_kv(n, kh, row, w.y, rope_pos, lane); }
+        storageBarrier();
     }
     if lane < g_n {
         run_m[lane] = -3.0e38;
@@ -179,6 +198,58 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if lane < slots {
         partials[partial_at(n - group.token0, kh * g_n + slot / d4n, s) + 1u + slot % d4n] = acc;
+    }
+}
+
+// FUSED_ROPE: vec4 c of a head (its elements 4c .. 4c + 3) at qy[at], rotated at position pos as
+// qk_rope.wgsl rotates them: pairs (i, i + D / 2), lo = a cos - b sin, hi = b cos + a sin.
+fn rotated(at: u32, c: u32, pos: u32) -> vec4<f32> {
+    let half4 = D / 8u;
+    let low = c < half4;
+    let pair = select(c - half4, c, low) * 4u;
+    var a = qy[at];  // the pair's low element, b its high one
+    var b = qy[at];
+    if low {
+        b = qy[at + half4];
+    } else {
+        a = qy[at - half4];
+    }
+    var cs = vec4<f32>();
+    var sn = vec4<f32>();
+    for (var k = 0u; k < 4u; k++) {
+        let t = rope[pos * (D / 2u) + pair + k];
+        cs[k] = t.x;
+        sn[k] = t.y;
+    }
+    // explicit fma: see dot_fma in common.wgsl
+    return select(fma(b, cs, a * sn), fma(a, cs, -(b * sn)), low);
+}
+
+// FUSED_ROPE with KV_WRITE: token n's key of kv head kh, rotated (NoPE: as it is), and its value
+// into the pool at position p of cache row `row`, as qk_rope.wgsl's KV_WRITE places them.
+fn store_fresh_kv(n: u32, kh: u32, row: u32, p: u32, rope_pos: u32, lane: u32) {
+    let d4n = D / 4u;
+    let k_at = n * (Q_STRIDE / 4u) + (H + kh) * d4n;
+    let v_at = n * (Q_STRIDE / 4u) + (H + HK + kh) * d4n;
+    let dst = block_elem(block_table[row * MAX_BLOCKS + p / BLOCK], HK, BLOCK, D, kh, p);
+    for (var c = lane; c < d4n; c += MAIN_WG) {
+        var k = qy[k_at + c];
+        if ROTATE { k = rotated(k_at + c, c, rope_pos); }
+        pool_store(dst + c * 4u, k);
+        pool_store(dst + c * 4u + HK * BLOCK * D, qy[v_at + c]);
+    }
+}
+
+// Four elements into the pool at element index e (a multiple of 4), in its format.
+fn pool_store(e: u32, v: vec4<f32>) {
+    if KV_FORMAT != 0u {
+        gkv[e / 2u] = pack2(KV_FORMAT, v.xy);
+        gkv[e / 2u + 1u] = pack2(KV_FORMAT, v.zw);
+    } else {
+        gkv[e] = bitcast<u32>(v.x);
+        gkv[e + 1u] = bitcast<u32>(v.y);
+        gkv[e + 2u] = bitcast<u32>(v.z);
+        gkv[e + 3u] = bitcast<u32>(v.w);
     }
 }
 

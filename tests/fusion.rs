@@ -140,7 +140,7 @@ fn fused_kernels_on_the_default_path_are_exact_and_close_to_the_reference() {
     for (name, w) in families() {
         let plain = run(&gpu, &w, Fusion::NONE, false);
         // the activation and the K/V write change no sum: the same bits on any path
-        let f = Fusion { act: true, kv_write: true, norm: false };
+        let f = Fusion { act: true, kv_write: true, ..Fusion::NONE };
         assert!(run(&gpu, &w, f, false) == plain, "{name}: act / kv-write fusion changed the logits");
         let fused = run(&gpu, &w, Fusion::ALL, false);
         for (a, b) in fused.iter().zip(&plain) {
@@ -169,7 +169,58 @@ fn fusion_names_parse_and_a_misspelt_one_is_an_error() {
     assert_eq!(Fusion::parse("all").unwrap(), Some(Fusion::ALL));
     assert_eq!(Fusion::parse("none").unwrap(), Some(Fusion::NONE));
     assert_eq!(Fusion::parse("auto").unwrap(), None);
-    assert_eq!(Fusion::parse("act, kv-write").unwrap(), Some(Fusion { norm: false, act: true, kv_write: true }));
+    assert_eq!(Fusion::parse("act, kv-write").unwrap(), Some(Fusion { act: true, kv_write: true, ..Fusion::NONE }));
+    assert_eq!(Fusion::parse("rope").unwrap(), Some(Fusion { rope: true, ..Fusion::NONE }));
     let e = Fusion::parse("norm,mlp").unwrap_err().to_string();
     assert!(e.contains("\"mlp\""), "{e}");
+}
+
+/// RoPE inside split-group attention in steps of one token a row (`Fusion::rope`): its decode
+/// steps give the bits of RoPE's own dispatch (the prompts take it either way, beside the query
+/// tiles), with a dispatch a layer fewer. Head shapes 8, 32, 64 and 128 wide, 1 to 4 query heads
+/// per kv head, 3 kv heads, a NoPE layer and a layer that reads another's keys; f32 K/V, and f16
+/// and bf16 at one shape; contexts across partitions of 64 positions (the partition that holds
+/// the token stores its key).
+#[test]
+fn rope_inside_split_attention_gives_the_bits_of_its_own_dispatch() {
+    let mut shared = ModelConfig::llama(96, 32, 4, 2, 8, 48, 3, 1e4, 1e-6, false);
+    shared.layers[2] = kvdecode::LayerSpec { global_group: Some(0), writes_global: false, local: false };
+    shared.nope_layers = vec![1];
+    let shapes = [
+        ("llama, 2 heads of 8 per kv head", llama_cfg()),
+        ("3 heads of 64 per kv head", ModelConfig::llama(96, 64, 6, 2, 64, 96, 2, 1e4, 1e-6, false)),
+        ("3 kv heads, 2 heads of 32 each", ModelConfig::llama(96, 64, 6, 3, 32, 96, 2, 1e4, 1e-6, false)),
+        ("4 heads of 128 on 1 kv head", ModelConfig::llama(96, 64, 4, 1, 128, 96, 2, 1e4, 1e-6, false)),
+        ("a NoPE layer, a layer reading layer 0's keys", shared),
+    ];
+    let gpu = gpu();
+    let fused = Fusion { rope: true, kv_write: true, ..Fusion::NONE };
+    for (i, (name, cfg)) in shapes.into_iter().enumerate() {
+        let w = model(&cfg, 186);
+        // 16-bit K/V stores pairs of words: one shape is enough for its packing
+        let kvs: &[KvDtype] = if i == 1 { &[KvDtype::F32, KvDtype::F16, KvDtype::BF16] } else { &[KvDtype::F32] };
+        for &kv in kvs {
+            let run = |fusion: Fusion| {
+                let mut opts = EngineOptions::new(2, 80);
+                opts.fusion = Some(fusion);
+                opts.kv = kv;
+                opts.attention = kvdecode::AttentionKernel::SplitGroup;
+                let mut e = Engine::new(&gpu, &w, opts).unwrap();
+                assert!(e.attention_query_tile() > 1, "{name}: query tiles take the prompts");
+                let prompt: Vec<u32> = (0..2 * 66u32).map(|i| (i * 7 + 3) % 96).collect();
+                let mut out = vec![e.append(&prompt, 66, &[66, 61], None).unwrap().row(0).unwrap().to_vec()];
+                for step in 0..4u32 {
+                    let l = e.append(&[10 + step, 20 + step], 1, &[1, 1], None).unwrap();
+                    out.extend((0..2).map(|r| l.row(r).unwrap().to_vec()));
+                }
+                (out, e.dispatches_per_chunk())
+            };
+            let (plain, plain_dispatches) = run(Fusion { kv_write: true, ..Fusion::NONE });
+            let (got, dispatches) = run(fused);
+            for (i, (a, b)) in plain.iter().zip(&got).enumerate() {
+                assert!(a == b, "{name} ({kv:?}), logits {i}: off by {}", max_abs_diff(a, b));
+            }
+            assert_eq!(dispatches + cfg.n_layers(), plain_dispatches, "{name}: a dispatch a layer fewer");
+        }
+    }
 }

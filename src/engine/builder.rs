@@ -132,6 +132,7 @@ impl Builder<'_> {
             work: spec.work(),
             many_tokens: None,
             uses: buffers.iter().zip(kernel.bindings()).map(|(b, &how)| ((*b).clone(), how)).collect(),
+            min_width: 1,
         }
     }
 
@@ -399,8 +400,14 @@ impl Builder<'_> {
             .collect()
     }
 
-    /// Attention of one layer against its global group and/or ring.
-    fn attention(&self, group: Option<&Vec<wgpu::Buffer>>, ring: Option<&Vec<wgpu::Buffer>>) -> Vec<Dispatch> {
+    /// Attention of one layer against its global group and/or ring; `rope`: split-group's `main`
+    /// does RoPE's work at one token a row, with the layer's table (none: NoPE).
+    fn attention(
+        &self,
+        group: Option<&Vec<wgpu::Buffer>>,
+        ring: Option<&Vec<wgpu::Buffer>>,
+        rope: Option<(kernels::FusedRope, Option<&wgpu::Buffer>)>,
+    ) -> Vec<Dispatch> {
         let (c, s, cache, plan) = (self.cfg, self.s, self.cache, self.attention);
         let split = plan.kernel.is_split() && group.is_some();
         let size = plan.group_tokens;
@@ -439,6 +446,7 @@ impl Builder<'_> {
                                 shape,
                                 tile: Some(plan.tile),
                                 query_tile: None,
+                                fused_rope: rope.map(|r| r.0),
                             },
                             Grid::SplitPartials { group: g, size, parts: plan.parts, kv_heads: c.n_kv_heads },
                         ),
@@ -448,17 +456,21 @@ impl Builder<'_> {
                                 shape,
                                 tile: None,
                                 query_tile: None,
+                                fused_rope: None,
                             },
                             Grid::TokenGroup { group: g, size, per_token: c.n_heads * plan.parts },
                         ),
                     };
-                    let buffers = [&s.step, token_group, &s.row_info, &s.qkv, gkv, &s.partials, &cache.block_tables];
+                    let table = rope.and_then(|r| r.1).unwrap_or(&s.dummy);
+                    let buffers =
+                        [&s.step, token_group, &s.row_info, &s.qkv, gkv, &s.partials, &cache.block_tables, table];
                     // split-group: the query tiles beside it, for steps of several tokens a row
                     let many_tokens = (spec.kernel == Kernel::AttentionSplit && plan.query_tile > 1).then(|| {
                         let tile = plan.query_tile;
                         let tiles = kernels::AttentionSplit {
                             kernel: Kernel::AttentionQueryTiles,
                             query_tile: Some(tile),
+                            fused_rope: None,
                             ..spec
                         };
                         Box::new(self.dispatch(
@@ -571,23 +583,29 @@ impl Builder<'_> {
         let keys = local.then_some((&s.kv_local, kvd));
         let pool =
             writes.filter(|g| self.fusion.kv_write && g.len() == 1 && c.head_dim.is_multiple_of(4)).map(|g| &g[0]);
-        out.push(self.rope(
-            &s.qkv,
-            qkv,
-            t_keys,
-            keys,
-            lw.q_norm.as_ref(),
-            lw.k_norm.as_ref(),
-            self.rope.layer(i),
-            pool,
-        ));
+        let table = self.rope.layer(i);
+        let rope = self.rope(&s.qkv, qkv, t_keys, keys, lw.q_norm.as_ref(), lw.k_norm.as_ref(), table, pool);
+        // split-group attention does RoPE's work in steps of one token a row (decoding), where
+        // steps of more take query tiles, and the layer has no qk-norm, local keys or separate
+        // K/V write: RoPE's dispatch then runs only in steps of two tokens a row or more
+        let plan = self.attention;
+        let fused = (self.fusion.rope
+            && plan.kernel == AttentionKernel::SplitGroup
+            && plan.query_tile > 1
+            && group.is_some()
+            && ring.is_none()
+            && !c.qk_norm
+            && c.head_dim.is_multiple_of(8)
+            && (writes.is_none() || pool.is_some()))
+        .then_some((kernels::FusedRope { rotate: table.is_some(), kv_write: pool.is_some() }, table));
+        out.push(Dispatch { min_width: if fused.is_some() { 2 } else { 1 }, ..rope });
         if let (Some(g), None) = (writes, pool) {
             out.extend(self.kv_write((&s.qkv, qkv, hd), g, false));
         }
         // 5. attention over global keys + ring + the chunk's fresh local keys; output replaces q
         //    (per cache shard, each handling the rows its shard holds, and per token group).
         //    Split variants: the partitions of the global keys, then their merge in order.
-        out.extend(self.attention(group, ring));
+        out.extend(self.attention(group, ring, fused));
         // 6. ring write: the last W real tokens of each row survive, the rest go to the scratch slot
         if let Some(r) = ring {
             out.extend(self.kv_write((&s.kv_local, kvd, 0), r, true));

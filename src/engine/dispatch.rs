@@ -63,6 +63,9 @@ pub(super) struct Dispatch {
     /// The buffers it binds and how, in binding order: what wgpu's usage tracking sees, for the
     /// barriers the occupancy table counts.
     pub(super) uses: Vec<(wgpu::Buffer, Bind)>,
+    /// Tokens a row a step needs before the dispatch runs: 2 for RoPE where split-group
+    /// attention does its work at one token a row (`Fusion::rope`), else 1.
+    pub(super) min_width: usize,
 }
 
 /// Blocks of tokens a matmul dispatch covers: one per 4 tokens, or one per token in steps of
@@ -135,8 +138,11 @@ impl Dispatch {
     }
 
     /// Whether the dispatch has work in a chunk of `rows x width` tokens (a token group past the
-    /// chunk's tokens is not recorded).
+    /// chunk's tokens is not recorded, nor one that needs a wider chunk).
     pub(super) fn live(&self, rows: usize, width: usize) -> bool {
+        if width < self.min_width {
+            return false;
+        }
         match self.grid {
             Grid::TokenGroup { group, size, .. }
             | Grid::SplitPartials { group, size, .. }

@@ -311,7 +311,7 @@ impl Kernel {
             Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, Read],
             Kernel::Attention => &[Uniform, Read, ReadWrite, Read, Read, Read, Read, Uniform, Read],
             Kernel::AttentionSplit | Kernel::AttentionSplitHead | Kernel::AttentionQueryTiles => {
-                &[Uniform, Uniform, Read, Read, Read, ReadWrite, Read]
+                &[Uniform, Uniform, Read, Read, ReadWrite, ReadWrite, Read, Read]
             }
             Kernel::MlpAct => &[Uniform, Read, ReadWrite],
             Kernel::Commit => &[Uniform, Read, Read, ReadWrite, ReadWrite, ReadWrite],

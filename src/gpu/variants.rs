@@ -17,13 +17,16 @@ pub struct Fusion {
     pub act: bool,
     /// The global K/V write done by RoPE (where the group's cache is one shard).
     pub kv_write: bool,
+    /// RoPE (and its K/V write) done by split-group attention in steps of one token a row, on
+    /// layers without qk-norm or local keys: a dispatch a layer fewer when decoding.
+    pub rope: bool,
 }
 
 impl Fusion {
     /// Every fusion.
-    pub const ALL: Fusion = Fusion { norm: true, act: true, kv_write: true };
+    pub const ALL: Fusion = Fusion { norm: true, act: true, kv_write: true, rope: true };
     /// None: every kernel its own dispatch.
-    pub const NONE: Fusion = Fusion { norm: false, act: false, kv_write: false };
+    pub const NONE: Fusion = Fusion { norm: false, act: false, kv_write: false, rope: false };
 
     /// The default for an adapter and the product kernel that will run there: everything on
     /// GPUs, where each dispatch costs microseconds of launch and a kernel's work is small. On
@@ -45,7 +48,7 @@ impl Fusion {
         match self {
             Fusion::ALL => "all".into(),
             Fusion::NONE => "none".into(),
-            f => [(f.norm, "norm"), (f.act, "act"), (f.kv_write, "kv-write")]
+            f => [(f.norm, "norm"), (f.act, "act"), (f.kv_write, "kv-write"), (f.rope, "rope")]
                 .iter()
                 .filter(|(on, _)| *on)
                 .map(|(_, n)| *n)
@@ -60,7 +63,7 @@ impl Fusion {
     }
 
     /// `all`, `none`, `auto` (`None`: the adapter's default), or a comma list of `norm`, `act`,
-    /// `kv-write`.
+    /// `kv-write`, `rope`.
     pub fn parse(v: &str) -> Result<Option<Fusion>> {
         match v {
             "" | "auto" => return Ok(None),
@@ -74,9 +77,10 @@ impl Fusion {
                 "norm" => f.norm = true,
                 "act" => f.act = true,
                 "kv-write" => f.kv_write = true,
+                "rope" => f.rope = true,
                 other => {
                     return Err(Error::Config(format!(
-                        "KVDECODE_FUSE={v:?}: {other:?} is not one of all, none, auto, norm, act, kv-write"
+                        "KVDECODE_FUSE={v:?}: {other:?} is not one of all, none, auto, norm, act, kv-write, rope"
                     )))
                 }
             }

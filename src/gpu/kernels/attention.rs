@@ -276,6 +276,17 @@ pub(crate) struct AttentionSplit {
     pub tile: Option<usize>,
     /// Tokens per query tile.
     pub query_tile: Option<usize>,
+    /// `main` at one token a row does RoPE's work ([`FusedRope`]).
+    pub fused_rope: Option<FusedRope>,
+}
+
+/// What split-group attention's `main` does of `qk_rope.wgsl`'s work when it runs in its place
+/// (`Fusion::rope`): rotate the queries (unless a NoPE layer), and on writer layers store the
+/// token's rotated key and its value in the pool.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FusedRope {
+    pub rotate: bool,
+    pub kv_write: bool,
 }
 
 impl Specialize for AttentionSplit {
@@ -290,13 +301,20 @@ impl Specialize for AttentionSplit {
         if let Some(qt) = self.query_tile {
             o = o.count("QT", qt);
         }
+        if let Some(f) = self.fused_rope {
+            o = o.flag("FUSED_ROPE", true).flag("ROTATE", f.rotate).flag("KV_WRITE", f.kv_write);
+        }
         o.0
     }
     fn label(&self) -> String {
         let form = match self.kernel {
             Kernel::AttentionSplitHead => "attention_split_head".to_string(),
             Kernel::AttentionQueryTiles => format!("attention_query_tiles{}", self.query_tile.unwrap_or(1)),
-            _ => "attention_split_group".to_string(),
+            _ => match self.fused_rope {
+                Some(FusedRope { kv_write: true, .. }) => "attention_split_group_rope_kv_write".to_string(),
+                Some(_) => "attention_split_group_rope".to_string(),
+                None => "attention_split_group".to_string(),
+            },
         };
         format!("{form}_{}", self.shape.kv.name())
     }
@@ -328,7 +346,9 @@ impl Specialize for AttentionSplit {
         let values = if ranges > 1 { tile.div_ceil(ranges) + ranges } else { tile };
         let pairs = (g * tile).div_ceil(lanes);
         let per_tile = pairs * d4 + 2 * tree_iters(g, tile, lanes) + pairs + values;
-        Work { per_tile, key_tile: tile, ..Work { iters: slots.div_ceil(lanes), ..io } }
+        // fused RoPE: a query vec4 rotated as it loads, a key and a value vec4 stored
+        let rope = if self.fused_rope.is_some() { 2 } else { 0 };
+        Work { per_tile, key_tile: tile, ..Work { iters: slots.div_ceil(lanes) + rope, ..io } }
     }
 }
 

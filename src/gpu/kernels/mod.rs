@@ -1,7 +1,6 @@
 //! Typed override constants: one small struct per kernel, holding what its WGSL module's
-//! `override` declarations take, with a label that names the variant (`kv_write_ring_f16`).
-//! Pipelines and dispatches carry the label, so a GPU capture and the profile table name them.
-//! The pipeline cache keys on the constants these structs produce (`Specialize::constants`).
+//! `override` declarations take and a label naming the variant (`kv_write_ring_f16`) that
+//! pipelines, dispatches, GPU captures and the profile carry; the pipeline cache keys on them.
 
 pub use crate::gpu::format::WeightFormat;
 use crate::gpu::shaders::{Constants, Kernel};
@@ -13,7 +12,7 @@ mod lora;
 mod moe;
 mod sample;
 mod work;
-pub(crate) use attention::{Attention, AttentionShape, AttentionSplit, KvWrite, QkRope};
+pub(crate) use attention::{Attention, AttentionShape, AttentionSplit, FusedRope, KvWrite, QkRope};
 pub(crate) use engram::{EngramGather, EngramMix};
 pub(crate) use lora::Lora;
 pub(crate) use moe::{ExpertProduct, MoeRoute, RouteSlots};
@@ -497,7 +496,8 @@ mod tests {
             token_block: 32,
             shared: true,
         };
-        let split = AttentionSplit { kernel: Kernel::AttentionSplit, shape, tile: Some(64), query_tile: None };
+        let (tile, query_tile, fused_rope) = (Some(64), None, None);
+        let split = AttentionSplit { kernel: Kernel::AttentionSplit, shape, tile, query_tile, fused_rope };
         vec![
             Box::new(Embed { d: 64, part_start: 0, part_rows: 100, format: WeightFormat::F16, scale: 8.0 }),
             Box::new(RmsNorm {
@@ -550,7 +550,7 @@ mod tests {
                 paging,
             }),
             Box::new(Attention { shape, window: 8, ring_slots: 9, global: true, local: true, split: true }),
-            Box::new(split),
+            Box::new(AttentionSplit { fused_rope: Some(FusedRope { rotate: true, kv_write: true }), ..split }),
             Box::new(AttentionSplit { kernel: Kernel::AttentionSplitHead, tile: None, ..split }),
             Box::new(AttentionSplit { kernel: Kernel::AttentionQueryTiles, query_tile: Some(8), ..split }),
             Box::new(MlpAct { ffn: 64, act: MlpKind::GeluTanhGated }),
