@@ -10,7 +10,7 @@ use crate::engine::Scratch;
 use crate::gpu::kernels::{self, Lanes, Paging, Shard, Specialize};
 use crate::gpu::lora::LoraGroup;
 use crate::gpu::shaders::{Kernel, Pipelines};
-use crate::gpu::variants::{AttentionKernel, Fusion};
+use crate::gpu::variants::{AttentionKernel, Fusion, QUERY_TILE_MIN_WIDTH};
 use crate::gpu::weights::{GpuLayer, GpuMatrix, GpuWeights, QkvWeights};
 use crate::model::config::{MlpKind, ModelConfig};
 
@@ -588,6 +588,9 @@ impl Builder<'_> {
         // split-group attention does RoPE's work in steps of one token a row (decoding), where
         // steps of more take query tiles, and the layer has no qk-norm, local keys or separate
         // K/V write: RoPE's dispatch then runs only in steps of two tokens a row or more
+        // (the fused `main` is exact at one token a row only: a row's other tokens, in other
+        // workgroups, would read the keys it stores; from two on, query tiles take the step)
+        const _: () = assert!(QUERY_TILE_MIN_WIDTH == 2);
         let plan = self.attention;
         let fused = (self.fusion.rope
             && plan.kernel == AttentionKernel::SplitGroup
