@@ -144,7 +144,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
         // 2. each head's max over the tile (order-free), its rescale
-        tree_max(lane, g_n);
+        tile_tree(lane, g_n, false);
         if lane < g_n {
             let mt = max(run_m[lane], tree_f32(lane * TILE));
             corr[lane] = exp(run_m[lane] - mt);
@@ -158,7 +158,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             tree_f32_set(e, p);
         }
         workgroupBarrier();
-        tree_sum(lane, g_n);
+        tile_tree(lane, g_n, true);
         // 4. the weighted values, as `query_tiles` folds them: one range, the keys in order onto
         //    the rescaled state; several, range q of a slot holds keys q * per .. q * per + per - 1,
         //    folded from zero, and the ranges are added in order
@@ -268,26 +268,16 @@ fn tree_f32_set(e: u32, v: f32) {
     tree_v[e / 4u][e % 4u] = v;
 }
 
-// Each head's max over the tile's TILE entries into entry g * TILE (a tree; max is order-free).
-// Every lane calls it, after a barrier; it ends with one.
-fn tree_max(lane: u32, g_n: u32) {
+// Each head's max (`sum` false; order-free) or sum over the tile's TILE entries into entry
+// g * TILE, in one fixed tree (entry i takes i + stride, strides TILE / 2 down to 1):
+// `query_tiles` adds the same pairs. Every lane calls it, after a barrier; it ends with one.
+fn tile_tree(lane: u32, g_n: u32, sum: bool) {
     for (var stride = TILE / 2u; stride > 0u; stride /= 2u) {
         for (var e = lane; e < g_n * stride; e += MAIN_WG) {
             let at = (e / stride) * TILE + e % stride;
-            tree_f32_set(at, max(tree_f32(at), tree_f32(at + stride)));
-        }
-        workgroupBarrier();
-    }
-}
-
-// Each head's sum over the tile's TILE entries into entry g * TILE, in one fixed tree (entry i
-// takes i + stride, strides TILE / 2 down to 1): `query_tiles` adds the same pairs. Every lane
-// calls it, after a barrier; it ends with one.
-fn tree_sum(lane: u32, g_n: u32) {
-    for (var stride = TILE / 2u; stride > 0u; stride /= 2u) {
-        for (var e = lane; e < g_n * stride; e += MAIN_WG) {
-            let at = (e / stride) * TILE + e % stride;
-            tree_f32_set(at, tree_f32(at) + tree_f32(at + stride));
+            let x = tree_f32(at);
+            let y = tree_f32(at + stride);
+            tree_f32_set(at, select(max(x, y), x + y, sum));
         }
         workgroupBarrier();
     }

@@ -3,7 +3,9 @@
 // positions the row skipped as padding; at most max_len - 1, checked on the host). RoPE is the half-split
 // (`rotate_half`) layout: pairs (i, i + D/2) rotate by angle pos * theta^(-2i/D), read from a table
 // computed on the host in f64 (GPU sin/cos of large arguments is not accurate on every backend).
-// Keys are rotated once, here, before they are stored: they are never rotated again.
+// Keys are rotated once, before they are stored: they are never rotated again. (In steps of one
+// token a row, split-group attention may do this dispatch's work instead: attention_split.wgsl's
+// FUSED_ROPE, the same operations.)
 // KV_WRITE (writer layers, the kv_write.wgsl dispatch fused): the rotated global keys and their
 // values also go straight to the row's blocks of the global pool, as kv_write.wgsl places them
 // (tokens below global_from, a prompt-cache replay, write nothing). A thread then takes two

@@ -77,7 +77,7 @@ pub fn occupancy_table(gpu: &Gpu, s: &Shapes) -> Result<serde_json::Map<String, 
                         t.below(s.sms),
                         t.dispatches.len(),
                         if alone.is_empty() { "none".to_string() } else { alone.join(", ") },
-                        t.barriers
+                        t.barriers()
                     );
                     let tag = json!({ "model": name, "rows": rows, "context": ctx, "sampler": sampler_name });
                     for (i, d) in t.dispatches.iter().enumerate() {
@@ -94,7 +94,7 @@ pub fn occupancy_table(gpu: &Gpu, s: &Shapes) -> Result<serde_json::Map<String, 
                         json!({
                             "dispatches": t.dispatches.len(),
                             "dispatches_per_layer": t.dispatches_per_layer,
-                            "barriers": t.barriers,
+                            "barriers": t.barriers(),
                             "fewest_workgroups": { "label": few.label, "workgroups": few.workgroups },
                             "longest_loop": { "label": long.label, "serial_iters": long.serial_iters },
                             "below_sms": t.below(s.sms),
@@ -136,7 +136,7 @@ fn print_dispatches(t: &OccupancyTable, rows: usize, ctx: usize, sms: u64) {
          {sms} workgroups)",
         t.dispatches.len(),
         t.dispatches_per_layer,
-        t.barriers
+        t.barriers()
     );
     println!("| dispatch | times | workgroups | threads | serial iterations | KiB |");
     println!("|---|---:|---:|---:|---:|---:|");

@@ -25,8 +25,10 @@ pub struct Occupancy {
     /// Bytes read and written (a buffer that later passes of the same thread read again counts
     /// once).
     pub bytes: u64,
-    /// Whether wgpu puts a barrier before it ([`OccupancyTable::barriers`]): without one it may
-    /// overlap the dispatch before.
+    /// Whether wgpu puts a barrier before it: one of its buffers was bound `read_write` by an
+    /// earlier dispatch of the step, or is now and was bound before (wgpu's usage tracking skips
+    /// a transition only between equal read-only uses). Without one it may overlap the dispatch
+    /// before.
     pub after_barrier: bool,
 }
 
@@ -38,10 +40,6 @@ pub struct OccupancyTable {
     /// Dispatches of the model's layers, per layer (the step's others: the embedding, the
     /// bookkeeping, the final norm, the LM head and the sampler).
     pub dispatches_per_layer: f64,
-    /// Dispatches wgpu puts a barrier before: one of its buffers was bound `read_write` by an
-    /// earlier dispatch of the step, or is now and was bound before (wgpu's usage tracking skips
-    /// a transition only between equal read-only uses). Those dispatches wait for the ones before.
-    pub barriers: usize,
 }
 
 impl OccupancyTable {
@@ -53,6 +51,11 @@ impl OccupancyTable {
     /// The dispatch with the longest serial loop (the first of equals).
     pub fn longest_loop(&self) -> Option<&Occupancy> {
         self.dispatches.iter().reduce(|a, b| if b.serial_iters > a.serial_iters { b } else { a })
+    }
+
+    /// How many dispatches wait behind a barrier ([`Occupancy::after_barrier`]).
+    pub fn barriers(&self) -> usize {
+        self.dispatches.iter().filter(|d| d.after_barrier).count()
     }
 
     /// How many dispatches launch fewer than `workgroups` workgroups.
@@ -99,17 +102,14 @@ impl Engine {
         // (a step binds a few dozen buffers: a list; a buffer's interior mutability keeps it
         // out of a map's keys)
         let mut last_use: Vec<(&wgpu::Buffer, Bind)> = Vec::new();
-        let mut barriers = 0;
         let dispatches = recorded
             .map(|d| {
-                let waits = d.uses.iter().any(|(b, how)| {
+                let after_barrier = d.uses.iter().any(|(b, how)| {
                     last_use
                         .iter()
                         .find(|(u, _)| *u == b)
                         .is_some_and(|(_, was)| *was == Bind::ReadWrite || *how == Bind::ReadWrite || was != how)
                 });
-                barriers += usize::from(waits);
-                let after_barrier = waits;
                 for (b, how) in &d.uses {
                     match last_use.iter_mut().find(|(u, _)| *u == b) {
                         Some(u) => u.1 = *how,
@@ -126,7 +126,7 @@ impl Engine {
             .filter(|d| d.live(rows, 1) && !matches!(d.kernel, Kernel::Embed | Kernel::Commit))
             .count();
         let dispatches_per_layer = in_layers as f64 / self.cfg.n_layers().max(1) as f64;
-        Ok(OccupancyTable { dispatches, dispatches_per_layer, barriers })
+        Ok(OccupancyTable { dispatches, dispatches_per_layer })
     }
 }
 
@@ -169,7 +169,7 @@ mod tests {
             // normed input, into a buffer nothing wrote yet) and the Engram gather (the ids and
             // its tables): nothing before them wrote what they use
             assert_eq!(free, ["embed_f32", "matmul_subgroup_f32_normed", "engram_gather"], "{rows} row(s)");
-            assert_eq!(table.barriers, table.dispatches.len() - free.len());
+            assert_eq!(table.barriers(), table.dispatches.len() - free.len());
             let head = table.dispatches.iter().find(|d| d.label.ends_with("_rows")).expect("the LM head");
             // one per output and token (fewer than 4 tokens: one token a workgroup)
             assert_eq!(head.workgroups, (w.cfg.vocab * rows) as u64);
