@@ -151,10 +151,11 @@ fn half4(fmt: u32, a: u32, b: u32) -> vec4<f32> {
 }
 
 // Weight formats (`W_FORMAT`): 0 f32 bits, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1,
-// 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K, 12 Q3_K, 13 Q2_K, 14 IQ4_XS. Quantized rows are
-// blocks padded to whole words (see
+// 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K, 12 Q3_K, 13 Q2_K, 14 IQ4_XS, 15 MXFP4. Quantized
+// rows are blocks padded to whole words (see
 // src/model/quant.rs). Blocks of 32 weights: word 0 holds the f16 scale (Q4_1, Q5_1: scale | min
-// << 16), then Q8_0 has 8 words of i8 and Q4_0/Q4_1/IQ4_NL 4 words of nibbles (weights 0..15 in
+// << 16; MXFP4: its power-of-two scale as f32 bits, block_dm), then Q8_0 has 8 words of i8 and
+// Q4_0/Q4_1/IQ4_NL/MXFP4 4 words of nibbles (weights 0..15 in
 // the low nibbles of bytes 0..15, weights 16..31 in the high nibbles); Q5_0/Q5_1 have a word of
 // fifth bits (bit j for weight j) before their nibbles. Blocks of 256 (K-quants) are llama.cpp's,
 // word-aligned.
@@ -174,12 +175,18 @@ fn block_words(fmt: u32) -> u32 {
 
 // The formats in blocks of 256 (K-quants and IQ4_XS): Q4_K, Q6_K, Q5_K, Q3_K, Q2_K, IQ4_XS.
 fn is_kquant(fmt: u32) -> bool {
-    return fmt == 6u || fmt == 7u || fmt >= 11u;
+    return fmt == 6u || fmt == 7u || (fmt >= 11u && fmt <= 14u);
 }
 
-// The blocks of 32 that dequant4 does not take: Q5_0, Q5_1, IQ4_NL (dequant_ext).
+// The blocks of 32 that dequant4 does not take: Q5_0, Q5_1, IQ4_NL, MXFP4 (dequant_ext).
 fn is_ext32(fmt: u32) -> bool {
-    return fmt >= 8u && fmt <= 10u;
+    return (fmt >= 8u && fmt <= 10u) || fmt == 15u;
+}
+
+// A block of 32's scale (and min) from its head word: f16 halves, or MXFP4's f32 bits.
+fn block_dm(fmt: u32, head: u32) -> vec2<f32> {
+    if fmt == 15u { return vec2<f32>(bitcast<f32>(head), 0.0); }
+    return unpack2x16float(head);
 }
 
 // Weights per block.
@@ -348,10 +355,20 @@ fn iq4nl_values(n: vec4<u32>) -> vec4<f32> {
 
 // iq4nl_values as integers (the integer-dot products take them as int8).
 fn iq4nl_values_i(n: vec4<u32>) -> vec4<i32> {
+    return nibble_table(n, vec4<u32>(0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u));
+}
+
+// MXFP4's 16 E2M1 values doubled (llama.cpp's kvalues_mxfp4: 0 1 2 3 4 6 8 12, then negated).
+fn mxfp4_values(n: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(nibble_table(n, vec4<u32>(0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu)));
+}
+
+// Entry n of a table of 16 i8 packed four to a word in `words` (entries 4i .. 4i + 3 in word i).
+fn nibble_table(n: vec4<u32>, words: vec4<u32>) -> vec4<i32> {
     let b2 = (n & vec4<u32>(4u)) != vec4<u32>(0u);
     let b3 = (n & vec4<u32>(8u)) != vec4<u32>(0u);
-    let low = select(vec4<u32>(0xbfad9881u), vec4<u32>(0xf6eaddcfu), b2);
-    let high = select(vec4<u32>(0x26190d01u), vec4<u32>(0x71594535u), b2);
+    let low = select(vec4<u32>(words.x), vec4<u32>(words.y), b2);
+    let high = select(vec4<u32>(words.z), vec4<u32>(words.w), b2);
     let word = select(low, high, b3);
     return bitcast<vec4<i32>>(word << (vec4<u32>(24u) - 8u * (n & vec4<u32>(3u)))) >> vec4<u32>(24u);
 }
@@ -364,6 +381,9 @@ fn dequant_ext(fmt: u32, dm: vec2<f32>, qh: u32, word: u32, g: u32) -> vec4<f32>
     let nib = (vec4<u32>(word) >> (vec4<u32>(0u, 8u, 16u, 24u) + sh)) & vec4<u32>(15u);
     if fmt == 10u {
         return dm.x * iq4nl_values(nib);
+    }
+    if fmt == 15u {
+        return dm.x * mxfp4_values(nib);
     }
     // weight 4g + c has bit 4g + c of qh
     let hi = (vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + 4u * g)) & vec4<u32>(1u);

@@ -4,7 +4,7 @@
 override D: u32;                 // d_model (multiple of 4)
 override PART_START: u32 = 0u;   // first vocabulary row of this part
 override PART_ROWS: u32;         // vocabulary rows in this part
-override W_FORMAT: u32 = 0u;     // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K, 12 Q3_K, 13 Q2_K, 14 IQ4_XS (common.wgsl)
+override W_FORMAT: u32 = 0u;     // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K, 12 Q3_K, 13 Q2_K, 14 IQ4_XS, 15 MXFP4 (common.wgsl)
 override EMBED_SCALE: f32 = 1.0;
 override WG: u32 = 64u;
 
@@ -16,7 +16,7 @@ override WG: u32 = 64u;
 fn table4(row: u32, d4: u32) -> vec4<f32> {
     if is_ext32(W_FORMAT) {
         let at = quant_at(W_FORMAT, row, d4, D);
-        return dequant_ext(W_FORMAT, unpack2x16float(table[at.x]), table[at.x + 1u], table[at.x + quant_word(W_FORMAT, at.y)], at.y);
+        return dequant_ext(W_FORMAT, block_dm(W_FORMAT, table[at.x]), table[at.x + 1u], table[at.x + quant_word(W_FORMAT, at.y)], at.y);
     }
     if is_kquant(W_FORMAT) {
         let at = quant_at(W_FORMAT, row, d4, D);

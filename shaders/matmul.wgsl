@@ -23,7 +23,7 @@ override X_STRIDE: u32;            // floats per row of x (K, or more when x hol
 override O_ROWS: u32;              // output rows of this part
 override OUT_STRIDE: u32;          // row stride of y
 override OUT_OFFSET: u32 = 0u;     // first column of y written by this part
-override W_FORMAT: u32 = 0u;       // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K, 12 Q3_K, 13 Q2_K, 14 IQ4_XS (common.wgsl)
+override W_FORMAT: u32 = 0u;       // 0 f32, 1 f16 pairs, 5 bf16 pairs, 2 Q8_0, 3 Q4_0, 4 Q4_1, 6 Q4_K, 7 Q6_K, 8 Q5_0, 9 Q5_1, 10 IQ4_NL, 11 Q5_K, 12 Q3_K, 13 Q2_K, 14 IQ4_XS, 15 MXFP4 (common.wgsl)
 override ACCUMULATE: bool = false; // y += x W^T (the residual add, fused)
 override SOFTCAP: f32 = 0.0;       // > 0: y = SOFTCAP * tanh(y / SOFTCAP) (final logits)
 override PER_ROW: bool = false;    // inputs are the R chunk rows (LM head), not the R * C tokens
@@ -36,8 +36,8 @@ override WG: u32 = 64u;            // lanes per workgroup: 64 with NORM (NORM_LA
 override OUTS: u32 = 1u;           // outputs per thread: 1 (`main`) or a multiple of 8 (`main_wide`: 8, see wide_outputs)
 // Derived, never set: a branch on them is decided with the pipeline, and natively cut before the
 // driver sees it (gpu/specialize.rs), where a call of common.wgsl's is_ext32 would stay.
-override W_EXT32: bool = W_FORMAT >= 8u && W_FORMAT <= 10u;                    // is_ext32(W_FORMAT)
-override W_KQUANT: bool = W_FORMAT == 6u || W_FORMAT == 7u || W_FORMAT >= 11u; // is_kquant(W_FORMAT)
+override W_EXT32: bool = (W_FORMAT >= 8u && W_FORMAT <= 10u) || W_FORMAT == 15u;                 // is_ext32(W_FORMAT)
+override W_KQUANT: bool = W_FORMAT == 6u || W_FORMAT == 7u || (W_FORMAT >= 11u && W_FORMAT <= 14u); // is_kquant(W_FORMAT)
 override W_BLOCK32: bool = (W_FORMAT >= 2u && W_FORMAT <= 4u) || W_EXT32;      // is_block32(W_FORMAT)
 override GATED: bool = MLP_ACT >= 2u;  // MLP_ACT pairs each output with a second weight row
 
@@ -59,7 +59,7 @@ var<workgroup> square_sums: array<vec4<f32>, NORM_LANES>;
 fn w4(o: u32, k4: u32) -> vec4<f32> {
     if W_EXT32 {
         let at = quant_at(W_FORMAT, o, k4, K);
-        return dequant_ext(W_FORMAT, unpack2x16float(w[at.x]), w[at.x + 1u], w[at.x + quant_word(W_FORMAT, at.y)], at.y);
+        return dequant_ext(W_FORMAT, block_dm(W_FORMAT, w[at.x]), w[at.x + 1u], w[at.x + quant_word(W_FORMAT, at.y)], at.y);
     }
     if W_KQUANT {
         let at = quant_at(W_FORMAT, o, k4, K);
@@ -187,7 +187,7 @@ fn dots_blocks(o: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
             var wv: vec4<f32>;
             if W_EXT32 {
                 // words[0]: a Q5 block's fifth bits
-                wv = dequant_ext(W_FORMAT, unpack2x16float(head), words[0], words[quant_word(W_FORMAT, g) - 1u], g);
+                wv = dequant_ext(W_FORMAT, block_dm(W_FORMAT, head), words[0], words[quant_word(W_FORMAT, g) - 1u], g);
             } else {
                 wv = dequant4(W_FORMAT, head, words[quant_word(W_FORMAT, g) - 1u], g);
             }
@@ -415,14 +415,14 @@ fn dots_rows8(r: vec4<u32>, r_hi: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec
         let base = (r * (K / 32u) + kb) * bw;
         let base_hi = (r_hi * (K / 32u) + kb) * bw;
         // the heads' scales (and mins), unpacked once per block
-        let dm0 = unpack2x16float(w[base.x]);
-        let dm1 = unpack2x16float(w[base.y]);
-        let dm2 = unpack2x16float(w[base.z]);
-        let dm3 = unpack2x16float(w[base.w]);
-        let dm4 = unpack2x16float(w[base_hi.x]);
-        let dm5 = unpack2x16float(w[base_hi.y]);
-        let dm6 = unpack2x16float(w[base_hi.z]);
-        let dm7 = unpack2x16float(w[base_hi.w]);
+        let dm0 = block_dm(W_FORMAT, w[base.x]);
+        let dm1 = block_dm(W_FORMAT, w[base.y]);
+        let dm2 = block_dm(W_FORMAT, w[base.z]);
+        let dm3 = block_dm(W_FORMAT, w[base.w]);
+        let dm4 = block_dm(W_FORMAT, w[base_hi.x]);
+        let dm5 = block_dm(W_FORMAT, w[base_hi.y]);
+        let dm6 = block_dm(W_FORMAT, w[base_hi.z]);
+        let dm7 = block_dm(W_FORMAT, w[base_hi.w]);
         let lo0 = block_lo(base.x);
         let lo1 = block_lo(base.y);
         let lo2 = block_lo(base.z);

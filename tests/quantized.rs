@@ -1,5 +1,5 @@
 //! Quantized weights stay quantized on the GPU (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K,
-//! Q4_K, Q5_K, Q6_K, IQ4_XS read in the shader); every
+//! Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4 read in the shader); every
 //! kernel that reads them (embedding gather, matrix products, LM head) matches the CPU
 //! dequantize-then-multiply reference.
 
@@ -26,6 +26,9 @@ fn quantize_dequantize_round_trip_is_close() {
         (QuantKind::Q3K, 0.7),
         (QuantKind::Q2K, 1.1),
         (QuantKind::IQ4XS, 0.35),
+        // E2M1's steps are coarse (8 to 12 of the scale) and the scale is the largest magnitude's
+        // power of two, so the largest weights clip
+        (QuantKind::MXFP4, 1.0),
     ] {
         let q = quantize(kind, &x).unwrap();
         assert_eq!(q.len(), 256 / kind.block_len() * kind.block_bytes());
@@ -64,9 +67,15 @@ fn quantized_models_match_dequantized_reference() {
         ModelConfig::llama(96, 64, 4, 2, 16, 96, 3, 10000.0, 1e-5, true),
     ];
     for cfg in cfgs {
-        for kind in
-            [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q5_0, QuantKind::Q5_1, QuantKind::IQ4NL]
-        {
+        for kind in [
+            QuantKind::Q8_0,
+            QuantKind::Q4_0,
+            QuantKind::Q4_1,
+            QuantKind::Q5_0,
+            QuantKind::Q5_1,
+            QuantKind::IQ4NL,
+            QuantKind::MXFP4,
+        ] {
             let w = model(&cfg, 111).quantized(kind).unwrap();
             assert!(w.embed.quant.is_some() && w.layers[0].wq.quant.is_some());
             decode_matches_reference(&w, 30, 13, 40, &format!("{kind:?} {:?}", cfg.mlp));

@@ -24,6 +24,7 @@ pub fn formats_table(gpu: &Gpu, model: &ModelWeights, steps: usize, rounds: usiz
         QuantKind::Q4K,
         QuantKind::Q5K,
         QuantKind::Q6K,
+        QuantKind::MXFP4,
     ];
     let ctx = 128;
     let mut rng = SplitMix64(7);

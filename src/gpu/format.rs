@@ -36,6 +36,8 @@ pub enum WeightFormat {
     Q2K,
     /// Blocks of 256: IQ4_NL's table indices with a 6-bit scale per 32.
     IQ4XS,
+    /// Blocks of 32: a power-of-two scale (as f32 bits), 32 indices into MXFP4's E2M1 values.
+    MXFP4,
 }
 
 impl WeightFormat {
@@ -57,6 +59,7 @@ impl WeightFormat {
             WeightFormat::Q3K => 12,
             WeightFormat::Q2K => 13,
             WeightFormat::IQ4XS => 14,
+            WeightFormat::MXFP4 => 15,
         }
     }
 
@@ -78,6 +81,7 @@ impl WeightFormat {
             WeightFormat::Q3K => "q3_k",
             WeightFormat::Q2K => "q2_k",
             WeightFormat::IQ4XS => "iq4_xs",
+            WeightFormat::MXFP4 => "mxfp4",
         }
     }
 
@@ -122,6 +126,7 @@ impl From<QuantKind> for WeightFormat {
             QuantKind::Q3K => WeightFormat::Q3K,
             QuantKind::Q2K => WeightFormat::Q2K,
             QuantKind::IQ4XS => WeightFormat::IQ4XS,
+            QuantKind::MXFP4 => WeightFormat::MXFP4,
         }
     }
 }

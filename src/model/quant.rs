@@ -6,7 +6,8 @@
 //! nibbles), Q4_1 5 words (scale and min, 16 bytes of nibbles), Q4_K 36 words (its 144 bytes as
 //! they are), Q6_K 53 words (its 208 bytes of quants and scales, then the f16 scale in a word),
 //! Q5_K 44 words, Q3_K 28 words (its 108 bytes of masks, quants and scales, then the f16 scale in
-//! a word), Q2_K 21 words and IQ4_XS 34 words (their bytes as they are).
+//! a word), Q2_K 21 words and IQ4_XS 34 words (their bytes as they are), MXFP4 5 words (its
+//! E8M0 scale as the f32 bits of the factor it stands for, 16 bytes of nibbles).
 
 use crate::error::{Error, Result};
 
@@ -39,6 +40,18 @@ pub enum QuantKind {
     Q2K,
     /// 256-weight super-blocks of IQ4_NL's table indices with 6-bit scales per 32 (136 bytes).
     IQ4XS,
+    /// 32 x 4-bit E2M1 values (OCP microscaling, gpt-oss's experts) with a power-of-two E8M0
+    /// scale (17 bytes).
+    MXFP4,
+}
+
+/// MXFP4's 16 E2M1 values doubled (llama.cpp's `kvalues_mxfp4`; the scale is halved to match).
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// MXFP4's E8M0 scale byte as the factor of [`MXFP4_VALUES`]: `2^(e - 128)` (llama.cpp's
+/// `GGML_E8M0_TO_FP32_HALF`, subnormal for e < 2).
+pub fn mxfp4_scale(e: u8) -> f32 {
+    f32::from_bits(if e < 2 { 0x0020_0000 << e } else { (e as u32 - 1) << 23 })
 }
 
 /// IQ4_NL's (and IQ4_XS's) 16 values, as llama.cpp's `kvalues_iq4nl`.
@@ -46,7 +59,7 @@ pub const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1,
 
 impl QuantKind {
     /// Every block format, in GGUF type order.
-    pub const ALL: [QuantKind; 12] = [
+    pub const ALL: [QuantKind; 13] = [
         QuantKind::Q4_0,
         QuantKind::Q4_1,
         QuantKind::Q5_0,
@@ -59,6 +72,7 @@ impl QuantKind {
         QuantKind::Q6K,
         QuantKind::IQ4NL,
         QuantKind::IQ4XS,
+        QuantKind::MXFP4,
     ];
 
     /// ggml's type id (GGUF's tensor type).
@@ -76,6 +90,7 @@ impl QuantKind {
             QuantKind::Q6K => 14,
             QuantKind::IQ4NL => 20,
             QuantKind::IQ4XS => 23,
+            QuantKind::MXFP4 => 39,
         }
     }
 
@@ -104,6 +119,7 @@ impl QuantKind {
             QuantKind::Q3K => 110,
             QuantKind::Q2K => 84,
             QuantKind::IQ4XS => 136,
+            QuantKind::MXFP4 => 17,
         }
     }
 
@@ -111,7 +127,7 @@ impl QuantKind {
     pub(crate) fn gpu_block_words(self) -> usize {
         match self {
             QuantKind::Q8_0 => 9,
-            QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::IQ4NL => 5,
+            QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::IQ4NL | QuantKind::MXFP4 => 5,
             QuantKind::Q5_0 | QuantKind::Q5_1 => 6,
             QuantKind::Q4K => 36,
             QuantKind::Q5K => 44,
@@ -187,6 +203,12 @@ pub fn dequantize(kind: QuantKind, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
                 let qs = &b[2..18];
                 out.extend(qs.iter().map(|&q| d * IQ4NL_VALUES[(q & 0xF) as usize] as f32));
                 out.extend(qs.iter().map(|&q| d * IQ4NL_VALUES[(q >> 4) as usize] as f32));
+            }
+            QuantKind::MXFP4 => {
+                let d = mxfp4_scale(b[0]);
+                let qs = &b[1..17];
+                out.extend(qs.iter().map(|&q| d * MXFP4_VALUES[(q & 0xF) as usize] as f32));
+                out.extend(qs.iter().map(|&q| d * MXFP4_VALUES[(q >> 4) as usize] as f32));
             }
             QuantKind::Q4K | QuantKind::Q5K => {
                 let (d, dmin) = (f16(b), f16(&b[2..]));
@@ -316,6 +338,11 @@ pub(crate) fn repack_for_gpu(kind: QuantKind, bytes: &[u8]) -> Vec<u32> {
                 out.push(u16::from_le_bytes([b[108], b[109]]) as u32);
             }
             QuantKind::Q2K | QuantKind::IQ4XS => words(b, &mut out),
+            // the scale as the f32 it stands for, then the nibbles as IQ4_NL's
+            QuantKind::MXFP4 => {
+                out.push(mxfp4_scale(b[0]).to_bits());
+                words(&b[1..], &mut out);
+            }
         }
     }
     out
@@ -325,7 +352,7 @@ pub(crate) fn repack_for_gpu(kind: QuantKind, bytes: &[u8]) -> Vec<u32> {
 /// llama.cpp's reference quantizers do; the K-quants (Q2_K to Q6_K) with plain per-sub-block
 /// ranges and IQ4_NL / IQ4_XS with the scale that maps the largest magnitude to the table's end
 /// and the nearest entry for each weight (valid blocks, not llama.cpp's error-minimizing
-/// searches). Used to make quantized
+/// searches); MXFP4 as llama.cpp's reference quantizer. Used to make quantized
 /// test models and by weight updates of quantized engines.
 pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
     if !x.len().is_multiple_of(kind.block_len()) {
@@ -410,6 +437,25 @@ pub fn quantize(kind: QuantKind, x: &[f32]) -> Result<Vec<u8>> {
                 let d = f16_round(mx / -127.0);
                 out.extend_from_slice(&h(d));
                 out.extend((0..16).map(|j| iq4_nearest(blk[j], d) | (iq4_nearest(blk[j + 16], d) << 4)));
+            }
+            QuantKind::MXFP4 => {
+                // llama.cpp's quantize_row_mxfp4_ref: the largest magnitude's power of two, 4 below
+                // the table's end of 12, and the nearest entry (the first of equals) for each weight
+                let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let e = if amax > 0.0 { (amax.log2().floor() - 2.0 + 127.0).clamp(0.0, 255.0) as u8 } else { 0 };
+                let d = mxfp4_scale(e);
+                let nearest = |v: f32| {
+                    (0..16u8).fold(0u8, |best, i| {
+                        let err = |i: u8| (MXFP4_VALUES[i as usize] as f32 * d - v).abs();
+                        if err(i) < err(best) {
+                            i
+                        } else {
+                            best
+                        }
+                    })
+                };
+                out.push(e);
+                out.extend((0..16).map(|j| nearest(blk[j]) | (nearest(blk[j + 16]) << 4)));
             }
             QuantKind::Q4K | QuantKind::Q5K | QuantKind::Q6K | QuantKind::Q3K | QuantKind::Q2K | QuantKind::IQ4XS => {
                 unreachable!("256-weight blocks are handled above")
