@@ -14,7 +14,8 @@
 #
 # For a machine that can build nothing (a GPU box without network or toolchains), three variables
 # take what was built elsewhere: LLAMACPP_BIN=folder with vulkan/ and cpu/ (each a build's bin/
-# folder), KVDECODE_BIN=the kvdecode binary, MODEL=the GGUF file.
+# folder), KVDECODE_BIN=the kvdecode binary, MODEL=the GGUF file. PROMPT, GEN and REPS (128, 32,
+# 3) size the runs; gpu-bench.sh's dry run shrinks them to fit a CPU adapter in its minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -42,34 +43,36 @@ else
   kv=$KVDECODE_BIN
 fi
 
+prompt=${PROMPT:-128} gen=${GEN:-32} reps=${REPS:-3}
 export GGML_VK_VISIBLE_DEVICES=0
 # Mesa's Vulkan WSI complains without a runtime dir; give it a private one
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 chmod 700 "$XDG_RUNTIME_DIR"
 echo "llama.cpp Vulkan: llama-bench ..."
-LD_LIBRARY_PATH="$vulkan_bin" "$vulkan_bin/llama-bench" -m "$model" -ngl 99 -p 128 -n 32 -r 3 -o json >"$out/llamacpp-vulkan.json"
+LD_LIBRARY_PATH="$vulkan_bin" "$vulkan_bin/llama-bench" -m "$model" -ngl 99 -p "$prompt" -n "$gen" -r "$reps" -o json >"$out/llamacpp-vulkan.json"
 echo "llama.cpp Vulkan: llama-batched-bench ..."
-LD_LIBRARY_PATH="$vulkan_bin" "$vulkan_bin/llama-batched-bench" -m "$model" -ngl 99 -c 2048 -b 2048 -ub 512 -npp 32 -ntg 16 -npl 16 \
+LD_LIBRARY_PATH="$vulkan_bin" "$vulkan_bin/llama-batched-bench" -m "$model" -ngl 99 -c 2048 -b 2048 -ub 512 -npp 32 -ntg "$(( gen / 2 ))" -npl 16 \
   >"$out/llamacpp-vulkan-batched.txt" 2>&1
 echo "llama.cpp CPU: llama-bench ..."
-LD_LIBRARY_PATH="$cpu_bin" "$cpu_bin/llama-bench" -m "$model" -p 128 -n 32 -r 3 -o json >"$out/llamacpp-cpu.json"
+LD_LIBRARY_PATH="$cpu_bin" "$cpu_bin/llama-bench" -m "$model" -p "$prompt" -n "$gen" -r "$reps" -o json >"$out/llamacpp-cpu.json"
 echo "kvdecode ..."
-"$kv" bench --model "$model" --rows 1 --ctx 128 --steps 32 --kv f32 --tables throughput --json >"$out/kvdecode-1.txt"
-"$kv" bench --model "$model" --rows 16 --ctx 32 --steps 16 --kv f32 --tables throughput --json >"$out/kvdecode-16.txt"
+"$kv" bench --model "$model" --rows 1 --ctx "$prompt" --steps "$gen" --kv f32 --tables throughput --json >"$out/kvdecode-1.txt"
+"$kv" bench --model "$model" --rows 16 --ctx 32 --steps "$(( gen / 2 ))" --kv f32 --tables throughput --json >"$out/kvdecode-16.txt"
 # the opt-in integer-dot products (llama.cpp-like error), same runs
-KVDECODE_MATMUL=int-dot "$kv" bench --model "$model" --rows 1 --ctx 128 --steps 32 --kv f32 --tables throughput --json \
+KVDECODE_MATMUL=int-dot "$kv" bench --model "$model" --rows 1 --ctx "$prompt" --steps "$gen" --kv f32 --tables throughput --json \
   >"$out/kvdecode-int-dot-1.txt"
-KVDECODE_MATMUL=int-dot "$kv" bench --model "$model" --rows 16 --ctx 32 --steps 16 --kv f32 --tables throughput --json \
+KVDECODE_MATMUL=int-dot "$kv" bench --model "$model" --rows 16 --ctx 32 --steps "$(( gen / 2 ))" --kv f32 --tables throughput --json \
   >"$out/kvdecode-int-dot-16.txt"
 
-python3 - "$out" "$(basename "$model")" <<'PY'
+python3 - "$out" "$(basename "$model")" "$prompt" "$gen" <<'PY'
 import json, re, sys
 out = sys.argv[1]
+prompt, gen = int(sys.argv[3]), int(sys.argv[4])
 
 def llama_bench(path):
     tests = json.load(open(path))
-    pp = next(t["avg_ts"] for t in tests if t["n_prompt"] == 128 and t["n_gen"] == 0)
-    tg = next(t["avg_ts"] for t in tests if t["n_gen"] == 32 and t["n_prompt"] == 0)
+    pp = next(t["avg_ts"] for t in tests if t["n_prompt"] == prompt and t["n_gen"] == 0)
+    tg = next(t["avg_ts"] for t in tests if t["n_gen"] == gen and t["n_prompt"] == 0)
     return pp, tg, tests[0].get("backends", "")
 
 def batched(path):
@@ -97,7 +100,7 @@ print("| measure | llama.cpp Vulkan | kvdecode | kvdecode / llama.cpp Vulkan | k
 print("|---|---:|---:|---:|---:|---:|---:|")
 rows = [
     ("decode, 1 row (tok/s)", vk_tg, one["decode_tok_s"], int_one["decode_tok_s"], f"{cpu_tg:.1f}"),
-    ("prefill of 128 tokens (tok/s)", vk_pp, one["prefill_tok_s"], int_one["prefill_tok_s"], f"{cpu_pp:.1f}"),
+    (f"prefill of {prompt} tokens (tok/s)", vk_pp, one["prefill_tok_s"], int_one["prefill_tok_s"], f"{cpu_pp:.1f}"),
     ("decode, 16 rows, aggregate (tok/s)", vk_batched, sixteen["decode_tok_s"], int_sixteen["decode_tok_s"], ""),
 ]
 for what, llama, kv, kv_int, cpu in rows:

@@ -19,7 +19,8 @@
 # LLAMACPP_BIN (llama.cpp's built bin/ folders, vulkan/ and cpu/) and MODEL (SmolLM2-135M-Instruct
 # Q4_1, or its header grown back with scripts/gguf-skeleton.py) add llama.cpp's Vulkan backend
 # beside kvdecode on the same card (scripts/bench-llamacpp.sh, its own LIMIT). QUICK=1 is the dry
-# run of the same list at a CPU adapter's sizes (contexts of 64, 4 steps, 1 and 16 rows), to time
+# run of the same list at a CPU adapter's sizes (contexts of 64, 4 steps, 1 and 16 rows, the mixture
+# and llama.cpp's runs shorter), to time
 # the script and see every table come out; TOTAL (seconds, default 480) is the whole run's bound.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,9 +31,11 @@ limit=${LIMIT:-90}
 total=${TOTAL:-480}
 t_start=$(date +%s)
 if [ "${QUICK:-0}" = 1 ]; then
-  rows=1,16 rows_1b=1 ctx=64 long=256 steps=4 occupancy=(--occupancy-models synthetic:smollm2 --occupancy-ctx 64,256)
+  rows=1,16 rows_1b=1 moe_rows=1 ctx=64 long=256 steps=4 occupancy=(--occupancy-models synthetic:smollm2 --occupancy-ctx 64,256)
+  llamacpp_sizes=(PROMPT=32 GEN=8 REPS=1)
 else
-  rows=1,16,64 rows_1b=1,16 ctx=512 long=4096 steps=16 occupancy=()
+  rows=1,16,64 rows_1b=1,16 moe_rows=1,16,64 ctx=512 long=4096 steps=16 occupancy=()
+  llamacpp_sizes=()
 fi
 if [ ! -x "$bin" ]; then
   cargo build --quiet --release -p kvdecode-cli || exit 1
@@ -60,9 +63,9 @@ run() {
   run "$bin" bench --model synthetic:smollm2 --rows 1 --ctx "$long" --steps "$steps" --kv f16 --tables throughput,profile
   run "$bin" bench --model synthetic:1b --rows "$rows_1b" --ctx "$ctx" --steps "$steps" --kv f16 --tables throughput,profile
   run "$bin" bench --model synthetic:smollm2 --kv f16 --tables attention --attention-ctx "$ctx" --attention-rows 1 --steps 4
-  run "$bin" bench --model synthetic:qwen3-moe --tables moe --moe-rows "$rows" --steps 4
+  run "$bin" bench --model synthetic:qwen3-moe --tables moe --moe-rows "$moe_rows" --steps 4
   if [ -n "${LLAMACPP_BIN:-}" ]; then
-    run env KVDECODE_BIN="$bin" MODEL="${MODEL:?MODEL: the SmolLM2 Q4_1 GGUF for llama.cpp}" bash scripts/bench-llamacpp.sh
+    run env "${llamacpp_sizes[@]}" KVDECODE_BIN="$bin" MODEL="${MODEL:?MODEL: the SmolLM2 Q4_1 GGUF for llama.cpp}" bash scripts/bench-llamacpp.sh
   fi
   if [ -n "$tests" ]; then
     for t in attention_variants half_kv guards parity rollback_fork batching hf_shapes fixtures; do

@@ -7,8 +7,8 @@
 #
 # Two snags on Debian 12 are handled here: its Vulkan headers lack VK_EXT_layer_settings (used
 # only by the validation-settings block of ggml-vulkan.cpp, which gets an #ifdef), and on CPUs
-# with AMX, GCC 12 miscompiles the AMX kernels, so the CPU backend is built for AVX2/AVX-512
-# without AMX (GGML_NATIVE=OFF). Needs root for the Debian packages (cmake build-essential
+# with AMX, GCC 12 miscompiles the AMX kernels, so the CPU backend is built for AVX2 (and
+# AVX-512 where the CPU has it) without AMX (GGML_NATIVE=OFF). Needs root for the Debian packages (cmake build-essential
 # libvulkan-dev glslc spirv-headers) when they are missing.
 set -euo pipefail
 name=$1
@@ -56,6 +56,10 @@ if "#ifdef VK_EXT_layer_settings" not in s:
 PY
 
 dir=$cache/build-$name
+# AVX-512 only where this CPU has it (the AMD EPYCs here lack it: its code dies of SIGILL there)
+avx512=OFF
+grep -qw avx512f /proc/cpuinfo && avx512=ON
+grep -q "GGML_AVX512:BOOL=$avx512" "$dir/CMakeCache.txt" 2>/dev/null || rm -f "$dir/bin/libllama.so"
 missing=0
 for t in $targets; do
   case $t in llama | ggml*) ;; *) [ -x "$dir/bin/$t" ] || missing=1 ;; esac
@@ -65,7 +69,7 @@ if [ $missing = 1 ]; then
   echo "building llama.cpp ($name: $targets) ..." >&2
   cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-    -DGGML_AVX512=ON "$@" >"$dir.cmake.log" 2>&1
+    -DGGML_AVX512="$avx512" "$@" >"$dir.cmake.log" 2>&1
   # shellcheck disable=SC2086
   cmake --build "$dir" -j "$jobs" --target llama $targets >"$dir.build.log" 2>&1 ||
     { tail -30 "$dir.build.log" >&2; exit 1; }

@@ -1,6 +1,6 @@
 //! GGUF (llama.cpp's model format, versions 2 and 3): metadata, tensor table, alignment, and
-//! tensors in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K
-//! and Q6_K.
+//! tensors in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K,
+//! Q6_K and MXFP4.
 //!
 //! A model file is untrusted input: every count, length, shape and offset is checked against the
 //! bytes actually present before anything is allocated or read, with checked arithmetic; errors
@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::error::{file_err, Error, Result};
-use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig};
+use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig, MoeConfig};
 use crate::model::family::{assemble, tensor_names, Family, Naming, Place, Slot, Tensor};
 use crate::model::lora::LoraAdapter;
 use crate::model::quant::QuantKind;
@@ -88,7 +88,10 @@ fn ggml_type_name(id: u32) -> &'static str {
         "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16",
         "I32", "I64", "F64", "IQ1_M", "BF16",
     ];
-    NAMES.get(id as usize).copied().unwrap_or("unknown")
+    match id {
+        39 => "MXFP4",
+        _ => NAMES.get(id as usize).copied().unwrap_or("unknown"),
+    }
 }
 
 impl TensorType {
@@ -261,7 +264,7 @@ impl GgufFile {
             let tid = r.u32(&format!("type of `{name}`"))?;
             let ty = TensorType::from_id(tid).ok_or_else(|| {
                 Error::Weights(format!(
-                    "tensor `{name}`: type {tid} ({}) is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
+                    "tensor `{name}`: type {tid} ({}) is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4)",
                     ggml_type_name(tid)
                 ))
             })?;
@@ -327,9 +330,20 @@ impl GgufFile {
 
     /// A 2-D tensor as a matrix `[dims[1], dims[0]]` (quantized blocks kept), checking its shape.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        self.matrix_of_dims(name, &[cols, rows], rows, cols)
+    }
+
+    /// A 3-D tensor of `stack` matrices `[rows / stack, cols]` (llama.cpp's experts of a layer, dims
+    /// `[cols, rows / stack, stack]`) as one matrix `[rows, cols]`, the first one's rows first.
+    pub fn stacked_matrix(&self, name: &str, stack: usize, rows: usize, cols: usize) -> Result<Matrix> {
+        let each = rows.checked_div(stack).filter(|e| e * stack == rows).unwrap_or(0);
+        self.matrix_of_dims(name, &[cols, each, stack], rows, cols)
+    }
+
+    fn matrix_of_dims(&self, name: &str, dims: &[usize], rows: usize, cols: usize) -> Result<Matrix> {
         let t = self.tensor(name).ok_or_else(|| Error::Weights(format!("tensor `{name}` is missing")))?;
-        if t.dims != [cols, rows] {
-            return Err(Error::Weights(format!("tensor `{name}`: dims {:?}, expected [{cols}, {rows}]", t.dims)));
+        if t.dims != dims {
+            return Err(Error::Weights(format!("tensor `{name}`: dims {:?}, expected {dims:?}", t.dims)));
         }
         let b = &self.bytes[t.range.clone()];
         match t.ty {
@@ -345,10 +359,13 @@ impl GgufFile {
         }
     }
 
-    /// A 1-D f32/f16/bf16 tensor of length `n`.
+    /// A 1-D f32/f16/bf16 tensor of length `n` (or `[n, 1]`).
     pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
         let t = self.tensor(name).ok_or_else(|| Error::Weights(format!("tensor `{name}` is missing")))?;
-        if t.dims != [n] || matches!(t.ty, TensorType::Quant(_)) {
+        // `[n, 1]` too: llama.cpp's converter writes Qwen2-MoE's shared-expert gate as a one-row
+        // matrix (llama-quantize then stores it as a vector)
+        let vector = t.dims.first() == Some(&n) && t.dims[1..].iter().all(|&d| d == 1);
+        if !vector || matches!(t.ty, TensorType::Quant(_)) {
             return Err(Error::Weights(format!(
                 "tensor `{name}`: {:?} {:?}, expected a float vector of {n}",
                 t.ty, t.dims
@@ -357,8 +374,9 @@ impl GgufFile {
         Ok(floats(t.ty, &self.bytes[t.range.clone()]))
     }
 
-    /// The model config from the metadata (architectures `llama`, `qwen2`, `qwen3`, `smollm3`,
-    /// `olmo2`, `phi3`, `gemma2`, `gemma3`), and RoPE's per-pair factors from `rope_freqs.weight`
+    /// The model config from the metadata (architectures `llama` (Mixtral where it has experts),
+    /// `qwen2`, `qwen3`, `smollm3`, `olmo2`, `phi3`, `gemma2`, `gemma3`, `qwen3moe`, `qwen2moe`,
+    /// `olmoe`), and RoPE's per-pair factors from `rope_freqs.weight`
     /// (Llama 3.1) or `rope_factors_short/long.weight` (Phi-3's LongRoPE) where present.
     pub fn config(&self) -> Result<ModelConfig> {
         let arch = self.arch()?;
@@ -416,7 +434,12 @@ impl GgufFile {
         c.rope_dims = rope_dims;
         c.rope_scaling = self.rope_scaling(arch, rope_dims.unwrap_or(head_dim))?;
         c.rope_scaling_local = c.rope_scaling.clone();
-        c.family = Family::from_gguf_arch(arch).unwrap_or(Family::Llama);
+        c.moe = self.moe(arch, layers, ffn)?;
+        // llama.cpp's converter writes Mixtral as a Llama with experts
+        c.family = match Family::from_gguf_arch(arch) {
+            Some(Family::Llama) | None if c.moe.is_some() => Family::Mixtral,
+            f => f.unwrap_or(Family::Llama),
+        };
         c.context_len = self
             .get(&p("context_length"))
             .and_then(Value::as_u64)
@@ -424,7 +447,10 @@ impl GgufFile {
             .map(|n| n as usize);
         match arch {
             "qwen2" => c.qkv_bias = true,
-            "qwen3" => c.qk_norm = true,
+            "qwen3" | "qwen3moe" => c.qk_norm = true,
+            "qwen2moe" => c.qkv_bias = true,
+            // OLMoE's q/k norms span the whole projection, as OLMo 2's
+            "olmoe" => (c.qk_norm, c.qk_norm_whole) = (true, true),
             "olmo2" => (c.qk_norm, c.qk_norm_whole, c.pre_norms, c.post_norms) = (true, true, false, true),
             // llama.cpp's SmolLM3: every fourth layer rotates nothing (no key says so)
             "smollm3" => c.nope_layers = (0..layers).filter(|i| (i + 1) % 4 == 0).collect(),
@@ -536,11 +562,75 @@ impl GgufFile {
     fn arch(&self) -> Result<&str> {
         let arch = self.get("general.architecture").and_then(Value::as_str).unwrap_or("");
         match arch {
-            "llama" | "qwen2" | "qwen3" | "smollm3" | "olmo2" | "phi3" | "gemma2" | "gemma3" => Ok(arch),
+            "llama" | "qwen2" | "qwen3" | "smollm3" | "olmo2" | "phi3" | "gemma2" | "gemma3" | "qwen3moe" | "qwen2moe"
+            | "olmoe" => Ok(arch),
             _ => Err(Error::Config(format!(
-                "GGUF architecture {arch:?} is not supported (supported: llama, qwen2, qwen3, smollm3, olmo2, phi3, gemma2, gemma3)"
+                "GGUF architecture {arch:?} is not supported (supported: llama, qwen2, qwen3, smollm3, olmo2, phi3, gemma2, gemma3, qwen3moe, qwen2moe, olmoe)"
             ))),
         }
+    }
+
+    /// The mixture of experts as llama.cpp reads it: `expert_count` and `expert_used_count`, each
+    /// expert's size from `expert_feed_forward_length` (`feed_forward_length` where absent, as for
+    /// OLMoE and Mixtral), Qwen2-MoE's shared expert from `expert_shared_feed_forward_length`. A
+    /// layer is a mixture where the file has its router (`blk.N.ffn_gate_inp.weight`). The top-k
+    /// weights are renormalized as llama.cpp's graph for the architecture does (Qwen3-MoE and
+    /// Mixtral do, Qwen2-MoE and OLMoE don't), or as `expert_weights_norm` says.
+    fn moe(&self, arch: &str, layers: usize, ffn: usize) -> Result<Option<MoeConfig>> {
+        let p = |k: &str| format!("{arch}.{k}");
+        let Some(experts) = self.get(&p("expert_count")).and_then(Value::as_u64).filter(|&n| n > 0) else {
+            if matches!(arch, "qwen3moe" | "qwen2moe" | "olmoe") {
+                return Err(Error::Config(format!("{} is missing for a mixture of experts", p("expert_count"))));
+            }
+            return Ok(None);
+        };
+        let top_k = self.need_u(&p("expert_used_count"))?;
+        let expert_ffn = self.get(&p("expert_feed_forward_length")).and_then(Value::as_u64).map_or(ffn, |v| v as usize);
+        let shared_ffn = match arch {
+            "qwen2moe" => self.need_u(&p("expert_shared_feed_forward_length"))?,
+            _ => 0,
+        };
+        check_file_dims(
+            layers,
+            0,
+            &[
+                ("expert_count", experts as usize),
+                ("expert_used_count", top_k),
+                ("expert_feed_forward_length", expert_ffn),
+                ("expert_shared_feed_forward_length", shared_ffn),
+            ],
+        )?;
+        if let Some(scale) = self.get(&p("expert_weights_scale")).and_then(Value::as_f64) {
+            if scale != 0.0 && scale != 1.0 {
+                return Err(Error::Config(format!("{} {scale} is not supported (1)", p("expert_weights_scale"))));
+            }
+        }
+        if let Some(gating) = self.get(&p("expert_gating_func")).and_then(Value::as_u64) {
+            // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+            if gating != 1 {
+                return Err(Error::Config(format!(
+                    "{} {gating} is not supported (1, softmax)",
+                    p("expert_gating_func")
+                )));
+            }
+        }
+        let norm_topk = match self.get(&p("expert_weights_norm")) {
+            Some(Value::Bool(b)) => *b,
+            _ => matches!(arch, "qwen3moe" | "llama"),
+        };
+        let layers: Vec<usize> =
+            (0..layers).filter(|i| self.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_some()).collect();
+        if layers.is_empty() {
+            return Err(Error::Config(format!("{} is {experts} but no layer has a router", p("expert_count"))));
+        }
+        Ok(Some(MoeConfig {
+            experts: experts as usize,
+            top_k,
+            ffn: expert_ffn,
+            layers,
+            norm_topk,
+            shared_ffn: (shared_ffn > 0).then_some(shared_ffn),
+        }))
     }
 
     /// The LoRA adapter this file holds for a model of `cfg`, as llama.cpp's
@@ -573,6 +663,7 @@ impl GgufFile {
         self.arch()?;
         let cfg = self.config()?;
         let n = cfg.n_layers();
+        let experts = cfg.moe.as_ref().map_or(1, |m| m.experts);
         let mut done = 0;
         let w = assemble(&cfg, &tensor_names(&cfg, Naming::Gguf), &mut |t| {
             if let Some(Place { slot: Slot::Layer(i, _), .. }) = t.places.first() {
@@ -584,6 +675,10 @@ impl GgufFile {
             }
             match t.shape[..] {
                 [n] => self.vector(&t.name, n).map(Tensor::Vector),
+                // a layer's experts, stacked in one tensor per projection
+                [rows, cols] if t.name.ends_with("_exps.weight") => {
+                    self.stacked_matrix(&t.name, experts, rows, cols).map(Tensor::Matrix)
+                }
                 [rows, cols] => self.matrix(&t.name, rows, cols).map(Tensor::Matrix),
                 _ => Err(Error::Weights(format!("tensor `{}`: unexpected shape {:?}", t.name, t.shape))),
             }

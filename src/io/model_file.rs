@@ -87,7 +87,7 @@ impl TensorFiles {
     }
 
     /// A GGUF file's tensors by their names, in PyTorch's dimension order (quantized ones as
-    /// their blocks).
+    /// their blocks; a 3-D tensor of stacked experts as one matrix of their rows).
     pub fn gguf_tensors(g: &GgufFile) -> Vec<HostTensor<'_>> {
         g.tensors
             .iter()
@@ -98,7 +98,12 @@ impl TensorFiles {
                     TensorType::BF16 => HostDtype::BF16,
                     TensorType::Quant(k) => HostDtype::Quant(k),
                 };
-                let shape = t.dims.iter().rev().copied().collect();
+                // llama.cpp's stacked experts `[cols, rows, experts]` read as one matrix, as the
+                // name map stacks them (the parse checked the element count fits)
+                let shape = match t.dims[..] {
+                    [cols, rows, stack] => vec![stack * rows, cols],
+                    _ => t.dims.iter().rev().copied().collect(),
+                };
                 HostTensor { name: t.name.clone(), shape, dtype, bytes: g.tensor_bytes(t) }
             })
             .collect()

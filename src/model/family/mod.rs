@@ -287,8 +287,11 @@ impl Family {
             Family::Gemma2 => Some("gemma2"),
             Family::Olmo2 => Some("olmo2"),
             Family::Phi3 => Some("phi3"),
-            // llama.cpp's MoE files are not read yet: their architectures stay unknown
-            Family::Qwen3Moe | Family::Olmoe | Family::Mixtral | Family::Qwen2Moe => None,
+            Family::Qwen3Moe => Some("qwen3moe"),
+            Family::Olmoe => Some("olmoe"),
+            Family::Qwen2Moe => Some("qwen2moe"),
+            // llama.cpp writes Mixtral as `llama` with experts (GgufFile::config tells them apart)
+            Family::Mixtral => None,
         }
     }
 
@@ -299,7 +302,7 @@ impl Family {
 
     /// llama.cpp's converter stores this family's Q and K rows interleaved for its RoPE.
     fn gguf_interleaves_qk(self) -> bool {
-        matches!(self, Family::Llama | Family::SmolLM3)
+        matches!(self, Family::Llama | Family::SmolLM3 | Family::Mixtral)
     }
 }
 
