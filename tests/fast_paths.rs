@@ -114,15 +114,7 @@ fn product_cases() -> Vec<(String, kvdecode::ModelWeights, WeightDtype)> {
             WeightDtype::F32,
         ),
     ];
-    for kind in [
-        QuantKind::Q8_0,
-        QuantKind::Q4_0,
-        QuantKind::Q4_1,
-        QuantKind::Q5_0,
-        QuantKind::Q5_1,
-        QuantKind::IQ4NL,
-        QuantKind::MXFP4,
-    ] {
+    for kind in BLOCK32_KINDS {
         cases.push((format!("{kind:?}"), model(&blocks, 193).quantized(kind).unwrap(), WeightDtype::F32));
     }
     // the blocks of 256 share their loops (a head, then one or two data words per 4 weights):

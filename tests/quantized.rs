@@ -67,15 +67,7 @@ fn quantized_models_match_dequantized_reference() {
         ModelConfig::llama(96, 64, 4, 2, 16, 96, 3, 10000.0, 1e-5, true),
     ];
     for cfg in cfgs {
-        for kind in [
-            QuantKind::Q8_0,
-            QuantKind::Q4_0,
-            QuantKind::Q4_1,
-            QuantKind::Q5_0,
-            QuantKind::Q5_1,
-            QuantKind::IQ4NL,
-            QuantKind::MXFP4,
-        ] {
+        for kind in BLOCK32_KINDS {
             let w = model(&cfg, 111).quantized(kind).unwrap();
             assert!(w.embed.quant.is_some() && w.layers[0].wq.quant.is_some());
             decode_matches_reference(&w, 30, 13, 40, &format!("{kind:?} {:?}", cfg.mlp));

@@ -88,10 +88,7 @@ fn ggml_type_name(id: u32) -> &'static str {
         "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16",
         "I32", "I64", "F64", "IQ1_M", "BF16",
     ];
-    match id {
-        39 => "MXFP4",
-        _ => NAMES.get(id as usize).copied().unwrap_or("unknown"),
-    }
+    NAMES.get(id as usize).copied().unwrap_or("unknown")
 }
 
 impl TensorType {
@@ -124,6 +121,20 @@ pub struct TensorInfo {
     pub ty: TensorType,
     /// Byte range in the file.
     pub range: std::ops::Range<usize>,
+}
+
+impl TensorInfo {
+    /// `[rows, cols]` as PyTorch orders them (GGUF's dims reversed). A 3-D tensor is llama.cpp's
+    /// experts of a layer stacked (`[cols, rows of each, experts]`): one matrix of all their rows,
+    /// the first expert's first, as the name map stacks them. Higher ranks have no matrix shape.
+    pub fn matrix_shape(&self) -> Option<[usize; 2]> {
+        // (the parse checked the element count fits in memory, so the product cannot overflow)
+        match self.dims[..] {
+            [cols, rows] => Some([rows, cols]),
+            [cols, rows, stack] => Some([stack * rows, cols]),
+            _ => None,
+        }
+    }
 }
 
 /// A parsed GGUF file held in memory.
@@ -328,22 +339,12 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// A 2-D tensor as a matrix `[dims[1], dims[0]]` (quantized blocks kept), checking its shape.
+    /// A 2-D tensor as a matrix `[dims[1], dims[0]]` (quantized blocks kept), or a 3-D one of
+    /// stacked experts ([`TensorInfo::matrix_shape`]), checking its shape.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        self.matrix_of_dims(name, &[cols, rows], rows, cols)
-    }
-
-    /// A 3-D tensor of `stack` matrices `[rows / stack, cols]` (llama.cpp's experts of a layer, dims
-    /// `[cols, rows / stack, stack]`) as one matrix `[rows, cols]`, the first one's rows first.
-    pub fn stacked_matrix(&self, name: &str, stack: usize, rows: usize, cols: usize) -> Result<Matrix> {
-        let each = rows.checked_div(stack).filter(|e| e * stack == rows).unwrap_or(0);
-        self.matrix_of_dims(name, &[cols, each, stack], rows, cols)
-    }
-
-    fn matrix_of_dims(&self, name: &str, dims: &[usize], rows: usize, cols: usize) -> Result<Matrix> {
         let t = self.tensor(name).ok_or_else(|| Error::Weights(format!("tensor `{name}` is missing")))?;
-        if t.dims != dims {
-            return Err(Error::Weights(format!("tensor `{name}`: dims {:?}, expected {dims:?}", t.dims)));
+        if t.matrix_shape() != Some([rows, cols]) {
+            return Err(Error::Weights(format!("tensor `{name}`: dims {:?}, expected [{cols}, {rows}]", t.dims)));
         }
         let b = &self.bytes[t.range.clone()];
         match t.ty {
@@ -437,7 +438,7 @@ impl GgufFile {
         c.moe = self.moe(arch, layers, ffn)?;
         // llama.cpp's converter writes Mixtral as a Llama with experts
         c.family = match Family::from_gguf_arch(arch) {
-            Some(Family::Llama) | None if c.moe.is_some() => Family::Mixtral,
+            Some(Family::Llama) if c.moe.is_some() => Family::Mixtral,
             f => f.unwrap_or(Family::Llama),
         };
         c.context_len = self
@@ -578,8 +579,13 @@ impl GgufFile {
     /// Mixtral do, Qwen2-MoE and OLMoE don't), or as `expert_weights_norm` says.
     fn moe(&self, arch: &str, layers: usize, ffn: usize) -> Result<Option<MoeConfig>> {
         let p = |k: &str| format!("{arch}.{k}");
+        let sparse = matches!(arch, "qwen3moe" | "qwen2moe" | "olmoe");
+        // the dense architectures other than llama (Mixtral's) have no experts whatever the keys say
+        if !sparse && arch != "llama" {
+            return Ok(None);
+        }
         let Some(experts) = self.get(&p("expert_count")).and_then(Value::as_u64).filter(|&n| n > 0) else {
-            if matches!(arch, "qwen3moe" | "qwen2moe" | "olmoe") {
+            if sparse {
                 return Err(Error::Config(format!("{} is missing for a mixture of experts", p("expert_count"))));
             }
             return Ok(None);
@@ -663,7 +669,6 @@ impl GgufFile {
         self.arch()?;
         let cfg = self.config()?;
         let n = cfg.n_layers();
-        let experts = cfg.moe.as_ref().map_or(1, |m| m.experts);
         let mut done = 0;
         let w = assemble(&cfg, &tensor_names(&cfg, Naming::Gguf), &mut |t| {
             if let Some(Place { slot: Slot::Layer(i, _), .. }) = t.places.first() {
@@ -675,10 +680,6 @@ impl GgufFile {
             }
             match t.shape[..] {
                 [n] => self.vector(&t.name, n).map(Tensor::Vector),
-                // a layer's experts, stacked in one tensor per projection
-                [rows, cols] if t.name.ends_with("_exps.weight") => {
-                    self.stacked_matrix(&t.name, experts, rows, cols).map(Tensor::Matrix)
-                }
                 [rows, cols] => self.matrix(&t.name, rows, cols).map(Tensor::Matrix),
                 _ => Err(Error::Weights(format!("tensor `{}`: unexpected shape {:?}", t.name, t.shape))),
             }

@@ -98,11 +98,9 @@ impl TensorFiles {
                     TensorType::BF16 => HostDtype::BF16,
                     TensorType::Quant(k) => HostDtype::Quant(k),
                 };
-                // llama.cpp's stacked experts `[cols, rows, experts]` read as one matrix, as the
-                // name map stacks them (the parse checked the element count fits)
-                let shape = match t.dims[..] {
-                    [cols, rows, stack] => vec![stack * rows, cols],
-                    _ => t.dims.iter().rev().copied().collect(),
+                let shape = match t.matrix_shape() {
+                    Some(rows_cols) => rows_cols.to_vec(),
+                    None => t.dims.iter().rev().copied().collect(),
                 };
                 HostTensor { name: t.name.clone(), shape, dtype, bytes: g.tensor_bytes(t) }
             })

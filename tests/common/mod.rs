@@ -6,7 +6,20 @@ pub mod gguf_writer;
 
 use std::path::{Path, PathBuf};
 
+use kvdecode::model::quant::QuantKind;
 use kvdecode::{Gpu, ModelConfig, ModelWeights};
+
+/// The block formats of 32 weights (one head word, then the weights' words), each its own shader
+/// branch: the tests that run every product path over quantized weights take them all.
+pub const BLOCK32_KINDS: [QuantKind; 7] = [
+    QuantKind::Q8_0,
+    QuantKind::Q4_0,
+    QuantKind::Q4_1,
+    QuantKind::Q5_0,
+    QuantKind::Q5_1,
+    QuantKind::IQ4NL,
+    QuantKind::MXFP4,
+];
 
 /// The device of this test process, shared by every engine the process builds, as a server's
 /// engines share one: a second engine of the same kernels compiles no pipeline (on lavapipe a
