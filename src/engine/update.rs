@@ -149,7 +149,21 @@ impl Engine {
         self.ready()?;
         // every naming's names, built at the first update and kept (the map never changes)
         let index = self.names.take().unwrap_or_else(|| name_index(&self.cfg));
-        let result = self.update_with(&index, tensors, in_flight);
+        // a one-row matrix fills a vector of its length: llama.cpp's converter writes Qwen2-MoE's
+        // shared-expert gate as [1, d], llama-quantize as [d] (the loader takes both as well)
+        let one_row = |t: &HostTensor| match (&t.shape[..], index.get(&t.name).map(|s| &s.0.shape[..])) {
+            ([1, n], Some(&[m])) => *n == m,
+            _ => false,
+        };
+        let result = if tensors.iter().any(one_row) {
+            let views: Vec<HostTensor> = tensors
+                .iter()
+                .map(|t| if one_row(t) { HostTensor { shape: vec![t.shape[1]], ..t.clone() } } else { t.clone() })
+                .collect();
+            self.update_with(&index, &views, in_flight)
+        } else {
+            self.update_with(&index, tensors, in_flight)
+        };
         self.names = Some(index);
         result
     }

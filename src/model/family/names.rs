@@ -379,7 +379,8 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                             Part::SharedGateProj => (vec![fs, d], whole(slot(LayerSlot::SharedIn)), RowOrder::AsIs),
                             Part::SharedUpProj => (vec![fs, d], vec![(slot(LayerSlot::SharedIn), fs)], RowOrder::AsIs),
                             Part::SharedDownProj => (vec![d, fs], whole(slot(LayerSlot::SharedOut)), RowOrder::AsIs),
-                            // GGUF keeps the gate as a vector of d
+                            // GGUF: a vector of d (llama-quantize's files; the converter's a [1, d]
+                            // matrix, which the loader and updates take as well)
                             _ if naming == Naming::Gguf => {
                                 (vec![d], whole(slot(LayerSlot::SharedGate)), RowOrder::AsIs)
                             }
