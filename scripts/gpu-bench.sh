@@ -19,8 +19,8 @@
 # LLAMACPP_BIN (llama.cpp's built bin/ folders, vulkan/ and cpu/) and MODEL (SmolLM2-135M-Instruct
 # Q4_1, or its header grown back with scripts/gguf-skeleton.py) add llama.cpp's Vulkan backend
 # beside kvdecode on the same card (scripts/bench-llamacpp.sh, its own LIMIT). QUICK=1 is the dry
-# run of the same list at a CPU adapter's sizes (contexts of 64, 4 steps, 1 and 16 rows, the mixture
-# and llama.cpp's runs shorter), to time
+# run of the same list at a CPU adapter's sizes (contexts of 16, 2 steps, 1 and 4 rows, the mixture
+# and llama.cpp's runs as short, no 1B shape), to time
 # the script and see every table come out; TOTAL (seconds, default 480) is the whole run's bound.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,10 +31,11 @@ limit=${LIMIT:-90}
 total=${TOTAL:-480}
 t_start=$(date +%s)
 if [ "${QUICK:-0}" = 1 ]; then
-  rows=1,16 rows_1b=1 moe_rows=1 ctx=64 long=256 steps=4 occupancy=(--occupancy-models synthetic:smollm2 --occupancy-ctx 64,256)
-  llamacpp_sizes=(PROMPT=32 GEN=8 REPS=1)
+  rows=1,4 rows_1b= moe_rows=1 ctx=16 long=64 steps=2 few=2 moe_ctx=16
+  occupancy=(--occupancy-models synthetic:smollm2 --occupancy-ctx 64,256)
+  llamacpp_sizes=(PROMPT=16 GEN=4 REPS=1 BATCH=4)
 else
-  rows=1,16,64 rows_1b=1,16 moe_rows=1,16,64 ctx=512 long=4096 steps=16 occupancy=()
+  rows=1,16,64 rows_1b=1,16 moe_rows=1,16,64 ctx=512 long=4096 steps=16 few=4 moe_ctx=128 occupancy=()
   llamacpp_sizes=()
 fi
 if [ ! -x "$bin" ]; then
@@ -50,10 +51,13 @@ run() {
     echo "(skipped: the whole run's ${total} s are spent)"
     return
   fi
-  timeout "$(( left < limit ? left : limit ))" "$@"
+  local bound=$(( left < limit ? left : limit ))
+  timeout "$bound" "$@"
   local rc=$?
+  local why="the ${limit} s limit"
+  [ "$bound" -lt "$limit" ] && why="the whole run's ${total} s"
   echo
-  echo "(exit $rc, $(( $(date +%s) - t0 )) s$([ $rc = 124 ] && echo ": stopped at the ${limit} s limit"))"
+  echo "(exit $rc, $(( $(date +%s) - t0 )) s$([ $rc = 124 ] && echo ": stopped at $why"))"
 }
 {
   echo "# kvdecode bench ($(date -u +%Y-%m-%d), $("$bin" --version 2>/dev/null || echo kvdecode))"
@@ -61,9 +65,10 @@ run() {
   run "$bin" bench --tables occupancy --occupancy-on adapter "${occupancy[@]}"
   run "$bin" bench --model synthetic:smollm2 --rows "$rows" --ctx "$ctx" --steps "$steps" --kv f16 --tables throughput,profile
   run "$bin" bench --model synthetic:smollm2 --rows 1 --ctx "$long" --steps "$steps" --kv f16 --tables throughput,profile
-  run "$bin" bench --model synthetic:1b --rows "$rows_1b" --ctx "$ctx" --steps "$steps" --kv f16 --tables throughput,profile
-  run "$bin" bench --model synthetic:smollm2 --kv f16 --tables attention --attention-ctx "$ctx" --attention-rows 1 --steps 4
-  run "$bin" bench --model synthetic:qwen3-moe --tables moe --moe-rows "$moe_rows" --steps 4
+  # (QUICK leaves the 1B shape out: drawing its random weights alone takes a CPU a minute or two)
+  [ -n "$rows_1b" ] && run "$bin" bench --model synthetic:1b --rows "$rows_1b" --ctx "$ctx" --steps "$steps" --kv f16 --tables throughput,profile
+  run "$bin" bench --model synthetic:smollm2 --kv f16 --tables attention --attention-ctx "$ctx" --attention-rows 1 --steps "$few"
+  run "$bin" bench --model synthetic:qwen3-moe --tables moe --moe-rows "$moe_rows" --moe-ctx "$moe_ctx" --steps "$few"
   if [ -n "${LLAMACPP_BIN:-}" ]; then
     run env "${llamacpp_sizes[@]}" KVDECODE_BIN="$bin" MODEL="${MODEL:?MODEL: the SmolLM2 Q4_1 GGUF for llama.cpp}" bash scripts/bench-llamacpp.sh
   fi

@@ -46,6 +46,9 @@ pub struct Args {
     /// Rows of the MoE table.
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     moe_rows: Vec<usize>,
+    /// Context (prompt positions) of the MoE table's rows.
+    #[arg(long, default_value_t = 128)]
+    moe_ctx: usize,
     /// Rows of the LoRA table.
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     lora_rows: Vec<usize>,
@@ -262,7 +265,7 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     if table("moe") {
-        let rows = crate::bench_moe::moe_table(&gpu, &model, a.weights, &a.moe_rows, steps)?;
+        let rows = crate::bench_moe::moe_table(&gpu, &model, a.weights, &a.moe_rows, a.moe_ctx, steps)?;
         json.insert("moe".into(), rows.into());
     }
     if table("lora") {

@@ -104,11 +104,11 @@ pub fn moe_table(
     model: &ModelWeights,
     dtype: WeightDtype,
     rows_list: &[usize],
+    ctx: usize,
     steps: usize,
 ) -> Result<Vec<serde_json::Value>> {
     let moe = model.cfg.moe.clone().ok_or("the moe table needs a mixture of experts (synthetic:qwen3-moe, ...)")?;
     let dense = dense_twin(model)?;
-    let ctx = 128;
     println!(
         "\nMixture of experts vs dense of the same active parameters (context {ctx}; GPU ms per decode step by \
          timestamp queries, median of {steps}; dense twin: MLP of {} on every layer; {} experts, top {})",
