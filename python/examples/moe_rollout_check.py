@@ -8,28 +8,32 @@ sequence: its log-softmax at each sampled token against the engine's logprob, an
 indices of every router against the engine's recorded routes (`record_routes=True`,
 `Engine.routes`), at every token and MoE layer.
 
-    python python/examples/moe_rollout_check.py [MODEL_DIR]   (default: tests/fixtures/hf/qwen3_moe)
+    python python/examples/moe_rollout_check.py [MODEL_DIR]             compare now (needs transformers)
+    python python/examples/moe_rollout_check.py MODEL_DIR --write FILE  keep transformers' side as a fixture
 
-Needs kvdecode and transformers (with torch) in one interpreter; it runs in no CI stage (the
-CI venvs have no transformers). Prints the mean and largest |logp difference| and the share of
-(token, layer) route decisions that agree.
+With transformers (and torch) in the interpreter beside kvdecode it teacher-forces at once and
+prints the mean and largest |logp difference| and the share of (token, layer) route decisions
+that agree. `--write` keeps what transformers computed for the engine's sequences in a JSON file
+(tests/fixtures/rollout/, made by scripts/fixtures/make_rollout_fixtures.sh), so that
+`python/tests/test_engine.py` replays the rollout and holds it to that file in CI, where the
+venv has no transformers (`check`).
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
-import torch
-from transformers import AutoModelForCausalLM
 
 import kvdecode
 
 ROOT = Path(__file__).resolve().parents[2]
-ROWS, TURN, TOOL = 4, 12, 5
+ROWS, TURN, TOOL, SEEDS = 4, 12, 5, 3
 
 
 def rollout(model_dir: Path, seed: int):
+    """Each row's whole sequence, its sampled (position, token, logprob) and its routes."""
     model = kvdecode.load(model_dir)
     engine = kvdecode.Engine(model, rows=ROWS, max_len=128, record_routes=True)
     rng = np.random.default_rng(seed)
@@ -55,44 +59,87 @@ def rollout(model_dir: Path, seed: int):
                 first[r] = int(tool[-1])
         else:
             last = [t.tokens[-1] for t in turns]
-    seqs = [engine.history(r) + [last[r]] for r in range(ROWS)]
+    seqs = [[int(t) for t in engine.history(r)] + [int(last[r])] for r in range(ROWS)]
     routes = [engine.routes(r) for r in range(ROWS)]
     return seqs, sampled, routes
 
 
-@torch.no_grad()
 def teacher_force(model_dir: Path, seqs):
+    """transformers' log-softmax ([T, V], f64) and routers' top-k ([T, layers, k]) per sequence."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager",
                                                  experts_implementation="eager").eval()
     routers = [m for _, m in model.named_modules() if type(m).__name__.endswith("TopKRouter")]
     out = []
-    for seq in seqs:
-        seen = []
-        hooks = [r.register_forward_hook(lambda _m, _i, o: seen.append(o[2])) for r in routers]
-        logits = model(torch.tensor([seq])).logits[0]
-        for h in hooks:
-            h.remove()
-        logp = torch.log_softmax(logits.double(), dim=-1)
-        out.append((logp.numpy(), torch.stack(seen, dim=1).numpy()))  # [T, V], [T, layers, k]
+    with torch.no_grad():
+        for seq in seqs:
+            seen = []
+            hooks = [r.register_forward_hook(lambda _m, _i, o: seen.append(o[2])) for r in routers]
+            logits = model(torch.tensor([seq])).logits[0]
+            for h in hooks:
+                h.remove()
+            logp = torch.log_softmax(logits.double(), dim=-1)
+            out.append((logp.numpy(), torch.stack(seen, dim=1).numpy()))
     return out
 
 
-def main():
-    model_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "tests/fixtures/hf/qwen3_moe"
-    diffs, agree, decisions = [], 0, 0
-    for seed in range(3):
-        seqs, sampled, routes = rollout(model_dir, seed)
+def transformers_side(model_dir: Path) -> dict:
+    """The rollouts of every seed with transformers' logprob at each sampled token and its routes:
+    what `check` holds a later rollout to."""
+    seeds = []
+    for seed in range(SEEDS):
+        seqs, sampled, _ = rollout(model_dir, seed)
+        rows = []
         for r, (logp, hf_routes) in enumerate(teacher_force(model_dir, seqs)):
-            for pos, tok, lp in sampled[r]:
-                diffs.append(abs(lp - logp[pos - 1, tok]))
-            fed = len(seqs[r]) - 1  # the last sampled token was never fed
-            ours = routes[r].reshape(fed, *hf_routes.shape[1:])
-            agree += int((ours == hf_routes[:fed]).all(axis=-1).sum())
-            decisions += fed * hf_routes.shape[1]
+            rows.append({
+                "tokens": seqs[r],
+                "sampled": [[pos, int(tok)] for pos, tok, _ in sampled[r]],
+                "logp": [float(logp[pos - 1, tok]) for pos, tok, _ in sampled[r]],
+                # the last sampled token was never fed, so it has no routes
+                "routes": hf_routes[: len(seqs[r]) - 1].astype(int).tolist(),
+            })
+        seeds.append(rows)
+    return {"model": model_dir.name, "rows": ROWS, "turn": TURN, "tool": TOOL, "seeds": seeds}
+
+
+def check(model_dir: Path, want: dict) -> dict:
+    """Replay the rollouts and compare them with transformers' side (`transformers_side`): the
+    sampled tokens must be the ones transformers scored (else the fixture is stale), then the
+    |logp| differences and the route decisions that agree."""
+    diffs, agree, decisions = [], 0, 0
+    for seed, rows in enumerate(want["seeds"]):
+        seqs, sampled, routes = rollout(model_dir, seed)
+        for r, row in enumerate(rows):
+            if seqs[r] != row["tokens"]:
+                raise AssertionError(f"seed {seed} row {r}: the engine sampled other tokens than the fixture's "
+                                     "(regenerate it with scripts/fixtures/make_rollout_fixtures.sh)")
+            assert [[p, t] for p, t, _ in sampled[r]] == row["sampled"]
+            diffs += [abs(lp - theirs) for (_, _, lp), theirs in zip(sampled[r], row["logp"])]
+            theirs = np.array(row["routes"])
+            ours = routes[r].reshape(theirs.shape)
+            agree += int((ours == theirs).all(axis=-1).sum())
+            decisions += theirs.shape[0] * theirs.shape[1]
     d = np.array(diffs)
-    print(f"{model_dir.name}: {len(d)} sampled tokens over 3 seeds x {ROWS} rows (forks, a tool result, temperature 1)")
-    print(f"|logp engine - transformers|: mean {d.mean():.2e}, max {d.max():.2e}")
-    print(f"routes equal at {agree} of {decisions} (token, layer) decisions ({100 * agree / decisions:.2f}%)")
+    return {"tokens": len(d), "mean": float(d.mean()), "max": float(d.max()), "agree": agree, "decisions": decisions}
+
+
+def main():
+    args = sys.argv[1:]
+    write = args[args.index("--write") + 1] if "--write" in args else None
+    dirs = [a for a in args if a != "--write" and a != write]
+    model_dir = Path(dirs[0]) if dirs else ROOT / "tests/fixtures/hf/qwen3_moe"
+    side = transformers_side(model_dir)
+    if write:
+        Path(write).write_text(json.dumps(side, separators=(",", ":")) + "\n")
+        print(f"written: {write}")
+    s = check(model_dir, side)
+    print(f"{model_dir.name}: {s['tokens']} sampled tokens over {SEEDS} seeds x {ROWS} rows (forks, a tool result, "
+          "temperature 1)")
+    print(f"|logp engine - transformers|: mean {s['mean']:.2e}, max {s['max']:.2e}")
+    print(f"routes equal at {s['agree']} of {s['decisions']} (token, layer) decisions "
+          f"({100 * s['agree'] / s['decisions']:.2f}%)")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Random tests print their seed. Run with `bash scripts/test-python.sh` (builds the wheel first)."""
 
 import gc
+import json
 import os
 import subprocess
 import tempfile
@@ -474,6 +475,25 @@ def test_hugging_face_families_match_transformers(family):
     engine.reset()
     got = [engine.append(tokens[None, :16])[0]] + [engine.append([[t]])[0] for t in tokens[16:24]]
     assert np.abs(np.stack(got) - want[15:24]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe"])
+def test_moe_rollout_matches_transformers(family):
+    """#35's RL bar: a GRPO-style rollout (a prompt forked into 4 rows, a turn at temperature 1, a
+    tool result, a second turn; 3 seeds) on a tiny mixture of experts, held to transformers'
+    teacher-forced fp32 log-softmax at every sampled token and its routers' top-k at every fed
+    token and MoE layer (tests/fixtures/rollout, scripts/fixtures/make_rollout_fixtures.sh). The
+    only test of logprobs and routes through forks, decode_turns and a tool result's append
+    against an independent implementation; the rows' tokens must also be the fixture's, so the
+    engine's seeded sampling is checked to be reproducible."""
+    sys.path.insert(0, str(ROOT / "python/examples"))
+    from moe_rollout_check import check
+
+    want = json.loads((ROOT / "tests/fixtures/rollout" / f"{family}.json").read_text())
+    got = check(ROOT / "tests/fixtures/hf" / family, want)
+    print(got)
+    assert got["mean"] <= 1e-5, got
+    assert got["agree"] >= 0.999 * got["decisions"], got
 
 
 def _safetensors(path):
