@@ -1,6 +1,7 @@
 //! Weights pushed in between steps (`Engine::update_weights`): after an update and a recompute a
 //! row holds, bit for bit, what a fresh engine built from the new weights holds; a subset writes
-//! just what it names; a bad update changes nothing; the prompt cache is flushed.
+//! just what it names; a transformers trainer's fused MoE names reach their rows; a bad update
+//! changes nothing; the prompt cache is flushed.
 
 mod common;
 
@@ -178,6 +179,43 @@ fn a_moe_update_of_one_expert_and_one_router() {
     let got = next_logits(&mut e, &next);
     assert_eq!(got, next_logits(&mut fresh(&want, &opts, &seqs), &next));
     assert_ne!(got, next_logits(&mut fresh(&old, &opts, &seqs), &next), "the update changed nothing");
+}
+
+/// A transformers 5 trainer's push to a mixture of experts, named as its `state_dict()` names it:
+/// each MoE layer's experts fused in `mlp.experts.gate_up_proj` `[E, 2F, d]` and `down_proj`
+/// `[E, d, F]`, Mixtral's router as `mlp.gate.weight` (tests/fixtures/trainer-update: new experts
+/// and routers drawn in transformers, its logits and routes after them). The engine of each
+/// family's checkpoint, updated from that file, gives transformers' logits and routes. The only
+/// test of those names and of 3-D tensors taken as their stacked rows: a gate/up split or an
+/// expert order other than transformers' moves logits by about their size.
+#[test]
+fn a_transformers_trainer_push_of_fused_experts_gives_its_logits() {
+    use kvdecode::io::npy;
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let gpu = gpu();
+    for family in ["qwen3_moe", "mixtral"] {
+        let (model_dir, dir) = (root.join("hf").join(family), root.join("trainer-update").join(family));
+        let w = kvdecode::io::hf::load_dir(&model_dir).unwrap();
+        let want = npy::read(dir.join("logits.npy")).unwrap();
+        let n = want.shape[0];
+        let (want, routes) = (want.to_f32(), npy::read(dir.join("routes.npy")).unwrap().to_u32().unwrap());
+        let tokens = &npy::read(model_dir.join("tokens.npy")).unwrap().to_u32().unwrap()[..n];
+        let mut e = Engine::new(&gpu, &w, EngineOptions { record_routes: true, ..EngineOptions::new(1, 64) }).unwrap();
+        let logits = |e: &mut Engine| -> Vec<f32> {
+            e.reset(&[0]).unwrap();
+            let chunks = tokens.chunks(16).map(|c| e.append_all_logits(c, c.len(), &[c.len()], None).unwrap());
+            chunks.flat_map(|rows| rows.into_iter().next().unwrap()).flatten().collect()
+        };
+        let before = logits(&mut e);
+        let u = e.update_weights_from_path(dir.join("update.safetensors"), InFlight::Keep).unwrap();
+        let got = logits(&mut e);
+        let (d, moved) = (max_abs_diff(&got, &want), max_abs_diff(&before, &want));
+        println!("{family}: {} tensors pushed; engine vs transformers {d:e} (before the push {moved:e})", u.tensors);
+        assert_eq!(u.tensors, 6, "{family}");
+        assert!(d <= 1e-4, "{family}: updated engine vs transformers' updated model: {d}");
+        assert!(moved > 0.1, "{family}: the push moved the logits by only {moved}");
+        assert_eq!(e.routes(0).unwrap(), routes, "{family}: routes after the push");
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::weights::GpuPlace;
 use crate::model::config::{ModelConfig, NormKind};
-use crate::model::family::{naming_norm, tensor_names, Naming, Place, Slot, TensorName, HF_PREFIXES};
+use crate::model::family::{naming_norm, tensor_names, trainer_names, Naming, Place, Slot, TensorName, HF_PREFIXES};
 use crate::model::reference::norm_multiplier;
 use crate::model::tensor::{HostDtype, HostTensor};
 
@@ -69,6 +69,12 @@ pub(crate) fn name_index(cfg: &ModelConfig) -> NameIndex {
         let norm = naming_norm(cfg, naming);
         for t in tensor_names(cfg, naming) {
             index.insert(t.name.clone(), (t, norm));
+        }
+    }
+    // a transformers trainer's in-memory names of fused experts (no norm among them)
+    for prefix in HF_PREFIXES {
+        for t in trainer_names(cfg, prefix) {
+            index.insert(t.name.clone(), (t, NormKind::Weight));
         }
     }
     index
@@ -130,9 +136,12 @@ impl Engine {
 
     /// Replace some or all weights in place, between steps. `tensors` are named as in the file
     /// the model came from (Hugging Face `model.layers.3.self_attn.q_proj.weight`, GGUF
-    /// `blk.3.attn_q.weight`, or kvdecode's `blocks.3.attn.w_q.weight`), in f32, f16 or bf16: a
-    /// name whose rows live in a fused matrix (q, k and v; gate and up) writes just those rows,
-    /// and a subset writes just what it names. Values are stored as the engine stores that
+    /// `blk.3.attn_q.weight`, or kvdecode's `blocks.3.attn.w_q.weight`), or as a transformers
+    /// trainer's `state_dict()` names them (a mixture of experts' fused
+    /// `mlp.experts.gate_up_proj` `[E, 2F, d]` and `mlp.experts.down_proj` `[E, d, F]`,
+    /// [`crate::model::family::trainer_names`]), in f32, f16 or bf16: a name whose rows live in a
+    /// fused matrix (q, k and v; gate and up) writes just those rows, and a subset writes just
+    /// what it names. Values are stored as the engine stores that
     /// weight: 16-bit weights rounded, quantized weights quantized on the host by this crate's
     /// quantizer for that format (`quant::quantize`: llama.cpp's for Q8_0, Q4_0, Q4_1, Q5_0 and
     /// Q5_1; plain per-sub-block ranges for Q4_K and Q6_K; the nearest table entry for IQ4_NL), so
@@ -149,16 +158,23 @@ impl Engine {
         self.ready()?;
         // every naming's names, built at the first update and kept (the map never changes)
         let index = self.names.take().unwrap_or_else(|| name_index(&self.cfg));
-        // a one-row matrix fills a vector of its length: llama.cpp's converter writes Qwen2-MoE's
-        // shared-expert gate as [1, d], llama-quantize as [d] (the loader takes both as well)
-        let one_row = |t: &HostTensor| match (&t.shape[..], index.get(&t.name).map(|s| &s.0.shape[..])) {
-            ([1, n], Some(&[m])) => *n == m,
-            _ => false,
+        // A tensor is taken as the shape its name has here where its values are those rows in
+        // that order: a one-row matrix fills a vector of its length (llama.cpp's converter writes
+        // Qwen2-MoE's shared-expert gate as [1, d], llama-quantize as [d]; the loader takes both),
+        // and a stack of matrices [a, b, c] the matrix [a * b, c] (a transformers trainer's fused
+        // experts, `trainer_names`).
+        let view = |t: &HostTensor| match (&t.shape[..], index.get(&t.name).map(|s| &s.0.shape[..])) {
+            (&[1, n], Some(&[m])) if n == m => Some(vec![n]),
+            (&[a, b, c], Some(&[rows, cols])) if a.checked_mul(b) == Some(rows) && c == cols => Some(vec![rows, cols]),
+            _ => None,
         };
-        let result = if tensors.iter().any(one_row) {
+        let result = if tensors.iter().any(|t| view(t).is_some()) {
             let views: Vec<HostTensor> = tensors
                 .iter()
-                .map(|t| if one_row(t) { HostTensor { shape: vec![t.shape[1]], ..t.clone() } } else { t.clone() })
+                .map(|t| match view(t) {
+                    Some(shape) => HostTensor { shape, ..t.clone() },
+                    None => t.clone(),
+                })
                 .collect();
             self.update_with(&index, &views, in_flight)
         } else {

@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 mod assemble;
 mod names;
 pub use assemble::{assemble, tensors_of, Tensor};
-pub use names::{interleaved_source, naming_norm, tensor_names, LayerSlot, Naming, Place, RowOrder, Slot, TensorName};
+pub use names::{
+    interleaved_source, naming_norm, tensor_names, trainer_names, LayerSlot, Naming, Place, RowOrder, Slot, TensorName,
+};
 
 /// The architecture a model came from: it decides the Hugging Face and GGUF names of its tensors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -420,6 +420,62 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
     out
 }
 
+/// The names a transformers 5 trainer's `state_dict()` (or `named_parameters()`) gives a mixture
+/// of experts' weights where they differ from its checkpoints' ([`Naming::HuggingFace`]):
+/// transformers keeps each MoE layer's experts fused in memory, and converts them to and from the
+/// per-expert names of a checkpoint when it loads and saves. Under `prefix`, per MoE layer `i`:
+/// - `layers.{i}.mlp.experts.gate_up_proj`, `[E, 2F, d]`: expert `e`'s gate rows then its up
+///   rows (its forward `chunk(2)`s them in that order), taken as the matrix `[E * 2F, d]`;
+/// - `layers.{i}.mlp.experts.down_proj`, `[E, d, F]`: the experts' down projections stacked as
+///   kvdecode stacks them, the matrix `[E * d, F]`;
+/// - Mixtral's router as `layers.{i}.mlp.gate.weight` (its checkpoints say `block_sparse_moe`).
+///
+/// Every other tensor of such a model has its checkpoint's name in memory too.
+pub fn trainer_names(cfg: &ModelConfig, prefix: &str) -> Vec<TensorName> {
+    let d = cfg.d_model;
+    let mut out = Vec::new();
+    if cfg.family == Family::Kvdecode {
+        return out;
+    }
+    for i in 0..cfg.layers.len() {
+        let Some(moe) = cfg.layer_moe(i) else { continue };
+        let (experts, f) = (moe.experts, moe.ffn);
+        let slot = |s: LayerSlot| Slot::Layer(i, s);
+        let name = |n: &str| format!("{prefix}layers.{i}.{n}");
+        let whole =
+            |s: LayerSlot, rows: usize| vec![Place { slot: slot(s), row0: 0, rows: 0..rows, order: RowOrder::AsIs }];
+        let gate_up = (0..experts)
+            .flat_map(|e| {
+                let file = e * 2 * f;
+                [(e * f, file), ((experts + e) * f, file + f)].map(|(row0, at)| Place {
+                    slot: slot(LayerSlot::MlpIn),
+                    row0,
+                    rows: at..at + f,
+                    order: RowOrder::AsIs,
+                })
+            })
+            .collect();
+        out.push(TensorName {
+            name: name("mlp.experts.gate_up_proj"),
+            shape: vec![experts * 2 * f, d],
+            places: gate_up,
+        });
+        out.push(TensorName {
+            name: name("mlp.experts.down_proj"),
+            shape: vec![experts * d, f],
+            places: whole(LayerSlot::MlpOut, experts * d),
+        });
+        if cfg.family == Family::Mixtral {
+            out.push(TensorName {
+                name: name("mlp.gate.weight"),
+                shape: vec![experts, d],
+                places: whole(LayerSlot::Router, experts),
+            });
+        }
+    }
+    out
+}
+
 /// How `naming`'s norm tensors hold a norm of `cfg`: kvdecode's names hold what the config says;
 /// Hugging Face's Gemma holds `w`, applied as `1 + w`; GGUF files hold the multiplier itself
 /// (llama.cpp's converter adds Gemma's 1); every other family's norms multiply by `w`.
