@@ -34,6 +34,7 @@ override SPLIT: bool = false;
 override SPAN: u32 = 1u;        // SPLIT: positions per partition
 override PARTS: u32 = 1u;       // SPLIT: partitions per query
 override GROUP_TOKENS: u32 = 0xffffffffu;  // tokens per dispatch (its token group)
+override SINKS: bool = false;   // each head's sink logit joins its softmax's denominator (gpt-oss)
 override WG: u32 = 64u;
 
 const MAX_D4: u32 = 64u;  // head_dim <= 256: private arrays need a constant size
@@ -47,6 +48,7 @@ const MAX_D4: u32 = 64u;  // head_dim <= 256: private arrays need a constant siz
 @group(0) @binding(6) var<storage, read> fresh: array<vec4<f32>>;       // [R * C, 2, HK, D] local k then v
 @group(0) @binding(7) var<uniform> group: TokenGroup;                   // this dispatch's first token
 @group(0) @binding(8) var<storage, read> block_table: array<u32>;       // [rows, MAX_BLOCKS]
+@group(0) @binding(9) var<storage, read> sinks: array<f32>;             // [H] (SINKS)
 
 fn load4(is_global: bool, e: u32) -> vec4<f32> {
     // e: element index (multiple of 4) into the global pool or the ring
@@ -109,6 +111,14 @@ fn fold_partial(at: u32, m: f32, l: f32) -> vec4<f32> {
     return vec4<f32>(mn, fma(l, ca, bitcast<f32>(gkv[at + 1u]) * cb), ca, cb);
 }
 
+// The softmax's denominator of head h from the keys' running max m and sum l: with SINKS, plus
+// the head's sink, exp(sink - m) (the sink takes weight and gives no value). A sink far above
+// every key overflows to inf and the output to 0, the limit; a query without keys gives 0 too.
+fn denominator(h: u32, m: f32, l: f32) -> f32 {
+    if SINKS { return l + exp(sinks[h] - m); }
+    return l;
+}
+
 // Value vec4 `i` of the partial state at word `at`.
 fn partial_values(at: u32, i: u32) -> vec4<f32> {
     let e = at + 4u * (1u + i);
@@ -150,7 +160,8 @@ fn merge_element(idx: u32) {
         mm = f.x;
         ll = f.y;
     }
-    let inv = select(0.0, 1.0 / ll, ll > 0.0);
+    let total = denominator(h, mm, ll);
+    let inv = select(0.0, 1.0 / total, total > 0.0);
     qy[out] = a * inv;
 }
 
@@ -221,6 +232,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             }
         }
     }
-    let inv = select(0.0, 1.0 / l, l > 0.0);
+    let total = denominator(h, m, l);
+    let inv = select(0.0, 1.0 / total, total > 0.0);
     for (var i = 0u; i < d4n; i++) { qy[qbase + i] = acc[i] * inv; }
 }

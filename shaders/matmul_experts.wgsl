@@ -15,6 +15,8 @@
 //   gate_e[o] = w row e * O_ROWS + o, up_e[o] = w row (EXPERTS + e) * O_ROWS + o (MLP_ACT gated;
 //   without an act, y[p, o] = gate_e[o] . x[in(p)]); in(p) = n (the experts' MLP in, whose input
 //   is the token's), or p with X_PER_SLOT (the MLP out, whose input is the pair's activation).
+//   With BIAS (gpt-oss), each product adds its row's bias before the act: binding 5 then holds a
+//   bias per row of the stacked matrix, [w rows].
 // OUTS outputs per thread: 1 (`dots`, GPUs) or 8 (`dots_rows8`, eight rows sharing each input
 // load, CPU adapters). The same bits either way.
 //
@@ -55,9 +57,13 @@ fn expert_pairs(e: u32, o: u32, pairs: vec4<u32>, count: u32) {
     let first = e * O_ROWS;
     if OUTS == 1u {
         if o >= O_ROWS { return; }
-        let gate = dots(first + o, b, 0u, 1u, tokens, one);
+        var gate = dots(first + o, b, 0u, 1u, tokens, one);
         var up = vec4<f32>(0.0);
         if GATED { up = dots((EXPERTS + e) * O_ROWS + o, b, 0u, 1u, tokens, one); }
+        if BIAS {
+            gate += bias[first + o];
+            if GATED { up += bias[(EXPERTS + e) * O_ROWS + o]; }
+        }
         store_pairs(o, p, count, apply_act(gate, up));
         return;
     }
@@ -66,7 +72,13 @@ fn expert_pairs(e: u32, o: u32, pairs: vec4<u32>, count: u32) {
         let r = first + min(vec4<u32>(o + j) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(O_ROWS - 1u));
         var r_hi = r + EXPERTS * O_ROWS;
         if !GATED { r_hi = first + min(vec4<u32>(o + j + 4u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(O_ROWS - 1u)); }
-        let acc = dots_rows8(r, r_hi, b, tokens, one, 0u);
+        var acc = dots_rows8(r, r_hi, b, tokens, one, 0u);
+        if BIAS {
+            for (var i = 0u; i < 4u; i++) {
+                acc[i] += bias[r[i]];
+                acc[4u + i] += bias[r_hi[i]];
+            }
+        }
         // rows 0..3 are outputs; 4..7 their up rows (gated) or four more outputs
         for (var i = 0u; i < step_outs && o + j + i < O_ROWS; i++) {
             let up = select(vec4<f32>(0.0), acc[(4u + i) % 8u], GATED);

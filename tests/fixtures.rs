@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use common::*;
 use kvdecode::{io::npy, model::reference, Engine, EngineOptions, ModelWeights};
 
-const FAMILIES: [&str; 14] = [
+const FAMILIES: [&str; 15] = [
     "llama",
     "qwen3",
     "gemma3",
@@ -37,6 +37,7 @@ const FAMILIES: [&str; 14] = [
     "olmoe",
     "mixtral",
     "qwen2_moe",
+    "gpt_oss",
 ];
 
 /// Cache positions for a fixture's longest sequence.

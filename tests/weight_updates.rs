@@ -15,7 +15,7 @@ use kvdecode::{
 
 /// The tensors of `w` under `naming`, as a trainer would hand them over (f32).
 fn named(w: &ModelWeights, naming: Naming) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    tensors_of(w, naming).into_iter().map(|(t, v)| (t.name, t.shape, v)).collect()
+    tensors_of(w, naming).into_iter().map(|(t, v)| (t.name.clone(), t.file_shape(), v)).collect()
 }
 
 fn host(tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<HostTensor<'_>> {
@@ -65,8 +65,9 @@ fn an_update_and_a_recompute_give_the_bits_of_a_fresh_engine() {
     let phi3 = phi3_cfg();
     let (p0, p1) = (model(&phi3, s), model(&phi3, s + 1));
     let q4 = |w: &ModelWeights| w.quantized(QuantKind::Q4_1).unwrap();
-    let [qwen_moe, olmoe, _] = moe_cfgs();
+    let [qwen_moe, olmoe, _, oss] = moe_cfgs();
     let (m0, m1, o0, o1) = (model(&qwen_moe, s), model(&qwen_moe, s + 1), model(&olmoe, s), model(&olmoe, s + 1));
+    let (g0, g1) = (model(&oss, s), model(&oss, s + 1));
     let hf = Naming::HuggingFace("model.");
     let cases: Vec<(&str, ModelWeights, &ModelWeights, ModelWeights, Naming, WeightDtype)> = vec![
         ("llama f32, HF names", l0.clone(), &l1, l1.clone(), hf, WeightDtype::F32),
@@ -82,6 +83,9 @@ fn an_update_and_a_recompute_give_the_bits_of_a_fresh_engine() {
         // each expert's tensors into the stacked experts' rows, the routers (kept f32)
         ("qwen3-moe Q4_1, HF names", q4(&m0), &m1, q4(&m1), hf, WeightDtype::F32),
         ("olmoe f16, kvdecode names", o0, &o1, o1.clone(), Naming::Kvdecode, WeightDtype::F16),
+        // gpt-oss's experts as its files hold them (gate and up interleaved in one tensor, each
+        // expert transposed), the biases of q/k/v/o, the router and the experts, the sinks
+        ("gpt-oss Q4_1, HF names", q4(&g0), &g1, q4(&g1), hf, WeightDtype::F32),
     ];
     for (case, old, update, new, naming, dtype) in cases {
         let opts = EngineOptions { weights: dtype, prompt_cache: true, ..EngineOptions::new(3, 64) };
@@ -147,7 +151,6 @@ fn a_subset_update_writes_just_what_it_names() {
 #[test]
 fn a_moe_update_of_one_expert_and_one_router() {
     use kvdecode::model::family::{assemble, tensor_names, Tensor};
-    use kvdecode::model::weights::Matrix;
     let s = seed(94);
     let cfg = moe_cfgs()[0].clone();
     let (old, other) = (model(&cfg, s), model(&cfg, s + 7));
@@ -164,10 +167,7 @@ fn a_moe_update_of_one_expert_and_one_router() {
     }
     let want = assemble(&cfg, &tensor_names(&cfg, hf), &mut |t| {
         let v = values.iter().find(|v| v.0 == t.name).unwrap().2.clone();
-        Ok(match t.shape[..] {
-            [_] => Tensor::Vector(v),
-            _ => Tensor::Matrix(Matrix::new(t.shape[0], t.shape[1], v)?),
-        })
+        Tensor::from_file_values(t, v)
     })
     .unwrap();
     assert_ne!(want, old);

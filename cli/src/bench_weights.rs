@@ -42,7 +42,9 @@ pub fn weights_table(
     let naming = if w.cfg.family == Family::Kvdecode { Naming::Kvdecode } else { Naming::HuggingFace("model.") };
     let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = tensors_of(&w, naming)
         .into_iter()
-        .map(|(t, v)| (t.name, t.shape, v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect()))
+        .map(|(t, v)| {
+            (t.name.clone(), t.file_shape(), v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect())
+        })
         .collect();
     let host: Vec<HostTensor> = tensors
         .iter()

@@ -16,7 +16,7 @@ fn synthetic(name: &str) -> Result<ModelWeights> {
     use kvdecode::model::config::MoeConfig;
     let moe = |mut c: ModelConfig, experts, top_k, ffn, norm_topk, family| {
         let layers = (0..c.n_layers()).collect();
-        c.moe = Some(MoeConfig { experts, top_k, ffn, layers, norm_topk, shared_ffn: None });
+        c.moe = Some(MoeConfig { experts, top_k, ffn, layers, norm_topk, shared_ffn: None, bias: false });
         c.family = family;
         c
     };

@@ -88,7 +88,7 @@ impl Model {
         };
         let out = pyo3::types::PyDict::new(py);
         for (t, values) in kvdecode::model::family::tensors_of(&self.weights, naming) {
-            let array = numpy::ndarray::ArrayD::from_shape_vec(t.shape.clone(), values)
+            let array = numpy::ndarray::ArrayD::from_shape_vec(t.file_shape(), values)
                 .map_err(|e| invalid(format!("tensor `{}`: {e}", t.name)))?;
             out.set_item(t.name, array.into_pyarray(py))?;
         }

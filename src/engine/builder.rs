@@ -407,6 +407,7 @@ impl Builder<'_> {
         group: Option<&Vec<wgpu::Buffer>>,
         ring: Option<&Vec<wgpu::Buffer>>,
         rope: Option<(kernels::FusedRope, Option<&wgpu::Buffer>)>,
+        sinks: Option<&wgpu::Buffer>,
     ) -> Vec<Dispatch> {
         let (c, s, cache, plan) = (self.cfg, self.s, self.cache, self.attention);
         let split = plan.kernel.is_split() && group.is_some();
@@ -436,6 +437,7 @@ impl Builder<'_> {
                 global: group.is_some(),
                 local: ring.is_some(),
                 split,
+                sinks: sinks.is_some(),
             };
             for (g, token_group) in s.token_groups.iter().enumerate() {
                 if split {
@@ -495,6 +497,7 @@ impl Builder<'_> {
                         &s.kv_local,
                         token_group,
                         &cache.block_tables,
+                        sinks.unwrap_or(&s.dummy),
                     ],
                     // the merge alone takes a thread per value vec4 of each head (attention.wgsl)
                     Grid::TokenGroup { group: g, size, per_token: merge.threads_per_token(c.n_heads, c.head_dim) },
@@ -608,7 +611,7 @@ impl Builder<'_> {
         // 5. attention over global keys + ring + the chunk's fresh local keys; output replaces q
         //    (per cache shard, each handling the rows its shard holds, and per token group).
         //    Split variants: the partitions of the global keys, then their merge in order.
-        out.extend(self.attention(group, ring, fused));
+        out.extend(self.attention(group, ring, fused, lw.sinks.as_ref()));
         // 6. ring write: the last W real tokens of each row survive, the rest go to the scratch slot
         if let Some(r) = ring {
             out.extend(self.kv_write((&s.kv_local, kvd, 0), r, true));

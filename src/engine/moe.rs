@@ -53,6 +53,7 @@ impl Builder<'_> {
         // (GpuWeights::upload refuses a MoE layer whose experts need more than one binding)
         let lanes = Lanes::Threads { outs: self.outs_per_thread, wg: self.product_wg };
         let experts = |w: &GpuMatrix, x_stride: usize, out_rows: usize, out_stride: usize, act: Option<MlpKind>| {
+            // (one part: GpuWeights::upload refuses more for the experts)
             kernels::Product {
                 kernel: Kernel::MatmulExperts,
                 k: w.cols,
@@ -66,7 +67,7 @@ impl Builder<'_> {
                 per_row: false,
                 norm: None,
                 act,
-                bias: false,
+                bias: w.parts[0].bias.is_some(),
                 lanes,
             }
         };
@@ -88,7 +89,17 @@ impl Builder<'_> {
         let dummy = &s.dummy;
         out.push(self.dispatch(
             &pairs(experts(&lw.mlp_in, c.d_model, moe.ffn, moe.ffn, Some(c.mlp)), false),
-            &[&s.step, h, &lw.mlp_in.parts[0].buffer, &s.expert_act, dummy, dummy, &s.routes, dummy, dummy],
+            &[
+                &s.step,
+                h,
+                &lw.mlp_in.parts[0].buffer,
+                &s.expert_act,
+                dummy,
+                lw.mlp_in.parts[0].bias.as_ref().unwrap_or(dummy),
+                &s.routes,
+                dummy,
+                dummy,
+            ],
             grid(moe.ffn),
         ));
         out.push(self.dispatch(
@@ -99,7 +110,7 @@ impl Builder<'_> {
                 &lw.mlp_out.parts[0].buffer,
                 &s.expert_out,
                 dummy,
-                dummy,
+                lw.mlp_out.parts[0].bias.as_ref().unwrap_or(dummy),
                 &s.routes,
                 dummy,
                 dummy,
@@ -119,6 +130,7 @@ impl Builder<'_> {
         let spec_sum = kernels::ExpertProduct {
             product: kernels::Product {
                 accumulate,
+                bias: false,
                 lanes: Lanes::Threads { outs: 1, wg: 64 },
                 ..experts(&lw.mlp_out, c.d_model, c.d_model, c.d_model, None)
             },

@@ -120,6 +120,43 @@ fn check_values(tensors: &[&HostTensor]) -> Result<()> {
     bad.into_iter().next().map_or(Ok(()), |(_, e)| Err(e))
 }
 
+/// A tensor whose name is a matrix its files hold as `n` stacked transposes (gpt-oss's experts,
+/// [`TensorName::transposed_stack`]): its rows' shape and elements, transposed back (16-bit
+/// elements moved as they are). `None` for every other name; an error for such a tensor in
+/// another shape, naming the one its files have.
+fn untranspose(index: &NameIndex, t: &HostTensor) -> Result<Option<(Vec<usize>, Vec<u8>)>> {
+    let Some((spec, _)) = index.get(&t.name) else { return Ok(None) };
+    let Some(n) = spec.transposed_stack else { return Ok(None) };
+    let want = spec.file_shape();
+    let size = match t.dtype {
+        HostDtype::F32 => 4,
+        HostDtype::F16 | HostDtype::BF16 => 2,
+        HostDtype::Quant(k) => {
+            return Err(Error::Weights(format!("update: tensor `{}`: {k:?} blocks cannot be transposed", t.name)))
+        }
+    };
+    let (cols, r) = (want[1], want[2]);
+    if t.shape != want || t.bytes.len() != n * cols * r * size {
+        return Err(Error::Weights(format!(
+            "update: tensor `{}`: shape {:?} in {} bytes, this model's is {want:?} in {:?}",
+            t.name,
+            t.shape,
+            t.bytes.len(),
+            t.dtype
+        )));
+    }
+    let mut out = vec![0u8; t.bytes.len()];
+    for e in 0..n {
+        for c in 0..cols {
+            for j in 0..r {
+                let (src, dst) = (((e * cols + c) * r + j) * size, ((e * r + j) * cols + c) * size);
+                out[dst..dst + size].copy_from_slice(&t.bytes[src..src + size]);
+            }
+        }
+    }
+    Ok(Some((spec.shape.clone(), out)))
+}
+
 /// Names a trainer's `state_dict()` carries that are not weights of their own.
 fn ignorable(cfg: &ModelConfig, name: &str) -> bool {
     let tied_head = cfg.tie_embeddings && ["lm_head.weight", "output.weight", "head.weight"].contains(&name);
@@ -163,17 +200,28 @@ impl Engine {
         // Qwen2-MoE's shared-expert gate as [1, d], llama-quantize as [d]; the loader takes both),
         // and a stack of matrices [a, b, c] the matrix [a * b, c] (a transformers trainer's fused
         // experts, `trainer_names`).
+        // A matrix its file holds as stacked transposes (gpt-oss's experts) is taken in that shape
+        // and transposed back here.
         let view = |t: &HostTensor| match (&t.shape[..], index.get(&t.name).map(|s| &s.0.shape[..])) {
-            (&[1, n], Some(&[m])) if n == m => Some(vec![n]),
+            (&[a, b], Some(&[m])) if a.checked_mul(b) == Some(m) => Some(vec![m]),
             (&[a, b, c], Some(&[rows, cols])) if a.checked_mul(b) == Some(rows) && c == cols => Some(vec![rows, cols]),
             _ => None,
         };
-        let result = if tensors.iter().any(|t| view(t).is_some()) {
+        let transposed = match tensors.iter().map(|t| untranspose(&index, t)).collect::<Result<Vec<_>>>() {
+            Ok(t) => t,
+            Err(e) => {
+                self.names = Some(index);
+                return Err(e);
+            }
+        };
+        let result = if tensors.iter().zip(&transposed).any(|(t, u)| u.is_some() || view(t).is_some()) {
             let views: Vec<HostTensor> = tensors
                 .iter()
-                .map(|t| match view(t) {
-                    Some(shape) => HostTensor { shape, ..t.clone() },
-                    None => t.clone(),
+                .zip(&transposed)
+                .map(|(t, u)| match (u, view(t)) {
+                    (Some((shape, bytes)), _) => HostTensor { shape: shape.clone(), bytes, ..t.clone() },
+                    (None, Some(shape)) => HostTensor { shape, ..t.clone() },
+                    (None, None) => t.clone(),
                 })
                 .collect();
             self.update_with(&index, &views, in_flight)

@@ -274,6 +274,8 @@ pub(crate) struct GpuLayer {
     pub k_norm: Option<wgpu::Buffer>,
     pub kv_local: Option<GpuMatrix>,
     pub wo: GpuMatrix,
+    /// Each query head's attention sink, `[n_heads]` f32 (gpt-oss).
+    pub sinks: Option<wgpu::Buffer>,
     pub post_attn_norm: Option<wgpu::Buffer>,
     pub mlp_norm: Option<wgpu::Buffer>,
     pub post_mlp_norm: Option<wgpu::Buffer>,
@@ -348,6 +350,16 @@ impl GpuWeights {
             LayerSlot::SharedOut => rows(&l.shared.as_ref()?.mlp_out, row0),
             LayerSlot::SharedGate => rows(&l.shared.as_ref()?.gate, row0),
             LayerSlot::EngramKv => rows(&l.engram.as_ref()?.w_kv, row0),
+            LayerSlot::Sinks => GpuPlace::Floats { buffer: l.sinks.as_ref()?, offset: 0 },
+            LayerSlot::OBias | LayerSlot::RouterBias | LayerSlot::MlpInBias | LayerSlot::MlpOutBias => {
+                let matrix = match s {
+                    LayerSlot::OBias => &l.wo,
+                    LayerSlot::RouterBias => l.router.as_ref()?,
+                    LayerSlot::MlpInBias => &l.mlp_in,
+                    _ => &l.mlp_out,
+                };
+                matrix.parts.iter().any(|p| p.bias.is_some()).then_some(GpuPlace::Bias { matrix, row0 })?
+            }
             LayerSlot::EngramTable(k) => {
                 let e = cfg.engram.as_ref()?;
                 GpuPlace::Floats { buffer: &l.engram.as_ref()?.tables, offset: k * e.table_rows * e.dim }
@@ -405,6 +417,7 @@ impl GpuWeights {
                 out.extend(n.iter_mut());
             }
             out.extend(l.post_mlp_norm.iter_mut());
+            out.extend(l.sinks.iter_mut());
             if let Some(e) = &mut l.engram {
                 out.push(&mut e.tables);
                 out.extend(parts(&mut e.w_kv));
@@ -460,12 +473,13 @@ impl GpuWeights {
                 q_norm: norm(p("q_norm"), &l.q_norm)?,
                 k_norm: norm(p("k_norm"), &l.k_norm)?,
                 kv_local: l.kv_local.as_ref().map(|m| biased(p("kv_local"), m, kv_bias)).transpose()?,
-                wo: mat(p("wo"), &l.wo)?,
+                wo: biased(p("wo"), &l.wo, l.o_bias.as_deref())?,
+                sinks: l.sinks.as_ref().map(|v| gpu.storage_init(&p("sinks"), bytemuck::cast_slice(v))).transpose()?,
                 post_attn_norm: norm(p("post_attn_norm"), &l.post_attn_norm)?,
                 mlp_norm: norm(p("mlp_norm"), &l.mlp_norm)?,
                 post_mlp_norm: norm(p("post_mlp_norm"), &l.post_mlp_norm)?,
-                mlp_in: mat(p("mlp_in"), &l.mlp_in)?,
-                mlp_out: mat(p("mlp_out"), &l.mlp_out)?,
+                mlp_in: biased(p("mlp_in"), &l.mlp_in, l.mlp_in_bias.as_deref())?,
+                mlp_out: biased(p("mlp_out"), &l.mlp_out, l.mlp_out_bias.as_deref())?,
                 shared: match &l.shared_expert {
                     Some(s) => Some(GpuShared {
                         mlp_in: mat(p("shared expert mlp_in"), &s.mlp_in)?,
@@ -477,7 +491,9 @@ impl GpuWeights {
                 router: l
                     .router
                     .as_ref()
-                    .map(|r| GpuMatrix::upload(gpu, &p("router"), r, WeightDtype::F32))
+                    .map(|r| {
+                        GpuMatrix::upload_with_bias(gpu, &p("router"), r, l.router_bias.as_deref(), WeightDtype::F32)
+                    })
                     .transpose()?,
                 engram: match &l.engram {
                     Some(e) => {

@@ -636,6 +636,7 @@ impl GgufFile {
             layers,
             norm_topk,
             shared_ffn: (shared_ffn > 0).then_some(shared_ffn),
+            bias: false,
         }))
     }
 

@@ -15,7 +15,9 @@ use serde_json::Value;
 
 use crate::error::{file_err, Error, Result};
 use crate::io::safetensors::TensorFile;
-use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig, MoeConfig, NormKind};
+use crate::model::config::{
+    check_file_dims, LayerSpec, MlpKind, ModelConfig, MoeConfig, NormKind, SWIGLU_ALPHA, SWIGLU_LIMIT,
+};
 use crate::model::family::{assemble, tensor_names, Naming, Tensor, HF_PREFIXES};
 use crate::model::rope::{yarn_mscale, RopeScaling};
 use crate::model::weights::ModelWeights;
@@ -200,7 +202,7 @@ fn layer_type_flags(cfg: &Value, n_layers: usize) -> Result<Option<Vec<bool>>> {
 /// one's size, which layers have them and whether their weights are renormalized, with each
 /// config class's defaults (`None`: a dense model, as a Qwen3-MoE without experts is).
 fn moe_config(cfg: &Value, family: Family, n_layers: usize, ffn: usize) -> Result<Option<MoeConfig>> {
-    if !matches!(family, Family::Qwen3Moe | Family::Qwen2Moe | Family::Olmoe | Family::Mixtral) {
+    if !matches!(family, Family::Qwen3Moe | Family::Qwen2Moe | Family::Olmoe | Family::Mixtral | Family::GptOss) {
         return Ok(None);
     }
     let qwen = matches!(family, Family::Qwen3Moe | Family::Qwen2Moe);
@@ -249,15 +251,26 @@ fn moe_config(cfg: &Value, family: Family, n_layers: usize, ffn: usize) -> Resul
         return Err(Error::Config("config.json: clip_qkv is not supported for olmoe".into()));
     }
     let norm_topk = match cfg.get("norm_topk_prob") {
-        // Mixtral always renormalizes (its config has no such key)
-        _ if family == Family::Mixtral => true,
+        // Mixtral always renormalizes (its config has no such key); gpt-oss takes the softmax of
+        // the top-k logits, the same weights
+        _ if matches!(family, Family::Mixtral | Family::GptOss) => true,
         None | Some(Value::Null) => false,
         Some(v) => v
             .as_bool()
             .ok_or_else(|| Error::Config(format!("config.json: norm_topk_prob must be true or false, got {v}")))?,
     };
     let shared_ffn = (shared_ffn > 0).then_some(shared_ffn);
-    Ok((!layers.is_empty()).then_some(MoeConfig { experts, top_k, ffn: expert_ffn, layers, norm_topk, shared_ffn }))
+    // gpt-oss's router and experts carry biases
+    let bias = family == Family::GptOss;
+    Ok((!layers.is_empty()).then_some(MoeConfig {
+        experts,
+        top_k,
+        ffn: expert_ffn,
+        layers,
+        norm_topk,
+        shared_ffn,
+        bias,
+    }))
 }
 
 /// Parse a Hugging Face `config.json` into a [`ModelConfig`] and its family.
@@ -277,6 +290,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         "olmoe" => (&root, Family::Olmoe),
         "mixtral" => (&root, Family::Mixtral),
         "qwen2_moe" => (&root, Family::Qwen2Moe),
+        "gpt_oss" => (&root, Family::GptOss),
         "gemma3_text" => (&root, Family::Gemma3),
         "gemma3" => match root.get("text_config") {
             Some(t) if t.is_object() => (t, Family::Gemma3),
@@ -285,12 +299,14 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         _ => {
             let arch = root.get("architectures").map(|a| a.to_string()).unwrap_or_default();
             return Err(Error::Config(format!(
-                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3, olmo2, phi3, qwen3_moe, qwen2_moe, olmoe, mixtral"
+                "unsupported architecture model_type={model_type:?} {arch}; supported: llama, mistral, qwen2, qwen3, smollm3, gemma2, gemma3, olmo2, phi3, qwen3_moe, qwen2_moe, olmoe, mixtral, gpt_oss"
             )));
         }
     };
     for key in ["attention_bias", "mlp_bias"] {
-        if cfg.get(key).and_then(Value::as_bool) == Some(true) {
+        // (gpt-oss's attention biases are its own: read below)
+        if cfg.get(key).and_then(Value::as_bool) == Some(true) && !(family == Family::GptOss && key == "attention_bias")
+        {
             return Err(Error::Config(format!("config.json: {key}=true is not supported for {model_type}")));
         }
     }
@@ -360,6 +376,8 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
                 let pattern = get_usize(cfg, "sliding_window_pattern")?.unwrap_or(default).max(1);
                 (0..n_layers).map(|i| (i + 1) % pattern != 0).collect()
             }
+            // gpt-oss: sliding and full layers alternating, from a sliding one
+            Family::GptOss => (0..n_layers).map(|i| i % 2 == 0).collect(),
             // Mistral and Mixtral: every layer, when the window is set
             Family::Llama => vec![model_type == "mistral" && window_key.is_some(); n_layers],
             Family::Mixtral => vec![window_key.is_some(); n_layers],
@@ -384,8 +402,14 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
             _ => vec![false; n_layers],
         },
     };
-    let window = if sliding.iter().any(|&s| s) { need_usize(cfg, "sliding_window")? } else { 0 };
-    let eps_default = if matches!(family, Family::Olmo2 | Family::Olmoe | Family::Mixtral) { 1e-5 } else { 1e-6 };
+    let window = match sliding.iter().any(|&s| s) {
+        false => 0,
+        // GptOssConfig's default window
+        true if family == Family::GptOss => get_usize(cfg, "sliding_window")?.unwrap_or(128),
+        true => need_usize(cfg, "sliding_window")?,
+    };
+    let eps_default =
+        if matches!(family, Family::Olmo2 | Family::Olmoe | Family::Mixtral | Family::GptOss) { 1e-5 } else { 1e-6 };
     let eps = get_f32(cfg, "rms_norm_eps").unwrap_or(eps_default);
     let tie_default = matches!(family, Family::Gemma3 | Family::Gemma2 | Family::SmolLM3);
     let tied = cfg
@@ -422,10 +446,12 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         | Family::Olmoe
         | Family::Mixtral
         | Family::Qwen2Moe
+        | Family::GptOss
         | Family::Kvdecode => {
             let default = match family {
                 Family::SmolLM3 => 2_000_000.0,
                 Family::Mixtral => 1_000_000.0,
+                Family::GptOss => 150_000.0,
                 _ => 10000.0,
             };
             (c.rope_theta, c.rope_scaling) = rope(cfg, "full_attention", "rope_theta", default, true)?;
@@ -433,6 +459,19 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
                 rope(cfg, "sliding_attention", "rope_theta", c.rope_theta, true)?;
             c.qk_norm = matches!(family, Family::Qwen3 | Family::Olmo2 | Family::Qwen3Moe | Family::Olmoe);
             c.qkv_bias = matches!(family, Family::Qwen2 | Family::Qwen2Moe);
+            if family == Family::GptOss {
+                // attention_bias (default true) puts biases on q, k, v and o alike
+                let biased = cfg.get("attention_bias").and_then(Value::as_bool).unwrap_or(true);
+                (c.qkv_bias, c.o_bias, c.attn_sinks) = (biased, biased, true);
+                c.mlp = MlpKind::ClampedSwiGlu;
+                for (key, want) in [("swiglu_limit", SWIGLU_LIMIT), ("swiglu_alpha", SWIGLU_ALPHA)] {
+                    if let Some(v) = get_f32(cfg, key).filter(|&v| v != want) {
+                        return Err(Error::Config(format!(
+                            "config.json: {key}={v} is not supported for gpt_oss (only {want})"
+                        )));
+                    }
+                }
+            }
             if family == Family::Olmo2 {
                 // norms on the blocks' outputs only; q and k normed over their whole projection
                 (c.pre_norms, c.post_norms, c.qk_norm_whole) = (false, true, true);
@@ -529,8 +568,9 @@ pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
     let names = tensor_names(&cfg, Naming::HuggingFace(prefix));
     assemble(&cfg, &names, &mut |t| {
         let f = find(&t.name).ok_or_else(|| Error::Weights(format!("tensor `{}` is missing", t.name)))?;
-        let value = match t.shape[..] {
-            [_] => Tensor::Vector(f.vector(&t.name)?),
+        let value = match (t.transposed_stack, &t.shape[..]) {
+            (Some(n), _) => Tensor::Matrix(f.transposed_stack(&t.name, n)?),
+            (None, &[len]) => Tensor::Vector(f.flat_vector(&t.name, len)?),
             _ => Tensor::Matrix(f.matrix(&t.name)?),
         };
         let found = match &value {

@@ -141,6 +141,11 @@ impl ModelWeights {
             v(named_ref, format!("{b}.post_mlp_norm.weight"), &l.post_mlp_norm);
             v(named_ref, format!("{b}.attn.w_q.bias"), &l.q_bias);
             v(named_ref, format!("{b}.attn.w_kv.bias"), &l.kv_bias);
+            v(named_ref, format!("{b}.attn.w_o.bias"), &l.o_bias);
+            v(named_ref, format!("{b}.attn.sinks"), &l.sinks);
+            v(named_ref, format!("{b}.mlp.router.bias"), &l.router_bias);
+            v(named_ref, format!("{b}.mlp.fc.bias"), &l.mlp_in_bias);
+            v(named_ref, format!("{b}.mlp.proj.bias"), &l.mlp_out_bias);
         }
         let mut encoded: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> =
             named.into_iter().map(|(n, s, d)| (n, s, dtype.encode(d), dtype.st())).collect();
@@ -248,6 +253,30 @@ impl<'a> TensorFile<'a> {
             [r, c] => Matrix::new(r, c, data).map(|m| Matrix { half, ..m }),
             _ => Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected 2 dims"))),
         }
+    }
+
+    /// `n` matrices stored as their transposes, `[n, cols, r]` (gpt-oss's experts), as one
+    /// matrix of their rows, `[n * r, cols]`.
+    pub(crate) fn transposed_stack(&self, name: &str, n: usize) -> Result<Matrix> {
+        let (shape, data, half) = self.values_typed(name)?;
+        let &[stacks, cols, r] = &shape[..] else {
+            return Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected [{n}, cols, rows]")));
+        };
+        if stacks != n {
+            return Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected {n} in its first dim")));
+        }
+        let out = crate::model::family::transpose_stack(n, cols, r, &data);
+        Matrix::new(n * r, cols, out).map(|m| Matrix { half, ..m })
+    }
+
+    /// A vector of `len` values, stored in any shape of that many (gpt-oss's expert biases,
+    /// `[experts, rows]`).
+    pub(crate) fn flat_vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let (shape, data) = self.values(name)?;
+        if data.len() != len || shape.iter().product::<usize>() != len {
+            return Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected {len} values")));
+        }
+        Ok(data)
     }
 
     /// A matrix stored as `name` or `name.weight` (PyTorch modules add the suffix).

@@ -41,7 +41,16 @@ pub enum MlpKind {
     SwiGlu,
     /// `down(gelu_tanh(gate(x)) * up(x))`: Gemma.
     GeluTanhGated,
+    /// gpt-oss's clamped SwiGLU: `down((clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g))` with
+    /// `g = min(gate, 7)` ([`SWIGLU_LIMIT`], [`SWIGLU_ALPHA`]).
+    ClampedSwiGlu,
 }
+
+/// The clamp of gpt-oss's SwiGLU (`swiglu_limit`): the gate is at most this, the up projection
+/// within plus or minus it.
+pub const SWIGLU_LIMIT: f32 = 7.0;
+/// The sigmoid's gain in gpt-oss's SwiGLU (`swiglu_alpha`).
+pub const SWIGLU_ALPHA: f32 = 1.702;
 
 impl MlpKind {
     /// Rows of the fused input projection per FFN unit (gated kinds fuse gate and up).
@@ -110,6 +119,13 @@ pub struct ModelConfig {
     /// The query, key and value projections add a bias (Qwen2).
     #[serde(default)]
     pub qkv_bias: bool,
+    /// The attention's output projection adds a bias (gpt-oss).
+    #[serde(default)]
+    pub o_bias: bool,
+    /// Each query head has a learned sink: a logit in its softmax's denominator that takes
+    /// weight from the keys and gives no value (gpt-oss).
+    #[serde(default)]
+    pub attn_sinks: bool,
     /// MLP kind.
     pub mlp: MlpKind,
     /// Embeddings are multiplied by this (Gemma: `sqrt(d_model)`).
@@ -161,6 +177,10 @@ pub struct MoeConfig {
     /// it, weighed by `sigmoid(gate . x)` (Qwen2-MoE).
     #[serde(default)]
     pub shared_ffn: Option<usize>,
+    /// The router and the experts' products add biases (gpt-oss): the router one per expert,
+    /// each expert one per row of its gate, up and down projections.
+    #[serde(default)]
+    pub bias: bool,
 }
 
 /// The most heads (queries, keys, values) a token may have with a whole-projection qk-norm:
@@ -273,6 +293,8 @@ impl ModelConfig {
             nope_layers: Vec::new(),
             rope_dims: None,
             qkv_bias: false,
+            o_bias: false,
+            attn_sinks: false,
             mlp: MlpKind::ReluSquared,
             embed_scale: 1.0,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
@@ -324,6 +346,8 @@ impl ModelConfig {
             nope_layers: Vec::new(),
             rope_dims: None,
             qkv_bias: false,
+            o_bias: false,
+            attn_sinks: false,
             mlp: MlpKind::SwiGlu,
             embed_scale: 1.0,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
@@ -524,7 +548,7 @@ impl ModelConfig {
             if let Some(&l) = m.layers.iter().find(|&&l| l >= self.layers.len()) {
                 return err(format!("moe layer {l} does not exist ({} layers)", self.layers.len()));
             }
-            if !matches!(self.mlp, MlpKind::SwiGlu | MlpKind::GeluTanhGated) {
+            if !matches!(self.mlp, MlpKind::SwiGlu | MlpKind::GeluTanhGated | MlpKind::ClampedSwiGlu) {
                 return err(format!("moe experts are gated MLPs; {:?} is not gated", self.mlp));
             }
             if let Some(f) = m.shared_ffn {

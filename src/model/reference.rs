@@ -2,7 +2,7 @@
 //! It is the oracle for every GPU path. f32 weights and activations, f64 accumulation.
 
 use crate::error::{Error, Result};
-use crate::model::config::{MlpKind, ModelConfig, MoeConfig, NormKind};
+use crate::model::config::{MlpKind, ModelConfig, MoeConfig, NormKind, SWIGLU_ALPHA, SWIGLU_LIMIT};
 use crate::model::dtype::KvDtype;
 use crate::model::lora::{LoraAdapter, LoraTarget};
 use crate::model::rope::Rope;
@@ -280,8 +280,10 @@ pub fn forward_routed(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) ->
                     let first = (t + 1).saturating_sub(cfg.window);
                     keys.extend((first..=t).filter(|&s| visible(t, s)).map(|s| (score(l, s), l, s)));
                 }
-                let m = keys.iter().map(|k| k.0).fold(f64::NEG_INFINITY, f64::max);
-                let denom: f64 = keys.iter().map(|k| (k.0 - m).exp()).sum();
+                // a sink (gpt-oss) is one more logit in the denominator, with no value
+                let sink = lw.sinks.as_ref().map(|s| s[head] as f64);
+                let m = keys.iter().map(|k| k.0).chain(sink).fold(f64::NEG_INFINITY, f64::max);
+                let denom: f64 = keys.iter().map(|k| k.0).chain(sink).map(|s| (s - m).exp()).sum();
                 for &(s, kv, at) in &keys {
                     let p = (s - m).exp() / denom;
                     let v = &kv.v[at][kh * d..(kh + 1) * d];
@@ -293,7 +295,7 @@ pub fn forward_routed(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) ->
             ys.push(y);
         }
         // every token's attention read h, so the residuals can all be added now
-        let mut os = matmat(&lw.wo, &ys);
+        let mut os = project(&lw.wo, lw.o_bias.as_deref(), &ys);
         add_lora(LoraTarget::O, &ys, &mut os, 0);
         for (xt, mut o) in x.iter_mut().zip(os) {
             if cfg.post_norms {
@@ -308,15 +310,24 @@ pub fn forward_routed(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) ->
         let mlp_outs = match (&cfg.moe, &lw.router) {
             (Some(moe), Some(router)) => {
                 let mut outs = Vec::with_capacity(n);
-                for (t, (h, logits)) in h2.iter().zip(matmat(router, &h2)).enumerate() {
+                // a product's rows `r0 ..` with their biases, where the layer has them (gpt-oss)
+                let biased = |m: &Matrix, bias: Option<&Vec<f32>>, r0: usize, n: usize, x: &[f32]| {
+                    let mut y = rows_dot(m, r0, n, x);
+                    if let Some(b) = bias {
+                        y.iter_mut().zip(&b[r0..r0 + n]).for_each(|(v, b)| *v += b);
+                    }
+                    y
+                };
+                for (t, (h, logits)) in h2.iter().zip(project(router, lw.router_bias.as_deref(), &h2)).enumerate() {
                     let (experts, weights) = route(moe, &logits);
                     let mut sum = vec![0f64; cfg.d_model];
                     for (&e, &wt) in experts.iter().zip(&weights) {
                         let e = e as usize;
-                        let gate = rows_dot(&lw.mlp_in, e * f, f, h);
-                        let up = rows_dot(&lw.mlp_in, (moe.experts + e) * f, f, h);
-                        let a: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| act(cfg.mlp, g) * u).collect();
-                        for (s, y) in sum.iter_mut().zip(rows_dot(&lw.mlp_out, e * cfg.d_model, cfg.d_model, &a)) {
+                        let gate = biased(&lw.mlp_in, lw.mlp_in_bias.as_ref(), e * f, f, h);
+                        let up = biased(&lw.mlp_in, lw.mlp_in_bias.as_ref(), (moe.experts + e) * f, f, h);
+                        let a: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| gated(cfg.mlp, g, u)).collect();
+                        let y = biased(&lw.mlp_out, lw.mlp_out_bias.as_ref(), e * cfg.d_model, cfg.d_model, &a);
+                        for (s, y) in sum.iter_mut().zip(y) {
                             *s += wt * y as f64;
                         }
                     }
@@ -326,7 +337,7 @@ pub fn forward_routed(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) ->
                     if let Some(s) = &lw.shared_expert {
                         let fs = s.mlp_out.cols;
                         let (gate, up) = (rows_dot(&s.mlp_in, 0, fs, h), rows_dot(&s.mlp_in, fs, fs, h));
-                        let a: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| act(cfg.mlp, g) * u).collect();
+                        let a: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| gated(cfg.mlp, g, u)).collect();
                         let g = rows_dot(&s.gate, 0, 1, h)[0];
                         let weight = 1.0 / (1.0 + (-g as f64).exp());
                         for (o, y) in out.iter_mut().zip(rows_dot(&s.mlp_out, 0, cfg.d_model, &a)) {
@@ -345,7 +356,7 @@ pub fn forward_routed(w: &ModelWeights, tokens: &[u32], opts: RefOptions<'_>) ->
                     .into_iter()
                     .map(|u| match cfg.mlp {
                         MlpKind::ReluSquared => u.iter().map(|&v| v.max(0.0) * v.max(0.0)).collect(),
-                        kind => (0..f).map(|i| act(kind, u[i]) * u[f + i]).collect(),
+                        kind => (0..f).map(|i| gated(kind, u[i], u[f + i])).collect(),
                     })
                     .collect();
                 let mut downs = matmat(&lw.mlp_out, &acts);
@@ -400,12 +411,17 @@ fn rows_dot(m: &Matrix, r0: usize, n: usize, x: &[f32]) -> Vec<f32> {
     (r0..r0 + n).map(|r| m.row(r).iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32).collect()
 }
 
-/// A gated MLP's activation of the gate.
-fn act(kind: MlpKind, g: f32) -> f32 {
+/// A gated MLP's activation of a gate `g` and its up projection `u` (common.wgsl's `mlp_act`).
+fn gated(kind: MlpKind, g: f32, u: f32) -> f32 {
     match kind {
-        MlpKind::GeluTanhGated => gelu_tanh(g),
-        MlpKind::SwiGlu => silu(g),
-        MlpKind::ReluSquared => g.max(0.0) * g.max(0.0),
+        MlpKind::GeluTanhGated => gelu_tanh(g) * u,
+        MlpKind::SwiGlu => silu(g) * u,
+        MlpKind::ReluSquared => g.max(0.0) * g.max(0.0) * u,
+        MlpKind::ClampedSwiGlu => {
+            let g = g.min(SWIGLU_LIMIT);
+            let u = u.clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT);
+            (u + 1.0) * (g / (1.0 + (-SWIGLU_ALPHA * g).exp()))
+        }
     }
 }
 

@@ -125,6 +125,10 @@ pub struct LayerWeights {
     pub kv_bias: Option<Vec<f32>>,
     /// Output projection `[d_model, n_heads * head_dim]`.
     pub wo: Matrix,
+    /// Bias of the output projection `[d_model]` (gpt-oss).
+    pub o_bias: Option<Vec<f32>>,
+    /// Each query head's attention sink logit `[n_heads]` (gpt-oss).
+    pub sinks: Option<Vec<f32>>,
     /// Gemma: norm of the attention output before the residual add.
     pub post_attn_norm: Option<Vec<f32>>,
     /// Norm before the MLP.
@@ -139,6 +143,12 @@ pub struct LayerWeights {
     pub mlp_out: Matrix,
     /// The router of a MoE layer, `[experts, d_model]`: one logit per expert.
     pub router: Option<Matrix>,
+    /// The router's bias `[experts]` (gpt-oss).
+    pub router_bias: Option<Vec<f32>>,
+    /// The biases of `mlp_in`'s rows on a MoE layer, in its row order (gpt-oss).
+    pub mlp_in_bias: Option<Vec<f32>>,
+    /// The biases of `mlp_out`'s rows on a MoE layer, `[experts * d_model]` (gpt-oss).
+    pub mlp_out_bias: Option<Vec<f32>>,
     /// A MoE layer's shared expert (Qwen2-MoE).
     pub shared_expert: Option<SharedExpert>,
     /// The Engram module, on the layers the config names.
@@ -295,6 +305,10 @@ impl ModelWeights {
         // biases from a generator of their own, so models without them draw as before
         let mut rng = SplitMix64(seed ^ 0x00B1_A5E5);
         let mut bias = |n: usize| cfg.qkv_bias.then(|| (0..n).map(|_| 0.5 * rng.normal()).collect::<Vec<f32>>());
+        // gpt-oss's biases and sinks from one more, for the same reason
+        let mut rng_oss = SplitMix64(seed ^ 0x0055_1245);
+        let mut oss =
+            |on: bool, n: usize, gain: f32| on.then(|| (0..n).map(|_| gain * rng_oss.normal()).collect::<Vec<f32>>());
         let mut layers = Vec::new();
         for (i, ((wq, kv_global, kv_local, wo, mlp_in, mlp_out), engram)) in
             layer_mats.into_iter().zip(engrams).enumerate()
@@ -302,9 +316,16 @@ impl ModelWeights {
             let qk = cfg.qk_norm;
             let (q_len, k_len) = cfg.qk_norm_lens();
             let pre = cfg.pre_norms;
+            let moe_bias = cfg.layer_moe(i).is_some_and(|m| m.bias);
+            let (experts, f) = (cfg.layer_experts(i), cfg.layer_ffn(i));
             layers.push(LayerWeights {
                 q_bias: bias(hd),
                 kv_bias: bias(kvd),
+                o_bias: oss(cfg.o_bias, d, 0.2),
+                sinks: oss(cfg.attn_sinks, cfg.n_heads, 1.0),
+                router_bias: oss(moe_bias, experts, 0.5),
+                mlp_in_bias: oss(moe_bias, experts * 2 * f, 0.2),
+                mlp_out_bias: oss(moe_bias, experts * d, 0.2),
                 attn_norm: if pre { norm(d) } else { None },
                 wq,
                 q_norm: if qk { norm(q_len) } else { None },
@@ -465,6 +486,13 @@ impl ModelWeights {
             vec(&p("post_mlp_norm"), &l.post_mlp_norm, d, has_w && c.post_norms)?;
             vec(&p("q_bias"), &l.q_bias, hd, c.qkv_bias)?;
             vec(&p("kv_bias"), &l.kv_bias, kvd, c.qkv_bias)?;
+            vec(&p("o_bias"), &l.o_bias, d, c.o_bias)?;
+            vec(&p("sinks"), &l.sinks, c.n_heads, c.attn_sinks)?;
+            let moe_bias = c.layer_moe(i).is_some_and(|m| m.bias);
+            let (experts_here, f_here) = (c.layer_experts(i), c.layer_ffn(i));
+            vec(&p("router_bias"), &l.router_bias, experts_here, moe_bias)?;
+            vec(&p("mlp_in_bias"), &l.mlp_in_bias, experts_here * 2 * f_here, moe_bias)?;
+            vec(&p("mlp_out_bias"), &l.mlp_out_bias, experts_here * d, moe_bias)?;
             shape(&p("wq"), &l.wq, hd, d)?;
             shape(&p("wo"), &l.wo, d, hd)?;
             let (experts, f) = (c.layer_experts(i), c.layer_ffn(i));

@@ -107,24 +107,66 @@ pub fn phi3_cfg() -> ModelConfig {
 /// Mixtures of experts: Qwen3-MoE's shape (per-head qk-norm, 8 experts, top 2 renormalized,
 /// a dense layer between two MoE layers), OLMoE's (qk-norm over the whole projection, 6
 /// experts, top 3 weighed as the softmax gave them, 6 heads over 3 KV heads) and Qwen2-MoE's
-/// (q/k/v biases, 4 experts and a shared one wider than they are).
-pub fn moe_cfgs() -> [ModelConfig; 3] {
+/// (q/k/v biases, 4 experts and a shared one wider than they are), and gpt-oss's.
+pub fn moe_cfgs() -> [ModelConfig; 4] {
     use kvdecode::model::config::MoeConfig;
     let mut qwen = ModelConfig::llama(96, 32, 4, 2, 8, 48, 3, 10000.0, 1e-6, false);
     qwen.qk_norm = true;
-    qwen.moe = Some(MoeConfig { experts: 8, top_k: 2, ffn: 16, layers: vec![0, 2], norm_topk: true, shared_ffn: None });
+    qwen.moe = Some(MoeConfig {
+        experts: 8,
+        top_k: 2,
+        ffn: 16,
+        layers: vec![0, 2],
+        norm_topk: true,
+        shared_ffn: None,
+        bias: false,
+    });
     qwen.family = kvdecode::Family::Qwen3Moe;
     let mut olmoe = ModelConfig::llama(96, 48, 6, 3, 8, 48, 2, 10000.0, 1e-5, true);
     (olmoe.qk_norm, olmoe.qk_norm_whole) = (true, true);
-    olmoe.moe =
-        Some(MoeConfig { experts: 6, top_k: 3, ffn: 20, layers: vec![0, 1], norm_topk: false, shared_ffn: None });
+    olmoe.moe = Some(MoeConfig {
+        experts: 6,
+        top_k: 3,
+        ffn: 20,
+        layers: vec![0, 1],
+        norm_topk: false,
+        shared_ffn: None,
+        bias: false,
+    });
     olmoe.family = kvdecode::Family::Olmoe;
     let mut qwen2 = ModelConfig::llama(96, 32, 4, 2, 8, 48, 2, 10000.0, 1e-6, false);
     qwen2.qkv_bias = true;
-    qwen2.moe =
-        Some(MoeConfig { experts: 4, top_k: 2, ffn: 12, layers: vec![1], norm_topk: false, shared_ffn: Some(24) });
+    qwen2.moe = Some(MoeConfig {
+        experts: 4,
+        top_k: 2,
+        ffn: 12,
+        layers: vec![1],
+        norm_topk: false,
+        shared_ffn: Some(24),
+        bias: false,
+    });
     qwen2.family = kvdecode::Family::Qwen2Moe;
-    [qwen, olmoe, qwen2]
+    // gpt-oss: sinks, biases on q/k/v/o, the router and the experts, the clamped SwiGLU,
+    // sliding (window 6) and full layers alternating, 6 heads over 2 KV heads
+    let mut oss = ModelConfig::llama(96, 48, 6, 2, 8, 24, 3, 10000.0, 1e-5, false);
+    (oss.qkv_bias, oss.o_bias, oss.attn_sinks) = (true, true, true);
+    oss.mlp = kvdecode::model::config::MlpKind::ClampedSwiGlu;
+    let (local, global) = (
+        kvdecode::model::config::LayerSpec { global_group: None, writes_global: false, local: true },
+        kvdecode::model::config::LayerSpec { global_group: Some(0), writes_global: true, local: false },
+    );
+    (oss.layers, oss.window) = (vec![local, global, local], 6);
+    oss.moe = Some(MoeConfig {
+        experts: 4,
+        top_k: 2,
+        ffn: 24,
+        layers: vec![0, 1, 2],
+        norm_topk: true,
+        shared_ffn: None,
+        bias: true,
+    });
+    oss.family = kvdecode::Family::GptOss;
+    [qwen, olmoe, qwen2, oss]
 }
 
 pub fn model(cfg: &ModelConfig, seed: u64) -> ModelWeights {
@@ -247,7 +289,8 @@ pub fn draw(name: &str, shape: &[usize]) -> Vec<f32> {
         h = (h ^ b as u64).wrapping_mul(0x0100_0000_01B3);
     }
     let n: usize = shape.iter().product();
-    let matrix_scale = (shape.len() == 2).then(|| (1.7 / (shape[1] as f64).sqrt()) as f32);
+    // matrices [out, in] and gpt-oss's stacks of transposes [n, in, out] alike: 1.7 / sqrt(in)
+    let matrix_scale = matches!(shape.len(), 2 | 3).then(|| (1.7 / (shape[1] as f64).sqrt()) as f32);
     (1..=n as u64)
         .map(|i| {
             let mut z = h.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));

@@ -200,6 +200,8 @@ pub(crate) struct Attention {
     pub global: bool,
     pub local: bool,
     pub split: bool,
+    /// Each head's sink joins its softmax (gpt-oss; binding 9).
+    pub sinks: bool,
 }
 
 impl Attention {
@@ -226,6 +228,7 @@ impl Specialize for Attention {
             .flag("HAS_GLOBAL", self.global)
             .flag("HAS_LOCAL", self.local)
             .flag("SPLIT", self.split)
+            .flag("SINKS", self.sinks)
             .0
     }
     fn label(&self) -> String {
@@ -235,7 +238,8 @@ impl Specialize for Attention {
             (false, _) => "local",
         };
         let form = if self.split { "attention_merge" } else { "attention" };
-        format!("{form}_{keys}_{}", self.shape.kv.name())
+        let sinks = if self.sinks { "_sinks" } else { "" };
+        format!("{form}_{keys}_{}{sinks}", self.shape.kv.name())
     }
     /// A thread per (token, head) walks its keys in order, a vec4 of the dot and one of the
     /// values each; split, it walks the partitions instead (per value vec4 when the merge is

@@ -65,6 +65,7 @@ fn act_code(kind: MlpKind) -> u32 {
         MlpKind::ReluSquared => 0,
         MlpKind::SwiGlu => 1,
         MlpKind::GeluTanhGated => 2,
+        MlpKind::ClampedSwiGlu => 3,
     }
 }
 
@@ -73,6 +74,7 @@ fn act_name(kind: MlpKind) -> &'static str {
         MlpKind::ReluSquared => "relu2",
         MlpKind::SwiGlu => "swiglu",
         MlpKind::GeluTanhGated => "gelu_tanh",
+        MlpKind::ClampedSwiGlu => "clamped_swiglu",
     }
 }
 
@@ -549,7 +551,15 @@ mod tests {
                 shard,
                 paging,
             }),
-            Box::new(Attention { shape, window: 8, ring_slots: 9, global: true, local: true, split: true }),
+            Box::new(Attention {
+                shape,
+                window: 8,
+                ring_slots: 9,
+                global: true,
+                local: true,
+                split: true,
+                sinks: true,
+            }),
             Box::new(AttentionSplit { fused_rope: Some(FusedRope { rotate: true, kv_write: true }), ..split }),
             Box::new(AttentionSplit { kernel: Kernel::AttentionSplitHead, tile: None, ..split }),
             Box::new(AttentionSplit { kernel: Kernel::AttentionQueryTiles, query_tile: Some(8), ..split }),

@@ -16,6 +16,36 @@ pub enum Tensor {
     Vector(Vec<f32>),
 }
 
+impl Tensor {
+    /// `t`'s tensor from its values as a file of its naming holds them (row-major in
+    /// [`TensorName::file_shape`]): a vector, a matrix, or a stack of transposes turned back into
+    /// the matrix of their rows.
+    pub fn from_file_values(t: &TensorName, values: Vec<f32>) -> Result<Tensor> {
+        match (t.transposed_stack, &t.shape[..]) {
+            (_, &[_]) => Ok(Tensor::Vector(values)),
+            (None, &[rows, cols]) => Matrix::new(rows, cols, values).map(Tensor::Matrix),
+            (Some(n), &[rows, cols]) => {
+                Matrix::new(rows, cols, transpose_stack(n, cols, rows / n.max(1), &values)).map(Tensor::Matrix)
+            }
+            _ => Err(Error::Weights(format!("tensor `{}`: shape {:?}", t.name, t.shape))),
+        }
+    }
+}
+
+/// `n` stacked row-major `[a, b]` matrices, each transposed to `[b, a]` (a stack of transposes
+/// and the stack of their rows are each other's).
+pub fn transpose_stack<T: Copy + Default>(n: usize, a: usize, b: usize, values: &[T]) -> Vec<T> {
+    let mut out = vec![T::default(); values.len()];
+    for (e, m) in values.chunks_exact((a * b).max(1)).take(n).enumerate() {
+        for (i, row) in m.chunks_exact(b.max(1)).enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                out[e * a * b + j * a + i] = v;
+            }
+        }
+    }
+    out
+}
+
 /// Assemble `cfg`'s weights from the tensors `names` lists, each read by `read` (which checks
 /// the shape it finds against [`TensorName::shape`]): interleaved rows are put back, and a fused
 /// matrix is stacked from its parts in row order. [`ModelWeights::check`] runs on the result.
@@ -83,6 +113,11 @@ pub fn assemble(
             q_bias: vecs.remove(&s(LayerSlot::QBias)),
             kv_bias: vecs.remove(&s(LayerSlot::KvBias)),
             wo: need(&mut mats, s(LayerSlot::Wo))?,
+            o_bias: vecs.remove(&s(LayerSlot::OBias)),
+            sinks: vecs.remove(&s(LayerSlot::Sinks)),
+            router_bias: vecs.remove(&s(LayerSlot::RouterBias)),
+            mlp_in_bias: vecs.remove(&s(LayerSlot::MlpInBias)),
+            mlp_out_bias: vecs.remove(&s(LayerSlot::MlpOutBias)),
             post_attn_norm: vecs.remove(&s(LayerSlot::PostAttnNorm)),
             mlp_norm: vecs.remove(&s(LayerSlot::MlpNorm)),
             post_mlp_norm: vecs.remove(&s(LayerSlot::PostMlpNorm)),
@@ -143,7 +178,8 @@ fn take_matrix(mats: &mut Mats, slot: Slot) -> Result<Option<Matrix>> {
 }
 
 /// The tensors of `w` under `naming`, the inverse of [`assemble`]: each name with its values in
-/// f32 (dequantized), rows in the file's order. What a checkpoint in that naming would hold, for
+/// f32 (dequantized), rows in the file's order, laid out as the file holds them
+/// ([`TensorName::file_shape`]: a stack of transposes transposed). What a checkpoint in that naming would hold, for
 /// tests and for pushing weights from one engine's model into another.
 pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>)> {
     let slot_matrix = |slot: Slot| -> Option<&Matrix> {
@@ -183,6 +219,11 @@ pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>
             LayerSlot::PostMlpNorm => l.post_mlp_norm.as_ref(),
             LayerSlot::QBias => l.q_bias.as_ref(),
             LayerSlot::KvBias => l.kv_bias.as_ref(),
+            LayerSlot::OBias => l.o_bias.as_ref(),
+            LayerSlot::Sinks => l.sinks.as_ref(),
+            LayerSlot::RouterBias => l.router_bias.as_ref(),
+            LayerSlot::MlpInBias => l.mlp_in_bias.as_ref(),
+            LayerSlot::MlpOutBias => l.mlp_out_bias.as_ref(),
             LayerSlot::SharedGate => l.shared_expert.as_ref().map(|s| &s.gate.data),
             _ => None,
         }
@@ -205,7 +246,10 @@ pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>
                 .map(|rows| rows.concat()),
             _ => None,
         };
-        if let Some(v) = values {
+        if let Some(mut v) = values {
+            if let (Some(n), &[rows, cols]) = (t.transposed_stack, &t.shape[..]) {
+                v = transpose_stack(n, rows / n.max(1), cols, &v);
+            }
             out.push((t, v));
         }
     }

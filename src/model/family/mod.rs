@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 mod assemble;
 mod names;
-pub use assemble::{assemble, tensors_of, Tensor};
+pub use assemble::{assemble, tensors_of, transpose_stack, Tensor};
 pub use names::{
     interleaved_source, naming_norm, tensor_names, trainer_names, LayerSlot, Naming, Place, RowOrder, Slot, TensorName,
 };
@@ -53,6 +53,9 @@ pub enum Family {
     Mixtral,
     /// Qwen2-MoE (Qwen2's attention with q/k/v biases; routed experts and a shared one).
     Qwen2Moe,
+    /// gpt-oss (attention sinks, biases on q/k/v/o, the router and the experts, the clamped
+    /// SwiGLU, sliding and full layers alternating; experts stored fused and transposed).
+    GptOss,
 }
 
 /// What one per-layer tensor of a checkpoint fills (the rows of a fused matrix, or a whole
@@ -111,6 +114,22 @@ pub enum Part {
     SharedDownProj,
     /// The shared expert's sigmoid gate, `[1, d]`.
     SharedMix,
+    /// Bias of the output projection (gpt-oss).
+    OBias,
+    /// Each query head's attention sink (gpt-oss).
+    Sinks,
+    /// Bias of the router (gpt-oss).
+    RouterBias,
+    /// All experts' gate and up projections in one tensor as gpt-oss stores them: `[E, d, 2F]`,
+    /// each expert's transposed (`x @ W`), gate and up interleaved (gate `j` at column `2j`, up
+    /// `j` at `2j + 1`).
+    ExpertsGateUpT,
+    /// Their biases, `[E, 2F]`, interleaved as the columns.
+    ExpertsGateUpBias,
+    /// All experts' down projections, `[E, F, d]`, each transposed.
+    ExpertsDownT,
+    /// Their biases, `[E, d]`.
+    ExpertsDownBias,
 }
 
 impl Part {
@@ -125,7 +144,12 @@ impl Part {
             | Part::SharedGateProj
             | Part::SharedUpProj
             | Part::SharedDownProj
-            | Part::SharedMix => Some(true),
+            | Part::SharedMix
+            | Part::RouterBias
+            | Part::ExpertsGateUpT
+            | Part::ExpertsGateUpBias
+            | Part::ExpertsDownT
+            | Part::ExpertsDownBias => Some(true),
             Part::Gate | Part::Up | Part::Down | Part::GateUp => Some(false),
             _ => None,
         }
@@ -193,6 +217,31 @@ const MIXTRAL_EXPERTS: &[LayerTensor] = &[
     t(Part::ExpertDown, "block_sparse_moe.experts.{e}.w2.weight", "ffn_down_exps.weight"),
 ];
 
+// gpt-oss's layout: Llama's norms and biased q/k/v, a biased output projection, a sink per head,
+// and on every layer a biased router and the experts in two fused, transposed tensors (Hugging
+// Face). llama.cpp names the MLP's input norm `post_attention_norm`; its converter splits the
+// experts into the `_exps` tensors, which kvdecode does not read for gpt-oss yet (no GGUF names
+// for the fused rows).
+const GPT_OSS: &[LayerTensor] = &[
+    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
+    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    t(Part::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    t(Part::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    t(Part::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    t(Part::OBias, "self_attn.o_proj.bias", "attn_output.bias"),
+    t(Part::Sinks, "self_attn.sinks", "attn_sinks.weight"),
+    t(Part::MlpNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
+    t(Part::Router, "mlp.router.weight", "ffn_gate_inp.weight"),
+    t(Part::RouterBias, "mlp.router.bias", "ffn_gate_inp.bias"),
+    t(Part::ExpertsGateUpT, "mlp.experts.gate_up_proj", ""),
+    t(Part::ExpertsGateUpBias, "mlp.experts.gate_up_proj_bias", ""),
+    t(Part::ExpertsDownT, "mlp.experts.down_proj", ""),
+    t(Part::ExpertsDownBias, "mlp.experts.down_proj_bias", "ffn_down_exps.bias"),
+];
+
 // Gemma's layout: `post_attention_layernorm` is the norm of the attention output, not the MLP's
 // input. Gemma 2 lists no qk-norm rows (`qk_norm` is off) and OLMo 2 no input norms
 // (`pre_norms` is off), so one table serves Gemma 2, Gemma 3 and OLMo 2.
@@ -241,13 +290,14 @@ pub fn hf_config_defaults(model_type: &str) -> (Option<usize>, Option<usize>) {
         "smollm3" | "qwen3_moe" => (None, Some(4)),
         "qwen2_moe" => (None, Some(16)),
         "mixtral" => (None, Some(8)),
+        "gpt_oss" => (Some(64), Some(8)),
         _ => (None, None),
     }
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 13] = [
+    pub const ALL: [Family; 14] = [
         Family::Kvdecode,
         Family::Llama,
         Family::Qwen2,
@@ -261,6 +311,7 @@ impl Family {
         Family::Olmoe,
         Family::Mixtral,
         Family::Qwen2Moe,
+        Family::GptOss,
     ];
 
     /// The family's per-layer tensors (none for [`Family::Kvdecode`], which has only kvdecode's
@@ -273,6 +324,7 @@ impl Family {
             Family::Phi3 => (PHI3, &[]),
             Family::Qwen3Moe | Family::Olmoe | Family::Qwen2Moe => (LLAMA, EXPERTS),
             Family::Mixtral => (LLAMA, MIXTRAL_EXPERTS),
+            Family::GptOss => (GPT_OSS, &[]),
         };
         table.iter().chain(experts)
     }
@@ -294,6 +346,8 @@ impl Family {
             Family::Qwen2Moe => Some("qwen2moe"),
             // llama.cpp writes Mixtral as `llama` with experts (GgufFile::config tells them apart)
             Family::Mixtral => None,
+            // not read from GGUF yet: its fused experts have no GGUF names here
+            Family::GptOss => None,
         }
     }
 
@@ -313,7 +367,7 @@ mod tests {
     use super::*;
     use crate::model::config::ModelConfig;
     use crate::model::rope::RopeScaling;
-    use crate::model::weights::{Matrix, ModelWeights};
+    use crate::model::weights::ModelWeights;
 
     /// Phi-3's shape: fused q/k/v and gate/up in its files, 12 of 16 dimensions rotated.
     fn phi3() -> ModelConfig {
@@ -349,6 +403,7 @@ mod tests {
             layers: vec![0, 2],
             norm_topk: true,
             shared_ffn: Some(12),
+            bias: false,
         });
         c.family = Family::Qwen2Moe;
         c
@@ -364,10 +419,7 @@ mod tests {
             assert_eq!(values.len(), names.len(), "{naming:?}: every name has its values");
             let back = assemble(&cfg, &names, &mut |t| {
                 let v = &values.iter().find(|(n, _)| n.name == t.name).unwrap().1;
-                Ok(match t.shape[..] {
-                    [_] => Tensor::Vector(v.clone()),
-                    _ => Tensor::Matrix(Matrix::new(t.shape[0], t.shape[1], v.clone())?),
-                })
+                Tensor::from_file_values(t, v.clone())
             })
             .unwrap();
             assert_eq!(back, w, "{naming:?}");
@@ -383,6 +435,54 @@ mod tests {
             gguf.iter().find(|t| t.name == "blk.2.ffn_gate_inp_shexp.weight").map(|t| &t.shape[..]),
             Some(&[32][..])
         );
+    }
+
+    /// gpt-oss's shape: biases, sinks, 4 experts of 8 on every layer, a sliding layer.
+    fn gpt_oss() -> ModelConfig {
+        let mut c = ModelConfig::llama(64, 32, 2, 1, 16, 24, 2, 10000.0, 1e-5, false);
+        (c.qkv_bias, c.o_bias, c.attn_sinks) = (true, true, true);
+        c.mlp = crate::model::config::MlpKind::ClampedSwiGlu;
+        c.layers[0] = crate::model::config::LayerSpec { global_group: None, writes_global: false, local: true };
+        c.layers[1].global_group = Some(0);
+        c.window = 4;
+        c.moe = Some(crate::model::config::MoeConfig {
+            experts: 4,
+            top_k: 2,
+            ffn: 8,
+            layers: vec![0, 1],
+            norm_topk: true,
+            shared_ffn: None,
+            bias: true,
+        });
+        c.family = Family::GptOss;
+        c
+    }
+
+    #[test]
+    fn gpt_oss_round_trips_its_transposed_interleaved_experts() {
+        let cfg = gpt_oss();
+        let w = ModelWeights::random(&cfg, 7).unwrap();
+        for naming in [Naming::Kvdecode, Naming::HuggingFace("model.")] {
+            let names = tensor_names(&cfg, naming);
+            let values = tensors_of(&w, naming);
+            assert_eq!(values.len(), names.len(), "{naming:?}: every name has its values");
+            let back = assemble(&cfg, &names, &mut |t| {
+                Tensor::from_file_values(t, values.iter().find(|(n, _)| n.name == t.name).unwrap().1.clone())
+            })
+            .unwrap();
+            assert_eq!(back, w, "{naming:?}");
+        }
+        // layer 1, expert 2: file [E, d, 2F]; its column 2j is gate j (mlp_in row 2 * 8 + j), 2j + 1
+        // up j (row (4 + 2) * 8 + j)
+        let hf = tensors_of(&w, Naming::HuggingFace("model."));
+        let (t, v) = hf.iter().find(|(t, _)| t.name == "model.layers.1.mlp.experts.gate_up_proj").unwrap();
+        assert_eq!(t.file_shape(), [4, 32, 16]);
+        let at = |c: usize, col: usize| v[(2 * 32 + c) * 16 + col];
+        let (gate, up) = (w.layers[1].mlp_in.row(2 * 8 + 3), w.layers[1].mlp_in.row(6 * 8 + 3));
+        assert!((0..32).all(|c| at(c, 6) == gate[c] && at(c, 7) == up[c]));
+        let (_, bias) = hf.iter().find(|(t, _)| t.name == "model.layers.1.mlp.experts.gate_up_proj_bias").unwrap();
+        let mlp_in_bias = w.layers[1].mlp_in_bias.as_ref().unwrap();
+        assert_eq!((bias[2 * 16 + 6], bias[2 * 16 + 7]), (mlp_in_bias[2 * 8 + 3], mlp_in_bias[6 * 8 + 3]));
     }
 
     #[test]
@@ -401,10 +501,7 @@ mod tests {
             }
             let back = assemble(&cfg, &names, &mut |t| {
                 let v = &values.iter().find(|(n, _)| n.name == t.name).unwrap().1;
-                Ok(match t.shape[..] {
-                    [_] => Tensor::Vector(v.clone()),
-                    _ => Tensor::Matrix(Matrix::new(t.shape[0], t.shape[1], v.clone())?),
-                })
+                Tensor::from_file_values(t, v.clone())
             })
             .unwrap();
             assert_eq!(back, w, "{naming:?}");

@@ -38,6 +38,16 @@ pub enum LayerSlot {
     KvBias,
     /// `wo`.
     Wo,
+    /// `o_bias`.
+    OBias,
+    /// `sinks`.
+    Sinks,
+    /// `router_bias`.
+    RouterBias,
+    /// `mlp_in_bias` (a MoE layer's, in `mlp_in`'s row order).
+    MlpInBias,
+    /// `mlp_out_bias`.
+    MlpOutBias,
     /// `post_attn_norm`.
     PostAttnNorm,
     /// `mlp_norm`.
@@ -84,6 +94,12 @@ pub enum RowOrder {
         /// Dimensions of a head that rotate.
         rotated: usize,
     },
+    /// Every `step`-th row from the place's first: kvdecode's row `i` is the file's row
+    /// `step * i` after it (gpt-oss's gate and up projections, interleaved in one tensor).
+    Every {
+        /// Rows from one to the next.
+        step: usize,
+    },
 }
 
 impl RowOrder {
@@ -108,6 +124,7 @@ impl RowOrder {
                 };
                 head * hd + within
             }
+            RowOrder::Every { step } => step * row,
         }
     }
 }
@@ -143,6 +160,20 @@ pub struct TensorName {
     /// Where its rows go (a tensor may fill the same rows of several slots, as a key projection
     /// fills both K/V matrices of a layer that has two).
     pub places: Vec<Place>,
+    /// `Some(n)`: the file holds the matrix as `n` stacked transposes, `[n, cols, rows / n]`
+    /// (gpt-oss's experts, kept for `x @ W`): each is transposed back, and the rows they give are
+    /// the ones `places` speak of.
+    pub transposed_stack: Option<usize>,
+}
+
+impl TensorName {
+    /// The shape the file holds this tensor in.
+    pub fn file_shape(&self) -> Vec<usize> {
+        match (self.transposed_stack, &self.shape[..]) {
+            (Some(n), &[rows, cols]) => vec![n, cols, rows / n.max(1)],
+            _ => self.shape.clone(),
+        }
+    }
 }
 
 /// The namings kvdecode reads.
@@ -169,7 +200,7 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
         let places: Vec<Place> =
             places.into_iter().map(|(slot, row0)| Place { slot, row0, rows: rows.clone(), order }).collect();
         if !places.is_empty() {
-            out.push(TensorName { name, shape, places })
+            out.push(TensorName { name, shape, places, transposed_stack: None })
         }
     }
     let whole = |slot: Slot| vec![(slot, 0)];
@@ -196,6 +227,7 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
         let (q_norm_len, k_norm_len) = cfg.qk_norm_lens();
         let moe = cfg.layer_moe(i);
         let (experts, f) = (moe.map_or(1, |m| m.experts), cfg.layer_ffn(i));
+        let moe_bias = moe.is_some_and(|m| m.bias);
         if naming == Naming::Kvdecode {
             let b = format!("blocks.{i}");
             push(
@@ -247,6 +279,11 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                 bias(slot(LayerSlot::KvBias), 0),
                 RowOrder::AsIs,
             );
+            // gpt-oss's: the output projection's bias, the heads' sinks
+            let o_bias = if cfg.o_bias { whole(slot(LayerSlot::OBias)) } else { vec![] };
+            push(&mut out, format!("{b}.attn.w_o.bias"), vec![d], o_bias, RowOrder::AsIs);
+            let sinks = if cfg.attn_sinks { whole(slot(LayerSlot::Sinks)) } else { vec![] };
+            push(&mut out, format!("{b}.attn.sinks"), vec![cfg.n_heads], sinks, RowOrder::AsIs);
             push(
                 &mut out,
                 format!("{b}.post_attn_norm.weight"),
@@ -300,6 +337,15 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                     whole(slot(LayerSlot::Router)),
                     RowOrder::AsIs,
                 );
+                // gpt-oss's: the router's and the experts' biases, in their matrices' row order
+                for (name, n, s) in [
+                    ("router.bias", m.experts, LayerSlot::RouterBias),
+                    ("fc.bias", experts * 2 * f, LayerSlot::MlpInBias),
+                    ("proj.bias", experts * d, LayerSlot::MlpOutBias),
+                ] {
+                    let places = if m.bias { whole(slot(s)) } else { vec![] };
+                    push(&mut out, format!("{b}.mlp.{name}"), vec![n], places, RowOrder::AsIs);
+                }
             }
             if let Some(e) = cfg.engram.as_ref().filter(|e| e.layers.contains(&i)) {
                 let mut k = 0;
@@ -342,6 +388,10 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
         };
         for lt in cfg.family.layer_tensors() {
             if lt.part.moe_only().is_some_and(|m| m != moe.is_some()) {
+                continue;
+            }
+            // a row of one naming only (gpt-oss's fused experts are Hugging Face's alone)
+            if (if matches!(naming, Naming::HuggingFace(_)) { lt.hf } else { lt.gguf }).is_empty() {
                 continue;
             }
             // Hugging Face names each expert's tensors (`{e}`); GGUF stacks a layer's experts
@@ -404,10 +454,60 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                                 order: RowOrder::AsIs,
                             });
                         }
-                        out.push(TensorName { name, shape: vec![hd + 2 * kvd, d], places });
+                        out.push(TensorName { name, shape: vec![hd + 2 * kvd, d], places, transposed_stack: None });
                         continue;
                     }
                     Part::GateUp => (vec![2 * f, d], whole(slot(LayerSlot::MlpIn)), RowOrder::AsIs),
+                    Part::OBias => {
+                        let places = if cfg.o_bias { whole(slot(LayerSlot::OBias)) } else { vec![] };
+                        (vec![d], places, RowOrder::AsIs)
+                    }
+                    Part::Sinks => {
+                        let places = if cfg.attn_sinks { whole(slot(LayerSlot::Sinks)) } else { vec![] };
+                        (vec![cfg.n_heads], places, RowOrder::AsIs)
+                    }
+                    Part::RouterBias => {
+                        let places = if moe_bias { whole(slot(LayerSlot::RouterBias)) } else { vec![] };
+                        (vec![experts], places, RowOrder::AsIs)
+                    }
+                    Part::ExpertsDownBias => {
+                        let places = if moe_bias { whole(slot(LayerSlot::MlpOutBias)) } else { vec![] };
+                        (vec![experts * d], places, RowOrder::AsIs)
+                    }
+                    Part::ExpertsGateUpT | Part::ExpertsGateUpBias | Part::ExpertsDownT => {
+                        // expert e's gate j at its row 2j of 2F, up j at 2j + 1: mlp_in's rows
+                        // e * F + j and (E + e) * F + j
+                        let interleaved = |s: LayerSlot| -> Vec<Place> {
+                            (0..experts)
+                                .flat_map(|e| {
+                                    [(e * f, 0), ((experts + e) * f, 1)].map(|(row0, at)| Place {
+                                        slot: slot(s),
+                                        row0,
+                                        rows: e * 2 * f + at..e * 2 * f + at + f,
+                                        order: RowOrder::Every { step: 2 },
+                                    })
+                                })
+                                .collect()
+                        };
+                        let (shape, places, stack) = match lt.part {
+                            Part::ExpertsGateUpT => {
+                                (vec![experts * 2 * f, d], interleaved(LayerSlot::MlpIn), Some(experts))
+                            }
+                            Part::ExpertsDownT => {
+                                let all = Place {
+                                    slot: slot(LayerSlot::MlpOut),
+                                    row0: 0,
+                                    rows: 0..experts * d,
+                                    order: RowOrder::AsIs,
+                                };
+                                (vec![experts * d, f], vec![all], Some(experts))
+                            }
+                            _ if moe_bias => (vec![experts * 2 * f], interleaved(LayerSlot::MlpInBias), None),
+                            _ => continue,
+                        };
+                        out.push(TensorName { name, shape, places, transposed_stack: stack });
+                        continue;
+                    }
                 };
                 push(&mut out, name, shape, places, order);
             }
@@ -434,7 +534,8 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
 pub fn trainer_names(cfg: &ModelConfig, prefix: &str) -> Vec<TensorName> {
     let d = cfg.d_model;
     let mut out = Vec::new();
-    if cfg.family == Family::Kvdecode {
+    // (gpt-oss's in-memory names are its checkpoints', whose own fused layout its table reads)
+    if matches!(cfg.family, Family::Kvdecode | Family::GptOss) {
         return out;
     }
     for i in 0..cfg.layers.len() {
@@ -459,17 +560,20 @@ pub fn trainer_names(cfg: &ModelConfig, prefix: &str) -> Vec<TensorName> {
             name: name("mlp.experts.gate_up_proj"),
             shape: vec![experts * 2 * f, d],
             places: gate_up,
+            transposed_stack: None,
         });
         out.push(TensorName {
             name: name("mlp.experts.down_proj"),
             shape: vec![experts * d, f],
             places: whole(LayerSlot::MlpOut, experts * d),
+            transposed_stack: None,
         });
         if cfg.family == Family::Mixtral {
             out.push(TensorName {
                 name: name("mlp.gate.weight"),
                 shape: vec![experts, d],
                 places: whole(LayerSlot::Router, experts),
+                transposed_stack: None,
             });
         }
     }
