@@ -202,6 +202,35 @@ fn hf_logits_full_and_incremental() {
     }
 }
 
+/// gpt-oss as OpenAI ships it: the experts in MXFP4 `_blocks` and `_scales` (OpenAI's nibble order,
+/// `[out, in]`), the rest f32, made by `make_mxfp4_fixtures.py` and run by transformers after its
+/// own unpacking. The engine keeps the experts in MXFP4 blocks on the GPU and gives transformers'
+/// logits and routes: the only test of that checkpoint layout.
+#[test]
+fn hf_gpt_oss_mxfp4_checkpoint() {
+    let (dir, w) = load("gpt_oss_mxfp4");
+    for (i, l) in w.layers.iter().enumerate() {
+        for m in [&l.mlp_in, &l.mlp_out] {
+            let kind = m.quant.as_ref().map(|q| q.kind);
+            assert_eq!(kind, Some(kvdecode::model::quant::QuantKind::MXFP4), "layer {i}: experts kept in MXFP4");
+        }
+    }
+    let tokens = npy::read(dir.join("tokens.npy")).unwrap().to_u32().unwrap();
+    let want = npy::read(dir.join("logits_full.npy")).unwrap().to_f32();
+    let n = tokens.len();
+    let opts = EngineOptions { record_routes: true, ..EngineOptions::new(1, max_len(n)) };
+    let mut engine = Engine::new(&gpu(), &w, opts).unwrap();
+    let mut got = Vec::new();
+    for chunk in tokens.chunks(16) {
+        got.extend(engine.append_all_logits(chunk, chunk.len(), &[chunk.len()], None).unwrap().remove(0).concat());
+    }
+    let d = max_abs_diff(&got, &want);
+    println!("gpt_oss_mxfp4: engine vs transformers over {n} positions: {d:e}");
+    assert!(d <= 1e-4, "gpt_oss_mxfp4: engine vs transformers: {d}");
+    let routes = npy::read(dir.join("routes.npy")).unwrap().to_u32().unwrap();
+    assert_eq!(engine.routes(0).unwrap(), routes, "gpt_oss_mxfp4: routes");
+}
+
 #[test]
 fn hf_greedy_generation() {
     for f in FAMILIES {

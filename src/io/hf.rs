@@ -303,6 +303,16 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
             )));
         }
     };
+    // quantized checkpoints: gpt-oss's MXFP4 experts only (read as their blocks)
+    if let Some(q) = root.get("quantization_config").filter(|q| !q.is_null()) {
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
+        if !(family == Family::GptOss && method == "mxfp4") {
+            return Err(Error::Config(format!(
+                "config.json: quantization_config with quant_method {method:?} is not supported for {model_type} \
+                 (gpt_oss's mxfp4 is)"
+            )));
+        }
+    }
     for key in ["attention_bias", "mlp_bias"] {
         // (gpt-oss's attention biases are its own: read below)
         if cfg.get(key).and_then(Value::as_bool) == Some(true) && !(family == Family::GptOss && key == "attention_bias")
@@ -567,6 +577,19 @@ pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
         HF_PREFIXES.into_iter().find(|p| find(&format!("{p}embed_tokens.weight")).is_some()).unwrap_or(HF_PREFIXES[0]);
     let names = tensor_names(&cfg, Naming::HuggingFace(prefix));
     assemble(&cfg, &names, &mut |t| {
+        // gpt-oss's experts in OpenAI's MXFP4 checkpoints: `_blocks` and `_scales` in their stead
+        let (blocks, scales) = (format!("{}_blocks", t.name), format!("{}_scales", t.name));
+        if let (Some(_), None, Some(b)) = (t.transposed_stack, find(&t.name), find(&blocks)) {
+            let s = find(&scales).ok_or_else(|| Error::Weights(format!("tensor `{scales}` is missing")))?;
+            let m = TensorFile::mxfp4_stack(b, s, &t.name)?;
+            if [m.rows, m.cols] != t.shape[..] {
+                return Err(Error::Weights(format!(
+                    "tensors `{blocks}` and `{scales}` hold [{}, {}], expected {:?}",
+                    m.rows, m.cols, t.shape
+                )));
+            }
+            return Ok(Tensor::Matrix(m));
+        }
         let f = find(&t.name).ok_or_else(|| Error::Weights(format!("tensor `{}` is missing", t.name)))?;
         let value = match (t.transposed_stack, &t.shape[..]) {
             (Some(n), _) => Tensor::Matrix(f.transposed_stack(&t.name, n)?),

@@ -8,6 +8,7 @@ use std::path::Path;
 use crate::error::{file_err, Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::family::{assemble, tensor_names, Naming, Tensor};
+use crate::model::quant::QuantKind;
 use crate::model::weights::{Half, Matrix, ModelWeights};
 
 impl ModelWeights {
@@ -267,6 +268,45 @@ impl<'a> TensorFile<'a> {
         }
         let out = crate::model::family::transpose_stack(n, cols, r, &data);
         Matrix::new(n * r, cols, out).map(|m| Matrix { half, ..m })
+    }
+
+    /// A matrix stored in OpenAI's MXFP4 checkpoint layout (gpt-oss's experts): `{name}_blocks`
+    /// `[n, rows, groups, 16]` u8, two E2M1 values a byte (element 2i in the low nibble, 2i + 1
+    /// in the high one), and `{name}_scales` `[n, rows, groups]` u8 (E8M0: 2^(s - 127)), in
+    /// `[out, in]` order (the same tensor unquantized is transposed). Kept in MXFP4 blocks as the
+    /// GPU reads them, llama.cpp's layout (the scale byte, then element j in the low nibble of
+    /// byte j and element j + 16 in its high nibble), as the matrix `[n * rows, 32 * groups]`.
+    /// The two may sit in different files of a sharded checkpoint.
+    pub(crate) fn mxfp4_stack(blocks: &TensorFile, scales: &TensorFile, name: &str) -> Result<Matrix> {
+        let (bn, sn) = (format!("{name}_blocks"), format!("{name}_scales"));
+        let missing = |n: &str| Error::Weights(format!("tensor `{n}` is missing"));
+        let (b, s) =
+            (blocks.st.tensor(&bn).map_err(|_| missing(&bn))?, scales.st.tensor(&sn).map_err(|_| missing(&sn))?);
+        for (n, t) in [(&bn, &b), (&sn, &s)] {
+            if t.dtype() != safetensors::Dtype::U8 {
+                return Err(Error::Weights(format!("tensor `{n}` has dtype {:?}, expected U8 (MXFP4)", t.dtype())));
+            }
+        }
+        let &[n, rows, groups, 16] = b.shape() else {
+            return Err(Error::Weights(format!(
+                "tensor `{bn}` has shape {:?}, expected [n, rows, groups, 16]",
+                b.shape()
+            )));
+        };
+        if s.shape() != [n, rows, groups] {
+            return Err(Error::Weights(format!(
+                "tensor `{sn}` has shape {:?}, expected {:?}",
+                s.shape(),
+                [n, rows, groups]
+            )));
+        }
+        let mut out = Vec::with_capacity(n * rows * groups * 17);
+        for (blk, &scale) in b.data().chunks_exact(16).zip(s.data()) {
+            out.push(scale);
+            let nibble = |k: usize| (blk[k / 2] >> (4 * (k % 2))) & 0xF;
+            out.extend((0..16).map(|j| nibble(j) | (nibble(j + 16) << 4)));
+        }
+        Matrix::quantized(n * rows, 32 * groups, QuantKind::MXFP4, out)
     }
 
     /// A vector of `len` values, stored in any shape of that many (gpt-oss's expert biases,
