@@ -38,7 +38,7 @@ fn load(path: &Path) -> ModelWeights {
 
 const FAMILIES: [&str; 10] =
     ["llama", "qwen3", "gemma3", "qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"];
-const MOE_FAMILIES: [&str; 4] = ["qwen3_moe", "qwen2_moe", "olmoe", "mixtral"];
+const MOE_FAMILIES: [&str; 5] = ["qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "gpt_oss"];
 
 /// The engine's logits at every position of `tokens` (one row, appended a chunk at a time), in
 /// rows of as many positions as llama.cpp's context for them: it pads its context to a multiple
@@ -153,7 +153,7 @@ fn every_family_in_llama_quantize_mixes_matches_llama_cpp() {
     let d = dir().join("mixes");
     let meta = meta();
     let mixes = meta["mixes"].as_object().unwrap();
-    assert_eq!(mixes.len(), 52, "10 families x 4 mixes, 4 mixtures of experts x 3");
+    assert_eq!(mixes.len(), 55, "10 families x 4 mixes, 5 mixtures of experts x 3");
     let tokens = npy::read(d.join("tokens.npy")).unwrap().to_u32().unwrap();
     for (name, spread) in mixes {
         let w = load(&d.join(format!("{name}.gguf")));

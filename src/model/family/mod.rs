@@ -130,6 +130,10 @@ pub enum Part {
     ExpertsDownT,
     /// Their biases, `[E, d]`.
     ExpertsDownBias,
+    /// The stacked experts' gate biases, `[E, F]` (GGUF's gpt-oss).
+    ExpertGateBias,
+    /// Their up biases.
+    ExpertUpBias,
 }
 
 impl Part {
@@ -149,7 +153,9 @@ impl Part {
             | Part::ExpertsGateUpT
             | Part::ExpertsGateUpBias
             | Part::ExpertsDownT
-            | Part::ExpertsDownBias => Some(true),
+            | Part::ExpertsDownBias
+            | Part::ExpertGateBias
+            | Part::ExpertUpBias => Some(true),
             Part::Gate | Part::Up | Part::Down | Part::GateUp => Some(false),
             _ => None,
         }
@@ -218,10 +224,9 @@ const MIXTRAL_EXPERTS: &[LayerTensor] = &[
 ];
 
 // gpt-oss's layout: Llama's norms and biased q/k/v, a biased output projection, a sink per head,
-// and on every layer a biased router and the experts in two fused, transposed tensors (Hugging
-// Face). llama.cpp names the MLP's input norm `post_attention_norm`; its converter splits the
-// experts into the `_exps` tensors, which kvdecode does not read for gpt-oss yet (no GGUF names
-// for the fused rows).
+// and on every layer a biased router and the experts: in Hugging Face two fused, transposed
+// tensors (gate and up interleaved); llama.cpp's converter splits them into the `_exps` tensors
+// and their biases. llama.cpp names the MLP's input norm `post_attention_norm`.
 const GPT_OSS: &[LayerTensor] = &[
     t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
     t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
@@ -240,6 +245,11 @@ const GPT_OSS: &[LayerTensor] = &[
     t(Part::ExpertsGateUpBias, "mlp.experts.gate_up_proj_bias", ""),
     t(Part::ExpertsDownT, "mlp.experts.down_proj", ""),
     t(Part::ExpertsDownBias, "mlp.experts.down_proj_bias", "ffn_down_exps.bias"),
+    t(Part::ExpertGate, "", "ffn_gate_exps.weight"),
+    t(Part::ExpertUp, "", "ffn_up_exps.weight"),
+    t(Part::ExpertDown, "", "ffn_down_exps.weight"),
+    t(Part::ExpertGateBias, "", "ffn_gate_exps.bias"),
+    t(Part::ExpertUpBias, "", "ffn_up_exps.bias"),
 ];
 
 // Gemma's layout: `post_attention_layernorm` is the norm of the attention output, not the MLP's
@@ -346,8 +356,7 @@ impl Family {
             Family::Qwen2Moe => Some("qwen2moe"),
             // llama.cpp writes Mixtral as `llama` with experts (GgufFile::config tells them apart)
             Family::Mixtral => None,
-            // not read from GGUF yet: its fused experts have no GGUF names here
-            Family::GptOss => None,
+            Family::GptOss => Some("gpt-oss"),
         }
     }
 

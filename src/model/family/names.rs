@@ -470,6 +470,11 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                         let places = if moe_bias { whole(slot(LayerSlot::RouterBias)) } else { vec![] };
                         (vec![experts], places, RowOrder::AsIs)
                     }
+                    Part::ExpertGateBias | Part::ExpertUpBias => {
+                        let row0 = if lt.part == Part::ExpertUpBias { experts * f } else { 0 };
+                        let places = if moe_bias { vec![(slot(LayerSlot::MlpInBias), row0)] } else { vec![] };
+                        (vec![experts * f], places, RowOrder::AsIs)
+                    }
                     Part::ExpertsDownBias => {
                         let places = if moe_bias { whole(slot(LayerSlot::MlpOutBias)) } else { vec![] };
                         (vec![experts * d], places, RowOrder::AsIs)
