@@ -8,9 +8,10 @@
 //!   (fused tensors, LongRoPE, partial rotary, every layer sliding) over 300, past the scaled
 //!   RoPE's original context of 128 and seven times round the window; and the mixtures of experts
 //!   Qwen3-MoE (a dense layer among sparse ones, top-k renormalized), OLMoE (top-k as the softmax
-//!   weighs it, whole-projection qk-norm), Mixtral (every layer slides) and Qwen2-MoE (a shared
-//!   expert, q/k/v biases) over 300, with the
-//!   experts transformers routed every token to;
+//!   weighs it, whole-projection qk-norm), Mixtral (every layer slides), Qwen2-MoE (a shared
+//!   expert, q/k/v biases) and gpt-oss (sinks, biases, the clamped SwiGLU, fused transposed
+//!   experts, YaRN) over 300, with the experts transformers routed every token to; and gpt-oss
+//!   with MXFP4 experts as OpenAI ships them (`gpt_oss_mxfp4`);
 //! - `seed-tinyagent`: the TinyAgent layout with Engram (`cid_map[0] != 0`) under a random schedule
 //!   of ragged appends, sub-batches and resets, by full recomputation in PyTorch (the seed's own
 //!   `append` agrees with it to about 2e-6; see the fixture's meta.json).

@@ -654,7 +654,7 @@ fn newer_families_serve_transformers_greedy_answers() {
     });
     // the mixtures of experts also return the experts every token went to (vLLM's
     // return_routed_experts): the prompt's are transformers' routes of those positions
-    let moe = ["qwen3_moe", "olmoe", "mixtral", "qwen2_moe"];
+    let moe = ["qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "gpt_oss"];
     for family in ["qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"].into_iter().chain(moe) {
         let dir = std::env::temp_dir().join(format!("kvdecode-serve-{family}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

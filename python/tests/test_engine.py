@@ -443,7 +443,7 @@ def test_sleep_and_wake_are_exact(demo):
     assert np.array_equal(engine.append(nxt), twin.append(nxt))
 
 
-MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral", "qwen2_moe"]
+MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "gpt_oss"]
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama3", "mistral", "smollm3", "gemma2", "olmo2", "phi3"] + MOE_FAMILIES)
