@@ -217,6 +217,15 @@ fn llama3_vocabularies_take_a_whole_pre_token_before_merging() {
         let t = Tokenizer::from_gguf_metadata(&meta(pre)).unwrap();
         assert_eq!(t.encode("abc").unwrap(), want, "pre-tokenizer {pre}");
     }
+    // gpt-oss's `gpt-4o` (o200k): a word splits where lower case turns to upper, so "aB" is two
+    // pre-tokens and the merge never applies (transformers' tokenizers library splits
+    // "HelloWorld's" into "Hello" and "World's" with gpt-oss's regex)
+    let mut m = meta("gpt-4o");
+    m.insert("tokenizer.ggml.tokens".into(), Value::Array(["a", "B", "aB"].map(|v| Value::Str(v.into())).to_vec()));
+    m.insert("tokenizer.ggml.merges".into(), Value::Array(vec![Value::Str("a B".into())]));
+    assert_eq!(Tokenizer::from_gguf_metadata(&m).unwrap().encode("aB").unwrap(), vec![0, 1]);
+    m.insert("tokenizer.ggml.pre".into(), Value::Str("qwen2".into()));
+    assert_eq!(Tokenizer::from_gguf_metadata(&m).unwrap().encode("aB").unwrap(), vec![2]);
     // llama.cpp's other names of the GPT-2 pre-tokenizer read as it
     for pre in ["gpt-2", "olmo", "phi-2"] {
         assert_eq!(Tokenizer::from_gguf_metadata(&meta(pre)).unwrap().encode("abc").unwrap(), vec![0, 3], "{pre}");

@@ -48,6 +48,10 @@ impl Message {
 }
 
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// o200k's pre-tokenizer (gpt-oss's `tokenizer.json`; llama.cpp's `gpt-4o`, whose own regex
+/// approximates this one without Unicode case classes): a word splits where lower case turns to
+/// upper, digits go in threes.
+const O200K_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_REGEX: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -104,9 +108,10 @@ impl Tokenizer {
                 json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false)]})
             }
             "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false)]}),
+            "gpt-4o" => json!({"type": "Sequence", "pretokenizers": [split(O200K_REGEX), byte_level(false)]}),
             other => {
                 return Err(Error::Config(format!(
-                    "GGUF pre-tokenizer {other:?} is not supported (supported: default, gpt2, gpt-2, phi-2, olmo, mpt, smollm, llama-bpe, qwen2)"
+                    "GGUF pre-tokenizer {other:?} is not supported (supported: default, gpt2, gpt-2, phi-2, olmo, mpt, smollm, llama-bpe, qwen2, gpt-4o)"
                 )))
             }
         };
