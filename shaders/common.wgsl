@@ -127,8 +127,8 @@ fn softcap_score(cap: f32, score: f32) -> f32 {
 
 // The MLP activation between the up and down projections, for one feature: `act` 0 relu(g)^2 (the
 // seed's TinyAgent; `u` unused), 1 silu(g) * u (SwiGLU), 2 gelu_tanh(g) * u (Gemma), 3 gpt-oss's
-// clamped SwiGLU. One
-// expression for mlp_act.wgsl and the product that fuses it, so both give the same bits.
+// clamped SwiGLU. One expression for mlp_act.wgsl and the product that fuses it, so both give the
+// same bits.
 fn mlp_act(act: u32, g: f32, u: f32) -> f32 {
     if act == 0u {
         let v = max(g, 0.0);

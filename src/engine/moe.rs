@@ -53,7 +53,6 @@ impl Builder<'_> {
         // (GpuWeights::upload refuses a MoE layer whose experts need more than one binding)
         let lanes = Lanes::Threads { outs: self.outs_per_thread, wg: self.product_wg };
         let experts = |w: &GpuMatrix, x_stride: usize, out_rows: usize, out_stride: usize, act: Option<MlpKind>| {
-            // (one part: GpuWeights::upload refuses more for the experts)
             kernels::Product {
                 kernel: Kernel::MatmulExperts,
                 k: w.cols,

@@ -200,13 +200,13 @@ impl Engine {
         // Qwen2-MoE's shared-expert gate as [1, d], llama-quantize as [d]; the loader takes both),
         // and a stack of matrices [a, b, c] the matrix [a * b, c] (a transformers trainer's fused
         // experts, `trainer_names`).
-        // A matrix its file holds as stacked transposes (gpt-oss's experts) is taken in that shape
-        // and transposed back here.
         let view = |t: &HostTensor| match (&t.shape[..], index.get(&t.name).map(|s| &s.0.shape[..])) {
             (&[a, b], Some(&[m])) if a.checked_mul(b) == Some(m) => Some(vec![m]),
             (&[a, b, c], Some(&[rows, cols])) if a.checked_mul(b) == Some(rows) && c == cols => Some(vec![rows, cols]),
             _ => None,
         };
+        // a matrix its files hold as stacked transposes (gpt-oss's experts) is taken in that shape
+        // and transposed back
         let transposed = match tensors.iter().map(|t| untranspose(&index, t)).collect::<Result<Vec<_>>>() {
             Ok(t) => t,
             Err(e) => {
