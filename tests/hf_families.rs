@@ -314,6 +314,28 @@ fn newer_family_configs_read_as_transformers_reads_them() {
         let (c, _) = config_from_json(&c.to_string()).unwrap();
         assert_eq!((c.head_dim, c.n_kv_heads), (head_dim, kv_heads), "{model_type}: head_dim and KV heads left out");
     }
+    // gpt-oss with only the keys a hand-written config has: GptOssConfig's defaults (head_dim 64,
+    // 8 KV heads, attention biases, window 128 on every other layer from the first, theta 150000,
+    // YaRN 32x over 4096 untruncated, eps 1e-5)
+    let mut g = base("gpt_oss");
+    for key in ["head_dim", "num_key_value_heads", "rms_norm_eps"] {
+        g.as_object_mut().unwrap().remove(key);
+    }
+    (g["hidden_size"], g["num_attention_heads"], g["num_local_experts"]) = (json!(64), json!(8), json!(4));
+    g["num_experts_per_tok"] = json!(2);
+    let (c, fam) = config_from_json(&g.to_string()).unwrap();
+    assert_eq!(fam, Family::GptOss);
+    assert_eq!((c.head_dim, c.n_kv_heads, c.window, c.rope_theta, c.norm_eps), (64, 8, 128, 150000.0, 1e-5));
+    assert_eq!(c.layers.iter().map(|l| l.local).collect::<Vec<_>>(), [true, false, true, false]);
+    assert!(c.qkv_bias && c.o_bias && c.attn_sinks && c.moe.as_ref().is_some_and(|m| m.bias && m.norm_topk));
+    match c.rope_scaling {
+        Some(RopeScaling::Yarn { factor, original_context, truncate, .. }) => {
+            assert_eq!((factor, original_context, truncate), (32.0, 4096, false))
+        }
+        ref other => panic!("{other:?}"),
+    }
+    g["swiglu_limit"] = json!(5.0);
+    assert!(format!("{}", config_from_json(&g.to_string()).unwrap_err()).contains("swiglu_limit=5"));
     // OLMo 2: output norms only, qk-norm over the whole projection, transformers' eps default
     let mut o = base("olmo2");
     o.as_object_mut().unwrap().remove("rms_norm_eps");

@@ -474,6 +474,18 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
                 let biased = cfg.get("attention_bias").and_then(Value::as_bool).unwrap_or(true);
                 (c.qkv_bias, c.o_bias, c.attn_sinks) = (biased, biased, true);
                 c.mlp = MlpKind::ClampedSwiGlu;
+                // no rope keys at all: GptOssConfig's own default, YaRN 32x over 4096 positions
+                if rope_params(cfg, "full_attention").is_none() {
+                    c.rope_scaling = Some(RopeScaling::Yarn {
+                        factor: 32.0,
+                        original_context: 4096,
+                        beta_fast: 32.0,
+                        beta_slow: 1.0,
+                        attention_factor: yarn_mscale(32.0, 1.0) as f32,
+                        truncate: false,
+                    });
+                    c.rope_scaling_local = c.rope_scaling.clone();
+                }
                 for (key, want) in [("swiglu_limit", SWIGLU_LIMIT), ("swiglu_alpha", SWIGLU_ALPHA)] {
                     if let Some(v) = get_f32(cfg, key).filter(|&v| v != want) {
                         return Err(Error::Config(format!(
