@@ -11,7 +11,9 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::weights::GpuPlace;
 use crate::model::config::{ModelConfig, NormKind};
-use crate::model::family::{naming_norm, tensor_names, trainer_names, Naming, Place, Slot, TensorName, HF_PREFIXES};
+use crate::model::family::{
+    naming_norm, tensor_names, trainer_names, transpose_stack, Naming, Place, Slot, TensorName, HF_PREFIXES,
+};
 use crate::model::reference::norm_multiplier;
 use crate::model::tensor::{HostDtype, HostTensor};
 
@@ -145,15 +147,12 @@ fn untranspose(index: &NameIndex, t: &HostTensor) -> Result<Option<(Vec<usize>, 
             t.dtype
         )));
     }
-    let mut out = vec![0u8; t.bytes.len()];
-    for e in 0..n {
-        for c in 0..cols {
-            for j in 0..r {
-                let (src, dst) = (((e * cols + c) * r + j) * size, ((e * r + j) * cols + c) * size);
-                out[dst..dst + size].copy_from_slice(&t.bytes[src..src + size]);
-            }
-        }
+    // elements as byte arrays of their width: the loaders' transposition, whatever the type
+    fn back<const W: usize>(n: usize, cols: usize, r: usize, bytes: &[u8]) -> Vec<u8> {
+        let elements: Vec<[u8; W]> = bytes.chunks_exact(W).map(|e| e.try_into().unwrap_or([0; W])).collect();
+        transpose_stack(n, cols, r, &elements).concat()
     }
+    let out = if size == 4 { back::<4>(n, cols, r, t.bytes) } else { back::<2>(n, cols, r, t.bytes) };
     Ok(Some((spec.shape.clone(), out)))
 }
 

@@ -15,9 +15,7 @@ use serde_json::Value;
 
 use crate::error::{file_err, Error, Result};
 use crate::io::safetensors::TensorFile;
-use crate::model::config::{
-    check_file_dims, LayerSpec, MlpKind, ModelConfig, MoeConfig, NormKind, SWIGLU_ALPHA, SWIGLU_LIMIT,
-};
+use crate::model::config::{check_file_dims, MlpKind, ModelConfig, MoeConfig, NormKind, SWIGLU_ALPHA, SWIGLU_LIMIT};
 use crate::model::family::{assemble, tensor_names, Naming, Tensor, HF_PREFIXES};
 use crate::model::rope::{yarn_mscale, RopeScaling};
 use crate::model::weights::ModelWeights;
@@ -429,19 +427,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
         .unwrap_or(tie_default);
     let mut c = ModelConfig::llama(vocab, d, heads, kv_heads, head_dim, ffn, n_layers, 10000.0, eps, tied);
     c.family = family;
-    let mut group = 0;
-    c.layers = sliding
-        .iter()
-        .map(|&s| {
-            if s {
-                LayerSpec { global_group: None, writes_global: false, local: true }
-            } else {
-                group += 1;
-                LayerSpec { global_group: Some(group - 1), writes_global: true, local: false }
-            }
-        })
-        .collect();
-    c.window = window;
+    c.set_sliding(window, |i| sliding[i]);
     c.nope_layers = (0..n_layers).filter(|&i| !rotates[i]).collect();
     c.context_len = get_usize(cfg, "max_position_embeddings")?.filter(|&n| n > 0);
     match family {

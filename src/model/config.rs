@@ -403,6 +403,21 @@ impl ModelConfig {
         self.layers.iter().filter(|l| l.writes_global).count()
     }
 
+    /// The layer plan of a model whose layers either slide over `window` keys (`sliding(i)`) or
+    /// attend globally, each global layer its own K/V group (Gemma, Mistral, gpt-oss, ...).
+    pub fn set_sliding(&mut self, window: usize, sliding: impl Fn(usize) -> bool) {
+        let mut group = 0;
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            *l = if sliding(i) {
+                LayerSpec { global_group: None, writes_global: false, local: true }
+            } else {
+                group += 1;
+                LayerSpec { global_group: Some(group - 1), writes_global: true, local: false }
+            };
+        }
+        self.window = window;
+    }
+
     /// Whether any layer owns a local ring.
     pub fn has_local(&self) -> bool {
         self.layers.iter().any(|l| l.local)

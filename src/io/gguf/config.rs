@@ -3,7 +3,7 @@
 
 use super::{GgufFile, Value};
 use crate::error::{Error, Result};
-use crate::model::config::{check_file_dims, LayerSpec, MlpKind, ModelConfig, MoeConfig};
+use crate::model::config::{check_file_dims, MlpKind, ModelConfig, MoeConfig};
 use crate::model::family::Family;
 use crate::model::rope::{yarn_mscale, RopeScaling};
 
@@ -89,17 +89,7 @@ impl GgufFile {
             "gpt-oss" => {
                 // llama.cpp's gpt-oss: even layers slide (its swa pattern 2), biases on q/k/v/o
                 // and the experts, a sink per head, the clamped SwiGLU (SWIGLU_OAI: 1.702, 7)
-                let window = self.need_u(&p("attention.sliding_window"))?;
-                let mut group = 0;
-                for (i, l) in c.layers.iter_mut().enumerate() {
-                    *l = if i % 2 == 1 {
-                        group += 1;
-                        LayerSpec { global_group: Some(group - 1), writes_global: true, local: false }
-                    } else {
-                        LayerSpec { global_group: None, writes_global: false, local: true }
-                    };
-                }
-                c.window = window;
+                c.set_sliding(self.need_u(&p("attention.sliding_window"))?, |i| i % 2 == 0);
                 if let Some(base) = self.get(&p("rope.freq_base_swa")).and_then(Value::as_f64) {
                     c.rope_theta_local = base as f32;
                 }
@@ -115,18 +105,8 @@ impl GgufFile {
                 // base 1e4; Gemma 2: even layers slide, one RoPE; norms stored as 1 + w already
                 // (the converter adds the 1), so plain `w`
                 let gemma2 = arch == "gemma2";
-                let window = self.need_u(&p("attention.sliding_window"))?;
                 let period = if gemma2 { 2 } else { 6 };
-                let mut group = 0;
-                for (i, l) in c.layers.iter_mut().enumerate() {
-                    *l = if (i + 1) % period == 0 {
-                        group += 1;
-                        LayerSpec { global_group: Some(group - 1), writes_global: true, local: false }
-                    } else {
-                        LayerSpec { global_group: None, writes_global: false, local: true }
-                    };
-                }
-                c.window = window;
+                c.set_sliding(self.need_u(&p("attention.sliding_window"))?, |i| (i + 1) % period != 0);
                 if !gemma2 {
                     c.rope_theta_local = 10000.0;
                     c.rope_scaling_local = None;

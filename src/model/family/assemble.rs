@@ -34,8 +34,9 @@ impl Tensor {
 
 /// `n` stacked row-major `[a, b]` matrices, each transposed to `[b, a]` (a stack of transposes
 /// and the stack of their rows are each other's).
-pub fn transpose_stack<T: Copy + Default>(n: usize, a: usize, b: usize, values: &[T]) -> Vec<T> {
-    let mut out = vec![T::default(); values.len()];
+pub fn transpose_stack<T: Copy>(n: usize, a: usize, b: usize, values: &[T]) -> Vec<T> {
+    // (every element is written below: the copy only sizes the result)
+    let mut out = values.to_vec();
     for (e, m) in values.chunks_exact((a * b).max(1)).take(n).enumerate() {
         for (i, row) in m.chunks_exact(b.max(1)).enumerate() {
             for (j, &v) in row.iter().enumerate() {

@@ -378,6 +378,21 @@ mod tests {
     use crate::model::rope::RopeScaling;
     use crate::model::weights::ModelWeights;
 
+    /// `w`'s tensors under each naming, as a file of it holds them (`tensors_of`), assemble back
+    /// into `w`: every name has its values and every value its place.
+    fn round_trips(w: &ModelWeights, namings: &[Naming]) {
+        for &naming in namings {
+            let names = tensor_names(&w.cfg, naming);
+            let values = tensors_of(w, naming);
+            assert_eq!(values.len(), names.len(), "{naming:?}: every name has its values");
+            let back = assemble(&w.cfg, &names, &mut |t| {
+                Tensor::from_file_values(t, values.iter().find(|(n, _)| n.name == t.name).unwrap().1.clone())
+            })
+            .unwrap();
+            assert_eq!(&back, w, "{naming:?}");
+        }
+    }
+
     /// Phi-3's shape: fused q/k/v and gate/up in its files, 12 of 16 dimensions rotated.
     fn phi3() -> ModelConfig {
         let mut c = ModelConfig::llama(64, 32, 2, 1, 16, 24, 2, 10000.0, 1e-6, false);
@@ -422,17 +437,7 @@ mod tests {
     fn a_moe_model_round_trips_per_expert_and_stacked_names() {
         let cfg = qwen2_moe();
         let w = ModelWeights::random(&cfg, 7).unwrap();
-        for naming in [Naming::Kvdecode, Naming::HuggingFace("model."), Naming::Gguf] {
-            let names = tensor_names(&cfg, naming);
-            let values = tensors_of(&w, naming);
-            assert_eq!(values.len(), names.len(), "{naming:?}: every name has its values");
-            let back = assemble(&cfg, &names, &mut |t| {
-                let v = &values.iter().find(|(n, _)| n.name == t.name).unwrap().1;
-                Tensor::from_file_values(t, v.clone())
-            })
-            .unwrap();
-            assert_eq!(back, w, "{naming:?}");
-        }
+        round_trips(&w, &[Naming::Kvdecode, Naming::HuggingFace("model."), Naming::Gguf]);
         // expert 3's up projection of layer 2 is rows (4 + 3) * 8 .. of its stacked mlp_in
         let hf = tensors_of(&w, Naming::HuggingFace("model."));
         let up = &hf.iter().find(|(t, _)| t.name == "model.layers.2.mlp.experts.3.up_proj.weight").unwrap().1;
@@ -471,16 +476,8 @@ mod tests {
     fn gpt_oss_round_trips_its_transposed_interleaved_experts() {
         let cfg = gpt_oss();
         let w = ModelWeights::random(&cfg, 7).unwrap();
-        for naming in [Naming::Kvdecode, Naming::HuggingFace("model.")] {
-            let names = tensor_names(&cfg, naming);
-            let values = tensors_of(&w, naming);
-            assert_eq!(values.len(), names.len(), "{naming:?}: every name has its values");
-            let back = assemble(&cfg, &names, &mut |t| {
-                Tensor::from_file_values(t, values.iter().find(|(n, _)| n.name == t.name).unwrap().1.clone())
-            })
-            .unwrap();
-            assert_eq!(back, w, "{naming:?}");
-        }
+        // (no GGUF: llama.cpp's converter splits the experts; tests/llamacpp.rs reads its files)
+        round_trips(&w, &[Naming::Kvdecode, Naming::HuggingFace("model.")]);
         // layer 1, expert 2: file [E, d, 2F]; its column 2j is gate j (mlp_in row 2 * 8 + j), 2j + 1
         // up j (row (4 + 2) * 8 + j)
         let hf = tensors_of(&w, Naming::HuggingFace("model."));
@@ -499,21 +496,11 @@ mod tests {
         let cfg = phi3();
         cfg.validate().unwrap();
         let w = ModelWeights::random(&cfg, 7).unwrap();
-        for naming in [Naming::Kvdecode, Naming::HuggingFace("model."), Naming::Gguf] {
+        round_trips(&w, &[Naming::Kvdecode, Naming::HuggingFace("model."), Naming::Gguf]);
+        for naming in [Naming::HuggingFace("model."), Naming::Gguf] {
             let names = tensor_names(&cfg, naming);
-            let values = tensors_of(&w, naming);
-            assert_eq!(values.len(), names.len(), "{naming:?}: every name has its values");
-            if naming != Naming::Kvdecode {
-                let qkv =
-                    names.iter().find(|t| t.name.ends_with("qkv_proj.weight") || t.name.ends_with("attn_qkv.weight"));
-                assert_eq!(qkv.map(|t| t.places.len()), Some(3), "{naming:?}: q, k and v of one tensor");
-            }
-            let back = assemble(&cfg, &names, &mut |t| {
-                let v = &values.iter().find(|(n, _)| n.name == t.name).unwrap().1;
-                Tensor::from_file_values(t, v.clone())
-            })
-            .unwrap();
-            assert_eq!(back, w, "{naming:?}");
+            let qkv = names.iter().find(|t| t.name.ends_with("qkv_proj.weight") || t.name.ends_with("attn_qkv.weight"));
+            assert_eq!(qkv.map(|t| t.places.len()), Some(3), "{naming:?}: q, k and v of one tensor");
         }
         // file dimension 6 pairs with 0 (rot/2 = 6 apart); kvdecode keeps it at 8 (head_dim/2 apart)
         let hf = tensors_of(&w, Naming::HuggingFace("model."));
