@@ -7,11 +7,17 @@
 //
 // A workgroup is one token and a tile of outputs. It first computes the token's A x for every
 // target of the dispatch into workgroup memory, 8 ranks at a time: each lane sums the inputs
-// k = lane, lane + WG, ... in order (neighbouring lanes read neighbouring values), then one lane
-// per rank adds the WG lanes' sums in lane order. Then each lane sums OUTS_PER_LANE outputs over
-// the rank in order (B as PEFT stores it, an output's rank values side by side: a trainer's push
-// is written as it comes). Every sum has a fixed order that depends on nothing but the shapes: a
+// four at a time, k = 4 lane, 4 (lane + WG), ... in order (neighbouring lanes read neighbouring
+// vec4s; every input width is a multiple of 4), its four sums added last as (x + y) + (z + w),
+// then one lane per rank adds the WG lanes' sums in lane order. Then each lane sums OUTS_PER_LANE
+// outputs over the rank in order (B as PEFT stores it, an output's rank values side by side: a
+// trainer's push is written as it comes; four at a time where the module's rank is a multiple of
+// 4). Every sum has a fixed order that depends on nothing but the shapes and the module's rank: a
 // row's bits are the same in any batch, with any adapters beside it, in any chunking.
+//
+// The vec4 reads are why: a CPU adapter (lavapipe) gathers a lane's loads one by one, and a GPU
+// coalesces 16-byte loads, so four values a load cost a third of the loads of one a load. With
+// AB_HALF the values are halves (EngineOptions::lora_dtype): the same sums of the rounded values.
 
 override K: u32;              // input features
 override X_STRIDE: u32;       // floats per token row of x
@@ -29,6 +35,7 @@ override SLOT_FLOATS: u32;    // floats per adapter slot in `ab`
 override META0: u32;          // meta entry of (this layer, slot 0, the group's first target)
 override OUTS_PER_LANE: u32 = 16u;
 override WG: u32 = 64u;
+override AB_HALF: bool = false;  // A and B as halves, two to a u32 (EngineOptions::lora_dtype)
 
 const NO_ADAPTER: u32 = 0xffffffffu;
 
@@ -38,19 +45,40 @@ const NO_ADAPTER: u32 = 0xffffffffu;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;        // [R * C, Y_STRIDE]
 // per slot: A [GROUP_TARGETS, MAX_RANK, K], then per target room for B [its rows, MAX_RANK],
 // holding [its rows, rank] at the module's own rank
-@group(0) @binding(4) var<storage, read> ab: array<f32>;             // [slots, SLOT_FLOATS]
+// as u32s: f32 bits, or two halves each (AB_HALF). SLOT_FLOATS and MAX_RANK are multiples of 8
+// and K of 4, so every slot and A row starts on a whole vec4 of values, and so does every B row
+// of a rank a multiple of 4.
+@group(0) @binding(4) var<storage, read> ab: array<vec4<u32>>;       // [slots, SLOT_FLOATS / 4 or / 8]
 @group(0) @binding(5) var<storage, read> lora_meta: array<vec2<u32>>;     // [layers, slots, 7]: rank, scale bits
 
 // A whole number of them fits MAX_RANK, so every lane runs the same fixed loop (its sums stay in
 // registers) and reads only a slot's own rows; sums past the adapter's rank are dropped.
 const RANKS_AT_ONCE: u32 = 8u;
 
-// A x of each target: [TARGETS, MAX_RANK] (3 targets of rank 256 at most)
-var<workgroup> ax: array<f32, 768>;
+// A x of each target: [TARGETS, MAX_RANK] (3 targets of rank 256 at most), as vec4s of ranks
+var<workgroup> ax: array<vec4<f32>, 192>;
 // each lane's sums for RANKS_AT_ONCE ranks: [RANKS_AT_ONCE, WG] (WG at most 64)
 var<workgroup> partial: array<f32, 512>;
 // the token's slot and its targets' ranks, read by one lane for the whole workgroup
 var<workgroup> head: vec4<u32>;
+
+// Values `i .. i + 4` of `ab` (i a multiple of 4).
+fn ab4(i: u32) -> vec4<f32> {
+    if AB_HALF {
+        let w = ab[i / 8u];
+        let pair = select(w.xy, w.zw, (i / 4u) % 2u == 1u);
+        return vec4<f32>(unpack2x16float(pair.x), unpack2x16float(pair.y));
+    }
+    return bitcast<vec4<f32>>(ab[i / 4u]);
+}
+
+// Value `i` of `ab` (B rows of ranks not a multiple of 4).
+fn ab1(i: u32) -> f32 {
+    if AB_HALF {
+        return unpack2x16float(ab[i / 8u][(i / 2u) % 4u])[i % 2u];
+    }
+    return bitcast<f32>(ab[i / 4u][i % 4u]);
+}
 
 // The rows of the dispatch's target i, and how many of its outputs come before them.
 fn target_rows(i: u32) -> vec2<u32> {
@@ -89,15 +117,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let count = min(RANKS_AT_ONCE, rank - j0);
             // initialised here, explicitly: Chromium (Tint) zeroed an uninitialised one only once,
             // so the second group of ranks started from the first one's sums
-            var acc = array<f32, RANKS_AT_ONCE>();
-            for (var k = lane; k < K; k += WG) {
-                let v = x[x0 + k];
+            var acc = array<vec4<f32>, RANKS_AT_ONCE>();
+            for (var k4 = lane; k4 < K / 4u; k4 += WG) {
+                let k = 4u * k4;
+                let v = vec4<f32>(x[x0 + k], x[x0 + k + 1u], x[x0 + k + 2u], x[x0 + k + 3u]);
                 for (var c = 0u; c < RANKS_AT_ONCE; c++) {
-                    acc[c] = fma(ab[a0 + c * K + k], v, acc[c]);
+                    acc[c] = fma(ab4(a0 + c * K + k), v, acc[c]);
                 }
             }
             for (var c = 0u; c < RANKS_AT_ONCE; c++) {
-                partial[c * WG + lane] = acc[c];
+                partial[c * WG + lane] = (acc[c].x + acc[c].y) + (acc[c].z + acc[c].w);
             }
             workgroupBarrier();
             if lane < count {
@@ -105,7 +134,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 for (var l = 0u; l < WG; l++) {
                     sum += partial[lane * WG + l];
                 }
-                ax[i * MAX_RANK + j0 + lane] = sum;
+                let at = i * MAX_RANK + j0 + lane;
+                ax[at / 4u][at % 4u] = sum;
             }
             workgroupBarrier();
         }
@@ -121,8 +151,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let rows = target_rows(i);
         let b0 = base + a_floats + (B_ROW0 + rows.y) * MAX_RANK + (o - rows.y) * m.x;
         var acc = 0.0;
-        for (var j = 0u; j < m.x; j++) {
-            acc = fma(ab[b0 + j], ax[i * MAX_RANK + j], acc);
+        if m.x % 4u == 0u {
+            var acc4 = vec4<f32>(0.0);
+            for (var j4 = 0u; j4 < m.x / 4u; j4++) {
+                acc4 = fma(ab4(b0 + 4u * j4), ax[i * (MAX_RANK / 4u) + j4], acc4);
+            }
+            acc = (acc4.x + acc4.y) + (acc4.z + acc4.w);
+        } else {
+            for (var j = 0u; j < m.x; j++) {
+                let at = i * MAX_RANK + j;
+                acc = fma(ab1(b0 + j), ax[at / 4u][at % 4u], acc);
+            }
         }
         let at = n * Y_STRIDE + Y_OFFSET + o;
         y[at] = fma(bitcast<f32>(m.y), acc, y[at]);  // fma: see dot_fma in common.wgsl

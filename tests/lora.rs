@@ -140,13 +140,19 @@ fn unsupported_adapters_are_refused_by_name() {
 
 use common::gpu;
 use kvdecode::model::quant::QuantKind;
-use kvdecode::{Engine, EngineOptions, InFlight, Sleep};
+use kvdecode::{Engine, EngineOptions, InFlight, Sleep, WeightDtype};
 
 /// An engine of `w` with `slots` adapter slots of rank up to 64, `rows` rows of 320 positions.
 fn engine(w: &ModelWeights, rows: usize, slots: usize) -> Engine {
+    engine_holding(w, rows, slots, WeightDtype::F32)
+}
+
+/// The same, its slots holding A and B as `dtype`.
+fn engine_holding(w: &ModelWeights, rows: usize, slots: usize, dtype: WeightDtype) -> Engine {
     let opts = EngineOptions {
         max_loras: slots,
         max_lora_rank: 64,
+        lora_dtype: dtype,
         beyond_trained_context: true,
         ..EngineOptions::new(rows, 320)
     };
@@ -291,14 +297,19 @@ fn update_lora_equals_a_fresh_load_and_bad_updates_change_nothing() {
         (edited(&|t| t.2[5] = f32::INFINITY), "not finite"),
         ([pushed.clone(), pushed[..1].to_vec()].concat(), "given twice"),
     ];
-    for (label, w) in [("f32", base("llama")), ("q4_1", base("llama").quantized(QuantKind::Q4_1).unwrap())] {
+    let cases = [
+        ("f32", base("llama"), WeightDtype::F32),
+        ("q4_1", base("llama").quantized(QuantKind::Q4_1).unwrap(), WeightDtype::F32),
+        ("f16 adapters", base("llama"), WeightDtype::F16),
+    ];
+    for (label, w, dtype) in cases {
         let old = LoraAdapter::from_peft(&config, &views(&tensors), &w.cfg).unwrap();
         let new = LoraAdapter::from_peft(&config, &views(&merged), &w.cfg).unwrap();
-        let mut fresh = engine(&w, 1, 1);
+        let mut fresh = engine_holding(&w, 1, 1, dtype);
         fresh.load_lora("a", &new).unwrap();
         fresh.set_adapter(0, Some("a")).unwrap();
         let want = all_positions(&mut fresh, 0, &prompt, 40);
-        let mut e = engine(&w, 4, 2);
+        let mut e = engine_holding(&w, 4, 2, dtype);
         e.load_lora("a", &old).unwrap();
         e.load_lora("b", &old).unwrap();
         for (row, a) in [(0, "a"), (1, "b"), (2, "a"), (3, "b")] {
@@ -307,7 +318,10 @@ fn update_lora_equals_a_fresh_load_and_bad_updates_change_nothing() {
         let half = side_by_side(&mut e, &[0, 1], &[prompt[..20].to_vec(), prompt[..20].to_vec()], 20);
         assert!(half[0] == half[1], "{label}: two slots of one adapter give the same bits");
         let probe = all_positions(&mut e, 2, &prompt, 40);
-        for (tensors, want_err) in &bad {
+        // halves hold at most 65504: beyond, an f16 engine refuses the value (an f32 one takes it)
+        let beyond_half = (edited(&|t| t.2[5] = 1e5), "beyond the largest half");
+        for (tensors, want_err) in bad.iter().chain(std::iter::once(&beyond_half).filter(|_| dtype == WeightDtype::F16))
+        {
             let err = e.update_lora("a", &views(tensors), InFlight::Recompute).unwrap_err().to_string();
             assert!(err.contains(want_err), "{label}: {want_err}: {err}");
         }
@@ -485,4 +499,39 @@ fn gguf_lora_files_read_as_the_peft_adapter() {
     let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/gguf/llama-f32-chatml.gguf");
     let err = open_lora(&model, &base("llama").cfg).unwrap_err().to_string();
     assert!(err.contains("not a LoRA adapter GGUF"), "{err}");
+}
+
+/// Adapters held in f16 (`EngineOptions::lora_dtype`): the GPU gives the CPU reference of the
+/// adapter's values rounded to halves, at every position and whatever the batch beside it (the
+/// products add in f32 either way), and a value beyond the largest half is refused at load.
+#[test]
+fn half_adapters_give_the_reference_of_their_rounded_values() {
+    let w = base("llama");
+    let dir = fixtures().join("lora/llama-r8");
+    let adapter = LoraAdapter::from_peft_dir(&dir, &w.cfg).unwrap();
+    let mut rounded = adapter.clone();
+    for m in rounded.layers.iter_mut().flatten().flatten() {
+        for v in m.a.iter_mut().chain(&mut m.b) {
+            *v = half::f16::from_f32(*v).to_f32();
+        }
+    }
+    let tokens = &npy::read(dir.join("tokens.npy")).unwrap().to_u32().unwrap()[..80];
+    let want = reference::forward_with(&w, tokens, RefOptions { lora: Some(&rounded), ..Default::default() }).unwrap();
+    let unrounded =
+        reference::forward_with(&w, tokens, RefOptions { lora: Some(&adapter), ..Default::default() }).unwrap();
+    let mut e = engine_holding(&w, 2, 2, WeightDtype::F16);
+    e.load_lora("a", &adapter).unwrap();
+    e.set_adapter(1, Some("a")).unwrap();
+    let d = max_abs_diff(&all_positions(&mut e, 1, tokens, 30), &want);
+    println!(
+        "f16 adapter vs the reference of its rounded values {d:.1e} (the rounding moves the reference {:.1e})",
+        max_abs_diff(&want, &unrounded)
+    );
+    assert!(d <= 1e-4, "{d}");
+    assert_eq!(e.lora("a"), Some(&adapter), "the engine keeps the values as given");
+    let mut huge = adapter.clone();
+    huge.layers[1][0].as_mut().unwrap().b[3] = -7e4;
+    let err = e.load_lora("huge", &huge).unwrap_err().to_string();
+    assert!(err.contains("beyond the largest half") && err.contains("block 1"), "{err}");
+    assert_eq!(e.loras(), [("a".to_string(), 0)], "a refused load takes no slot");
 }

@@ -1,6 +1,7 @@
 //! `kvdecode bench --tables lora`: LoRA adapters on every linear layer (rank `--lora-rank`),
-//! in one run: the GPU time of a decode step with rows spread over 4 adapters against the base
-//! model (an engine without adapter slots) and against an engine with slots whose rows use none;
+//! in one run: the GPU time of a decode step with rows spread over 4 adapters (held in f32, then
+//! in f16) against the base model (an engine without adapter slots) and against an engine with
+//! slots whose rows use none;
 //! then an adapter update (every A and B by PEFT's names) against `queue.write_buffer` of the
 //! same bytes.
 
@@ -21,6 +22,7 @@ fn step_ms(
     dtype: WeightDtype,
     rows: usize,
     slots: &[LoraAdapter],
+    lora_dtype: WeightDtype,
     steps: usize,
 ) -> Result<f64> {
     let ctx = 128;
@@ -30,6 +32,7 @@ fn step_ms(
         beyond_trained_context: true,
         max_loras: slots.len(),
         max_lora_rank: rank,
+        lora_dtype,
         ..EngineOptions::new(rows, ctx + steps + 3)
     };
     let mut e = Engine::new(gpu, model, opts)?;
@@ -77,18 +80,26 @@ pub fn lora_table(
         "\nLoRA on every linear layer, rank {rank} ({params} parameters an adapter; context 128; GPU ms per decode step by \
          timestamp queries, median of {steps}; rows spread over {ADAPTERS} adapters)"
     );
-    println!("| rows | base ms / step | slots, no adapter ms | {ADAPTERS} adapters ms | adapters / base |");
-    println!("|---:|---:|---:|---:|---:|");
+    println!(
+        "| rows | base ms / step | slots, no adapter ms | {ADAPTERS} adapters ms | adapters / base | {ADAPTERS} adapters in f16 ms \
+         | f16 adapters / base |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mut steps_out = Vec::new();
+    let f32 = WeightDtype::F32;
     for &rows in rows_list {
-        let base = step_ms(gpu, model, dtype, rows, &[], steps)?;
+        let base = step_ms(gpu, model, dtype, rows, &[], f32, steps)?;
         // one slot, unused: what having slots costs (the norm and activation unfused)
-        let idle = step_ms(gpu, model, dtype, rows, &adapters[..1], steps)?;
-        let with = step_ms(gpu, model, dtype, rows, &adapters, steps)?;
-        println!("| {rows} | {base:.2} | {idle:.2} | {with:.2} | {:.2} |", with / base);
-        steps_out.push(
-            json!({"rows": rows, "base_ms": base, "slots_idle_ms": idle, "adapters_ms": with, "ratio": with / base}),
+        let idle = step_ms(gpu, model, dtype, rows, &adapters[..1], f32, steps)?;
+        let with = step_ms(gpu, model, dtype, rows, &adapters, f32, steps)?;
+        let half = step_ms(gpu, model, dtype, rows, &adapters, WeightDtype::F16, steps)?;
+        println!(
+            "| {rows} | {base:.2} | {idle:.2} | {with:.2} | {:.2} | {half:.2} | {:.2} |",
+            with / base,
+            half / base
         );
+        steps_out.push(json!({"rows": rows, "base_ms": base, "slots_idle_ms": idle, "adapters_ms": with,
+            "ratio": with / base, "adapters_f16_ms": half, "ratio_f16": half / base}));
     }
     // an update of every tensor against the floor: write_buffer of the same bytes
     let pushed = random(7);

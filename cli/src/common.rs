@@ -66,7 +66,8 @@ fn parse_kv(s: &str) -> std::result::Result<KvDtype, String> {
     KvDtype::parse(s).map_err(|e| e.to_string())
 }
 
-fn parse_weights(s: &str) -> std::result::Result<WeightDtype, String> {
+/// `f32` or `f16`, for the weights and the adapters' values.
+pub(crate) fn parse_weights(s: &str) -> std::result::Result<WeightDtype, String> {
     match s {
         "f32" => Ok(WeightDtype::F32),
         "f16" => Ok(WeightDtype::F16),

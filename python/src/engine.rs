@@ -197,11 +197,12 @@ fn kv_dtype(name: &str) -> PyResult<kvdecode::KvDtype> {
     kvdecode::KvDtype::parse(name).map_err(to_py)
 }
 
-fn weight_dtype(name: &str) -> PyResult<kvdecode::WeightDtype> {
+/// The dtype `name` of the keyword `what` (`weights`, `lora_dtype`).
+fn weight_dtype(what: &str, name: &str) -> PyResult<kvdecode::WeightDtype> {
     match name {
         "f32" => Ok(kvdecode::WeightDtype::F32),
         "f16" => Ok(kvdecode::WeightDtype::F16),
-        other => Err(invalid(format!("weights: {other:?} is not f32 or f16"))),
+        other => Err(invalid(format!("{what}: {other:?} is not f32 or f16"))),
     }
 }
 
@@ -220,7 +221,7 @@ impl Engine {
 impl Engine {
     #[new]
     #[pyo3(signature = (model, rows, max_len, *, kv="f32", weights="f32", rollback=8, beyond_trained_context=false,
-        block_len=16, pool_blocks=None, prompt_cache=true, record_routes=false, max_loras=0, max_lora_rank=16))]
+        block_len=16, pool_blocks=None, prompt_cache=true, record_routes=false, max_loras=0, max_lora_rank=16, lora_dtype="f32"))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         py: Python<'_>,
@@ -237,10 +238,11 @@ impl Engine {
         record_routes: bool,
         max_loras: usize,
         max_lora_rank: usize,
+        lora_dtype: &str,
     ) -> PyResult<Self> {
         let opts = kvdecode::EngineOptions {
             kv: kv_dtype(kv)?,
-            weights: weight_dtype(weights)?,
+            weights: weight_dtype("weights", weights)?,
             rollback,
             beyond_trained_context,
             block_len,
@@ -249,6 +251,7 @@ impl Engine {
             record_routes,
             max_loras,
             max_lora_rank,
+            lora_dtype: weight_dtype("lora_dtype", lora_dtype)?,
             ..kvdecode::EngineOptions::new(rows, max_len)
         };
         let gpu = default_gpu(py)?;

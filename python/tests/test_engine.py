@@ -565,3 +565,13 @@ def test_lora_from_a_folder_or_a_state_dict_and_pushed_by_a_trainer():
     with pytest.raises(kvdecode.Error, match="not finite"):
         engine.update_lora("dict", {k: v * np.nan for k, v in pushed.items()})
     assert engine.loras == [("dir", 0), ("dict", 1)]
+    # adapters held in f16: their rounding moves the logits by about 4e-4 from PEFT's f32 ones
+    # (tests/lora.rs holds them to the reference of their rounded values); an unknown dtype is
+    # named
+    half = kvdecode.Engine(model, rows=1, max_len=64, max_loras=1, lora_dtype="f16")
+    half.load_lora("dir", d)
+    half.set_adapter(0, "dir")
+    moved = np.abs(half.append(tokens[None])[0] - want).max()
+    assert 0 < moved <= 2e-3, moved
+    with pytest.raises(kvdecode.InvalidInput, match="lora_dtype"):
+        kvdecode.Engine(model, rows=1, max_len=64, max_loras=1, lora_dtype="bf16")

@@ -115,7 +115,11 @@ impl Engine {
         }
         // what the engine will hold, before anything is allocated (activations are small beside it)
         let weight_bytes = crate::gpu::weights::bytes_needed(weights, opts.weights)
-            + if opts.max_loras > 0 { GpuLora::bytes_needed(&cfg, opts.max_loras, opts.max_lora_rank) } else { 0 };
+            + if opts.max_loras > 0 {
+                GpuLora::bytes_needed(&cfg, opts.max_loras, opts.max_lora_rank, opts.lora_dtype)
+            } else {
+                0
+            };
         let kv_bytes = KvCache::bytes_needed(&cfg, &opts.cache());
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         gpu.check_budget(
@@ -132,7 +136,7 @@ impl Engine {
         let cache = KvCache::new(gpu, &cfg, opts.cache())?;
         let mut gw = GpuWeights::upload(gpu, weights, opts.weights)?;
         if opts.max_loras > 0 {
-            gw.lora = Some(GpuLora::new(gpu, &cfg, opts.max_loras, opts.max_lora_rank)?);
+            gw.lora = Some(GpuLora::new(gpu, &cfg, opts.max_loras, opts.max_lora_rank, opts.lora_dtype)?);
         }
         let rows = opts.rows;
         let (d, hd, kvd) = (cfg.d_model, cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim);

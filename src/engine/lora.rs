@@ -178,6 +178,13 @@ impl Engine {
         let resident = self.lora.slots[slot].as_ref().expect("found above");
         let plan = resident.adapter.plan_update(tensors, &self.cfg)?;
         let g = self.weights.lora.as_ref().expect("a loaded adapter has slots");
+        for u in plan.iter().filter(|_| g.half) {
+            for values in u.a.iter().chain(&u.b) {
+                let what = format!("update: adapter module {:?} of block {}", u.target, u.layer);
+                let floats = values.bytes().chunks_exact(4).map(|v| f32::from_le_bytes([v[0], v[1], v[2], v[3]]));
+                g.check_half_range(&what, floats)?;
+            }
+        }
         let bytes: u64 = plan
             .iter()
             .map(|u| {
@@ -272,6 +279,7 @@ impl Builder<'_> {
             max_rank: g.stride_rank,
             slot_floats: buf.slot_floats,
             meta0: layer * g.slots * LoraTarget::ALL.len() + group.targets()[0] as usize,
+            half: g.half,
         };
         let s = self.s;
         Some(self.dispatch(&spec, &[&s.step, &s.row_info, x, y, &buf.buffer, &g.meta], Grid::TokenTiles(spec.tiles())))

@@ -73,6 +73,11 @@ pub struct EngineOptions {
     /// The largest rank a slot holds (16 by default, at most [`crate::MAX_LORA_RANK`]): every
     /// slot takes room for this rank on every projection.
     pub max_lora_rank: usize,
+    /// How the slots hold each adapter's A and B: [`WeightDtype::F32`] (the default: the values
+    /// as given) or [`WeightDtype::F16`] (each value rounded to the nearest half, as the engine's
+    /// f16 weights are: half the memory and half the bytes a step reads and an update writes;
+    /// the products still add in f32). [`Engine::lora`] keeps the values as given either way.
+    pub lora_dtype: WeightDtype,
     /// Split each chunk's GPU work into submissions of at most this many dispatches; 0 (the
     /// default): one submission. Inside a [`crate::Pending`], each poll then submits one part,
     /// so a window drawing on the same device gets its frames in between: a device that runs
@@ -115,6 +120,7 @@ impl EngineOptions {
             record_routes: false,
             max_loras: 0,
             max_lora_rank: 16,
+            lora_dtype: WeightDtype::F32,
             dispatches_per_submit: 0,
             split_sampling: None,
         }

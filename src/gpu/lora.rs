@@ -1,11 +1,13 @@
 //! LoRA adapters on the GPU: room for `slots` adapters of rank up to `max_rank`, set at
 //! `Engine::new`, as one buffer per block and input group (the targets that read one input: q, k
 //! and v; o; gate and up; down) and one table of each slot's rank and scale per target. A slot's
-//! `A` and `B` stay in f32 beside the base weights, which are never changed, so a quantized base
-//! stays quantized and exact. `lora.wgsl` reads this layout.
+//! `A` and `B` stay in f32 (or f16, `EngineOptions::lora_dtype`) beside the base weights, which
+//! are never changed, so a quantized base stays quantized and exact. `lora.wgsl` reads this
+//! layout.
 
 use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
+use crate::gpu::weights::WeightDtype;
 use crate::model::config::ModelConfig;
 use crate::model::lora::{adapts_mlp, LoraAdapter, LoraModule, LoraTarget};
 
@@ -15,6 +17,14 @@ pub(crate) const NO_ADAPTER: u32 = u32::MAX;
 /// The largest rank a slot can hold (`lora.wgsl` keeps three targets' `A x` of this rank in
 /// workgroup memory).
 pub const MAX_LORA_RANK: usize = 256;
+
+/// Bytes a slot's value takes on the GPU.
+fn value_bytes(dtype: WeightDtype) -> usize {
+    match dtype {
+        WeightDtype::F32 => 4,
+        WeightDtype::F16 => 2,
+    }
+}
 
 /// The targets that read one input, in [`LoraTarget::ALL`]'s order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +110,8 @@ pub(crate) struct GpuLora {
     pub(crate) stride_rank: usize,
     /// `[layers, slots, 7]` of (rank, scale bits); rank 0: the slot leaves that target alone.
     pub(crate) meta: wgpu::Buffer,
+    /// A and B as halves, two to a u32 (`EngineOptions::lora_dtype`), else f32.
+    pub(crate) half: bool,
     /// Per block, per [`LoraGroup::ALL`]: `None` where the block has no such projections to adapt
     /// (a mixture of experts' MLP).
     pub(crate) layers: Vec<[Option<GroupBuffer>; 4]>,
@@ -115,17 +127,17 @@ fn group_shape(cfg: &ModelConfig, layer: usize, group: LoraGroup) -> Option<(usi
 }
 
 impl GpuLora {
-    /// Bytes `slots` adapters of `max_rank` take on the GPU.
-    pub(crate) fn bytes_needed(cfg: &ModelConfig, slots: usize, max_rank: usize) -> u64 {
+    /// Bytes `slots` adapters of `max_rank` take on the GPU, their values of `dtype`.
+    pub(crate) fn bytes_needed(cfg: &ModelConfig, slots: usize, max_rank: usize, dtype: WeightDtype) -> u64 {
         let floats: usize = (0..cfg.layers.len())
             .flat_map(|l| LoraGroup::ALL.map(|g| group_shape(cfg, l, g)))
             .flatten()
             .map(|(k, rows)| slots * GroupBuffer::floats(k, &rows, max_rank.next_multiple_of(8)))
             .sum();
-        (floats + cfg.layers.len() * slots * 14) as u64 * 4
+        (floats * value_bytes(dtype) + cfg.layers.len() * slots * 14 * 4) as u64
     }
 
-    pub(crate) fn new(gpu: &Gpu, cfg: &ModelConfig, slots: usize, max_rank: usize) -> Result<Self> {
+    pub(crate) fn new(gpu: &Gpu, cfg: &ModelConfig, slots: usize, max_rank: usize, dtype: WeightDtype) -> Result<Self> {
         if max_rank == 0 || max_rank > MAX_LORA_RANK {
             return Err(Error::Limit(format!("max_lora_rank {max_rank}: it must be 1 to {MAX_LORA_RANK}")));
         }
@@ -137,13 +149,13 @@ impl GpuLora {
                     let Some((k, rows)) = group_shape(cfg, l, g) else { return Ok(None) };
                     let slot_floats = GroupBuffer::floats(k, &rows, stride_rank);
                     let label = format!("LoRA block {l} {} ({slots} slots of rank {max_rank})", g.name());
-                    let buffer = gpu.storage(&label, (slots * slot_floats * 4) as u64)?;
+                    let buffer = gpu.storage(&label, (slots * slot_floats * value_bytes(dtype)) as u64)?;
                     Ok(Some(GroupBuffer { buffer, k, rows, slot_floats }))
                 };
                 Ok([group(LoraGroup::AttnIn)?, group(LoraGroup::O)?, group(LoraGroup::MlpIn)?, group(LoraGroup::Down)?])
             })
             .collect::<Result<_>>()?;
-        Ok(GpuLora { slots, max_rank, stride_rank, meta, layers })
+        Ok(GpuLora { slots, max_rank, stride_rank, meta, half: dtype == WeightDtype::F16, layers })
     }
 
     /// Every module of `adapter` fits a slot and block `cfg` has its projection; every value is
@@ -165,10 +177,29 @@ impl GpuLora {
                             "adapter module {target:?} of block {l}: the value {v} is not finite"
                         )));
                     }
+                    self.check_half_range(
+                        &format!("adapter module {target:?} of block {l}"),
+                        m.a.iter().chain(&m.b).copied(),
+                    )?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Where the slots hold halves, every one of `values` rounds to a finite half (at most
+    /// 65504 in magnitude, as f16 weights are held): `what` names them in the error.
+    pub(crate) fn check_half_range(&self, what: &str, mut values: impl Iterator<Item = f32>) -> Result<()> {
+        if !self.half {
+            return Ok(());
+        }
+        match values.find(|v| !half::f16::from_f32(*v).is_finite()) {
+            Some(v) => Err(Error::Weights(format!(
+                "{what}: the value {v} is beyond the largest half (65504), and this engine holds adapters \
+                 in f16 (EngineOptions::lora_dtype)"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Module `m` of `target` in block `l` fits a slot and the block has its projection (its
@@ -218,12 +249,31 @@ impl GpuLora {
     /// Write module `m` ([`GpuLora::check_module`]ed) of `target` in block `l` into `slot`'s A
     /// and B (its rank and scale: [`GpuLora::write_meta`]). Returns the bytes written.
     pub(crate) fn write_module(&self, gpu: &Gpu, slot: usize, l: usize, target: LoraTarget, m: &LoraModule) -> u64 {
-        let (q, r) = (&gpu.queue, self.stride_rank);
+        let r = self.stride_rank;
         let (g, i) = LoraGroup::of(target);
         let Some(buf) = &self.layers[l][g as usize] else { return 0 };
-        q.write_buffer(&buf.buffer, buf.a_at(slot, i, r) as u64 * 4, bytemuck::cast_slice(&m.a));
-        q.write_buffer(&buf.buffer, buf.b_at(slot, i, r) as u64 * 4, bytemuck::cast_slice(&m.b));
-        (m.a.len() + m.b.len()) as u64 * 4
+        let mut bytes = 0;
+        for (values, at) in [(&m.a, buf.a_at(slot, i, r)), (&m.b, buf.b_at(slot, i, r))] {
+            bytes += self.write_values(gpu, &buf.buffer, at, bytemuck::cast_slice(values));
+        }
+        bytes
+    }
+
+    /// Write little-endian f32 `values` from float `at` of `buffer` on, as the slots hold them
+    /// (f32 as they come, or rounded to halves). Returns the bytes written.
+    fn write_values(&self, gpu: &Gpu, buffer: &wgpu::Buffer, at: usize, values: &[u8]) -> u64 {
+        if !self.half {
+            gpu.queue.write_buffer(buffer, at as u64 * 4, values);
+            return values.len() as u64;
+        }
+        // every A and B starts on an even float and holds an even count (a multiple of 4 input
+        // widths or output rows, times the rank), so the halves fill whole u32s
+        let halves: Vec<u8> = values
+            .chunks_exact(4)
+            .flat_map(|v| half::f16::from_f32(f32::from_le_bytes([v[0], v[1], v[2], v[3]])).to_le_bytes())
+            .collect();
+        gpu.queue.write_buffer(buffer, at as u64 * 2, &halves);
+        halves.len() as u64
     }
 
     /// Write an update's new halves of `target` in block `l` into `slot`, as little-endian f32
@@ -242,10 +292,9 @@ impl GpuLora {
         let Some(buf) = &self.layers[l][g as usize] else { return 0 };
         let r = self.stride_rank;
         let mut bytes = 0;
-        for (half, at) in [(a, buf.a_at(slot, i, r)), (b, buf.b_at(slot, i, r))] {
-            if let Some(half) = half {
-                gpu.queue.write_buffer(&buf.buffer, at as u64 * 4, half);
-                bytes += half.len() as u64;
+        for (values, at) in [(a, buf.a_at(slot, i, r)), (b, buf.b_at(slot, i, r))] {
+            if let Some(values) = values {
+                bytes += self.write_values(gpu, &buf.buffer, at, values);
             }
         }
         bytes

@@ -128,6 +128,10 @@ pub struct Args {
     /// The largest adapter rank a slot holds (default: 16, or the largest --lora's rank).
     #[arg(long)]
     max_lora_rank: Option<usize>,
+    /// How the slots hold adapters' A and B: f32 (as given) or f16 (rounded to halves: half the
+    /// memory and the bytes an update writes; the sums stay f32).
+    #[arg(long, default_value = "f32", value_parser = crate::common::parse_weights)]
+    lora_dtype: kvdecode::WeightDtype,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -240,6 +244,7 @@ pub fn router(a: &Args) -> Result<(Router, String, Gpu, usize)> {
         logit_bias_slots: bias_slots,
         max_loras: a.max_loras.unwrap_or(adapters.len()),
         max_lora_rank: a.max_lora_rank.unwrap_or(lora::largest_rank(&adapters).max(16)),
+        lora_dtype: a.lora_dtype,
         ..a.engine.options(a.rows, max_len)
     };
     let mut engine = Engine::new(&gpu, &weights, opts)?;

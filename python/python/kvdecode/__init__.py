@@ -278,6 +278,8 @@ class Engine:
             the prompt cache off.
         max_loras: LoRA adapters the engine holds at once (:meth:`load_lora`); 0: none.
         max_lora_rank: the largest adapter rank a slot holds (at most 256).
+        lora_dtype: how the slots hold adapters' A and B: ``"f32"`` (as given) or ``"f16"``
+            (rounded to halves: half the memory and the bytes an update writes; sums in f32).
 
     A row's results never depend on what else is in the batch or how its tokens were chunked
     (bit for bit). One engine is used from one thread at a time.
@@ -299,6 +301,7 @@ class Engine:
         record_routes: bool = False,
         max_loras: int = 0,
         max_lora_rank: int = 16,
+        lora_dtype: str = "f32",
     ):
         if not isinstance(model, Model):
             raise InvalidInput(f"invalid input: model: expected a kvdecode.Model, got {type(model).__name__}")
@@ -306,7 +309,7 @@ class Engine:
             model._m, rows, max_len, kv=kv, weights=weights, rollback=rollback,
             beyond_trained_context=beyond_trained_context, block_len=block_len, pool_blocks=pool_blocks,
             prompt_cache=prompt_cache, record_routes=record_routes, max_loras=max_loras,
-            max_lora_rank=max_lora_rank,
+            max_lora_rank=max_lora_rank, lora_dtype=lora_dtype,
         )
 
     def append(self, ids: Any, n_new: Any = None, rows: Any = None) -> np.ndarray:

@@ -122,7 +122,8 @@ class Engine:
     def __init__(self, model: Model, rows: int, max_len: int, *, kv: str = "f32", weights: str = "f32",
                  rollback: int = 8, beyond_trained_context: bool = False, block_len: int = 16,
                  pool_blocks: Optional[int] = None, prompt_cache: bool = True,
-                 record_routes: bool = False, max_loras: int = 0, max_lora_rank: int = 16) -> None: ...
+                 record_routes: bool = False, max_loras: int = 0, max_lora_rank: int = 16,
+                 lora_dtype: str = "f32") -> None: ...
     def append(self, ids: npt.NDArray[np.int64], n_new: Optional[List[int]] = None,
                rows: Optional[List[int]] = None) -> npt.NDArray[np.float32]: ...
     def append_sample(self, ids: npt.NDArray[np.int64], n_new: Optional[List[int]] = None,

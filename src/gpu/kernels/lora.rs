@@ -27,6 +27,8 @@ pub(crate) struct Lora {
     pub max_rank: usize,
     pub slot_floats: usize,
     pub meta0: usize,
+    /// A and B as halves, two to a u32.
+    pub half: bool,
 }
 
 impl Lora {
@@ -62,19 +64,22 @@ impl Specialize for Lora {
             .count("SLOT_FLOATS", self.slot_floats)
             .count("META0", self.meta0)
             .count("OUTS_PER_LANE", LORA_OUTS_PER_LANE)
+            .flag("AB_HALF", self.half)
             .0
     }
     fn label(&self) -> String {
-        format!("lora_{}x{}_r{}", self.targets, self.outs(), self.max_rank)
+        format!("lora_{}x{}_r{}{}", self.targets, self.outs(), self.max_rank, if self.half { "_f16" } else { "" })
     }
     /// A workgroup per (token, tile of outputs), at the slots' largest rank: per target, the
-    /// lanes' shares of A x for 8 ranks at once and their sums over the lanes; then each lane's
-    /// outputs, a rank's products each.
+    /// lanes' shares of A x for 8 ranks at once (four inputs an iteration) and their sums over
+    /// the lanes; then each lane's outputs, four ranks an iteration (a rank a multiple of 4
+    /// assumed).
     fn work(&self) -> Work {
         let wg = self.workgroup_size() as usize;
         let groups = self.max_rank.div_ceil(8);
-        let a = self.targets * groups * (8 * self.k.div_ceil(wg) + wg);
-        let reads = 4 * (self.targets * self.max_rank * self.k + self.outs() * self.max_rank);
-        Work::flat(a + LORA_OUTS_PER_LANE * self.max_rank, 4 * self.k + 8 * self.outs() + reads)
+        let a = self.targets * groups * (8 * self.k.div_ceil(4 * wg) + wg);
+        let value_bytes = if self.half { 2 } else { 4 };
+        let reads = value_bytes * (self.targets * self.max_rank * self.k + self.outs() * self.max_rank);
+        Work::flat(a + LORA_OUTS_PER_LANE * self.max_rank.div_ceil(4), 4 * self.k + 8 * self.outs() + reads)
     }
 }

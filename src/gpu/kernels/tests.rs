@@ -150,6 +150,7 @@ fn samples() -> Vec<Box<dyn Specialize>> {
             max_rank: 16,
             slot_floats: 3 * 16 * 64 + 128 * 16,
             meta0: 0,
+            half: true,
         }),
     ]
 }
