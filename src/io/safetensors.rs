@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::error::{file_err, Error, Result};
 use crate::model::config::ModelConfig;
-use crate::model::family::{assemble, tensor_names, Naming, Tensor};
+use crate::model::family::{assemble, tensor_names, tensors_of, Naming, Tensor};
 use crate::model::quant::QuantKind;
 use crate::model::weights::{Half, Matrix, ModelWeights};
 
@@ -67,89 +67,11 @@ impl ModelWeights {
 
     /// Serialize as safetensors bytes (see [`ModelWeights::save_safetensors`]).
     pub fn to_safetensors_bytes(&self, dtype: DiskDtype) -> Result<Vec<u8>> {
-        let mut named: Vec<(String, Vec<usize>, &[f32])> = Vec::new();
-        fn m<'a>(named: &mut Vec<(String, Vec<usize>, &'a [f32])>, name: String, x: &'a Matrix) {
-            named.push((name, vec![x.rows, x.cols], &x.data));
-        }
-        fn v<'a>(named: &mut Vec<(String, Vec<usize>, &'a [f32])>, name: String, x: &'a Option<Vec<f32>>) {
-            if let Some(x) = x {
-                named.push((name, vec![x.len()], x));
-            }
-        }
-        let named_ref = &mut named;
-        m(named_ref, "embed.weight".into(), &self.embed);
-        if let Some(h) = &self.head {
-            m(named_ref, "head.weight".into(), h);
-        }
-        for (i, l) in self.layers.iter().enumerate() {
-            let b = format!("blocks.{i}");
-            m(named_ref, format!("{b}.attn.w_q.weight"), &l.wq);
-            if let Some(x) = &l.kv_global {
-                m(named_ref, format!("{b}.attn.w_kv_global.weight"), x);
-            }
-            if let Some(x) = &l.kv_local {
-                m(named_ref, format!("{b}.attn.w_kv_local.weight"), x);
-            }
-            m(named_ref, format!("{b}.attn.w_o.weight"), &l.wo);
-            m(named_ref, format!("{b}.mlp.fc.weight"), &l.mlp_in);
-            m(named_ref, format!("{b}.mlp.proj.weight"), &l.mlp_out);
-            if let Some(r) = &l.router {
-                m(named_ref, format!("{b}.mlp.router.weight"), r);
-            }
-            if let Some(s) = &l.shared_expert {
-                m(named_ref, format!("{b}.mlp.shared.fc.weight"), &s.mlp_in);
-                m(named_ref, format!("{b}.mlp.shared.proj.weight"), &s.mlp_out);
-                m(named_ref, format!("{b}.mlp.shared.gate.weight"), &s.gate);
-            }
-        }
-        let d = self.cfg.d_model;
-        let halves: Vec<(usize, Matrix, Matrix)> = self
-            .layers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.engram.as_ref().map(|e| (i, e)))
-            .map(|(i, e)| {
-                let w = &e.w_kv;
-                let k =
-                    Matrix { rows: d, cols: w.cols, data: w.data[..d * w.cols].to_vec(), quant: None, half: w.half };
-                let v =
-                    Matrix { rows: d, cols: w.cols, data: w.data[d * w.cols..].to_vec(), quant: None, half: w.half };
-                (i, k, v)
-            })
-            .collect();
-        for (i, k, v) in &halves {
-            m(named_ref, format!("blocks.{i}.engram.w_k"), k);
-            m(named_ref, format!("blocks.{i}.engram.w_v"), v);
-        }
-        if let Some(e) = &self.cfg.engram {
-            for (i, l) in self.layers.iter().enumerate() {
-                if let Some(ew) = &l.engram {
-                    for (k, t) in ew.tables.iter().enumerate() {
-                        let (n, j) = (e.orders[k / e.heads], k % e.heads);
-                        m(named_ref, format!("blocks.{i}.engram.tables.{n}.{j}"), t);
-                    }
-                }
-            }
-        }
-        v(named_ref, "final_norm.weight".into(), &self.final_norm);
-        for (i, l) in self.layers.iter().enumerate() {
-            let b = format!("blocks.{i}");
-            v(named_ref, format!("{b}.attn_norm.weight"), &l.attn_norm);
-            v(named_ref, format!("{b}.attn.q_norm.weight"), &l.q_norm);
-            v(named_ref, format!("{b}.attn.k_norm.weight"), &l.k_norm);
-            v(named_ref, format!("{b}.post_attn_norm.weight"), &l.post_attn_norm);
-            v(named_ref, format!("{b}.mlp_norm.weight"), &l.mlp_norm);
-            v(named_ref, format!("{b}.post_mlp_norm.weight"), &l.post_mlp_norm);
-            v(named_ref, format!("{b}.attn.w_q.bias"), &l.q_bias);
-            v(named_ref, format!("{b}.attn.w_kv.bias"), &l.kv_bias);
-            v(named_ref, format!("{b}.attn.w_o.bias"), &l.o_bias);
-            v(named_ref, format!("{b}.attn.sinks"), &l.sinks);
-            v(named_ref, format!("{b}.mlp.router.bias"), &l.router_bias);
-            v(named_ref, format!("{b}.mlp.fc.bias"), &l.mlp_in_bias);
-            v(named_ref, format!("{b}.mlp.proj.bias"), &l.mlp_out_bias);
-        }
+        // every tensor by kvdecode's names from the one table the loader reads them back by
+        // (model/family/names.rs), so a slot added there is saved without a second list here
+        let named = tensors_of(self, Naming::Kvdecode);
         let mut encoded: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> =
-            named.into_iter().map(|(n, s, d)| (n, s, dtype.encode(d), dtype.st())).collect();
+            named.into_iter().map(|(t, values)| (t.name, t.shape, dtype.encode(&values), dtype.st())).collect();
         if let Some(c) = &self.cid_map {
             encoded.push((
                 "cid_map".into(),

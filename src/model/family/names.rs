@@ -188,6 +188,9 @@ pub enum Naming {
     Gguf,
 }
 
+/// The (slot, first row) pairs a tensor's rows fill.
+type Places = Vec<(Slot, usize)>;
+
 /// Every tensor of `cfg`'s weights under `naming`, in load order (empty when the family has no
 /// such names, as kvdecode's own layouts have no Hugging Face or GGUF names).
 pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
@@ -195,7 +198,7 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
     let has_w = cfg.norm != NormKind::Plain;
     let mut out = Vec::new();
     // a tensor whose every row fills `places` (none: the config has no such weight)
-    fn push(out: &mut Vec<TensorName>, name: String, shape: Vec<usize>, places: Vec<(Slot, usize)>, order: RowOrder) {
+    fn push(out: &mut Vec<TensorName>, name: String, shape: Vec<usize>, places: Places, order: RowOrder) {
         let rows = 0..shape[0];
         let places: Vec<Place> =
             places.into_iter().map(|(slot, row0)| Place { slot, row0, rows: rows.clone(), order }).collect();
@@ -229,154 +232,59 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
         let (experts, f) = (moe.map_or(1, |m| m.experts), cfg.layer_ffn(i));
         let moe_bias = moe.is_some_and(|m| m.bias);
         if naming == Naming::Kvdecode {
-            let b = format!("blocks.{i}");
-            push(
-                &mut out,
-                format!("{b}.attn_norm.weight"),
-                vec![d],
-                norm(cfg.pre_norms, LayerSlot::AttnNorm),
-                RowOrder::AsIs,
-            );
-            push(&mut out, format!("{b}.attn.w_q.weight"), vec![hd, d], whole(slot(LayerSlot::Wq)), RowOrder::AsIs);
-            push(
-                &mut out,
-                format!("{b}.attn.q_norm.weight"),
-                vec![q_norm_len],
-                norm(cfg.qk_norm, LayerSlot::QNorm),
-                RowOrder::AsIs,
-            );
-            push(
-                &mut out,
-                format!("{b}.attn.k_norm.weight"),
-                vec![k_norm_len],
-                norm(cfg.qk_norm, LayerSlot::KNorm),
-                RowOrder::AsIs,
-            );
-            if spec.writes_global {
-                push(
-                    &mut out,
-                    format!("{b}.attn.w_kv_global.weight"),
-                    vec![2 * kvd, d],
-                    whole(slot(LayerSlot::KvGlobal)),
-                    RowOrder::AsIs,
-                );
-            }
-            if spec.local {
-                push(
-                    &mut out,
-                    format!("{b}.attn.w_kv_local.weight"),
-                    vec![2 * kvd, d],
-                    whole(slot(LayerSlot::KvLocal)),
-                    RowOrder::AsIs,
-                );
-            }
-            push(&mut out, format!("{b}.attn.w_o.weight"), vec![d, hd], whole(slot(LayerSlot::Wo)), RowOrder::AsIs);
-            push(&mut out, format!("{b}.attn.w_q.bias"), vec![hd], bias(slot(LayerSlot::QBias), 0), RowOrder::AsIs);
-            push(
-                &mut out,
-                format!("{b}.attn.w_kv.bias"),
-                vec![2 * kvd],
-                bias(slot(LayerSlot::KvBias), 0),
-                RowOrder::AsIs,
-            );
-            // gpt-oss's: the output projection's bias, the heads' sinks
-            let o_bias = if cfg.o_bias { whole(slot(LayerSlot::OBias)) } else { vec![] };
-            push(&mut out, format!("{b}.attn.w_o.bias"), vec![d], o_bias, RowOrder::AsIs);
-            let sinks = if cfg.attn_sinks { whole(slot(LayerSlot::Sinks)) } else { vec![] };
-            push(&mut out, format!("{b}.attn.sinks"), vec![cfg.n_heads], sinks, RowOrder::AsIs);
-            push(
-                &mut out,
-                format!("{b}.post_attn_norm.weight"),
-                vec![d],
-                norm(cfg.post_norms, LayerSlot::PostAttnNorm),
-                RowOrder::AsIs,
-            );
-            push(
-                &mut out,
-                format!("{b}.mlp_norm.weight"),
-                vec![d],
-                norm(cfg.pre_norms, LayerSlot::MlpNorm),
-                RowOrder::AsIs,
-            );
-            push(
-                &mut out,
-                format!("{b}.post_mlp_norm.weight"),
-                vec![d],
-                norm(cfg.post_norms, LayerSlot::PostMlpNorm),
-                RowOrder::AsIs,
-            );
-            // a MoE layer's experts stacked: fc [gates; ups], proj one [d, ffn] per expert
-            push(
-                &mut out,
-                format!("{b}.mlp.fc.weight"),
-                vec![experts * cfg.mlp.in_factor() * f, d],
-                whole(slot(LayerSlot::MlpIn)),
-                RowOrder::AsIs,
-            );
-            push(
-                &mut out,
-                format!("{b}.mlp.proj.weight"),
-                vec![experts * d, f],
-                whole(slot(LayerSlot::MlpOut)),
-                RowOrder::AsIs,
-            );
-            if let Some(fs) = moe.and_then(|m| m.shared_ffn) {
-                for (name, shape, s) in [
-                    ("fc", vec![2 * fs, d], LayerSlot::SharedIn),
-                    ("proj", vec![d, fs], LayerSlot::SharedOut),
-                    ("gate", vec![1, d], LayerSlot::SharedGate),
-                ] {
-                    push(&mut out, format!("{b}.mlp.shared.{name}.weight"), shape, whole(slot(s)), RowOrder::AsIs);
-                }
-            }
-            if let Some(m) = moe {
-                push(
-                    &mut out,
-                    format!("{b}.mlp.router.weight"),
-                    vec![m.experts, d],
-                    whole(slot(LayerSlot::Router)),
-                    RowOrder::AsIs,
-                );
+            // kvdecode's own names: the engine's slots as they are (K/V and a MoE layer's
+            // experts stacked, fc [gates; ups] and proj one [d, ffn] per expert); a row whose
+            // places are empty is a weight this config does not have
+            let on = |has: bool, s: LayerSlot| if has { whole(slot(s)) } else { vec![] };
+            let (e, ffn_in) = (experts, experts * cfg.mlp.in_factor() * f);
+            let router = moe.map_or(0, |m| m.experts);
+            let shared = moe.and_then(|m| m.shared_ffn);
+            let fs = shared.unwrap_or(0);
+            let table: [(&str, Vec<usize>, Places); 23] = [
+                ("attn_norm.weight", vec![d], norm(cfg.pre_norms, LayerSlot::AttnNorm)),
+                ("attn.w_q.weight", vec![hd, d], whole(slot(LayerSlot::Wq))),
+                ("attn.q_norm.weight", vec![q_norm_len], norm(cfg.qk_norm, LayerSlot::QNorm)),
+                ("attn.k_norm.weight", vec![k_norm_len], norm(cfg.qk_norm, LayerSlot::KNorm)),
+                ("attn.w_kv_global.weight", vec![2 * kvd, d], on(spec.writes_global, LayerSlot::KvGlobal)),
+                ("attn.w_kv_local.weight", vec![2 * kvd, d], on(spec.local, LayerSlot::KvLocal)),
+                ("attn.w_o.weight", vec![d, hd], whole(slot(LayerSlot::Wo))),
+                ("attn.w_q.bias", vec![hd], bias(slot(LayerSlot::QBias), 0)),
+                ("attn.w_kv.bias", vec![2 * kvd], bias(slot(LayerSlot::KvBias), 0)),
+                // gpt-oss's: the output projection's bias, the heads' sinks
+                ("attn.w_o.bias", vec![d], on(cfg.o_bias, LayerSlot::OBias)),
+                ("attn.sinks", vec![cfg.n_heads], on(cfg.attn_sinks, LayerSlot::Sinks)),
+                ("post_attn_norm.weight", vec![d], norm(cfg.post_norms, LayerSlot::PostAttnNorm)),
+                ("mlp_norm.weight", vec![d], norm(cfg.pre_norms, LayerSlot::MlpNorm)),
+                ("post_mlp_norm.weight", vec![d], norm(cfg.post_norms, LayerSlot::PostMlpNorm)),
+                ("mlp.fc.weight", vec![ffn_in, d], whole(slot(LayerSlot::MlpIn))),
+                ("mlp.proj.weight", vec![e * d, f], whole(slot(LayerSlot::MlpOut))),
+                ("mlp.shared.fc.weight", vec![2 * fs, d], on(shared.is_some(), LayerSlot::SharedIn)),
+                ("mlp.shared.proj.weight", vec![d, fs], on(shared.is_some(), LayerSlot::SharedOut)),
+                ("mlp.shared.gate.weight", vec![1, d], on(shared.is_some(), LayerSlot::SharedGate)),
+                ("mlp.router.weight", vec![router, d], on(moe.is_some(), LayerSlot::Router)),
                 // gpt-oss's: the router's and the experts' biases, in their matrices' row order
-                for (name, n, s) in [
-                    ("router.bias", m.experts, LayerSlot::RouterBias),
-                    ("fc.bias", experts * 2 * f, LayerSlot::MlpInBias),
-                    ("proj.bias", experts * d, LayerSlot::MlpOutBias),
-                ] {
-                    let places = if m.bias { whole(slot(s)) } else { vec![] };
-                    push(&mut out, format!("{b}.mlp.{name}"), vec![n], places, RowOrder::AsIs);
-                }
+                ("mlp.router.bias", vec![router], on(moe_bias, LayerSlot::RouterBias)),
+                ("mlp.fc.bias", vec![e * 2 * f], on(moe_bias, LayerSlot::MlpInBias)),
+                ("mlp.proj.bias", vec![e * d], on(moe_bias, LayerSlot::MlpOutBias)),
+            ];
+            for (name, shape, places) in table {
+                push(&mut out, format!("blocks.{i}.{name}"), shape, places, RowOrder::AsIs);
             }
-            if let Some(e) = cfg.engram.as_ref().filter(|e| e.layers.contains(&i)) {
-                let mut k = 0;
-                for n in &e.orders {
-                    for j in 0..e.heads {
-                        let name = format!("{b}.engram.tables.{n}.{j}");
-                        push(
-                            &mut out,
-                            name,
-                            vec![e.table_rows, e.dim],
-                            whole(slot(LayerSlot::EngramTable(k))),
-                            RowOrder::AsIs,
-                        );
-                        k += 1;
-                    }
+            if let Some(eg) = cfg.engram.as_ref().filter(|eg| eg.layers.contains(&i)) {
+                let tables = eg.orders.iter().flat_map(|n| (0..eg.heads).map(move |j| format!("tables.{n}.{j}")));
+                for (k, name) in tables.enumerate() {
+                    let shape = vec![eg.table_rows, eg.dim];
+                    push(
+                        &mut out,
+                        format!("blocks.{i}.engram.{name}"),
+                        shape,
+                        whole(slot(LayerSlot::EngramTable(k))),
+                        RowOrder::AsIs,
+                    );
                 }
-                let w = e.width();
-                push(
-                    &mut out,
-                    format!("{b}.engram.w_k"),
-                    vec![d, w],
-                    vec![(slot(LayerSlot::EngramKv), 0)],
-                    RowOrder::AsIs,
-                );
-                push(
-                    &mut out,
-                    format!("{b}.engram.w_v"),
-                    vec![d, w],
-                    vec![(slot(LayerSlot::EngramKv), d)],
-                    RowOrder::AsIs,
-                );
+                let kv = |row0| vec![(slot(LayerSlot::EngramKv), row0)];
+                push(&mut out, format!("blocks.{i}.engram.w_k"), vec![d, eg.width()], kv(0), RowOrder::AsIs);
+                push(&mut out, format!("blocks.{i}.engram.w_v"), vec![d, eg.width()], kv(d), RowOrder::AsIs);
             }
             continue;
         }
