@@ -188,7 +188,7 @@ impl GpuLora {
     }
 
     /// Where the slots hold halves, every one of `values` rounds to a finite half (at most
-    /// 65504 in magnitude, as f16 weights are held): `what` names them in the error.
+    /// 65504 in magnitude, else the GPU would sum an infinity): `what` names them in the error.
     pub(crate) fn check_half_range(&self, what: &str, mut values: impl Iterator<Item = f32>) -> Result<()> {
         if !self.half {
             return Ok(());
