@@ -1,4 +1,5 @@
-//! Model families and the one map from a checkpoint's tensor names to the weights they fill.
+//! Model families, each in a file of its own, and the one map from a checkpoint's tensor names to
+//! the weights they fill.
 //!
 //! Three namings reach kvdecode: Hugging Face (`model.layers.3.self_attn.q_proj.weight`), GGUF
 //! (`blk.3.attn_q.weight`) and kvdecode's own safetensors (`blocks.3.attn.w_q.weight`). The HF
@@ -8,14 +9,37 @@
 //! `kv_global`, gate and up in `mlp_in`) fills just those rows, and a fused tensor of a file
 //! (Phi-3's `qkv_proj`) fills a row range of each weight it holds ([`Place`]).
 //!
-//! A family is its per-layer table ([`Family::layer_tensors`]): what each tensor fills, under its
-//! Hugging Face and its GGUF name. Adding a family means a table here and its config reading.
+//! A family is one file (`llama.rs`, `gemma.rs`, `qwen3_moe.rs`, ...) holding its [`Spec`]: its
+//! `model_type`s and GGUF architecture, its per-layer table ([`Family::layer_tensors`]: what each
+//! tensor fills, under its Hugging Face and its GGUF name), and how it reads a config: which keys
+//! it takes, the defaults of its config class, its numerics switches. The readers (`io/hf.rs`,
+//! `io/gguf/config.rs`) find the keys and hand them over ([`HfKeys`], [`GgufKeys`]); they decide
+//! no family's numerics. Adding a family means one file here, its line in [`Family::spec`], and
+//! its fixtures.
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::Result;
+use crate::model::config::ModelConfig;
+
 mod assemble;
+mod gemma;
+mod gpt_oss;
+mod keys;
+mod kvdecode;
+mod llama;
+mod mixtral;
 mod names;
+mod olmo2;
+mod olmoe;
+mod phi3;
+mod qwen2;
+mod qwen2_moe;
+mod qwen3;
+mod qwen3_moe;
+mod smollm3;
 pub use assemble::{assemble, tensors_of, transpose_stack, Tensor};
+pub use keys::{GgufKeys, HfKeys, RopeRead};
 pub use names::{
     interleaved_source, naming_norm, tensor_names, trainer_names, LayerSlot, Naming, Place, RowOrder, Slot, TensorName,
 };
@@ -177,133 +201,9 @@ const fn t(part: Part, hf: &'static str, gguf: &'static str) -> LayerTensor {
     LayerTensor { part, hf, gguf }
 }
 
-// Llama's layout: `post_attention_layernorm` is the MLP's input norm. Qwen3's qk-norms and
-// Qwen2's biases are rows here too; `tensor_names` lists a row only where the config has that
-// weight (`qk_norm`, `qkv_bias`), so one table serves Llama, Qwen2, Qwen3, SmolLM3 and the
-// mixtures of experts' attention.
-const LLAMA: &[LayerTensor] = &[
-    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
-    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
-    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
-    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
-    t(Part::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
-    t(Part::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
-    t(Part::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
-    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
-    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
-    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
-    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
-    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
-    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
-    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
-];
-
-// The mixtures of experts' layers are Llama's (its rows for q/k/v biases and qk-norms listed only
-// where the config has them; a dense layer's MLP under the same names) followed by these: the
-// router and each expert `{e}` on MoE layers, and Qwen2-MoE's shared expert with its sigmoid gate
-// where the config has one (Qwen3-MoE, Qwen2-MoE, OLMoE). GGUF keeps each layer's experts stacked
-// in one tensor per projection (llama.cpp's `_exps`).
-const EXPERTS: &[LayerTensor] = &[
-    t(Part::Router, "mlp.gate.weight", "ffn_gate_inp.weight"),
-    t(Part::ExpertGate, "mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
-    t(Part::ExpertUp, "mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
-    t(Part::ExpertDown, "mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
-    t(Part::SharedGateProj, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
-    t(Part::SharedUpProj, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
-    t(Part::SharedDownProj, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
-    t(Part::SharedMix, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
-];
-
-// Mixtral's experts after Llama's rows: under `block_sparse_moe` as w1 (gate), w3 (up) and w2
-// (down).
-const MIXTRAL_EXPERTS: &[LayerTensor] = &[
-    t(Part::Router, "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"),
-    t(Part::ExpertGate, "block_sparse_moe.experts.{e}.w1.weight", "ffn_gate_exps.weight"),
-    t(Part::ExpertUp, "block_sparse_moe.experts.{e}.w3.weight", "ffn_up_exps.weight"),
-    t(Part::ExpertDown, "block_sparse_moe.experts.{e}.w2.weight", "ffn_down_exps.weight"),
-];
-
-// gpt-oss's layout: Llama's norms and biased q/k/v, a biased output projection, a sink per head,
-// and on every layer a biased router and the experts: in Hugging Face two fused, transposed
-// tensors (gate and up interleaved); llama.cpp's converter splits them into the `_exps` tensors
-// and their biases. llama.cpp names the MLP's input norm `post_attention_norm`.
-const GPT_OSS: &[LayerTensor] = &[
-    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
-    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
-    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
-    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
-    t(Part::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
-    t(Part::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
-    t(Part::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
-    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
-    t(Part::OBias, "self_attn.o_proj.bias", "attn_output.bias"),
-    t(Part::Sinks, "self_attn.sinks", "attn_sinks.weight"),
-    t(Part::MlpNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
-    t(Part::Router, "mlp.router.weight", "ffn_gate_inp.weight"),
-    t(Part::RouterBias, "mlp.router.bias", "ffn_gate_inp.bias"),
-    t(Part::ExpertsGateUpT, "mlp.experts.gate_up_proj", ""),
-    t(Part::ExpertsGateUpBias, "mlp.experts.gate_up_proj_bias", ""),
-    t(Part::ExpertsDownT, "mlp.experts.down_proj", ""),
-    t(Part::ExpertsDownBias, "mlp.experts.down_proj_bias", "ffn_down_exps.bias"),
-    t(Part::ExpertGate, "", "ffn_gate_exps.weight"),
-    t(Part::ExpertUp, "", "ffn_up_exps.weight"),
-    t(Part::ExpertDown, "", "ffn_down_exps.weight"),
-    t(Part::ExpertGateBias, "", "ffn_gate_exps.bias"),
-    t(Part::ExpertUpBias, "", "ffn_up_exps.bias"),
-];
-
-// Gemma's layout: `post_attention_layernorm` is the norm of the attention output, not the MLP's
-// input. Gemma 2 lists no qk-norm rows (`qk_norm` is off) and OLMo 2 no input norms
-// (`pre_norms` is off), so one table serves Gemma 2, Gemma 3 and OLMo 2.
-const GEMMA: &[LayerTensor] = &[
-    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
-    t(Part::Q, "self_attn.q_proj.weight", "attn_q.weight"),
-    t(Part::K, "self_attn.k_proj.weight", "attn_k.weight"),
-    t(Part::V, "self_attn.v_proj.weight", "attn_v.weight"),
-    t(Part::QNorm, "self_attn.q_norm.weight", "attn_q_norm.weight"),
-    t(Part::KNorm, "self_attn.k_norm.weight", "attn_k_norm.weight"),
-    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
-    t(Part::PostAttnNorm, "post_attention_layernorm.weight", "post_attention_norm.weight"),
-    t(Part::MlpNorm, "pre_feedforward_layernorm.weight", "ffn_norm.weight"),
-    t(Part::PostMlpNorm, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
-    t(Part::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
-    t(Part::Up, "mlp.up_proj.weight", "ffn_up.weight"),
-    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
-];
-
-// Phi-3's layout: Llama's norms, q, k and v fused in one tensor, gate and up in another (GGUF
-// keeps both fused; its `ffn_up` holds gate and up).
-const PHI3: &[LayerTensor] = &[
-    t(Part::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
-    t(Part::Qkv, "self_attn.qkv_proj.weight", "attn_qkv.weight"),
-    t(Part::O, "self_attn.o_proj.weight", "attn_output.weight"),
-    t(Part::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
-    t(Part::GateUp, "mlp.gate_up_proj.weight", "ffn_up.weight"),
-    t(Part::Down, "mlp.down_proj.weight", "ffn_down.weight"),
-];
-
 /// Where Hugging Face checkpoints keep the text model's tensors: text-only checkpoints under
 /// `model.`, multimodal ones under a language-model prefix.
 pub const HF_PREFIXES: [&str; 3] = ["model.", "language_model.model.", "model.language_model."];
-
-/// What transformers' config class of a `model_type` takes for a key its config.json leaves
-/// out (a hand-written or older config): `(head_dim, num_key_value_heads)`, `None` where the
-/// class derives it (hidden / heads; as many as the heads). Qwen3's and Gemma's classes default
-/// head_dim to 128 and 256 whatever the hidden size, so hidden / heads would read a different
-/// model than transformers does.
-pub fn hf_config_defaults(model_type: &str) -> (Option<usize>, Option<usize>) {
-    match model_type {
-        "qwen3" => (Some(128), Some(32)),
-        "gemma2" | "gemma3" | "gemma3_text" => (Some(256), Some(4)),
-        "qwen2" => (None, Some(32)),
-        "mistral" => (None, Some(8)),
-        "smollm3" | "qwen3_moe" => (None, Some(4)),
-        "qwen2_moe" => (None, Some(16)),
-        "mixtral" => (None, Some(8)),
-        "gpt_oss" => (Some(64), Some(8)),
-        _ => (None, None),
-    }
-}
 
 impl Family {
     /// Every family.
@@ -324,40 +224,37 @@ impl Family {
         Family::GptOss,
     ];
 
-    /// The family's per-layer tensors (none for [`Family::Kvdecode`], which has only kvdecode's
-    /// names): its table, and a mixture of experts' rows after Llama's.
-    pub fn layer_tensors(self) -> impl Iterator<Item = &'static LayerTensor> {
-        let (table, experts): (&'static [LayerTensor], &'static [LayerTensor]) = match self {
-            Family::Kvdecode => (&[], &[]),
-            Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::SmolLM3 => (LLAMA, &[]),
-            Family::Gemma2 | Family::Gemma3 | Family::Olmo2 => (GEMMA, &[]),
-            Family::Phi3 => (PHI3, &[]),
-            Family::Qwen3Moe | Family::Olmoe | Family::Qwen2Moe => (LLAMA, EXPERTS),
-            Family::Mixtral => (LLAMA, MIXTRAL_EXPERTS),
-            Family::GptOss => (GPT_OSS, &[]),
-        };
-        table.iter().chain(experts)
+    /// The family's file: its names, table and config reading.
+    pub(crate) fn spec(self) -> &'static Spec {
+        match self {
+            Family::Kvdecode => &kvdecode::SPEC,
+            Family::Llama => &llama::SPEC,
+            Family::Qwen2 => &qwen2::SPEC,
+            Family::Qwen3 => &qwen3::SPEC,
+            Family::SmolLM3 => &smollm3::SPEC,
+            Family::Gemma2 => &gemma::GEMMA2,
+            Family::Gemma3 => &gemma::GEMMA3,
+            Family::Olmo2 => &olmo2::SPEC,
+            Family::Phi3 => &phi3::SPEC,
+            Family::Qwen3Moe => &qwen3_moe::SPEC,
+            Family::Olmoe => &olmoe::SPEC,
+            Family::Mixtral => &mixtral::SPEC,
+            Family::Qwen2Moe => &qwen2_moe::SPEC,
+            Family::GptOss => &gpt_oss::SPEC,
+        }
     }
 
-    /// `general.architecture` in GGUF files.
+    /// The family's per-layer tensors (none for [`Family::Kvdecode`], which has only kvdecode's
+    /// names): its table, and a mixture of experts' rows after it.
+    pub fn layer_tensors(self) -> impl Iterator<Item = &'static LayerTensor> {
+        let spec = self.spec();
+        spec.table.iter().chain(spec.experts)
+    }
+
+    /// `general.architecture` in GGUF files (none for Mixtral, which llama.cpp writes as `llama`
+    /// with experts).
     pub fn gguf_arch(self) -> Option<&'static str> {
-        match self {
-            Family::Kvdecode => None,
-            Family::Llama => Some("llama"),
-            Family::Qwen3 => Some("qwen3"),
-            Family::Gemma3 => Some("gemma3"),
-            Family::Qwen2 => Some("qwen2"),
-            Family::SmolLM3 => Some("smollm3"),
-            Family::Gemma2 => Some("gemma2"),
-            Family::Olmo2 => Some("olmo2"),
-            Family::Phi3 => Some("phi3"),
-            Family::Qwen3Moe => Some("qwen3moe"),
-            Family::Olmoe => Some("olmoe"),
-            Family::Qwen2Moe => Some("qwen2moe"),
-            // llama.cpp writes Mixtral as `llama` with experts (GgufFile::config tells them apart)
-            Family::Mixtral => None,
-            Family::GptOss => Some("gpt-oss"),
-        }
+        self.spec().gguf_arch
     }
 
     /// The family of a GGUF `general.architecture`.
@@ -365,10 +262,107 @@ impl Family {
         Family::ALL.into_iter().find(|f| f.gguf_arch() == Some(arch))
     }
 
+    /// The family of a Hugging Face `model_type`, with that type's config class.
+    pub fn from_hf_type(model_type: &str) -> Option<(Self, &'static HfType)> {
+        Family::ALL.into_iter().find_map(|f| f.spec().hf_types.iter().find(|t| t.name == model_type).map(|t| (f, t)))
+    }
+
+    /// Every supported `model_type`, for messages.
+    pub fn hf_type_names() -> Vec<&'static str> {
+        Family::ALL.into_iter().flat_map(|f| f.spec().hf_types.iter().map(|t| t.name)).collect()
+    }
+
+    /// Every supported GGUF architecture, for messages.
+    pub fn gguf_arch_names() -> Vec<&'static str> {
+        Family::ALL.into_iter().filter_map(Family::gguf_arch).collect()
+    }
+
     /// llama.cpp's converter stores this family's Q and K rows interleaved for its RoPE.
     fn gguf_interleaves_qk(self) -> bool {
-        matches!(self, Family::Llama | Family::SmolLM3 | Family::Mixtral)
+        self.spec().gguf.interleaves_qk
     }
+}
+
+/// A family's file (`model/family/{name}.rs`): its names in each format, its tensor table, and how
+/// it reads a config, its numerics switches and defaults.
+pub struct Spec {
+    /// The family.
+    pub family: Family,
+    /// Its Hugging Face `model_type`s.
+    pub hf_types: &'static [HfType],
+    /// Its GGUF `general.architecture`.
+    pub gguf_arch: Option<&'static str>,
+    /// Its per-layer tensors.
+    pub table: &'static [LayerTensor],
+    /// A mixture of experts' rows, after the table's.
+    pub experts: &'static [LayerTensor],
+    /// Facts of its Hugging Face configs and checkpoints.
+    pub hf: HfFacts,
+    /// Facts of its GGUF files.
+    pub gguf: GgufFacts,
+    /// The rest of its config from a `config.json`, after the reader has set the dimensions, the
+    /// norm's epsilon, tying and the trained context: the layer plan, RoPE, the numerics switches,
+    /// the experts, the activation.
+    pub from_hf: fn(&mut ModelConfig, &dyn HfKeys) -> Result<()>,
+    /// The same from GGUF metadata, after the reader has set the dimensions, RoPE and the context.
+    pub from_gguf: fn(&mut ModelConfig, &dyn GgufKeys) -> Result<()>,
+}
+
+/// A Hugging Face `model_type` of a family, with what its config class takes for a key the
+/// config.json leaves out (`None`: the class derives it: hidden / heads, as many as the heads).
+/// Qwen3's and Gemma's classes default head_dim to 128 and 256 whatever the hidden size, so hidden
+/// / heads would read a different model than transformers does.
+pub struct HfType {
+    /// The `model_type`.
+    pub name: &'static str,
+    /// The key under which its text model's config sits (Gemma 3's multimodal `text_config`).
+    pub nested: Option<&'static str>,
+    /// `head_dim` where left out.
+    pub head_dim: Option<usize>,
+    /// `num_key_value_heads` where left out.
+    pub kv_heads: Option<usize>,
+}
+
+impl HfType {
+    /// A type whose class derives what is left out.
+    pub const fn plain(name: &'static str) -> HfType {
+        HfType { name, nested: None, head_dim: None, kv_heads: None }
+    }
+}
+
+/// What a family's Hugging Face configs and checkpoints hold.
+pub struct HfFacts {
+    /// `rms_norm_eps` where left out.
+    pub eps: f32,
+    /// `tie_word_embeddings` where left out.
+    pub tied: bool,
+    /// Its norm tensors hold `w`, applied as `1 + w` (Gemma).
+    pub norm_one_plus: bool,
+    /// The one `quantization_config.quant_method` it reads (gpt-oss's MXFP4 experts).
+    pub quant: Option<&'static str>,
+    /// Whether `attention_bias` is its own key, read by its file (elsewhere `true` is refused).
+    pub attention_bias: bool,
+}
+
+impl HfFacts {
+    /// Llama's: epsilon 1e-6, untied, norms of `w`, nothing quantized, no attention biases.
+    pub const PLAIN: HfFacts =
+        HfFacts { eps: 1e-6, tied: false, norm_one_plus: false, quant: None, attention_bias: false };
+}
+
+/// What a family's GGUF files hold.
+pub struct GgufFacts {
+    /// llama.cpp's converter stores Q and K rows interleaved for its RoPE.
+    pub interleaves_qk: bool,
+    /// `rope.dimension_count` is the rotated part of a head, not its size (Phi-3).
+    pub partial_rotary: bool,
+    /// Tensors every layer has at least (a block count the file's table cannot back is a lie).
+    pub layer_tensors: usize,
+}
+
+impl GgufFacts {
+    /// Llama's: Q and K as they are, whole heads rotated, at least 9 tensors a layer.
+    pub const PLAIN: GgufFacts = GgufFacts { interleaves_qk: false, partial_rotary: false, layer_tensors: 9 };
 }
 
 #[cfg(test)]
@@ -405,6 +399,21 @@ mod tests {
         });
         c.family = Family::Phi3;
         c
+    }
+
+    #[test]
+    fn every_family_file_is_its_own_and_its_names_lead_to_it() {
+        // (a swapped line in Family::spec would read one family's config by another's file)
+        for f in Family::ALL {
+            assert_eq!(f.spec().family, f);
+            for t in f.spec().hf_types {
+                assert_eq!(Family::from_hf_type(t.name).map(|(g, _)| g), Some(f), "{}", t.name);
+            }
+            if let Some(arch) = f.gguf_arch() {
+                assert_eq!(Family::from_gguf_arch(arch), Some(f), "{arch}");
+            }
+        }
+        assert_eq!(Family::hf_type_names().len(), 15);
     }
 
     #[test]

@@ -499,7 +499,7 @@ pub fn trainer_names(cfg: &ModelConfig, prefix: &str) -> Vec<TensorName> {
 pub fn naming_norm(cfg: &ModelConfig, naming: Naming) -> NormKind {
     match naming {
         Naming::Kvdecode => cfg.norm,
-        Naming::HuggingFace(_) if matches!(cfg.family, Family::Gemma3 | Family::Gemma2) => NormKind::OnePlusWeight,
+        Naming::HuggingFace(_) if cfg.family.spec().hf.norm_one_plus => NormKind::OnePlusWeight,
         _ => NormKind::Weight,
     }
 }
