@@ -33,9 +33,9 @@ pub mod serve;
 pub use cache::{BlockUsage, CacheOptions, KvCache, KvDtype, PromptCacheStats, RowOwner};
 pub use engine::sampling::{argmax, sample_cpu, sample_cpu_full, LogprobMode, Sampled, Sampler, TOP_LOGPROBS_MAX};
 pub use engine::{
-    AttentionKernel, Engine, EngineOptions, Fusion, InFlight, Logits, LoraUpdate, MatmulKernel, MemoryReport,
-    Occupancy, OccupancyTable, Sleep, Stats, Turn, TurnLimit, WeightUpdate, CHUNK, EXPERT_TOKEN_BLOCK,
-    QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
+    AttentionKernel, Batch, Engine, EngineOptions, Fusion, InFlight, Logits, LoraUpdate, MatmulKernel, MemoryReport,
+    Occupancy, OccupancyTable, Sleep, Stats, StepOutput, Turn, TurnLimit, Want, WeightUpdate, CHUNK,
+    EXPERT_TOKEN_BLOCK, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
 pub use error::{Error, Result};
 pub use gpu::device::{AppHandlers, Gpu, GpuOptions};

@@ -140,7 +140,7 @@ fn unsupported_adapters_are_refused_by_name() {
 
 use common::gpu;
 use kvdecode::model::quant::QuantKind;
-use kvdecode::{Engine, EngineOptions, InFlight, Sleep, WeightDtype};
+use kvdecode::{Batch, Engine, EngineOptions, InFlight, Sleep, Want, WeightDtype};
 
 /// An engine of `w` with `slots` adapter slots of rank up to 64, `rows` rows of 320 positions.
 fn engine(w: &ModelWeights, rows: usize, slots: usize) -> Engine {
@@ -197,19 +197,25 @@ fn adapters_on_the_gpu_match_peft_at_every_position() {
 }
 
 /// Each row's logits at every position when `rows` take `prompts` side by side in chunks of up
-/// to `width` tokens a row.
-fn side_by_side(e: &mut Engine, rows: &[usize], prompts: &[Vec<u32>], width: usize) -> Vec<Vec<f32>> {
+/// to `width` tokens a row, one step a chunk, each naming the rows' `adapters` where given.
+fn side_by_side(
+    e: &mut Engine,
+    rows: &[usize],
+    prompts: &[Vec<u32>],
+    width: usize,
+    adapters: Option<&[Option<&str>]>,
+) -> Vec<Vec<f32>> {
     let mut out = vec![Vec::new(); rows.len()];
     let longest = prompts.iter().map(Vec::len).max().unwrap();
     for at in (0..longest).step_by(width) {
-        let n: Vec<usize> = prompts.iter().map(|p| p.len().saturating_sub(at).min(width)).collect();
-        let mut ids = vec![0u32; rows.len() * width];
-        for (r, p) in prompts.iter().enumerate().filter(|(r, _)| n[*r] > 0) {
-            ids[r * width..][..n[r]].copy_from_slice(&p[at..at + n[r]]);
+        let chunk = |p: &Vec<u32>| p[at.min(p.len())..(at + width).min(p.len())].to_vec();
+        let mut batch = rows.iter().zip(prompts).fold(Batch::new(), |b, (&row, p)| b.row(row, &chunk(p)));
+        if let Some(names) = adapters {
+            batch = batch.adapters(names);
         }
-        let got = e.append_all_logits(&ids, width, &n, Some(rows)).unwrap();
+        let got = e.step(&batch, Want::AllLogits).unwrap().into_all_logits().unwrap();
         for (r, g) in got.iter().enumerate() {
-            out[r].extend(g.iter().take(n[r]).flatten());
+            out[r].extend(g.iter().flatten());
         }
     }
     out
@@ -239,26 +245,39 @@ fn a_batch_mixing_adapters_gives_each_row_its_alone_bits() {
     }
     // alone: one row at a time, 31 tokens a chunk
     let alone: Vec<Vec<f32>> =
-        (0..4).map(|r| side_by_side(&mut e, &[r], std::slice::from_ref(&prompts[r]), 31).remove(0)).collect();
+        (0..4).map(|r| side_by_side(&mut e, &[r], std::slice::from_ref(&prompts[r]), 31, None).remove(0)).collect();
     e.reset(&[0, 1, 2, 3]).unwrap();
     assert_eq!(e.adapter(1), None, "a reset puts the row back on the base model");
-    // together, in another order and chunking: rows 3, 1, 0, 2, 13 tokens a chunk
+    // together, in another order and chunking: rows 3, 1, 0, 2, 13 tokens a chunk, each step's
+    // batch naming the rows' adapters
     let order = [3, 1, 0, 2];
-    for &row in &order {
-        e.set_adapter(row, ADAPTERS[row]).unwrap();
-    }
+    let named: Vec<Option<&str>> = order.iter().map(|&r| ADAPTERS[r]).collect();
     let ordered: Vec<Vec<u32>> = order.iter().map(|&r| prompts[r].clone()).collect();
-    let together = side_by_side(&mut e, &order, &ordered, 13);
+    let together = side_by_side(&mut e, &order, &ordered, 13, Some(&named));
     for (k, &row) in order.iter().enumerate() {
         assert!(together[k] == alone[row], "row {row} ({:?}): its logits depend on its batch", ADAPTERS[row]);
     }
+    // a batch's adapters are checked with the rest before anything is written: an unknown one, or
+    // another one for a row holding tokens, is refused and every row stays as it was
+    let state = |e: &Engine| -> Vec<_> {
+        order.iter().map(|&r| (e.cache().position(r), e.adapter(r).map(|a| a.0.to_string()))).collect()
+    };
+    let before = state(&e);
+    let mut refused = |names: &[Option<&str>]| {
+        let batch = order.iter().fold(Batch::new(), |b, &r| b.row(r, &[5])).adapters(names);
+        e.step(&batch, Want::Logits).err().map(|err| err.to_string()).unwrap_or_default()
+    };
+    assert!(refused(&[named[0], Some("r2"), named[2], named[3]]).contains("no LoRA adapter named \"r2\""));
+    assert!(refused(&[named[0], named[1], Some("r8"), named[3]]).contains("row 0 holds tokens"));
+    assert!(refused(&named[..3]).contains("3 adapters for 4 batch rows"));
+    assert_eq!(state(&e), before);
     // the base model's row: the bits of an engine with no adapter slots at all
     let mut plain =
         Engine::new(&gpu(), &w, EngineOptions { beyond_trained_context: true, ..EngineOptions::new(1, 320) }).unwrap();
-    let base_bits = side_by_side(&mut plain, &[0], std::slice::from_ref(&prompts[0]), 64).remove(0);
+    let base_bits = side_by_side(&mut plain, &[0], std::slice::from_ref(&prompts[0]), 64, None).remove(0);
     assert!(alone[0] == base_bits, "a row without an adapter must give the base model's bits");
     for row in 1..4 {
-        let base_row = side_by_side(&mut plain, &[0], std::slice::from_ref(&prompts[row]), 64).remove(0);
+        let base_row = side_by_side(&mut plain, &[0], std::slice::from_ref(&prompts[row]), 64, None).remove(0);
         plain.reset(&[0]).unwrap();
         let d = max_abs_diff(&alone[row], &base_row);
         assert!(d > 0.1, "row {row}: the adapter changes nothing ({d})");
@@ -315,7 +334,7 @@ fn update_lora_equals_a_fresh_load_and_bad_updates_change_nothing() {
         for (row, a) in [(0, "a"), (1, "b"), (2, "a"), (3, "b")] {
             e.set_adapter(row, Some(a)).unwrap();
         }
-        let half = side_by_side(&mut e, &[0, 1], &[prompt[..20].to_vec(), prompt[..20].to_vec()], 20);
+        let half = side_by_side(&mut e, &[0, 1], &[prompt[..20].to_vec(), prompt[..20].to_vec()], 20, None);
         assert!(half[0] == half[1], "{label}: two slots of one adapter give the same bits");
         let probe = all_positions(&mut e, 2, &prompt, 40);
         // halves hold at most 65504: beyond, an f16 engine refuses the value (an f32 one takes it)

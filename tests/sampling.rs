@@ -4,7 +4,12 @@
 mod common;
 
 use common::*;
-use kvdecode::{argmax, sample_cpu, Engine, EngineOptions, ModelWeights, Sampler};
+use kvdecode::{argmax, sample_cpu, Batch, Engine, EngineOptions, ModelWeights, Sampled, Sampler, Want};
+
+/// One step that samples every row: [`Engine::step`] with [`Want::Sampled`].
+fn sampled(e: &mut Engine, ids: &[u32], width: usize, n_new: &[usize], samplers: &[Sampler]) -> Vec<Option<Sampled>> {
+    e.step(&Batch::padded(ids, width, n_new, None).samplers(samplers), Want::Sampled).unwrap().into_sampled().unwrap()
+}
 
 /// Decode `steps` tokens on 3 rows with the GPU sampler, returning each row's tokens.
 fn decode(w: &ModelWeights, samplers: &[Sampler; 3], steps: usize) -> Vec<Vec<u32>> {
@@ -100,7 +105,7 @@ fn bias_mask_and_top_logprobs_match_the_cpu_twin() {
     e.set_token_mask(2, Some(&even)).unwrap();
     let masks: [Option<&[u32]>; 3] = [None, Some(&even), Some(&even)];
     let prompt = [3u32, 4, 5, 6, 7, 8, 9, 10, 11];
-    let mut got = e.append_sample_full(&prompt, 3, &[3, 3, 3], None, &samplers).unwrap();
+    let mut got = sampled(&mut e, &prompt, 3, &[3, 3, 3], &samplers);
     let mut logits = replay.append(&prompt, 3, &[3, 3, 3], None).unwrap();
     for step in 0..10 {
         let mut next = Vec::new();
@@ -119,7 +124,7 @@ fn bias_mask_and_top_logprobs_match_the_cpu_twin() {
             }
             next.push(g.token);
         }
-        got = e.append_sample_full(&next, 1, &[1, 1, 1], None, &samplers).unwrap();
+        got = sampled(&mut e, &next, 1, &[1, 1, 1], &samplers);
         logits = replay.append(&next, 1, &[1, 1, 1], None).unwrap();
     }
     // the logits `append` returns are the model's: bias and mask change sampling only
@@ -179,7 +184,7 @@ fn logprob_modes_and_min_p(split: bool) {
     e.set_token_mask(2, Some(&even)).unwrap();
     let masks: [Option<&[u32]>; 7] = [None, None, Some(&even), None, None, None, None];
     let prompt: Vec<u32> = (3..24).collect();
-    let mut got = e.append_sample_full(&prompt, 3, &[3; 7], None, &samplers).unwrap();
+    let mut got = sampled(&mut e, &prompt, 3, &[3; 7], &samplers);
     let mut logits = replay.append(&prompt, 3, &[3; 7], None).unwrap();
     let (mut worst_raw, mut worst_sum) = (0f64, 0f64);
     for step in 0..8 {
@@ -228,7 +233,7 @@ fn logprob_modes_and_min_p(split: bool) {
             }
             next.push(g.token);
         }
-        got = e.append_sample_full(&next, 1, &[1; 7], None, &samplers).unwrap();
+        got = sampled(&mut e, &next, 1, &[1; 7], &samplers);
         logits = replay.append(&next, 1, &[1; 7], None).unwrap();
     }
     println!("processed sums within {worst_sum:e} of 1; raw within {worst_raw:e} of the f64 log-softmax");
@@ -269,14 +274,14 @@ fn scored_tokens_are_drawn_bits(split: bool) {
     let mut e =
         Engine::new(&gpu, &w, EngineOptions { split_sampling: Some(split), ..EngineOptions::new(6, 40) }).unwrap();
     let ids: Vec<u32> = prompt.iter().cycle().take(24).copied().collect();
-    let mut got = e.append_sample_full(&ids, 4, &[4; 6], None, &samplers).unwrap();
+    let mut got = sampled(&mut e, &ids, 4, &[4; 6], &samplers);
     let mut drawn: Vec<Vec<kvdecode::Sampled>> = vec![Vec::new(); 6];
     for _ in 0..10 {
         let next: Vec<u32> = got.iter().map(|g| g.as_ref().unwrap().token).collect();
         for (r, g) in got.into_iter().enumerate() {
             drawn[r].push(g.unwrap());
         }
-        got = e.append_sample_full(&next, 1, &[1; 6], None, &samplers).unwrap();
+        got = sampled(&mut e, &next, 1, &[1; 6], &samplers);
     }
     // the prompt and the 10 drawn tokens, scored in one append (a row each)
     // six rows of 14 tokens: more than the default 64 all-position logits of one chunk
@@ -358,7 +363,7 @@ fn split_sampling_is_whole_sampling_at_a_real_vocabulary() {
         let sm: Vec<Sampler> = rows.iter().map(|&r| samplers[r]).collect();
         let ids: Vec<u32> = rows.iter().flat_map(|&r| prompt[r * 3..r * 3 + 3].to_vec()).collect();
         let k = rows.len();
-        let mut got = e.append_sample_full(&ids, 3, &vec![3; k], None, &sm).unwrap();
+        let mut got = sampled(&mut e, &ids, 3, &vec![3; k], &sm);
         let mut logits = replay.append(&ids, 3, &vec![3; k], None).unwrap();
         let (mut drawn, mut seen) = (vec![Vec::new(); k], vec![Vec::new(); k]);
         for _ in 0..steps {
@@ -367,7 +372,7 @@ fn split_sampling_is_whole_sampling_at_a_real_vocabulary() {
                 drawn[i].push(g.unwrap());
                 seen[i].push(logits.row(i).unwrap().to_vec());
             }
-            got = e.append_sample_full(&next, 1, &vec![1; k], None, &sm).unwrap();
+            got = sampled(&mut e, &next, 1, &vec![1; k], &sm);
             logits = replay.append(&next, 1, &vec![1; k], None).unwrap();
         }
         (drawn, seen)

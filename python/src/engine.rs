@@ -1,5 +1,6 @@
 //! The engine: a KV cache of `rows` rows on the GPU and the calls that feed and decode them.
 
+use kvdecode::{Batch, StepOutput, Want};
 use numpy::ndarray::{Array2, Array3};
 use numpy::{IntoPyArray, PyArray2, PyArray3, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
@@ -296,9 +297,9 @@ impl Engine {
         let (ids, width, n_new, rows) = chunk(&ids, n_new, rows)?;
         let samplers = samplers(sampler, n_new.len())?;
         let e = &mut self.inner;
-        let got =
-            py.detach(|| e.append_sample_logprobs(&ids, width, &n_new, rows.as_deref(), &samplers)).map_err(to_py)?;
-        Ok(got.into_iter().map(|o| (o.map(|x| x.0), o.map(|x| x.1))).unzip())
+        let batch = Batch::padded(&ids, width, &n_new, rows.as_deref()).samplers(&samplers[..]);
+        let got = py.detach(|| e.step(&batch, Want::Sampled).and_then(StepOutput::into_sampled)).map_err(to_py)?;
+        Ok(got.into_iter().map(|o| (o.as_ref().map(|x| x.token), o.map(|x| x.logprob))).unzip())
     }
 
     /// Append a chunk and report every token after each row's first as a draw there would:

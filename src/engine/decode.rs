@@ -86,7 +86,7 @@ impl Engine {
             if s.top_logprobs > 0 {
                 return Err(Error::Input(format!(
                     "decode_steps: row {r} asks for top_logprobs, which single-step sampling \
-                     (append_sample_full) reports"
+                     (Engine::step with Want::Sampled) reports"
                 )));
             }
         }

@@ -228,19 +228,34 @@ impl Engine {
     /// tokens (its K/V would be another model's), unless the adapter stays the same; a reset puts
     /// a row back on the base model, and a fork's rows take their source's adapter.
     pub fn set_adapter(&mut self, row: usize, name: Option<&str>) -> Result<()> {
+        let slot = self.check_adapter(row, name)?;
+        if slot != self.lora.rows[row] {
+            self.put_adapter(row, slot);
+        }
+        Ok(())
+    }
+
+    /// The slot [`Engine::set_adapter`] would give `row`, or its error; nothing changes.
+    pub(super) fn check_adapter(&self, row: usize, name: Option<&str>) -> Result<Option<usize>> {
         self.cache.check_rows(&[row])?;
         let slot = name.map(|n| self.lora.slot_of(n)).transpose()?;
-        if slot == self.lora.rows[row] {
-            return Ok(());
-        }
-        if self.cache.position(row) > 0 {
+        if slot != self.lora.rows[row] && self.cache.position(row) > 0 {
             return Err(Error::Input(format!(
                 "row {row} holds tokens computed with another adapter; reset it before changing its adapter"
             )));
         }
+        Ok(slot)
+    }
+
+    /// `row`'s adapter slot (`None`: the base model).
+    pub(super) fn adapter_slot(&self, row: usize) -> Option<usize> {
+        self.lora.rows[row]
+    }
+
+    /// Give `row` adapter slot `slot`, and its prompt-cache root with it.
+    pub(super) fn put_adapter(&mut self, row: usize, slot: Option<usize>) {
         self.lora.rows[row] = slot;
         self.cache.blocks.set_salt(row, slot.map_or(0, |s| self.lora.salt(s)));
-        Ok(())
     }
 
     /// The adapter `row` decodes with and its version now, or `None` (the base model).

@@ -8,6 +8,7 @@
 //! recording), `step` (checks, chunks, submits, readback), [`decode`] (multi-step windows and
 //! turns), [`sampling`] (what a step samples with), `inspect` (profiles and test hooks).
 
+pub mod batch;
 mod build;
 mod builder;
 pub mod decode;
@@ -35,6 +36,7 @@ use sampling::RowSampling;
 pub use crate::gpu::variants::{
     resolve_matmul, AttentionKernel, Fusion, MatmulKernel, QUERY_TILE_MIN_WIDTH, TILED_MIN_TOKENS,
 };
+pub use batch::{Batch, StepOutput, Want};
 pub use decode::{Turn, TurnLimit};
 pub use lora::LoraUpdate;
 pub use moe::EXPERT_TOKEN_BLOCK;

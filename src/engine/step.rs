@@ -36,14 +36,14 @@ impl Engine {
     /// tokens (0 leaves the row untouched). `rows`: the cache rows the chunk rows refer to (a
     /// sub-batch); `None` means all cache rows in order. Returns the logits at each row's last real
     /// token. Everything is checked before anything is written: on error no row changes.
-    /// (Blocks until the GPU is done; [`Engine::append_async`] is the same without blocking.)
+    /// ([`Engine::step`] with [`Want::Logits`](crate::Want::Logits); blocks until the GPU is done.)
     #[cfg(not(target_arch = "wasm32"))]
     pub fn append(&mut self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<Logits> {
-        crate::gpu::pending::block_on(self.append_async(ids, width, n_new, rows))
+        crate::gpu::pending::block_on(self.run_logits(ids, width, n_new, rows))
     }
 
-    /// [`Engine::append`] that awaits the readback instead of blocking (the browser's form).
-    pub async fn append_async(
+    /// [`Want::Logits`](crate::Want::Logits): run, then read back the logits at each row's last token.
+    pub(super) async fn run_logits(
         &mut self,
         ids: &[u32],
         width: usize,
@@ -61,13 +61,15 @@ impl Engine {
     }
 
     /// Like [`Engine::append`], but reads nothing back (prefill and tool results whose logits
-    /// nobody needs): the call returns as soon as the work is submitted.
+    /// nobody needs): the call returns as soon as the work is submitted ([`Want::Nothing`](crate::Want::Nothing)).
     pub fn feed(&mut self, ids: &[u32], width: usize, n_new: &[usize], rows: Option<&[usize]>) -> Result<()> {
         crate::gpu::pending::now(self.run(ids, width, n_new, rows, None, Output::None)).map(|_| ())
     }
 
     /// Like [`Engine::append`], but samples on the GPU and reads back only the ids: `samplers[r]`
     /// picks chunk row `r`'s next token. Rows that received no token give `None`.
+    /// ([`Engine::step`] with [`Want::Sampled`](crate::Want::Sampled) gives each token's log-probability and
+    /// alternatives too.)
     #[cfg(not(target_arch = "wasm32"))]
     pub fn append_sample(
         &mut self,
@@ -77,55 +79,14 @@ impl Engine {
         rows: Option<&[usize]>,
         samplers: &[Sampler],
     ) -> Result<Vec<Option<u32>>> {
-        Ok(self
-            .append_sample_logprobs(ids, width, n_new, rows, samplers)?
-            .into_iter()
-            .map(|o| o.map(|x| x.0))
-            .collect())
+        let got = crate::gpu::pending::block_on(self.run_sampled(ids, width, n_new, rows, samplers))?;
+        Ok(got.into_iter().map(|o| o.map(|s| s.token)).collect())
     }
 
-    /// [`Engine::append_sample`] that also returns each sampled token's log-probability.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn append_sample_logprobs(
-        &mut self,
-        ids: &[u32],
-        width: usize,
-        n_new: &[usize],
-        rows: Option<&[usize]>,
-        samplers: &[Sampler],
-    ) -> Result<Vec<Option<(u32, f32)>>> {
-        crate::gpu::pending::block_on(self.append_sample_logprobs_async(ids, width, n_new, rows, samplers))
-    }
-
-    /// [`Engine::append_sample_logprobs`] that awaits the readback instead of blocking.
-    pub async fn append_sample_logprobs_async(
-        &mut self,
-        ids: &[u32],
-        width: usize,
-        n_new: &[usize],
-        rows: Option<&[usize]>,
-        samplers: &[Sampler],
-    ) -> Result<Vec<Option<(u32, f32)>>> {
-        let got = self.append_sample_full_async(ids, width, n_new, rows, samplers).await?;
-        Ok(got.into_iter().map(|o| o.map(|s| (s.token, s.logprob))).collect())
-    }
-
-    /// [`Engine::append_sample`] that returns each sampled token with its log-probability and,
-    /// for samplers that ask (`top_logprobs`), the most likely alternatives.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn append_sample_full(
-        &mut self,
-        ids: &[u32],
-        width: usize,
-        n_new: &[usize],
-        rows: Option<&[usize]>,
-        samplers: &[Sampler],
-    ) -> Result<Vec<Option<Sampled>>> {
-        crate::gpu::pending::block_on(self.append_sample_full_async(ids, width, n_new, rows, samplers))
-    }
-
-    /// [`Engine::append_sample_full`] that awaits the readback instead of blocking.
-    pub async fn append_sample_full_async(
+    /// [`Want::Sampled`](crate::Want::Sampled): run, sampling each row's next token on the GPU, and read back each with
+    /// its log-probability and, for samplers that ask (`top_logprobs`), the most likely
+    /// alternatives.
+    pub(super) async fn run_sampled(
         &mut self,
         ids: &[u32],
         width: usize,
@@ -447,6 +408,7 @@ impl Engine {
     /// Like [`Engine::append`], but returns the logits at every real token of every row
     /// (`[row][token][vocab]`), for speculative verification. The whole call must fit one chunk:
     /// at most [`Engine::chunk_width`] tokens per row and `all_logits_tokens` (rows x width) in all.
+    /// ([`Engine::step`] with [`Want::AllLogits`](crate::Want::AllLogits).)
     #[cfg(not(target_arch = "wasm32"))]
     pub fn append_all_logits(
         &mut self,
@@ -455,11 +417,11 @@ impl Engine {
         n_new: &[usize],
         rows: Option<&[usize]>,
     ) -> Result<Vec<Vec<Vec<f32>>>> {
-        crate::gpu::pending::block_on(self.append_all_logits_async(ids, width, n_new, rows))
+        crate::gpu::pending::block_on(self.run_all_logits(ids, width, n_new, rows))
     }
 
-    /// [`Engine::append_all_logits`] that awaits the readback instead of blocking.
-    pub async fn append_all_logits_async(
+    /// [`Want::AllLogits`](crate::Want::AllLogits): run in one chunk, then read back the logits at every token.
+    pub(super) async fn run_all_logits(
         &mut self,
         ids: &[u32],
         width: usize,
@@ -499,6 +461,7 @@ impl Engine {
     /// logprobs for scoring and distillation: the same bits as each token would report sampled
     /// there (no logit bias or token mask applies). The call must fit one chunk, as
     /// [`Engine::append_all_logits`].
+    /// ([`Engine::step`] with [`Want::Scored`](crate::Want::Scored) and the batch's `next`.)
     #[cfg(not(target_arch = "wasm32"))]
     pub fn append_scored(
         &mut self,
@@ -509,11 +472,11 @@ impl Engine {
         samplers: &[Sampler],
         next: Option<&[u32]>,
     ) -> Result<Vec<Vec<Sampled>>> {
-        crate::gpu::pending::block_on(self.append_scored_async(ids, width, n_new, rows, samplers, next))
+        crate::gpu::pending::block_on(self.run_scored(ids, width, n_new, rows, samplers, next))
     }
 
-    /// [`Engine::append_scored`] that awaits the readback instead of blocking.
-    pub async fn append_scored_async(
+    /// [`Want::Scored`](crate::Want::Scored): run in one chunk, then read back every token's score.
+    pub(super) async fn run_scored(
         &mut self,
         ids: &[u32],
         width: usize,

@@ -19,7 +19,7 @@ use web_time::Instant;
 
 use crate::cache::RowOwner;
 use crate::engine::sampling::Sampler;
-use crate::engine::Engine;
+use crate::engine::{Batch, Engine, StepOutput, Want};
 use crate::error::{Error, Result};
 use crate::serve::request::{Completion, Event, Finish, Request, RequestStats, TokenConstraint};
 
@@ -434,15 +434,11 @@ impl Scheduler {
             if active.is_empty() {
                 return Ok((finished, true));
             }
-            let width = chunks.iter().map(Vec::len).max().unwrap_or(1).max(1);
-            let mut ids = vec![0u32; active.len() * width];
-            for (i, c) in chunks.iter().enumerate() {
-                ids[i * width..i * width + c.len()].copy_from_slice(c);
-            }
-            let n_new: Vec<usize> = chunks.iter().map(Vec::len).collect();
+            let batch = active.iter().zip(&chunks).fold(Batch::new(), |b, (&r, c)| b.row(r, c));
             let samplers: Vec<Sampler> =
                 active.iter().map(|&r| self.rows[r].as_ref().expect("active").req.sampler).collect();
-            match engine.append_sample_full_async(&ids, width, &n_new, Some(&active), &samplers).await {
+            let n_new: Vec<usize> = chunks.iter().map(Vec::len).collect();
+            match engine.step_async(&batch.samplers(samplers), Want::Sampled).await.and_then(StepOutput::into_sampled) {
                 Ok(sampled) => break (sampled, n_new),
                 Err(Error::OutOfBlocks { .. }) if active.len() > 1 => {
                     let newest = (0..active.len())

@@ -12,7 +12,9 @@ use std::rc::Rc;
 use js_sys::Promise;
 use kvdecode::io::gguf::GgufFile;
 use kvdecode::io::tokenizer::{Message, Tokenizer};
-use kvdecode::{Engine, EngineOptions, Gpu, GpuOptions, KvDtype, LoraAdapter, ModelWeights, Sampler, WeightDtype};
+use kvdecode::{
+    Batch, Engine, EngineOptions, Gpu, GpuOptions, KvDtype, LoraAdapter, ModelWeights, Sampler, Want, WeightDtype,
+};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
@@ -225,12 +227,8 @@ impl Session {
                 let samplers: Vec<Sampler> =
                     rows.iter().map(|&r| Sampler::temperature(temperature, seed.wrapping_add(r as u32))).collect();
                 let ones = vec![1; rows.len()];
-                let got = s
-                    .engine
-                    .append_sample_logprobs_async(&tokens, 1, &ones, Some(&rows), &samplers)
-                    .await
-                    .map_err(js)?;
-                let next: Vec<u32> = got.iter().map(|g| g.map_or(0, |g| g.0)).collect();
+                let got = sample(&mut s.engine, &tokens, 1, &ones, &rows, &samplers).await.map_err(js)?;
+                let next: Vec<u32> = got.iter().map(|g| g.unwrap_or(0)).collect();
                 Ok(js_sys::Uint32Array::from(&next[..]).into())
             }
             .await;
@@ -253,12 +251,8 @@ impl Session {
                 // a reset puts the row on the base model: back on the session's adapter
                 s.engine.set_adapter(0, s.lora).map_err(js)?;
                 let n = prompt.len();
-                let got = s
-                    .engine
-                    .append_sample_logprobs_async(&prompt, n, &[n], Some(&[0]), &[s.sampler])
-                    .await
-                    .map_err(js)?;
-                Ok(JsValue::from(got[0].ok_or("empty prompt")?.0))
+                let got = sample(&mut s.engine, &prompt, n, &[n], &[0], &[s.sampler]).await.map_err(js)?;
+                Ok(JsValue::from(got[0].ok_or("empty prompt")?))
             }
             .await;
             (s, out)
@@ -269,15 +263,26 @@ impl Session {
     pub fn step(&self, token: u32) -> Promise {
         future_to_promise(with(self.inner.clone(), move |mut s| async move {
             let out = async {
-                let got = s
-                    .engine
-                    .append_sample_logprobs_async(&[token], 1, &[1], Some(&[0]), &[s.sampler])
-                    .await
-                    .map_err(js)?;
-                Ok(JsValue::from(got[0].ok_or("no token")?.0))
+                let got = sample(&mut s.engine, &[token], 1, &[1], &[0], &[s.sampler]).await.map_err(js)?;
+                Ok(JsValue::from(got[0].ok_or("no token")?))
             }
             .await;
             (s, out)
         }))
     }
+}
+
+/// One step that feeds `n_new[r]` of `ids` (`[rows, width]`) to each of `rows` and samples a token
+/// for each: [`Engine::step_async`] with [`Want::Sampled`].
+async fn sample(
+    engine: &mut Engine,
+    ids: &[u32],
+    width: usize,
+    n_new: &[usize],
+    rows: &[usize],
+    samplers: &[Sampler],
+) -> kvdecode::Result<Vec<Option<u32>>> {
+    let batch = Batch::padded(ids, width, n_new, Some(rows)).samplers(samplers);
+    let got = engine.step_async(&batch, Want::Sampled).await?.into_sampled()?;
+    Ok(got.into_iter().map(|g| g.map(|g| g.token)).collect())
 }

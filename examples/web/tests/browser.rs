@@ -7,8 +7,8 @@
 
 use kvdecode::model::reference::{self, RefOptions};
 use kvdecode::{
-    argmax, Engine, EngineOptions, Error, Gpu, GpuOptions, KvDtype, LoraAdapter, ModelConfig, ModelWeights, Sampler,
-    SplitMix64,
+    argmax, Batch, Engine, EngineOptions, Error, Gpu, GpuOptions, KvDtype, LoraAdapter, ModelConfig, ModelWeights,
+    Sampler, SplitMix64, StepOutput, Want,
 };
 use wasm_bindgen::JsValue;
 use wasm_bindgen_test::*;
@@ -39,7 +39,11 @@ async fn parity(cfg: ModelConfig, kv: KvDtype, seed: u64, tol: f32) {
         };
         let width = *n_new.iter().max().unwrap();
         let ids: Vec<u32> = (0..n_new.len() * width).map(|_| rng.below(v) as u32).collect();
-        let out = e.append_async(&ids, width, &n_new, rows.as_deref()).await.unwrap();
+        let out = e
+            .step_async(&Batch::padded(&ids, width, &n_new, rows.as_deref()), Want::Logits)
+            .await
+            .and_then(StepOutput::into_logits)
+            .unwrap();
         let cache_rows = rows.unwrap_or_else(|| (0..3).collect());
         for (r, &row) in cache_rows.iter().enumerate() {
             let hist = e.cache().history(row).to_vec();
@@ -113,7 +117,11 @@ async fn browser_lora_row_beside_a_base_row() {
     e.set_adapter(0, Some("a")).unwrap();
     let v = cfg.vocab;
     let ids: Vec<u32> = (0..18).map(|_| rng.below(v) as u32).collect();
-    let out = e.append_async(&ids, 9, &[9, 9], None).await.unwrap();
+    let out = e
+        .step_async(&Batch::padded(&ids, 9, &[9, 9], None), Want::Logits)
+        .await
+        .and_then(StepOutput::into_logits)
+        .unwrap();
     let base = reference::forward_with(&w, &ids[..9], RefOptions::default()).unwrap();
     web_sys_log(&format!("LoRA row 0 vs the base model: {:e}", max_abs_diff(out.row(0).unwrap(), &base[8 * v..])));
     for (row, lora) in [(0, Some(&adapter)), (1, None)] {
@@ -143,11 +151,19 @@ async fn browser_device_lost_then_rebuilt() {
     let w = ModelWeights::random(&cfg, 17).unwrap();
     let gpu = Gpu::new_async(&GpuOptions::default()).await.unwrap();
     let mut e = Engine::new(&gpu, &w, EngineOptions::new(2, 32)).unwrap();
-    e.append_async(&[1, 2, 3, 4], 2, &[2, 2], None).await.unwrap();
+    e.step_async(&Batch::padded(&[1, 2, 3, 4], 2, &[2, 2], None), Want::Logits)
+        .await
+        .and_then(StepOutput::into_logits)
+        .unwrap();
     gpu.device.destroy();
     next_task().await;
     for what in ["append", "append again"] {
-        let err = e.append_async(&[5, 6], 1, &[1, 1], None).await.err().unwrap_or_else(|| panic!("{what} succeeded"));
+        let err = e
+            .step_async(&Batch::padded(&[5, 6], 1, &[1, 1], None), Want::Logits)
+            .await
+            .and_then(StepOutput::into_logits)
+            .err()
+            .unwrap_or_else(|| panic!("{what} succeeded"));
         assert!(matches!(err, Error::DeviceLost(_)), "{what}: {err}");
         assert!(err.to_string().contains("device lost"), "{err}");
     }
@@ -156,7 +172,11 @@ async fn browser_device_lost_then_rebuilt() {
     drop(e);
     let gpu2 = Gpu::new_async(&GpuOptions::default()).await.unwrap();
     let mut e2 = Engine::new_async(&gpu2, &w, EngineOptions::new(2, 32)).await.unwrap();
-    let out = e2.append_async(&[1, 2, 3, 0, 0, 0], 3, &[3, 0], None).await.unwrap();
+    let out = e2
+        .step_async(&Batch::padded(&[1, 2, 3, 0, 0, 0], 3, &[3, 0], None), Want::Logits)
+        .await
+        .and_then(StepOutput::into_logits)
+        .unwrap();
     let want = reference::forward_with(&w, &[1, 2, 3], RefOptions::default()).unwrap();
     let d = max_abs_diff(out.row(0).unwrap(), &want[2 * cfg.vocab..]);
     assert!(d <= 1e-4, "rebuilt engine: {d}");
@@ -188,9 +208,11 @@ async fn converse(
             next.push(*convo[c].last().unwrap());
         }
         for _ in 0..answer {
-            let got = e.append_sample_logprobs_async(&next, 1, &vec![1; n], Some(rows), &samplers).await.unwrap();
+            let ones = vec![1; n];
+            let batch = Batch::padded(&next, 1, &ones, Some(rows)).samplers(&samplers[..]);
+            let got = e.step_async(&batch, Want::Sampled).await.unwrap().into_sampled().unwrap();
             for c in 0..n {
-                let tok = got[c].unwrap().0;
+                let tok = got[c].as_ref().unwrap().token;
                 answers[c].push(tok);
                 convo[c].push(tok);
                 next[c] = tok;
