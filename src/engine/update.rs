@@ -9,12 +9,10 @@ use std::path::Path;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::gpu::weights::GpuPlace;
 use crate::model::config::{ModelConfig, NormKind};
 use crate::model::family::{
     naming_norm, tensor_names, trainer_names, transpose_stack, Naming, Place, Slot, TensorName, HF_PREFIXES,
 };
-use crate::model::reference::norm_multiplier;
 use crate::model::tensor::{HostDtype, HostTensor};
 
 /// What an update does to the rows that hold tokens.
@@ -274,24 +272,8 @@ impl Engine {
         let mut bytes = 0;
         for (t, spec, norm) in &plan {
             for p in &spec.places {
-                let (n, source) = (p.rows.len(), |i: usize| p.source(i));
-                match self.weights.place(&self.cfg, p.slot, p.row0) {
-                    Some(GpuPlace::Rows { matrix, row0 }) => bytes += matrix.write_rows(&self.gpu, row0, n, t, &source),
-                    Some(GpuPlace::Bias { matrix, row0 }) => {
-                        bytes += matrix.write_bias(&self.gpu, row0, n, &t.values_f32(), &source)
-                    }
-                    Some(GpuPlace::Norm(buffer)) => {
-                        let values = norm_multiplier(*norm, &t.values_f32());
-                        self.gpu.queue.write_buffer(buffer, 0, bytemuck::cast_slice(&values));
-                        bytes += values.len() as u64 * 4;
-                    }
-                    Some(GpuPlace::Floats { buffer, offset }) => {
-                        let values = t.values_f32();
-                        self.gpu.queue.write_buffer(buffer, offset as u64 * 4, bytemuck::cast_slice(&values));
-                        bytes += values.len() as u64 * 4;
-                    }
-                    None => {} // checked above
-                }
+                // (every place was checked above; the engine's own upload writes through the same)
+                bytes += self.weights.write_place(&self.gpu, &self.cfg, p, *norm, t).unwrap_or(0);
             }
         }
         // the writes reach the GPU with this submit, and their staging memory is freed once done

@@ -4,8 +4,8 @@
 use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
 use crate::gpu::kernels::WeightFormat;
-use crate::model::config::ModelConfig;
-use crate::model::family::{LayerSlot, Slot};
+use crate::model::config::{ModelConfig, NormKind};
+use crate::model::family::{tensor_names, LayerSlot, Naming, Place, RowOrder, Slot};
 use crate::model::quant::{quantize, repack_for_gpu, QuantKind};
 use crate::model::reference::norm_multiplier;
 use crate::model::tensor::{HostDtype, HostTensor};
@@ -38,15 +38,13 @@ pub(crate) struct GpuMatrix {
 }
 
 /// How a matrix is stored on the GPU: its quantized blocks when the rows are whole blocks, else
-/// 16-bit when it is 16-bit on disk or `dtype` asks, else f32.
-struct Layout<'a> {
-    quant: Option<&'a crate::model::quant::QuantData>,
-    half: Option<Half>,
+/// 16-bit when it is 16-bit on disk or `dtype` asks, else f32; and the bytes of one row so.
+struct Layout {
     format: WeightFormat,
     row_bytes: u64,
 }
 
-fn layout(m: &Matrix, dtype: WeightDtype) -> Layout<'_> {
+fn layout(m: &Matrix, dtype: WeightDtype) -> Layout {
     let quant = m.quant.as_ref().filter(|q| m.cols.is_multiple_of(q.kind.block_len()));
     // 16-bit on disk stays 16-bit on the GPU (bf16 as bf16); f32 follows `dtype`
     let half = match (m.half, dtype) {
@@ -62,7 +60,7 @@ fn layout(m: &Matrix, dtype: WeightDtype) -> Layout<'_> {
         (None, Some(Half::F16)) => (WeightFormat::F16, (m.cols * 2) as u64),
         (None, Some(Half::BF16)) => (WeightFormat::BF16, (m.cols * 2) as u64),
     };
-    Layout { quant, half, format, row_bytes }
+    Layout { format, row_bytes }
 }
 
 /// Bytes `w`'s matrices, norms and tables take on the GPU as `dtype` (before anything is
@@ -91,54 +89,31 @@ pub(crate) fn bytes_needed(w: &ModelWeights, dtype: WeightDtype) -> u64 {
 }
 
 impl GpuMatrix {
-    /// Upload `m` (see [`layout`]), split into row parts that each fit one binding.
-    pub(crate) fn upload(gpu: &Gpu, label: &str, m: &Matrix, dtype: WeightDtype) -> Result<Self> {
-        Self::upload_with_bias(gpu, label, m, None, dtype)
-    }
-
-    /// [`GpuMatrix::upload`] with a bias of `m.rows` values, added by every product.
-    pub(crate) fn upload_with_bias(
+    /// A zeroed `[rows, cols]` matrix stored as `format`, split into row parts that each fit one
+    /// binding, with a bias of `rows` values (added by every product) where `bias` says.
+    pub(crate) fn allocate(
         gpu: &Gpu,
         label: &str,
-        m: &Matrix,
-        bias: Option<&[f32]>,
-        dtype: WeightDtype,
+        (rows, cols): (usize, usize),
+        format: WeightFormat,
+        bias: bool,
     ) -> Result<Self> {
-        let Layout { quant, half, format, row_bytes } = layout(m, dtype);
+        let mut m = GpuMatrix { cols, format, parts: Vec::new() };
+        let row_bytes = m.row_bytes() as u64;
         let rows_per_part = (gpu.max_binding() / row_bytes.max(1)) as usize;
         if rows_per_part == 0 {
             return Err(Error::Limit(format!("{label}: one row of {row_bytes} bytes exceeds a storage binding")));
         }
-        let mut parts = Vec::new();
         let mut start = 0;
-        while start < m.rows {
-            let rows = rows_per_part.min(m.rows - start);
-            let bytes: Vec<u8> = match quant {
-                Some(q) => {
-                    let rb = m.cols / q.kind.block_len() * q.kind.block_bytes();
-                    bytemuck::cast_slice(&repack_for_gpu(q.kind, &q.bytes[start * rb..(start + rows) * rb])).to_vec()
-                }
-                None => {
-                    let vals = &m.data[start * m.cols..(start + rows) * m.cols];
-                    match half {
-                        None => bytemuck::cast_slice(vals).to_vec(),
-                        Some(Half::F16) => vals.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
-                        Some(Half::BF16) => vals.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
-                    }
-                }
-            };
-            let buffer = gpu.storage_init(&format!("{label} rows {start}..{}", start + rows), &bytes)?;
-            let bias = match bias {
-                Some(b) => Some(gpu.storage_init(
-                    &format!("{label} bias {start}..{}", start + rows),
-                    bytemuck::cast_slice(&b[start..start + rows]),
-                )?),
-                None => None,
-            };
-            parts.push(MatrixPart { buffer, bias, row_start: start, rows });
-            start += rows;
+        while start < rows {
+            let n = rows_per_part.min(rows - start);
+            let part = |what: &str, bytes: u64| gpu.storage(&format!("{label}{what} {start}..{}", start + n), bytes);
+            let buffer = part(" rows", n as u64 * row_bytes)?;
+            let bias = if bias { Some(part(" bias", n as u64 * 4)?) } else { None };
+            m.parts.push(MatrixPart { buffer, bias, row_start: start, rows: n });
+            start += n;
         }
-        Ok(GpuMatrix { cols: m.cols, format, parts })
+        Ok(m)
     }
 }
 
@@ -441,68 +416,75 @@ impl GpuWeights {
         total
     }
 
+    /// `w` on the GPU: every weight allocated in its format ([`layout`]: the file's blocks or
+    /// halves, else `dtype`), then written through the places the name map gives it
+    /// ([`GpuWeights::write_place`]), as a weight update writes: loading and updating are one path,
+    /// so an update equals a fresh engine by construction.
     pub(crate) fn upload(gpu: &Gpu, w: &ModelWeights, dtype: WeightDtype) -> Result<Self> {
         w.check()?;
+        let weights = Self::allocate(gpu, w, dtype)?;
+        weights.fill(gpu, w)?;
+        Ok(weights)
+    }
+
+    /// Zeroed GPU weights shaped as `w`'s, each matrix in the format [`layout`] gives it; the
+    /// query and global K/V projections in one matrix where they are stored alike.
+    fn allocate(gpu: &Gpu, w: &ModelWeights, dtype: WeightDtype) -> Result<Self> {
         let cfg: &ModelConfig = &w.cfg;
-        let norm = |label: String, v: &Option<Vec<f32>>| -> Result<Option<wgpu::Buffer>> {
-            v.as_ref()
-                .map(|v| gpu.storage_init(&label, bytemuck::cast_slice(&norm_multiplier(cfg.norm, v))))
-                .transpose()
+        let vector = |label: String, v: &Option<Vec<f32>>| -> Result<Option<wgpu::Buffer>> {
+            v.as_ref().map(|v| gpu.storage(&label, v.len() as u64 * 4)).transpose()
         };
-        let mat = |label: String, m: &Matrix| GpuMatrix::upload(gpu, &label, m, dtype);
-        let biased =
-            |label: String, m: &Matrix, bias: Option<&[f32]>| GpuMatrix::upload_with_bias(gpu, &label, m, bias, dtype);
+        let alloc = |label: String, m: &Matrix, dtype: WeightDtype, bias: bool| {
+            GpuMatrix::allocate(gpu, &label, (m.rows, m.cols), layout(m, dtype).format, bias)
+        };
         let mut layers = Vec::new();
         for (i, l) in w.layers.iter().enumerate() {
             let p = |s: &str| format!("layer {i} {s}");
-            let (q_bias, kv_bias) = (l.q_bias.as_deref(), l.kv_bias.as_deref());
+            let (q_bias, kv_bias) = (l.q_bias.is_some(), l.kv_bias.is_some());
             let qkv = match &l.kv_global {
                 Some(kv) if layout(&l.wq, dtype).format == layout(kv, dtype).format => {
-                    let bias = q_bias.zip(kv_bias).map(|(q, kv)| [q, kv].concat());
-                    let m = Matrix::vstack(&[l.wq.clone(), kv.clone()])?;
-                    QkvWeights::Fused(biased(p("wq + kv_global"), &m, bias.as_deref())?)
+                    let (rows, format) = (l.wq.rows + kv.rows, layout(&l.wq, dtype).format);
+                    let m =
+                        GpuMatrix::allocate(gpu, &p("wq + kv_global"), (rows, l.wq.cols), format, q_bias && kv_bias)?;
+                    QkvWeights::Fused(m)
                 }
                 kv => QkvWeights::Apart {
-                    wq: biased(p("wq"), &l.wq, q_bias)?,
-                    kv_global: kv.as_ref().map(|m| biased(p("kv_global"), m, kv_bias)).transpose()?,
+                    wq: alloc(p("wq"), &l.wq, dtype, q_bias)?,
+                    kv_global: kv.as_ref().map(|m| alloc(p("kv_global"), m, dtype, kv_bias)).transpose()?,
                 },
             };
             layers.push(GpuLayer {
-                attn_norm: norm(p("attn_norm"), &l.attn_norm)?,
+                attn_norm: vector(p("attn_norm"), &l.attn_norm)?,
                 qkv,
-                q_norm: norm(p("q_norm"), &l.q_norm)?,
-                k_norm: norm(p("k_norm"), &l.k_norm)?,
-                kv_local: l.kv_local.as_ref().map(|m| biased(p("kv_local"), m, kv_bias)).transpose()?,
-                wo: biased(p("wo"), &l.wo, l.o_bias.as_deref())?,
-                sinks: l.sinks.as_ref().map(|v| gpu.storage_init(&p("sinks"), bytemuck::cast_slice(v))).transpose()?,
-                post_attn_norm: norm(p("post_attn_norm"), &l.post_attn_norm)?,
-                mlp_norm: norm(p("mlp_norm"), &l.mlp_norm)?,
-                post_mlp_norm: norm(p("post_mlp_norm"), &l.post_mlp_norm)?,
-                mlp_in: biased(p("mlp_in"), &l.mlp_in, l.mlp_in_bias.as_deref())?,
-                mlp_out: biased(p("mlp_out"), &l.mlp_out, l.mlp_out_bias.as_deref())?,
+                q_norm: vector(p("q_norm"), &l.q_norm)?,
+                k_norm: vector(p("k_norm"), &l.k_norm)?,
+                kv_local: l.kv_local.as_ref().map(|m| alloc(p("kv_local"), m, dtype, kv_bias)).transpose()?,
+                wo: alloc(p("wo"), &l.wo, dtype, l.o_bias.is_some())?,
+                sinks: vector(p("sinks"), &l.sinks)?,
+                post_attn_norm: vector(p("post_attn_norm"), &l.post_attn_norm)?,
+                mlp_norm: vector(p("mlp_norm"), &l.mlp_norm)?,
+                post_mlp_norm: vector(p("post_mlp_norm"), &l.post_mlp_norm)?,
+                mlp_in: alloc(p("mlp_in"), &l.mlp_in, dtype, l.mlp_in_bias.is_some())?,
+                mlp_out: alloc(p("mlp_out"), &l.mlp_out, dtype, l.mlp_out_bias.is_some())?,
                 shared: match &l.shared_expert {
                     Some(s) => Some(GpuShared {
-                        mlp_in: mat(p("shared expert mlp_in"), &s.mlp_in)?,
-                        mlp_out: mat(p("shared expert mlp_out"), &s.mlp_out)?,
-                        gate: GpuMatrix::upload(gpu, &p("shared expert gate"), &s.gate, WeightDtype::F32)?,
+                        mlp_in: alloc(p("shared expert mlp_in"), &s.mlp_in, dtype, false)?,
+                        mlp_out: alloc(p("shared expert mlp_out"), &s.mlp_out, dtype, false)?,
+                        gate: alloc(p("shared expert gate"), &s.gate, WeightDtype::F32, false)?,
                     }),
                     None => None,
                 },
                 router: l
                     .router
                     .as_ref()
-                    .map(|r| {
-                        GpuMatrix::upload_with_bias(gpu, &p("router"), r, l.router_bias.as_deref(), WeightDtype::F32)
-                    })
+                    .map(|r| alloc(p("router"), r, WeightDtype::F32, l.router_bias.is_some()))
                     .transpose()?,
                 engram: match &l.engram {
-                    Some(e) => {
-                        let flat: Vec<f32> = e.tables.iter().flat_map(|t| t.data.iter().copied()).collect();
-                        Some(GpuEngram {
-                            tables: gpu.storage_init(&p("engram tables"), bytemuck::cast_slice(&flat))?,
-                            w_kv: mat(p("engram w_kv"), &e.w_kv)?,
-                        })
-                    }
+                    Some(e) => Some(GpuEngram {
+                        tables: gpu
+                            .storage(&p("engram tables"), e.tables.iter().map(|t| t.data.len() as u64 * 4).sum())?,
+                        w_kv: alloc(p("engram w_kv"), &e.w_kv, dtype, false)?,
+                    }),
                     None => None,
                 },
             });
@@ -520,9 +502,9 @@ impl GpuWeights {
             }
         }
         Ok(GpuWeights {
-            embed: mat("embed".into(), &w.embed)?,
-            head: w.head.as_ref().map(|h| mat("head".into(), h)).transpose()?,
-            final_norm: norm("final_norm".into(), &w.final_norm)?,
+            embed: alloc("embed".into(), &w.embed, dtype, false)?,
+            head: w.head.as_ref().map(|h| alloc("head".into(), h, dtype, false)).transpose()?,
+            final_norm: vector("final_norm".into(), &w.final_norm)?,
             layers,
             cid_map: {
                 let ids: Vec<u32> = w.cid_map.clone().unwrap_or_else(|| (0..cfg.vocab as u32).collect());
@@ -535,5 +517,81 @@ impl GpuWeights {
             },
             lora: None,
         })
+    }
+
+    /// Write every weight of `w` into its place: each place kvdecode's names give, once, from the
+    /// slot's own rows as `w` stores them (a matrix's blocks where its format keeps them, else its
+    /// values), through [`GpuWeights::write_place`].
+    fn fill(&self, gpu: &Gpu, w: &ModelWeights) -> Result<()> {
+        let cfg = &w.cfg;
+        let mut filled = std::collections::HashSet::new();
+        for name in tensor_names(cfg, Naming::Kvdecode) {
+            for p in &name.places {
+                if !filled.insert((p.slot, p.row0)) {
+                    return Err(Error::Weights(format!(
+                        "`{}`: {:?} row {} is filled twice",
+                        name.name, p.slot, p.row0
+                    )));
+                }
+                let missing = || Error::Weights(format!("`{}`: the model has no {:?}", name.name, p.slot));
+                // the slot's rows row0.. themselves: a place over the whole slot, in order
+                let n = p.rows.len();
+                let whole = Place { slot: p.slot, row0: p.row0, rows: p.row0..p.row0 + n, order: RowOrder::AsIs };
+                let format = match self.place(cfg, p.slot, p.row0) {
+                    Some(GpuPlace::Rows { matrix, .. }) => Some(matrix.format),
+                    _ => None,
+                };
+                let t = match (w.slot_matrix(p.slot), w.slot_vector(p.slot)) {
+                    (Some(m), _) => matrix_tensor(&name.name, m, format),
+                    (None, Some(v)) => HostTensor::f32(name.name.clone(), &[v.len()], v),
+                    _ => return Err(missing()),
+                };
+                self.write_place(gpu, cfg, &whole, cfg.norm, &t).ok_or_else(missing)?;
+            }
+            // staging memory is freed as each tensor's writes reach the GPU
+            gpu.queue.submit([]);
+        }
+        Ok(())
+    }
+
+    /// Write tensor `t`'s rows into place `p` (`t` checked against the place's shape; norms
+    /// stored as `norm` says), converted to how the place stores them. Returns the bytes written,
+    /// or `None` where this engine holds no such weight.
+    pub(crate) fn write_place(
+        &self,
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        p: &Place,
+        norm: NormKind,
+        t: &HostTensor,
+    ) -> Option<u64> {
+        let (n, source) = (p.rows.len(), |i: usize| p.source(i));
+        Some(match self.place(cfg, p.slot, p.row0)? {
+            GpuPlace::Rows { matrix, row0 } => matrix.write_rows(gpu, row0, n, t, &source),
+            GpuPlace::Bias { matrix, row0 } => matrix.write_bias(gpu, row0, n, &t.values_f32(), &source),
+            GpuPlace::Norm(buffer) => {
+                let values = norm_multiplier(norm, &t.values_f32());
+                gpu.queue.write_buffer(buffer, 0, bytemuck::cast_slice(&values));
+                values.len() as u64 * 4
+            }
+            GpuPlace::Floats { buffer, offset } => {
+                let values = t.values_f32();
+                gpu.queue.write_buffer(buffer, offset as u64 * 4, bytemuck::cast_slice(&values));
+                values.len() as u64 * 4
+            }
+        })
+    }
+}
+
+/// Matrix `m` as a host tensor: its blocks where the GPU keeps that format, else its values.
+fn matrix_tensor<'a>(name: &str, m: &'a Matrix, gpu_format: Option<WeightFormat>) -> HostTensor<'a> {
+    match m.quant.as_ref().filter(|q| Some(WeightFormat::from(q.kind)) == gpu_format) {
+        Some(q) => HostTensor {
+            name: name.to_string(),
+            shape: vec![m.rows, m.cols],
+            dtype: HostDtype::Quant(q.kind),
+            bytes: &q.bytes,
+        },
+        None => HostTensor::f32(name, &[m.rows, m.cols], &m.data),
     }
 }

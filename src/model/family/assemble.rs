@@ -183,52 +183,7 @@ fn take_matrix(mats: &mut Mats, slot: Slot) -> Result<Option<Matrix>> {
 /// ([`TensorName::file_shape`]: a stack of transposes transposed). What a checkpoint in that naming would hold, for
 /// tests and for pushing weights from one engine's model into another.
 pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>)> {
-    let slot_matrix = |slot: Slot| -> Option<&Matrix> {
-        let Slot::Layer(i, s) = slot else {
-            return match slot {
-                Slot::Embed => Some(&w.embed),
-                Slot::Head => w.head.as_ref(),
-                _ => None,
-            };
-        };
-        let l = w.layers.get(i)?;
-        match s {
-            LayerSlot::Wq => Some(&l.wq),
-            LayerSlot::KvGlobal => l.kv_global.as_ref(),
-            LayerSlot::KvLocal => l.kv_local.as_ref(),
-            LayerSlot::Wo => Some(&l.wo),
-            LayerSlot::MlpIn => Some(&l.mlp_in),
-            LayerSlot::MlpOut => Some(&l.mlp_out),
-            LayerSlot::Router => l.router.as_ref(),
-            LayerSlot::SharedIn => l.shared_expert.as_ref().map(|s| &s.mlp_in),
-            LayerSlot::SharedOut => l.shared_expert.as_ref().map(|s| &s.mlp_out),
-            LayerSlot::SharedGate => l.shared_expert.as_ref().map(|s| &s.gate),
-            LayerSlot::EngramKv => l.engram.as_ref().map(|e| &e.w_kv),
-            LayerSlot::EngramTable(k) => l.engram.as_ref().and_then(|e| e.tables.get(k)),
-            _ => None,
-        }
-    };
-    let slot_vector = |slot: Slot| -> Option<&Vec<f32>> {
-        let Slot::Layer(i, s) = slot else { return w.final_norm.as_ref() };
-        let l = w.layers.get(i)?;
-        match s {
-            LayerSlot::AttnNorm => l.attn_norm.as_ref(),
-            LayerSlot::QNorm => l.q_norm.as_ref(),
-            LayerSlot::KNorm => l.k_norm.as_ref(),
-            LayerSlot::PostAttnNorm => l.post_attn_norm.as_ref(),
-            LayerSlot::MlpNorm => l.mlp_norm.as_ref(),
-            LayerSlot::PostMlpNorm => l.post_mlp_norm.as_ref(),
-            LayerSlot::QBias => l.q_bias.as_ref(),
-            LayerSlot::KvBias => l.kv_bias.as_ref(),
-            LayerSlot::OBias => l.o_bias.as_ref(),
-            LayerSlot::Sinks => l.sinks.as_ref(),
-            LayerSlot::RouterBias => l.router_bias.as_ref(),
-            LayerSlot::MlpInBias => l.mlp_in_bias.as_ref(),
-            LayerSlot::MlpOutBias => l.mlp_out_bias.as_ref(),
-            LayerSlot::SharedGate => l.shared_expert.as_ref().map(|s| &s.gate.data),
-            _ => None,
-        }
-    };
+    let (slot_matrix, slot_vector) = (|slot| w.slot_matrix(slot), |slot| w.slot_vector(slot));
     let mut out = Vec::new();
     for t in tensor_names(&w.cfg, naming) {
         // file row f of each place holds the slot's row g where the place's source(g) == f
@@ -255,4 +210,56 @@ pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>
         }
     }
     out
+}
+
+/// The matrix and vector weights of a [`ModelWeights`] by the [`Slot`] the name map gives them.
+impl ModelWeights {
+    /// The matrix `slot` names (`None`: a vector, or a weight this model lacks).
+    pub(crate) fn slot_matrix(&self, slot: Slot) -> Option<&Matrix> {
+        let Slot::Layer(i, s) = slot else {
+            return match slot {
+                Slot::Embed => Some(&self.embed),
+                Slot::Head => self.head.as_ref(),
+                _ => None,
+            };
+        };
+        let l = self.layers.get(i)?;
+        match s {
+            LayerSlot::Wq => Some(&l.wq),
+            LayerSlot::KvGlobal => l.kv_global.as_ref(),
+            LayerSlot::KvLocal => l.kv_local.as_ref(),
+            LayerSlot::Wo => Some(&l.wo),
+            LayerSlot::MlpIn => Some(&l.mlp_in),
+            LayerSlot::MlpOut => Some(&l.mlp_out),
+            LayerSlot::Router => l.router.as_ref(),
+            LayerSlot::SharedIn => l.shared_expert.as_ref().map(|s| &s.mlp_in),
+            LayerSlot::SharedOut => l.shared_expert.as_ref().map(|s| &s.mlp_out),
+            LayerSlot::SharedGate => l.shared_expert.as_ref().map(|s| &s.gate),
+            LayerSlot::EngramKv => l.engram.as_ref().map(|e| &e.w_kv),
+            LayerSlot::EngramTable(k) => l.engram.as_ref().and_then(|e| e.tables.get(k)),
+            _ => None,
+        }
+    }
+    /// The vector `slot` names (a norm, bias or sinks; the shared expert's gate as its values).
+    pub(crate) fn slot_vector(&self, slot: Slot) -> Option<&Vec<f32>> {
+        let Slot::Layer(i, s) = slot else { return self.final_norm.as_ref() };
+        let l = self.layers.get(i)?;
+        match s {
+            LayerSlot::AttnNorm => l.attn_norm.as_ref(),
+            LayerSlot::QNorm => l.q_norm.as_ref(),
+            LayerSlot::KNorm => l.k_norm.as_ref(),
+            LayerSlot::PostAttnNorm => l.post_attn_norm.as_ref(),
+            LayerSlot::MlpNorm => l.mlp_norm.as_ref(),
+            LayerSlot::PostMlpNorm => l.post_mlp_norm.as_ref(),
+            LayerSlot::QBias => l.q_bias.as_ref(),
+            LayerSlot::KvBias => l.kv_bias.as_ref(),
+            LayerSlot::OBias => l.o_bias.as_ref(),
+            LayerSlot::Sinks => l.sinks.as_ref(),
+            LayerSlot::RouterBias => l.router_bias.as_ref(),
+            LayerSlot::MlpInBias => l.mlp_in_bias.as_ref(),
+            LayerSlot::MlpOutBias => l.mlp_out_bias.as_ref(),
+            LayerSlot::SharedGate => l.shared_expert.as_ref().map(|s| &s.gate.data),
+            _ => None,
+        }
+    }
 }
