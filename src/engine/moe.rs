@@ -166,7 +166,7 @@ impl Engine {
         }
     }
 
-    /// Whether the engine keeps every token's routes ([`EngineOptions::record_routes`]).
+    /// Whether the engine keeps every token's routes ([`EngineOptions::record_routes`](crate::EngineOptions::record_routes)).
     pub fn records_routes(&self) -> bool {
         self.record_routes
     }
@@ -179,7 +179,7 @@ impl Engine {
     /// The experts every position of `row` was routed to, `[len, MoE layers, top_k]` (each
     /// position's experts in the router's order, the MoE layers in layer order), aligned with
     /// the row's token history ([`crate::KvCache::history`]). Needs
-    /// [`EngineOptions::record_routes`].
+    /// [`EngineOptions::record_routes`](crate::EngineOptions::record_routes).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn routes(&self, row: usize) -> Result<Vec<u32>> {
         crate::gpu::pending::block_on(self.routes_async(row))

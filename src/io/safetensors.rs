@@ -1,5 +1,5 @@
 //! kvdecode's own safetensors files (the TinyAgent layout, config in the `kvdecode.config`
-//! metadata): reading and writing whole [`ModelWeights`], and [`TensorFile`], the by-name reader
+//! metadata): reading and writing whole [`ModelWeights`], and `TensorFile`, the by-name reader
 //! that the Hugging Face loader shares.
 
 use std::collections::HashMap;

@@ -141,7 +141,7 @@ pub enum Finish {
     Stop,
     /// It generated `max_new` tokens.
     Length,
-    /// [`Scheduler::cancel`] ended it.
+    /// [`Scheduler::cancel`](crate::Scheduler::cancel) ended it.
     Cancelled,
     /// Its [`TokenConstraint`] failed ([`Completion::error`] says why).
     ConstraintError,
@@ -165,7 +165,7 @@ pub struct RequestStats {
 /// A finished request.
 #[derive(Clone, Debug)]
 pub struct Completion {
-    /// The id [`Scheduler::submit`] returned.
+    /// The id [`Scheduler::submit`](crate::Scheduler::submit) returned.
     pub id: usize,
     /// Generated tokens (the stop token included when it ended on one).
     pub tokens: Vec<u32>,

@@ -225,7 +225,7 @@ impl Family {
     ];
 
     /// The family's file: its names, table and config reading.
-    pub(crate) fn spec(self) -> &'static Spec {
+    pub fn spec(self) -> &'static Spec {
         match self {
             Family::Kvdecode => &kvdecode::SPEC,
             Family::Llama => &llama::SPEC,

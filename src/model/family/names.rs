@@ -182,7 +182,7 @@ pub enum Naming {
     /// kvdecode's safetensors (`blocks.{i}.attn.w_q.weight`, fused K/V and MLP input).
     Kvdecode,
     /// Hugging Face (`model.layers.{i}.self_attn.q_proj.weight`), with this prefix for the text
-    /// model (one of [`HF_PREFIXES`]).
+    /// model (one of [`HF_PREFIXES`](super::HF_PREFIXES)).
     HuggingFace(&'static str),
     /// GGUF (`blk.{i}.attn_q.weight`).
     Gguf,
