@@ -183,7 +183,6 @@ fn take_matrix(mats: &mut Mats, slot: Slot) -> Result<Option<Matrix>> {
 /// ([`TensorName::file_shape`]: a stack of transposes transposed). What a checkpoint in that naming would hold, for
 /// tests and for pushing weights from one engine's model into another.
 pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>)> {
-    let (slot_matrix, slot_vector) = (|slot| w.slot_matrix(slot), |slot| w.slot_vector(slot));
     let mut out = Vec::new();
     for t in tensor_names(&w.cfg, naming) {
         // file row f of each place holds the slot's row g where the place's source(g) == f
@@ -194,10 +193,10 @@ pub fn tensors_of(w: &ModelWeights, naming: Naming) -> Vec<(TensorName, Vec<f32>
             }
         }
         let values: Option<Vec<f32>> = match t.shape[..] {
-            [_] => file_rows.iter().map(|at| at.and_then(|(slot, g)| slot_vector(slot)?.get(g).copied())).collect(),
+            [_] => file_rows.iter().map(|at| at.and_then(|(slot, g)| w.slot_vector(slot)?.get(g).copied())).collect(),
             [_, cols] => file_rows
                 .iter()
-                .map(|at| at.and_then(|(slot, g)| slot_matrix(slot).map(|m| m.row(g)[..cols].to_vec())))
+                .map(|at| at.and_then(|(slot, g)| w.slot_matrix(slot).map(|m| m.row(g)[..cols].to_vec())))
                 .collect::<Option<Vec<_>>>()
                 .map(|rows| rows.concat()),
             _ => None,

@@ -2,9 +2,7 @@
 //! sliding and full layers alternating, experts stored fused and transposed (and in OpenAI's
 //! checkpoints as MXFP4 blocks).
 
-use super::keys::{
-    gguf_moe, hf_moe, hf_partial_rotary, hf_rope, hf_silu, hf_sliding, GgufKeys, GgufMoeRead, HfKeys, MoeRead,
-};
+use super::keys::{gguf_moe, hf_finish, hf_moe, hf_rope, hf_sliding, GgufKeys, GgufMoeRead, HfKeys, MoeRead};
 use super::{t, Family, GgufFacts, HfFacts, HfType, LayerTensor, Part, Spec};
 use crate::error::{Error, Result};
 use crate::model::config::{MlpKind, ModelConfig, SWIGLU_ALPHA, SWIGLU_LIMIT};
@@ -86,8 +84,7 @@ fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
     // the router takes the softmax of the top-k logits: renormalized weights
     let read = MoeRead { own_size: false, qwen_layers: false, shared: None, always_renormalize: true, bias: true };
     c.moe = hf_moe(keys, c.layers.len(), c.ffn, read)?;
-    hf_partial_rotary(c, keys)?;
-    hf_silu(keys)
+    hf_finish(c, keys)
 }
 
 fn from_gguf(c: &mut ModelConfig, keys: &dyn GgufKeys) -> Result<()> {

@@ -90,9 +90,21 @@ pub(super) fn hf_rope(c: &mut ModelConfig, keys: &dyn HfKeys, theta: f32, yarn_i
     Ok(())
 }
 
+/// What every family but Gemma reads last: Phi's partial rotary where a config gives it, and the
+/// MLP's activation, SiLU.
+pub(super) fn hf_finish(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
+    hf_partial_rotary(c, keys)?;
+    hf_silu(keys)
+}
+
+/// The sliding-layer rule of a family without a window: no layer slides.
+pub(super) fn no_sliding(n_layers: usize, _window: Option<usize>) -> Result<Vec<bool>> {
+    Ok(vec![false; n_layers])
+}
+
 /// Phi's partial rotary, where a config gives it: the first `int(head_dim * factor)` dimensions of
 /// a head rotate.
-pub(super) fn hf_partial_rotary(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
+fn hf_partial_rotary(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
     if let Some(factor) = keys.partial_rotary()? {
         let dims = (c.head_dim as f64 * factor) as usize;
         if dims < c.head_dim {
@@ -127,7 +139,7 @@ pub(super) fn hf_sliding(
 }
 
 /// The MLP's activation every family but Gemma's takes: SiLU.
-pub(super) fn hf_silu(keys: &dyn HfKeys) -> Result<()> {
+fn hf_silu(keys: &dyn HfKeys) -> Result<()> {
     let act = keys.value("hidden_act").and_then(Value::as_str).unwrap_or("silu");
     if act != "silu" {
         return Err(Error::Config(format!("config.json: hidden_act {act:?} is not supported (silu)")));

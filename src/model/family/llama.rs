@@ -1,6 +1,6 @@
 //! Llama (Llama 2 and 3.x, SmolLM and SmolLM2) and Mistral: the layout most families build on.
 
-use super::keys::{gguf_moe, hf_partial_rotary, hf_rope, hf_silu, hf_sliding, GgufKeys, GgufMoeRead, HfKeys};
+use super::keys::{gguf_moe, hf_finish, hf_rope, hf_sliding, GgufKeys, GgufMoeRead, HfKeys};
 use super::{t, Family, GgufFacts, HfFacts, HfType, LayerTensor, Part, Spec};
 use crate::error::Result;
 use crate::model::config::ModelConfig;
@@ -45,8 +45,7 @@ fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
     let mistral = keys.model_type() == "mistral";
     hf_sliding(c, keys, None, |n, window| Ok(vec![mistral && window.is_some(); n]))?;
     hf_rope(c, keys, 10000.0, false)?;
-    hf_partial_rotary(c, keys)?;
-    hf_silu(keys)
+    hf_finish(c, keys)
 }
 
 fn from_gguf(c: &mut ModelConfig, keys: &dyn GgufKeys) -> Result<()> {

@@ -1,6 +1,6 @@
 //! Mixtral: Mistral's attention, routed experts on every layer under `block_sparse_moe`.
 
-use super::keys::{hf_moe, hf_partial_rotary, hf_rope, hf_silu, hf_sliding, GgufKeys, HfKeys, MoeRead};
+use super::keys::{hf_finish, hf_moe, hf_rope, hf_sliding, GgufKeys, HfKeys, MoeRead};
 use super::{t, Family, GgufFacts, HfFacts, HfType, LayerTensor, Part, Spec};
 use crate::error::Result;
 use crate::model::config::ModelConfig;
@@ -34,8 +34,7 @@ fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
     // Mixtral always renormalizes its top-k weights (its config has no key for it)
     let read = MoeRead { own_size: false, qwen_layers: false, shared: None, always_renormalize: true, bias: false };
     c.moe = hf_moe(keys, c.layers.len(), c.ffn, read)?;
-    hf_partial_rotary(c, keys)?;
-    hf_silu(keys)
+    hf_finish(c, keys)
 }
 
 // (no GGUF architecture names Mixtral: `llama.rs` reads its files and sets the family)

@@ -14,8 +14,8 @@
 //! tensor fills, under its Hugging Face and its GGUF name), and how it reads a config: which keys
 //! it takes, the defaults of its config class, its numerics switches. The readers (`io/hf.rs`,
 //! `io/gguf/config.rs`) find the keys and hand them over ([`HfKeys`], [`GgufKeys`]); they decide
-//! no family's numerics. Adding a family means one file here, its line in [`Family::spec`], and
-//! its fixtures.
+//! no family's numerics. Adding a family means one file here, its variant in [`Family`] (and
+//! `Family::ALL`), its line in [`Family::spec`], and its fixtures.
 
 use serde::{Deserialize, Serialize};
 

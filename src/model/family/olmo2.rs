@@ -1,7 +1,7 @@
 //! OLMo 2: norms on the attention's and the MLP's outputs only (none before them), queries and
 //! keys normed over their whole projection.
 
-use super::keys::{hf_partial_rotary, hf_rope, hf_silu, hf_sliding, GgufKeys, HfKeys};
+use super::keys::{hf_finish, hf_rope, hf_sliding, no_sliding, GgufKeys, HfKeys};
 use super::{Family, GgufFacts, HfFacts, HfType, Spec};
 use crate::error::Result;
 use crate::model::config::ModelConfig;
@@ -24,11 +24,10 @@ fn switches(c: &mut ModelConfig) {
 }
 
 fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
-    hf_sliding(c, keys, None, |n, _| Ok(vec![false; n]))?;
+    hf_sliding(c, keys, None, no_sliding)?;
     hf_rope(c, keys, 10000.0, false)?;
     switches(c);
-    hf_partial_rotary(c, keys)?;
-    hf_silu(keys)
+    hf_finish(c, keys)
 }
 
 fn from_gguf(c: &mut ModelConfig, _: &dyn GgufKeys) -> Result<()> {

@@ -2,7 +2,7 @@
 //! every layer.
 
 use super::keys::{
-    gguf_moe, hf_moe, hf_partial_rotary, hf_rope, hf_silu, hf_sliding, GgufKeys, GgufMoeRead, HfKeys, MoeRead,
+    gguf_moe, hf_finish, hf_moe, hf_rope, hf_sliding, no_sliding, GgufKeys, GgufMoeRead, HfKeys, MoeRead,
 };
 use super::{Family, GgufFacts, HfFacts, HfType, Spec};
 use crate::error::{Error, Result};
@@ -21,7 +21,7 @@ pub(super) const SPEC: Spec = Spec {
 };
 
 fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
-    hf_sliding(c, keys, None, |n, _| Ok(vec![false; n]))?;
+    hf_sliding(c, keys, None, no_sliding)?;
     hf_rope(c, keys, 10000.0, false)?;
     (c.qk_norm, c.qk_norm_whole) = (true, true);
     let read = MoeRead { own_size: false, qwen_layers: false, shared: None, always_renormalize: false, bias: false };
@@ -29,8 +29,7 @@ fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
     if c.moe.is_some() && keys.value("clip_qkv").is_some_and(|v| !v.is_null()) {
         return Err(Error::Config("config.json: clip_qkv is not supported for olmoe".into()));
     }
-    hf_partial_rotary(c, keys)?;
-    hf_silu(keys)
+    hf_finish(c, keys)
 }
 
 fn from_gguf(c: &mut ModelConfig, keys: &dyn GgufKeys) -> Result<()> {

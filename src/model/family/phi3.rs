@@ -1,7 +1,7 @@
 //! Phi-3, 3.5 and 4-mini: Llama's norms with q, k and v fused in one tensor and gate and up in
 //! another, partial rotary and LongRoPE.
 
-use super::keys::{hf_partial_rotary, hf_rope, hf_silu, hf_sliding, GgufKeys, HfKeys};
+use super::keys::{hf_finish, hf_rope, hf_sliding, GgufKeys, HfKeys};
 use super::{t, Family, GgufFacts, HfFacts, HfType, LayerTensor, Part, Spec};
 use crate::error::Result;
 use crate::model::config::ModelConfig;
@@ -40,8 +40,7 @@ fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
     })?;
     // older configs name LongRoPE `su` or `yarn`
     hf_rope(c, keys, 10000.0, true)?;
-    hf_partial_rotary(c, keys)?;
-    hf_silu(keys)
+    hf_finish(c, keys)
 }
 
 fn from_gguf(_: &mut ModelConfig, _: &dyn GgufKeys) -> Result<()> {

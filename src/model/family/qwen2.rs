@@ -1,6 +1,6 @@
 //! Qwen2 and Qwen2.5: Llama's layout with biases on q, k and v.
 
-use super::keys::{hf_partial_rotary, hf_rope, hf_silu, hf_sliding, GgufKeys, HfKeys};
+use super::keys::{hf_finish, hf_rope, hf_sliding, GgufKeys, HfKeys};
 use super::{Family, GgufFacts, HfFacts, HfType, Spec};
 use crate::error::Result;
 use crate::model::config::ModelConfig;
@@ -26,8 +26,7 @@ fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
     })?;
     hf_rope(c, keys, 10000.0, false)?;
     c.qkv_bias = true;
-    hf_partial_rotary(c, keys)?;
-    hf_silu(keys)
+    hf_finish(c, keys)
 }
 
 fn from_gguf(c: &mut ModelConfig, _: &dyn GgufKeys) -> Result<()> {

@@ -1,7 +1,7 @@
 //! Qwen2-MoE: Qwen2's attention with q/k/v biases, routed experts and a shared one behind a
 //! sigmoid gate.
 
-use super::keys::{gguf_moe, hf_moe, hf_partial_rotary, hf_rope, hf_silu, GgufKeys, GgufMoeRead, HfKeys, MoeRead};
+use super::keys::{gguf_moe, hf_finish, hf_moe, hf_rope, GgufKeys, GgufMoeRead, HfKeys, MoeRead};
 use super::{Family, GgufFacts, HfFacts, HfType, Spec};
 use crate::error::Result;
 use crate::model::config::ModelConfig;
@@ -30,8 +30,7 @@ fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
         bias: false,
     };
     c.moe = hf_moe(keys, c.layers.len(), c.ffn, read)?;
-    hf_partial_rotary(c, keys)?;
-    hf_silu(keys)
+    hf_finish(c, keys)
 }
 
 fn from_gguf(c: &mut ModelConfig, keys: &dyn GgufKeys) -> Result<()> {

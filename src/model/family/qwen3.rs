@@ -1,6 +1,6 @@
 //! Qwen3: Llama's layout with an RMS norm of each query and key head (qk-norm).
 
-use super::keys::{hf_partial_rotary, hf_rope, hf_silu, hf_sliding, GgufKeys, HfKeys};
+use super::keys::{hf_finish, hf_rope, hf_sliding, no_sliding, GgufKeys, HfKeys};
 use super::{Family, GgufFacts, HfFacts, HfType, Spec};
 use crate::error::Result;
 use crate::model::config::ModelConfig;
@@ -19,11 +19,10 @@ pub(super) const SPEC: Spec = Spec {
 };
 
 fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
-    hf_sliding(c, keys, None, |n, _| Ok(vec![false; n]))?;
+    hf_sliding(c, keys, None, no_sliding)?;
     hf_rope(c, keys, 10000.0, false)?;
     c.qk_norm = true;
-    hf_partial_rotary(c, keys)?;
-    hf_silu(keys)
+    hf_finish(c, keys)
 }
 
 fn from_gguf(c: &mut ModelConfig, _: &dyn GgufKeys) -> Result<()> {

@@ -2,7 +2,7 @@
 //! the config says.
 
 use super::keys::{
-    gguf_moe, hf_moe, hf_partial_rotary, hf_rope, hf_silu, hf_sliding, GgufKeys, GgufMoeRead, HfKeys, MoeRead,
+    gguf_moe, hf_finish, hf_moe, hf_rope, hf_sliding, no_sliding, GgufKeys, GgufMoeRead, HfKeys, MoeRead,
 };
 use super::{t, Family, GgufFacts, HfFacts, HfType, LayerTensor, Part, Spec};
 use crate::error::{Error, Result};
@@ -43,7 +43,7 @@ pub(super) fn qwen_moe_sliding(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result
             "config.json: use_sliding_window=true is not supported for {}",
             keys.model_type()
         ))),
-        false => Ok(vec![false; n]),
+        false => no_sliding(n, None),
     })
 }
 
@@ -53,8 +53,7 @@ fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
     c.qk_norm = true;
     let read = MoeRead { own_size: true, qwen_layers: true, shared: None, always_renormalize: false, bias: false };
     c.moe = hf_moe(keys, c.layers.len(), c.ffn, read)?;
-    hf_partial_rotary(c, keys)?;
-    hf_silu(keys)
+    hf_finish(c, keys)
 }
 
 fn from_gguf(c: &mut ModelConfig, keys: &dyn GgufKeys) -> Result<()> {

@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::keys::{hf_partial_rotary, hf_rope, hf_silu, hf_sliding, GgufKeys, HfKeys};
+use super::keys::{hf_finish, hf_rope, hf_sliding, GgufKeys, HfKeys};
 use super::{Family, GgufFacts, HfFacts, HfType, Spec};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
@@ -51,8 +51,7 @@ fn from_hf(c: &mut ModelConfig, keys: &dyn HfKeys) -> Result<()> {
     hf_sliding(c, keys, None, |_, window| Ok(rotates.iter().map(|&r| use_window && window.is_some() && !r).collect()))?;
     c.nope_layers = (0..n_layers).filter(|&i| !rotates[i]).collect();
     hf_rope(c, keys, 2_000_000.0, false)?;
-    hf_partial_rotary(c, keys)?;
-    hf_silu(keys)
+    hf_finish(c, keys)
 }
 
 fn from_gguf(c: &mut ModelConfig, _: &dyn GgufKeys) -> Result<()> {
