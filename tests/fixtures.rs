@@ -76,7 +76,9 @@ fn logits_full_and_incremental(family: &str) {
         assert_eq!(routes, want, "{family}: the reference's routes differ from transformers'");
     }
 
-    // the GPU engine: all tokens as one append (last logits), then teacher-forced: prefill 16,
+    // the GPU engine, streamed from the directory's files as applications load it
+    // (`Engine::from_file`), against transformers: all tokens as one append (last logits), then
+    // teacher-forced: prefill 16,
     // single-token steps up to SINGLE_STEPS_UNTIL (the decode kernels, past every fixture's
     // 40-key window so the ring wraps), then the rest in appends of 16 with every position's
     // logits (the prefill kernels over the long context: RoPE scaling past its original 128).
@@ -88,7 +90,8 @@ fn logits_full_and_incremental(family: &str) {
     let gpu = gpu();
     let moe = w.cfg.moe.is_some();
     let opts = EngineOptions { record_routes: moe, ..EngineOptions::new(1, max_len(n)) };
-    let mut engine = Engine::new(&gpu, &w, opts).unwrap();
+    let file = kvdecode::io::model_file::ModelFile::open(&dir).unwrap();
+    let mut engine = Engine::from_file(&gpu, &file, opts).unwrap();
     let out = engine.append(&tokens, n, &[n], None).unwrap();
     let d_last = max_abs_diff(out.row(0).unwrap(), &full[(n - 1) * v..]);
     assert!(d_last <= 1e-4, "{family}: {n}-token append vs logits_full[{}]: {d_last}", n - 1);

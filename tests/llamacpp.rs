@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use kvdecode::io::gguf::GgufFile;
+use kvdecode::io::model_file::ModelFile;
 use kvdecode::{io::npy, Engine, EngineOptions, Gpu, ModelWeights};
 
 fn dir() -> PathBuf {
@@ -31,9 +32,15 @@ fn meta() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir().join("meta.json")).unwrap()).unwrap()
 }
 
+/// A GGUF file's weights on the host (what the CPU reference and `Engine::new` take).
 fn load(path: &Path) -> ModelWeights {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     GgufFile::parse(bytes).and_then(|g| g.weights()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A GGUF file opened for an engine to stream its tensors from.
+fn open(path: &Path) -> ModelFile {
+    ModelFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 const FAMILIES: [&str; 10] =
@@ -44,10 +51,12 @@ const MOE_FAMILIES: [&str; 5] = ["qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "
 /// rows of as many positions as llama.cpp's context for them: it pads its context to a multiple
 /// of 256, and Phi-3's LongRoPE takes its long factors when that context passes the original one.
 /// A test's engines share one device, so files of one family and format share their pipelines.
-fn logits_at_every_position(gpu: &Gpu, w: &ModelWeights, tokens: &[u32]) -> Vec<f32> {
+/// The engine loads from the file as every application does (`Engine::from_file`, each tensor
+/// streamed onto the GPU), so these tests hold that path to llama.cpp on every file.
+fn logits_at_every_position(gpu: &Gpu, file: &ModelFile, tokens: &[u32]) -> Vec<f32> {
     let opts =
         EngineOptions { beyond_trained_context: true, ..EngineOptions::new(1, tokens.len().next_multiple_of(256)) };
-    logits_of(&mut Engine::new(gpu, w, opts).unwrap(), tokens)
+    logits_of(&mut Engine::from_file(gpu, file, opts).unwrap(), tokens)
 }
 
 /// Row 0's logits at every position of `tokens`, appended a chunk at a time.
@@ -80,11 +89,11 @@ fn converted_families_match_llama_cpp() {
     let d = dir().join("families");
     let meta = meta();
     for family in FAMILIES.iter().chain(&MOE_FAMILIES) {
-        let w = load(&d.join(format!("{family}.gguf")));
+        let f = open(&d.join(format!("{family}.gguf")));
         let tokens = npy::read(d.join(format!("{family}.tokens.npy"))).unwrap().to_u32().unwrap();
         let theirs = npy::read(d.join(format!("{family}.logits.npy"))).unwrap().to_f32();
-        let ours = logits_at_every_position(&gpu, &w, &tokens);
-        let (mean, max, top1) = compare(&ours, &theirs, w.cfg.vocab);
+        let ours = logits_at_every_position(&gpu, &f, &tokens);
+        let (mean, max, top1) = compare(&ours, &theirs, f.config().vocab);
         let bound = meta["families"][family]["vulkan_vs_cpu_mean_abs"].as_f64().unwrap();
         println!(
             "{family}: {} positions, mean |d| {mean:.2e} (llama.cpp Vulkan vs CPU {bound:.2e}), max {max:.2e}, top-1 {top1:.3}",
@@ -115,9 +124,10 @@ fn quantized_types_match_llama_cpp() {
     assert_eq!(types.len(), 15);
     for (ty, spread) in types {
         let name = ty.to_lowercase();
-        let w = load(&d.join(format!("{name}.gguf")));
+        let f = open(&d.join(format!("{name}.gguf")));
+        let w = f.weights().unwrap();
         let theirs = npy::read(d.join(format!("{name}.logits.npy"))).unwrap().to_f32();
-        let ours = logits_at_every_position(&gpu, &w, &tokens);
+        let ours = logits_at_every_position(&gpu, &f, &tokens);
         let (mean, max, top1) = compare(&ours, &theirs, w.cfg.vocab);
         let spread = spread["vulkan_vs_cpu_mean_abs"].as_f64().unwrap();
         // kvdecode's CPU reference (f32 math on the same dequantized weights) against both
@@ -156,10 +166,10 @@ fn every_family_in_llama_quantize_mixes_matches_llama_cpp() {
     assert_eq!(mixes.len(), 55, "10 families x 4 mixes, 5 mixtures of experts x 3");
     let tokens = npy::read(d.join("tokens.npy")).unwrap().to_u32().unwrap();
     for (name, spread) in mixes {
-        let w = load(&d.join(format!("{name}.gguf")));
+        let f = open(&d.join(format!("{name}.gguf")));
         let theirs = npy::read(d.join(format!("{name}.logits.npy"))).unwrap().to_f32();
-        let ours = logits_at_every_position(&gpu, &w, &tokens);
-        let (mean, max, top1) = compare(&ours, &theirs, w.cfg.vocab);
+        let ours = logits_at_every_position(&gpu, &f, &tokens);
+        let (mean, max, top1) = compare(&ours, &theirs, f.config().vocab);
         let spread_mean = spread["vulkan_vs_cpu_mean_abs"].as_f64().unwrap();
         let their_top1 = spread["vulkan_vs_cpu_top1"].as_f64().unwrap();
         println!(
@@ -195,7 +205,13 @@ fn a_gguf_update_of_stacked_experts_gives_the_engine_of_the_file() {
         assert_eq!(
             got,
             logits_of(&mut Engine::new(&gpu, &file, opts).unwrap(), tokens),
-            "{family}: the update differs from the file's engine"
+            "{family}: the update differs from the engine of the file's host weights"
+        );
+        // loading streamed from the file is that same writer: the engine it gives is the same
+        assert_eq!(
+            got,
+            logits_of(&mut Engine::from_file(&gpu, &open(&path), opts).unwrap(), tokens),
+            "{family}: the update differs from the engine streamed from the file"
         );
         assert_ne!(
             got,

@@ -135,3 +135,76 @@ fn rows_longer_than_the_trained_context_need_an_explicit_opt_out() {
     // 3 groups x K and V x 2 KV heads x 8 dims x 2 bytes = 192 bytes per position and row
     assert_eq!(kvdecode::KvCache::fit_max_len(&gpu, &w.cfg, 4, kv, 192 * 4 * 10, 1024), 10);
 }
+
+/// An engine streamed from a file (`Engine::from_file`: the plan from the header, then each
+/// tensor written into its places as an update writes) holds what the engine of the same file's
+/// host weights holds, bit for bit, in each format and its conversions: a GGUF of llama-quantize's
+/// Q4_K_M mix (Llama's interleaved Q/K rows; K and V of different block types, so the fused K/V
+/// is held as values), Hugging Face directories with biases (Qwen2) and with gpt-oss's MXFP4
+/// `_blocks`/`_scales` experts, and a kvdecode file with Engram's tables and ids. The fixture
+/// tests hold the streamed engines to transformers and llama.cpp; this test holds the two load
+/// paths to each other, which those tolerances could not.
+#[test]
+fn an_engine_streamed_from_a_file_equals_the_engine_of_its_host_weights() {
+    use kvdecode::io::model_file::ModelFile;
+    use kvdecode::{Engine, EngineOptions};
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let demo = std::env::temp_dir().join(format!("kvdecode-streamed-{}.safetensors", std::process::id()));
+    ModelWeights::demo().save_safetensors(&demo, DiskDtype::F32).unwrap();
+    let gpu = gpu();
+    for path in [
+        root.join("llamacpp/mixes/llama.q4_k_m.gguf"),
+        root.join("hf/qwen2"),
+        root.join("hf/gpt_oss_mxfp4"),
+        demo.clone(),
+    ] {
+        let file = ModelFile::open(&path).unwrap();
+        let host = file.weights().unwrap();
+        let tokens: Vec<u32> = (0..12).map(|i| (i * 37 % host.cfg.vocab) as u32).collect();
+        let opts = EngineOptions::new(1, 32);
+        let logits =
+            |mut e: Engine| e.append(&tokens, tokens.len(), &[tokens.len()], None).unwrap().row(0).unwrap().to_vec();
+        let streamed = logits(Engine::from_file(&gpu, &file, opts).unwrap());
+        assert_eq!(streamed, logits(Engine::new(&gpu, &host, opts).unwrap()), "{}", path.display());
+        println!("{}: {} logits equal", path.display(), streamed.len());
+    }
+    let _ = std::fs::remove_file(&demo);
+}
+
+/// A file that lacks a tensor, or holds one in another shape, is refused with the tensor's name
+/// when it is opened: its header is checked against the model's plan before anything is read or
+/// allocated.
+#[test]
+fn a_streamed_load_names_a_missing_or_misshapen_tensor() {
+    use kvdecode::io::model_file::ModelFile;
+    let w = model(&llama_cfg(), 3);
+    let full = w.to_safetensors_bytes(DiskDtype::F32).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&full).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&full).unwrap();
+    const VICTIM: &str = "blocks.1.attn.w_o.weight";
+    // each tensor's new shape, or `None` to leave it out
+    type Reshape = dyn Fn(&str, Vec<usize>) -> Option<Vec<usize>>;
+    let rewrite = |f: &Reshape| {
+        let kept: Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> = st
+            .tensors()
+            .into_iter()
+            .filter_map(|(n, v)| {
+                let shape = f(&n, v.shape().to_vec())?;
+                let size = v.data().len() / v.shape().iter().product::<usize>();
+                let bytes = v.data()[..shape.iter().product::<usize>() * size].to_vec();
+                Some((n, shape, bytes, v.dtype()))
+            })
+            .collect();
+        let views = kept
+            .iter()
+            .map(|(n, s, b, d)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()));
+        safetensors::tensor::serialize(views, meta.metadata().clone()).unwrap()
+    };
+    let missing = rewrite(&|n, s| (n != VICTIM).then_some(s));
+    let misshapen = rewrite(&|n, s| Some(if n == VICTIM { vec![s[0] / 2, s[1]] } else { s }));
+    for (bytes, want) in [(missing, "is missing"), (misshapen, "shape")] {
+        let err = ModelFile::from_safetensors_bytes(bytes).err().unwrap().to_string();
+        assert!(err.contains(VICTIM) && err.contains(want), "{err}");
+        println!("{err}");
+    }
+}

@@ -12,7 +12,7 @@ use std::time::Instant;
 use kvdecode::io::tokenizer::{Message, TextStream, Tokenizer};
 use kvdecode::{Engine, EngineOptions, Event, Gpu, Request, Sampler, Scheduler, TurnLimit};
 
-use crate::common::{load_model, EngineArgs, Result};
+use crate::common::{open_model, EngineArgs, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -54,19 +54,19 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let t0 = Instant::now();
-    let (weights, tok) = load_model(&a.model)?;
+    let (model, tok) = open_model(&a.model)?;
     let tok = tok.ok_or(format!("{}: the model has no tokenizer to chat with", a.model))?;
     let gpu = Gpu::new()?;
     let sampler =
         Sampler { temperature: a.temperature, seed: a.seed, top_k: a.top_k, top_p: a.top_p, ..Sampler::GREEDY };
     let rows = a.prompts.len().max(1);
-    let max_len = a.engine.max_len(&gpu, &weights, rows);
+    let max_len = a.engine.max_len(&gpu, model.cfg(), rows);
     let opts = EngineOptions {
         rollback: a.window.max(1) - 1,
         max_loras: usize::from(a.lora.is_some()),
         ..a.engine.options(rows, max_len)
     };
-    let mut engine = Engine::new(&gpu, &weights, opts)?;
+    let mut engine = model.engine(&gpu, opts)?;
     if let Some(path) = &a.lora {
         engine.load_lora_path(ADAPTER, path)?;
         // the conversation's row decodes with it (and keeps it when the row starts over)

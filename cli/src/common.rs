@@ -77,8 +77,8 @@ pub(crate) fn parse_weights(s: &str) -> std::result::Result<WeightDtype, String>
 
 impl EngineArgs {
     /// Rows of `max_len` tokens: the option, else the trained context capped by a 1 GiB K/V budget.
-    pub fn max_len(&self, gpu: &kvdecode::Gpu, w: &ModelWeights, rows: usize) -> usize {
-        self.max_len.unwrap_or_else(|| kvdecode::KvCache::fit_max_len(gpu, &w.cfg, rows, self.kv, 1 << 30, 4096))
+    pub fn max_len(&self, gpu: &kvdecode::Gpu, cfg: &ModelConfig, rows: usize) -> usize {
+        self.max_len.unwrap_or_else(|| kvdecode::KvCache::fit_max_len(gpu, cfg, rows, self.kv, 1 << 30, 4096))
     }
 
     /// Engine options for `rows` rows of `max_len` tokens.
@@ -92,8 +92,59 @@ impl EngineArgs {
     }
 }
 
-/// Load `path` (a GGUF file, a Hugging Face directory, a kvdecode safetensors file, or `demo`)
-/// with a progress bar on stderr.
+/// A model to build engines from: weights in memory (`demo`, `synthetic:`), or a file whose
+/// tensors each engine reads onto the GPU as it is built.
+pub enum Model {
+    /// Weights on the host.
+    Memory(Box<ModelWeights>),
+    /// A model file, opened (config and tokenizer read, tensors mapped).
+    File(String, Box<kvdecode::io::model_file::ModelFile>),
+}
+
+impl Model {
+    /// The model's configuration.
+    pub fn cfg(&self) -> &ModelConfig {
+        match self {
+            Model::Memory(w) => &w.cfg,
+            Model::File(_, f) => f.config(),
+        }
+    }
+
+    /// An engine of this model, showing a bar on stderr while a file's tensors reach the GPU.
+    pub fn engine(&self, gpu: &kvdecode::Gpu, opts: EngineOptions) -> kvdecode::Result<kvdecode::Engine> {
+        match self {
+            Model::Memory(w) => kvdecode::Engine::new(gpu, w, opts),
+            Model::File(path, f) => {
+                let bar = ProgressBar::new(1);
+                if let Ok(style) = ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors") {
+                    bar.set_style(style);
+                }
+                bar.set_message(path.clone());
+                let engine = kvdecode::Engine::from_file_with_progress(gpu, f, opts, &mut |done, total| {
+                    bar.set_length(total as u64);
+                    bar.set_position(done as u64);
+                });
+                bar.finish_and_clear();
+                engine
+            }
+        }
+    }
+}
+
+/// Open `path` (a GGUF file, a Hugging Face directory, a kvdecode safetensors file, or `demo`,
+/// or `synthetic:NAME`) for engines to load from, with its tokenizer.
+pub fn open_model(path: &str) -> Result<(Model, Option<Tokenizer>)> {
+    if path == "demo" || path.starts_with("synthetic:") {
+        let (w, tok) = load_model(path)?;
+        return Ok((Model::Memory(Box::new(w)), tok));
+    }
+    let mut file = kvdecode::io::model_file::ModelFile::open(path)?;
+    let tok = file.tokenizer.take();
+    Ok((Model::File(path.to_string(), Box::new(file)), tok))
+}
+
+/// Load `path` (a GGUF file, a Hugging Face directory, a kvdecode safetensors file, `demo`, or
+/// `synthetic:NAME`) onto the host, with a progress bar on stderr: the benches' models.
 pub fn load_model(path: &str) -> Result<(ModelWeights, Option<Tokenizer>)> {
     if path == "demo" {
         return Ok((ModelWeights::demo(), None));
@@ -102,7 +153,7 @@ pub fn load_model(path: &str) -> Result<(ModelWeights, Option<Tokenizer>)> {
         return Ok((synthetic(name)?, None));
     }
     let bar = ProgressBar::new(1);
-    bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")?);
+    bar.set_style(ProgressStyle::with_template("reading {msg} [{bar:30}] {pos}/{len} tensors")?);
     bar.set_message(path.to_string());
     let loaded = kvdecode::io::model_file::load(path, &mut |done, total| {
         bar.set_length(total as u64);

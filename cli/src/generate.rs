@@ -3,10 +3,10 @@
 
 use std::time::Instant;
 
-use kvdecode::{Engine, Gpu, Request, Scheduler};
+use kvdecode::{Gpu, Request, Scheduler};
 use serde_json::json;
 
-use crate::common::{load_model, EngineArgs, Result};
+use crate::common::{open_model, EngineArgs, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,15 +28,15 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let (model, tok) = load_model(&a.model)?;
+    let (model, tok) = open_model(&a.model)?;
     let text = std::fs::read_to_string(&a.prompts).map_err(|e| format!("{}: {e}", a.prompts))?;
     let mut reqs = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         reqs.push(Request::from_json(line, tok.as_ref()).map_err(|e| format!("{}:{}: {e}", a.prompts, i + 1))?);
     }
     let gpu = Gpu::new()?;
-    let max_len = a.engine.max_len(&gpu, &model, a.rows);
-    let mut engine = Engine::new(&gpu, &model, a.engine.options(a.rows, max_len))?;
+    let max_len = a.engine.max_len(&gpu, model.cfg(), a.rows);
+    let mut engine = model.engine(&gpu, a.engine.options(a.rows, max_len))?;
     let mut sched = Scheduler::new(&engine, a.prefill_chunk);
     for (i, r) in reqs.into_iter().enumerate() {
         sched.submit(r).map_err(|e| format!("request {i}: {e}"))?;

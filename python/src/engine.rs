@@ -256,8 +256,7 @@ impl Engine {
             ..kvdecode::EngineOptions::new(rows, max_len)
         };
         let gpu = default_gpu(py)?;
-        let w = model.weights.clone();
-        let inner = py.detach(|| kvdecode::Engine::new(&gpu, &w, opts)).map_err(to_py)?;
+        let inner = model.engine(py, &gpu, opts)?;
         Ok(Engine { inner })
     }
 

@@ -12,23 +12,73 @@ use crate::{invalid, to_py, token_ids, Weights};
 /// Most parameters `Model.random` makes (1 GiB of f32 per 2^28): random models are for tests.
 const RANDOM_MAX_PARAMS: usize = 1 << 28;
 
-/// A model's weights (and its tokenizer, when the files carry one), on the CPU.
+/// A model (and its tokenizer, when the files carry one): weights on the CPU, or a file whose
+/// tensors an engine streams onto the GPU, read onto the CPU only where asked (`state_dict`,
+/// `reference_logits`).
 #[pyclass(module = "kvdecode._kvdecode", frozen)]
 pub struct Model {
-    pub(crate) weights: Weights,
+    source: Source,
     tokenizer: Option<Py<Tokenizer>>,
 }
 
-/// Load a GGUF file, a Hugging Face directory (`config.json`, `*.safetensors`, `tokenizer.json`)
-/// or a kvdecode safetensors file; the GIL is released while it reads.
+/// Where a [`Model`]'s weights are.
+enum Source {
+    Memory(Weights),
+    /// The file, and its weights on the host once something asked for them.
+    File(Arc<kvdecode::io::model_file::ModelFile>, std::sync::OnceLock<Weights>),
+}
+
+impl Model {
+    fn memory(weights: kvdecode::ModelWeights) -> Model {
+        Model { source: Source::Memory(Arc::new(weights)), tokenizer: None }
+    }
+
+    fn cfg(&self) -> &kvdecode::ModelConfig {
+        match &self.source {
+            Source::Memory(w) => &w.cfg,
+            Source::File(f, _) => f.config(),
+        }
+    }
+
+    /// The weights on the host (a file's read at the first call, then kept).
+    fn host(&self, py: Python<'_>) -> PyResult<Weights> {
+        match &self.source {
+            Source::Memory(w) => Ok(w.clone()),
+            Source::File(f, kept) => {
+                if let Some(w) = kept.get() {
+                    return Ok(w.clone());
+                }
+                let w = Arc::new(py.detach(|| f.weights()).map_err(to_py)?);
+                Ok(kept.get_or_init(|| w).clone())
+            }
+        }
+    }
+
+    /// An engine of this model (a file's tensors streamed onto the GPU, no host copy).
+    pub(crate) fn engine(
+        &self,
+        py: Python<'_>,
+        gpu: &kvdecode::Gpu,
+        opts: kvdecode::EngineOptions,
+    ) -> PyResult<kvdecode::Engine> {
+        match &self.source {
+            Source::Memory(w) => py.detach(|| kvdecode::Engine::new(gpu, w, opts)).map_err(to_py),
+            Source::File(f, _) => py.detach(|| kvdecode::Engine::from_file(gpu, f, opts)).map_err(to_py),
+        }
+    }
+}
+
+/// Open a GGUF file, a Hugging Face directory (`config.json`, `*.safetensors`, `tokenizer.json`)
+/// or a kvdecode safetensors file: its config and tokenizer are read, its tensors mapped (an
+/// engine streams them onto the GPU); the GIL is released while it reads.
 #[pyfunction]
 pub fn load(py: Python<'_>, path: PathBuf) -> PyResult<Model> {
-    let loaded = py.detach(|| kvdecode::io::model_file::load(&path, &mut |_, _| {})).map_err(to_py)?;
-    let tokenizer = match loaded.tokenizer {
+    let mut file = py.detach(|| kvdecode::io::model_file::ModelFile::open(&path)).map_err(to_py)?;
+    let tokenizer = match file.tokenizer.take() {
         Some(t) => Some(Py::new(py, Tokenizer { inner: Arc::new(t) })?),
         None => None,
     };
-    Ok(Model { weights: Arc::new(loaded.weights), tokenizer })
+    Ok(Model { source: Source::File(Arc::new(file), std::sync::OnceLock::new()), tokenizer })
 }
 
 #[pymethods]
@@ -37,7 +87,7 @@ impl Model {
     /// 512): no download, for tests and examples.
     #[staticmethod]
     fn demo() -> Model {
-        Model { weights: Arc::new(kvdecode::ModelWeights::demo()), tokenizer: None }
+        Model::memory(kvdecode::ModelWeights::demo())
     }
 
     /// A seeded random TinyAgent-layout model: `layers` layers in groups of `group` (one global
@@ -71,7 +121,7 @@ impl Model {
         let cfg =
             kvdecode::ModelConfig::tiny_agent(vocab, d_model, heads, kv_heads, head_dim, ffn, layers, group, window);
         let weights = kvdecode::ModelWeights::random(&cfg, seed).map_err(to_py)?;
-        Ok(Model { weights: Arc::new(weights), tokenizer: None })
+        Ok(Model::memory(weights))
     }
 
     /// The weights by name, as f32 numpy arrays: `naming` is `"kvdecode"` (every model), `"hf"`
@@ -87,7 +137,8 @@ impl Model {
             other => return Err(invalid(format!("naming {other:?}: expected kvdecode, hf or gguf"))),
         };
         let out = pyo3::types::PyDict::new(py);
-        for (t, values) in kvdecode::model::family::tensors_of(&self.weights, naming) {
+        let weights = self.host(py)?;
+        for (t, values) in kvdecode::model::family::tensors_of(&weights, naming) {
             let array = numpy::ndarray::ArrayD::from_shape_vec(t.file_shape(), values)
                 .map_err(|e| invalid(format!("tensor `{}`: {e}", t.name)))?;
             out.set_item(t.name, array.into_pyarray(py))?;
@@ -104,13 +155,13 @@ impl Model {
     /// The model's configuration as JSON (the Python layer exposes it as a dict).
     #[getter]
     fn config_json(&self) -> PyResult<String> {
-        serde_json::to_string(&self.weights.cfg).map_err(|e| invalid(format!("config: {e}")))
+        serde_json::to_string(self.cfg()).map_err(|e| invalid(format!("config: {e}")))
     }
 
     /// Vocabulary size (rows of the logits).
     #[getter]
     fn vocab(&self) -> usize {
-        self.weights.cfg.vocab
+        self.cfg().vocab
     }
 
     /// Logits `[len(tokens), vocab]` of the crate's CPU reference (f32, one sequence, no cache):
@@ -121,15 +172,15 @@ impl Model {
         tokens: PyReadonlyArray1<'py, i64>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let ids = token_ids(tokens.as_slice()?, "tokens")?;
-        let w = self.weights.clone();
+        let w = self.host(py)?;
         let data = py.detach(|| kvdecode::model::reference::forward(&w, &ids)).map_err(to_py)?;
-        let v = self.weights.cfg.vocab;
+        let v = w.cfg.vocab;
         let arr = Array2::from_shape_vec((ids.len(), v), data).map_err(|e| invalid(format!("reference: {e}")))?;
         Ok(arr.into_pyarray(py))
     }
 
     fn __repr__(&self) -> String {
-        let c = &self.weights.cfg;
+        let c = self.cfg();
         format!(
             "Model(vocab={}, d_model={}, layers={}, heads={}/{}, head_dim={}, window={})",
             c.vocab,

@@ -17,13 +17,43 @@ use crate::gpu::shaders::Kernel;
 use crate::gpu::variants::{
     product_wg, resolve_matmul, split_sampling_auto, split_sampling_from_env, Fusion, MatmulKernel,
 };
-use crate::gpu::weights::GpuWeights;
+use crate::gpu::weights::{GpuWeights, WeightDtype};
+use crate::io::model_file::ModelFile;
 use crate::model::config::ModelConfig;
+use crate::model::family::WeightPlan;
 use crate::model::weights::ModelWeights;
 
 /// Words per block of 32 quantized activations (quantize.wgsl): the scale d, d * sum(q), then
 /// the 32 int8 q four to a word.
 const Q8_BLOCK_WORDS: usize = 10;
+
+/// Where an engine's weights come from.
+pub(crate) enum WeightSource<'a> {
+    /// Weights on the host (the CPU reference's, or seeded random ones).
+    Memory(&'a ModelWeights),
+    /// A model file's tensors, read one at a time, with a progress callback (tensors done,
+    /// tensors).
+    File(&'a ModelFile, &'a mut dyn FnMut(usize, usize)),
+}
+
+impl WeightSource<'_> {
+    fn cfg(&self) -> &ModelConfig {
+        match self {
+            WeightSource::Memory(w) => &w.cfg,
+            WeightSource::File(file, _) => file.config(),
+        }
+    }
+
+    /// The weights on the GPU as `dtype` says.
+    fn upload(self, gpu: &Gpu, dtype: WeightDtype) -> Result<GpuWeights> {
+        match self {
+            WeightSource::Memory(w) => GpuWeights::upload(gpu, w, dtype),
+            WeightSource::File(file, progress) => {
+                GpuWeights::load(gpu, &file.file_weights(), file.plan(), dtype, progress).map_err(|e| file.err(e))
+            }
+        }
+    }
+}
 
 impl Engine {
     /// Upload `weights`, allocate the cache and every buffer, and build every pipeline and bind
@@ -32,14 +62,51 @@ impl Engine {
     /// creation), never a panic. (Natively this blocks on the scopes; in the browser use
     /// [`Engine::new_async`], or the first call reports what creation ran into.)
     pub fn new(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
-        #[cfg(not(target_arch = "wasm32"))]
-        return crate::gpu::pending::block_on(Self::new_async(gpu, weights, opts));
-        #[cfg(target_arch = "wasm32")]
-        Self::build(gpu, weights, opts)
+        Self::create(gpu, WeightSource::Memory(weights), opts)
     }
 
     /// [`Engine::new`] that awaits the device's verdict on creation (the browser's form).
     pub async fn new_async(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
+        Self::create_async(gpu, WeightSource::Memory(weights), opts).await
+    }
+
+    /// An engine for the model in `file`, loaded as an update writes: every weight allocated on
+    /// the GPU from the plan the file's header gives, then each tensor read from the file
+    /// (mapped, not copied) and written into its places, one at a time, so no host copy of the
+    /// model is ever made. Every weight's rows must be written exactly once. Otherwise as
+    /// [`Engine::new`], whose engine it equals bit for bit.
+    pub fn from_file(gpu: &Gpu, file: &ModelFile, opts: EngineOptions) -> Result<Self> {
+        Self::from_file_with_progress(gpu, file, opts, &mut |_, _| {})
+    }
+
+    /// [`Engine::from_file`], calling `progress(tensors_done, tensors)` as tensors reach the GPU.
+    pub fn from_file_with_progress(
+        gpu: &Gpu,
+        file: &ModelFile,
+        opts: EngineOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        Self::create(gpu, WeightSource::File(file, progress), opts)
+    }
+
+    /// [`Engine::from_file`] that awaits the device's verdict on creation (the browser's form).
+    pub async fn from_file_async(
+        gpu: &Gpu,
+        file: &ModelFile,
+        opts: EngineOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        Self::create_async(gpu, WeightSource::File(file, progress), opts).await
+    }
+
+    fn create(gpu: &Gpu, weights: WeightSource, opts: EngineOptions) -> Result<Self> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return crate::gpu::pending::block_on(Self::create_async(gpu, weights, opts));
+        #[cfg(target_arch = "wasm32")]
+        Self::build(gpu, weights, opts)
+    }
+
+    async fn create_async(gpu: &Gpu, weights: WeightSource<'_>, opts: EngineOptions) -> Result<Self> {
         gpu.check()?;
         let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let invalid = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -71,7 +138,7 @@ impl Engine {
 
     /// Build, counting the buffers against the device's memory budget (given back on drop, or
     /// at once when building fails half-way).
-    pub(super) fn build(gpu: &Gpu, weights: &ModelWeights, opts: EngineOptions) -> Result<Self> {
+    pub(super) fn build(gpu: &Gpu, weights: WeightSource, opts: EngineOptions) -> Result<Self> {
         let before = gpu.memory_in_use();
         match Self::build_parts(gpu, weights, opts) {
             Ok(mut e) => {
@@ -85,9 +152,17 @@ impl Engine {
         }
     }
 
-    fn build_parts(gpu: &Gpu, weights: &ModelWeights, mut opts: EngineOptions) -> Result<Self> {
-        weights.check()?;
-        let cfg = weights.cfg.clone();
+    fn build_parts(gpu: &Gpu, weights: WeightSource, mut opts: EngineOptions) -> Result<Self> {
+        let memory_plan;
+        let plan = match &weights {
+            WeightSource::Memory(w) => {
+                w.check()?;
+                memory_plan = WeightPlan::of(w);
+                &memory_plan
+            }
+            WeightSource::File(file, _) => file.plan(),
+        };
+        let cfg = weights.cfg().clone();
         // the route log: every MoE layer's top-k at every position of every row
         let route_stride = cfg.moe.as_ref().map_or(0, |m| m.layers.len() * m.top_k);
         if opts.record_routes {
@@ -114,7 +189,7 @@ impl Engine {
             )));
         }
         // what the engine will hold, before anything is allocated (activations are small beside it)
-        let weight_bytes = crate::gpu::weights::bytes_needed(weights, opts.weights)
+        let weight_bytes = crate::gpu::weights::bytes_needed(plan, opts.weights)
             + if opts.max_loras > 0 {
                 GpuLora::bytes_needed(&cfg, opts.max_loras, opts.max_lora_rank, opts.lora_dtype)
             } else {
@@ -134,7 +209,7 @@ impl Engine {
             ),
         )?;
         let cache = KvCache::new(gpu, &cfg, opts.cache())?;
-        let mut gw = GpuWeights::upload(gpu, weights, opts.weights)?;
+        let mut gw = weights.upload(gpu, opts.weights)?;
         if opts.max_loras > 0 {
             gw.lora = Some(GpuLora::new(gpu, &cfg, opts.max_loras, opts.max_lora_rank, opts.lora_dtype)?);
         }

@@ -11,7 +11,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::model::config::{ModelConfig, NormKind};
 use crate::model::family::{
-    naming_norm, tensor_names, trainer_names, transpose_stack, Naming, Place, Slot, TensorName, HF_PREFIXES,
+    conform, naming_norm, tensor_names, trainer_names, Naming, Place, Slot, TensorName, HF_PREFIXES,
 };
 use crate::model::tensor::{HostDtype, HostTensor};
 
@@ -120,40 +120,6 @@ fn check_values(tensors: &[&HostTensor]) -> Result<()> {
     bad.into_iter().next().map_or(Ok(()), |(_, e)| Err(e))
 }
 
-/// A tensor whose name is a matrix its files hold as `n` stacked transposes (gpt-oss's experts,
-/// [`TensorName::transposed_stack`]): its rows' shape and elements, transposed back (16-bit
-/// elements moved as they are). `None` for every other name; an error for such a tensor in
-/// another shape, naming the one its files have.
-fn untranspose(index: &NameIndex, t: &HostTensor) -> Result<Option<(Vec<usize>, Vec<u8>)>> {
-    let Some((spec, _)) = index.get(&t.name) else { return Ok(None) };
-    let Some(n) = spec.transposed_stack else { return Ok(None) };
-    let want = spec.file_shape();
-    let size = match t.dtype {
-        HostDtype::F32 => 4,
-        HostDtype::F16 | HostDtype::BF16 => 2,
-        HostDtype::Quant(k) => {
-            return Err(Error::Weights(format!("update: tensor `{}`: {k:?} blocks cannot be transposed", t.name)))
-        }
-    };
-    let (cols, r) = (want[1], want[2]);
-    if t.shape != want || t.bytes.len() != n * cols * r * size {
-        return Err(Error::Weights(format!(
-            "update: tensor `{}`: shape {:?} in {} bytes, this model's is {want:?} in {:?}",
-            t.name,
-            t.shape,
-            t.bytes.len(),
-            t.dtype
-        )));
-    }
-    // elements as byte arrays of their width: the loaders' transposition, whatever the type
-    fn back<const W: usize>(n: usize, cols: usize, r: usize, bytes: &[u8]) -> Vec<u8> {
-        let elements: Vec<[u8; W]> = bytes.chunks_exact(W).map(|e| e.try_into().unwrap_or([0; W])).collect();
-        transpose_stack(n, cols, r, &elements).concat()
-    }
-    let out = if size == 4 { back::<4>(n, cols, r, t.bytes) } else { back::<2>(n, cols, r, t.bytes) };
-    Ok(Some((spec.shape.clone(), out)))
-}
-
 /// Names a trainer's `state_dict()` carries that are not weights of their own.
 fn ignorable(cfg: &ModelConfig, name: &str) -> bool {
     let tied_head = cfg.tie_embeddings && ["lm_head.weight", "output.weight", "head.weight"].contains(&name);
@@ -192,38 +158,25 @@ impl Engine {
         self.ready()?;
         // every naming's names, built at the first update and kept (the map never changes)
         let index = self.names.take().unwrap_or_else(|| name_index(&self.cfg));
-        // A tensor is taken as the shape its name has here where its values are those rows in
-        // that order: a one-row matrix fills a vector of its length (llama.cpp's converter writes
-        // Qwen2-MoE's shared-expert gate as [1, d], llama-quantize as [d]; the loader takes both),
-        // and a stack of matrices [a, b, c] the matrix [a * b, c] (a transformers trainer's fused
-        // experts, `trainer_names`).
-        let view = |t: &HostTensor| match (&t.shape[..], index.get(&t.name).map(|s| &s.0.shape[..])) {
-            (&[a, b], Some(&[m])) if a.checked_mul(b) == Some(m) => Some(vec![m]),
-            (&[a, b, c], Some(&[rows, cols])) if a.checked_mul(b) == Some(rows) && c == cols => Some(vec![rows, cols]),
-            _ => None,
-        };
-        // a matrix its files hold as stacked transposes (gpt-oss's experts) is taken in that shape
-        // and transposed back
-        let transposed = match tensors.iter().map(|t| untranspose(&index, t)).collect::<Result<Vec<_>>>() {
-            Ok(t) => t,
-            Err(e) => {
-                self.names = Some(index);
-                return Err(e);
+        // a tensor is taken in the shape its name has here where its values are those rows in
+        // that order, and a matrix its files hold as stacked transposes (gpt-oss's experts) is
+        // transposed back (`conform`, the loaders' own)
+        let conformed = tensors
+            .iter()
+            .map(|t| index.get(&t.name).map_or(Ok(None), |(spec, _)| conform(spec, t)))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| match e {
+                Error::Weights(m) => Error::Weights(format!("update: {m}")),
+                e => e,
+            });
+        let result = match conformed {
+            Err(e) => Err(e),
+            Ok(c) if c.iter().all(Option::is_none) => self.update_with(&index, tensors, in_flight),
+            Ok(c) => {
+                let views: Vec<HostTensor> =
+                    tensors.iter().zip(&c).map(|(t, moved)| moved.as_ref().map_or(t.clone(), |m| m.apply(t))).collect();
+                self.update_with(&index, &views, in_flight)
             }
-        };
-        let result = if tensors.iter().zip(&transposed).any(|(t, u)| u.is_some() || view(t).is_some()) {
-            let views: Vec<HostTensor> = tensors
-                .iter()
-                .zip(&transposed)
-                .map(|(t, u)| match (u, view(t)) {
-                    (Some((shape, bytes)), _) => HostTensor { shape: shape.clone(), bytes, ..t.clone() },
-                    (None, Some(shape)) => HostTensor { shape, ..t.clone() },
-                    (None, None) => t.clone(),
-                })
-                .collect();
-            self.update_with(&index, &views, in_flight)
-        } else {
-            self.update_with(&index, tensors, in_flight)
         };
         self.names = Some(index);
         result

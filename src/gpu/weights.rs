@@ -4,8 +4,9 @@
 use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
 use crate::gpu::kernels::WeightFormat;
+use crate::io::model_file::FileWeights;
 use crate::model::config::{ModelConfig, NormKind};
-use crate::model::family::{tensor_names, LayerSlot, Naming, Place, RowOrder, Slot};
+use crate::model::family::{tensor_names, LayerSlot, Naming, Place, RowOrder, Slot, SlotPlan, Stored, WeightPlan};
 use crate::model::quant::{quantize, repack_for_gpu, QuantKind};
 use crate::model::reference::norm_multiplier;
 use crate::model::tensor::{HostDtype, HostTensor};
@@ -44,46 +45,51 @@ struct Layout {
     row_bytes: u64,
 }
 
-fn layout(m: &Matrix, dtype: WeightDtype) -> Layout {
-    let quant = m.quant.as_ref().filter(|q| m.cols.is_multiple_of(q.kind.block_len()));
+fn layout(m: &SlotPlan, dtype: WeightDtype) -> Layout {
+    let cols = m.cols.unwrap_or(1);
+    let quant = match m.stored {
+        Stored::Quant(k) if cols.is_multiple_of(k.block_len()) => Some(k),
+        _ => None,
+    };
     // 16-bit on disk stays 16-bit on the GPU (bf16 as bf16); f32 follows `dtype`
-    let half = match (m.half, dtype) {
-        (Some(h), _) => Some(h),
-        (None, WeightDtype::F16) => Some(Half::F16),
-        (None, WeightDtype::F32) => None,
+    let half = match (m.stored, dtype) {
+        (Stored::Half(h), _) => Some(h),
+        (_, WeightDtype::F16) => Some(Half::F16),
+        (_, WeightDtype::F32) => None,
     };
     let (format, row_bytes) = match (quant, half) {
-        (Some(q), _) => {
-            (WeightFormat::from(q.kind), (m.cols / q.kind.block_len() * q.kind.gpu_block_words() * 4) as u64)
-        }
-        (None, None) => (WeightFormat::F32, (m.cols * 4) as u64),
-        (None, Some(Half::F16)) => (WeightFormat::F16, (m.cols * 2) as u64),
-        (None, Some(Half::BF16)) => (WeightFormat::BF16, (m.cols * 2) as u64),
+        (Some(q), _) => (WeightFormat::from(q), (cols / q.block_len() * q.gpu_block_words() * 4) as u64),
+        (None, None) => (WeightFormat::F32, (cols * 4) as u64),
+        (None, Some(Half::F16)) => (WeightFormat::F16, (cols * 2) as u64),
+        (None, Some(Half::BF16)) => (WeightFormat::BF16, (cols * 2) as u64),
     };
     Layout { format, row_bytes }
 }
 
-/// Bytes `w`'s matrices, norms and tables take on the GPU as `dtype` (before anything is
-/// uploaded, so an engine the device cannot hold is refused up front).
-pub(crate) fn bytes_needed(w: &ModelWeights, dtype: WeightDtype) -> u64 {
-    let m = |x: &Matrix| layout(x, dtype).row_bytes * x.rows as u64;
-    let v = |x: &Option<Vec<f32>>| x.as_ref().map_or(0, |x| x.len() as u64 * 4);
-    let mut total = m(&w.embed) + w.head.as_ref().map_or(0, m) + v(&w.final_norm) + w.cfg.vocab as u64 * 4;
-    for l in &w.layers {
-        total += m(&l.wq) + m(&l.wo) + m(&l.mlp_in) + m(&l.mlp_out);
-        total += l.router.as_ref().map_or(0, |r| layout(r, WeightDtype::F32).row_bytes * r.rows as u64);
-        total += l.shared_expert.as_ref().map_or(0, |s| m(&s.mlp_in) + m(&s.mlp_out) + s.gate.cols as u64 * 4);
-        total += l.kv_global.as_ref().map_or(0, m) + l.kv_local.as_ref().map_or(0, m);
-        total += [&l.attn_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.mlp_norm, &l.post_mlp_norm]
-            .into_iter()
-            .map(v)
-            .sum::<u64>();
-        // the K/V bias once per K/V matrix
-        let kv_matrices = l.kv_global.iter().chain(&l.kv_local).count() as u64;
-        total += v(&l.q_bias) + kv_matrices * v(&l.kv_bias);
-        if let Some(e) = &l.engram {
-            total += m(&e.w_kv) + e.tables.iter().map(|t| t.data.len() as u64 * 4).sum::<u64>();
-        }
+/// The weight type a slot's matrix takes on the GPU: the router and the shared expert's gate
+/// stay f32 whatever the engine's (the routing decides which experts run; it is kept as exact
+/// as the file has it), and so do Engram's tables (f32 values the gather reads).
+fn slot_dtype(slot: Slot, dtype: WeightDtype) -> WeightDtype {
+    match slot {
+        Slot::Layer(_, LayerSlot::Router | LayerSlot::SharedGate | LayerSlot::EngramTable(_)) => WeightDtype::F32,
+        _ => dtype,
+    }
+}
+
+/// Bytes `plan`'s matrices, norms and tables take on the GPU as `dtype` (before anything is
+/// allocated, so an engine the device cannot hold is refused up front).
+pub(crate) fn bytes_needed(plan: &WeightPlan, dtype: WeightDtype) -> u64 {
+    let cfg = &plan.cfg;
+    let mut total = cfg.vocab as u64 * 4;
+    for (&slot, m) in &plan.slots {
+        total += match m.cols {
+            Some(_) => layout(m, slot_dtype(slot, dtype)).row_bytes * m.rows as u64,
+            // the K/V bias once per K/V matrix
+            None if matches!(slot, Slot::Layer(i, LayerSlot::KvBias) if cfg.layers[i].writes_global && cfg.layers[i].local) => {
+                2 * m.rows as u64 * 4
+            }
+            None => m.rows as u64 * 4,
+        };
     }
     total
 }
@@ -416,74 +422,117 @@ impl GpuWeights {
         total
     }
 
-    /// `w` on the GPU: every weight allocated in its format ([`layout`]: the file's blocks or
-    /// halves, else `dtype`), then written through the places the name map gives it
+    /// `w` on the GPU: every weight allocated in its format ([`layout`]: the blocks or halves it
+    /// holds, else `dtype`), then written through the places the name map gives it
     /// ([`GpuWeights::write_place`]), as a weight update writes: loading and updating are one path,
     /// so an update equals a fresh engine by construction.
     pub(crate) fn upload(gpu: &Gpu, w: &ModelWeights, dtype: WeightDtype) -> Result<Self> {
         w.check()?;
-        let weights = Self::allocate(gpu, w, dtype)?;
+        let weights = Self::allocate(gpu, &WeightPlan::of(w), dtype)?;
         weights.fill(gpu, w)?;
         Ok(weights)
     }
 
-    /// Zeroed GPU weights shaped as `w`'s, each matrix in the format [`layout`] gives it; the
+    /// A model file's weights on the GPU: allocated from its `plan` (its header), then each
+    /// tensor read from the file and written into its places as it comes, as an update writes,
+    /// with no host copy of the model; every slot's rows must be written exactly once.
+    /// `progress(tensors_done, tensors)` after each tensor.
+    pub(crate) fn load(
+        gpu: &Gpu,
+        file: &FileWeights,
+        plan: &WeightPlan,
+        dtype: WeightDtype,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let weights = Self::allocate(gpu, plan, dtype)?;
+        let cfg = &plan.cfg;
+        let mut written: std::collections::BTreeMap<Slot, usize> = std::collections::BTreeMap::new();
+        file.stream(
+            &mut |p, norm, t| {
+                weights
+                    .write_place(gpu, cfg, p, norm, t)
+                    .ok_or_else(|| Error::Weights(format!("`{}`: the engine has no place for {:?}", t.name, p.slot)))?;
+                *written.entry(p.slot).or_default() += p.rows.len();
+                Ok(())
+            },
+            &mut |done, total| {
+                // staging memory is freed as each tensor's writes reach the GPU
+                gpu.queue.submit([]);
+                progress(done, total);
+            },
+        )?;
+        for (slot, s) in &plan.slots {
+            let rows = written.get(slot).copied().unwrap_or(0);
+            if rows != s.rows {
+                return Err(Error::Weights(format!("{slot:?}: {rows} of its {} rows were written", s.rows)));
+            }
+        }
+        Ok(weights)
+    }
+
+    /// Zeroed GPU weights of `plan`'s shapes, each matrix in the format [`layout`] gives it; the
     /// query and global K/V projections in one matrix where they are stored alike.
-    fn allocate(gpu: &Gpu, w: &ModelWeights, dtype: WeightDtype) -> Result<Self> {
-        let cfg: &ModelConfig = &w.cfg;
-        let vector = |label: String, v: &Option<Vec<f32>>| -> Result<Option<wgpu::Buffer>> {
-            v.as_ref().map(|v| gpu.storage(&label, v.len() as u64 * 4)).transpose()
+    fn allocate(gpu: &Gpu, plan: &WeightPlan, dtype: WeightDtype) -> Result<Self> {
+        let cfg: &ModelConfig = &plan.cfg;
+        let vector = |label: String, slot: Slot| -> Result<Option<wgpu::Buffer>> {
+            plan.vector(slot).map(|n| gpu.storage(&label, n as u64 * 4)).transpose()
         };
-        let alloc = |label: String, m: &Matrix, dtype: WeightDtype, bias: bool| {
-            GpuMatrix::allocate(gpu, &label, (m.rows, m.cols), layout(m, dtype).format, bias)
+        let has = |slot: Slot| plan.slots.contains_key(&slot);
+        let format = |slot: Slot| plan.matrix(slot).map(|m| layout(m, slot_dtype(slot, dtype)).format);
+        let alloc = |label: String, slot: Slot, bias: bool| -> Result<Option<GpuMatrix>> {
+            let Some(m) = plan.matrix(slot) else { return Ok(None) };
+            let format = layout(m, slot_dtype(slot, dtype)).format;
+            GpuMatrix::allocate(gpu, &label, (m.rows, m.cols.unwrap_or(1)), format, bias).map(Some)
+        };
+        let need = |label: String, slot: Slot, bias: bool| -> Result<GpuMatrix> {
+            alloc(label, slot, bias)?.ok_or_else(|| Error::Weights(format!("{slot:?}: no tensor fills it")))
         };
         let mut layers = Vec::new();
-        for (i, l) in w.layers.iter().enumerate() {
+        for i in 0..cfg.layers.len() {
             let p = |s: &str| format!("layer {i} {s}");
-            let (q_bias, kv_bias) = (l.q_bias.is_some(), l.kv_bias.is_some());
-            let qkv = match &l.kv_global {
-                Some(kv) if layout(&l.wq, dtype).format == layout(kv, dtype).format => {
-                    let (rows, format) = (l.wq.rows + kv.rows, layout(&l.wq, dtype).format);
-                    let m =
-                        GpuMatrix::allocate(gpu, &p("wq + kv_global"), (rows, l.wq.cols), format, q_bias && kv_bias)?;
+            let s = |x: LayerSlot| Slot::Layer(i, x);
+            let (q_bias, kv_bias) = (has(s(LayerSlot::QBias)), has(s(LayerSlot::KvBias)));
+            let qkv = match (format(s(LayerSlot::Wq)), plan.matrix(s(LayerSlot::KvGlobal))) {
+                (Some(q), Some(kv)) if Some(q) == format(s(LayerSlot::KvGlobal)) => {
+                    let wq = plan.matrix(s(LayerSlot::Wq)).map_or(0, |m| m.rows);
+                    let cols = kv.cols.unwrap_or(1);
+                    let m = GpuMatrix::allocate(gpu, &p("wq + kv_global"), (wq + kv.rows, cols), q, q_bias && kv_bias)?;
                     QkvWeights::Fused(m)
                 }
-                kv => QkvWeights::Apart {
-                    wq: alloc(p("wq"), &l.wq, dtype, q_bias)?,
-                    kv_global: kv.as_ref().map(|m| alloc(p("kv_global"), m, dtype, kv_bias)).transpose()?,
+                _ => QkvWeights::Apart {
+                    wq: need(p("wq"), s(LayerSlot::Wq), q_bias)?,
+                    kv_global: alloc(p("kv_global"), s(LayerSlot::KvGlobal), kv_bias)?,
                 },
             };
             layers.push(GpuLayer {
-                attn_norm: vector(p("attn_norm"), &l.attn_norm)?,
+                attn_norm: vector(p("attn_norm"), s(LayerSlot::AttnNorm))?,
                 qkv,
-                q_norm: vector(p("q_norm"), &l.q_norm)?,
-                k_norm: vector(p("k_norm"), &l.k_norm)?,
-                kv_local: l.kv_local.as_ref().map(|m| alloc(p("kv_local"), m, dtype, kv_bias)).transpose()?,
-                wo: alloc(p("wo"), &l.wo, dtype, l.o_bias.is_some())?,
-                sinks: vector(p("sinks"), &l.sinks)?,
-                post_attn_norm: vector(p("post_attn_norm"), &l.post_attn_norm)?,
-                mlp_norm: vector(p("mlp_norm"), &l.mlp_norm)?,
-                post_mlp_norm: vector(p("post_mlp_norm"), &l.post_mlp_norm)?,
-                mlp_in: alloc(p("mlp_in"), &l.mlp_in, dtype, l.mlp_in_bias.is_some())?,
-                mlp_out: alloc(p("mlp_out"), &l.mlp_out, dtype, l.mlp_out_bias.is_some())?,
-                shared: match &l.shared_expert {
-                    Some(s) => Some(GpuShared {
-                        mlp_in: alloc(p("shared expert mlp_in"), &s.mlp_in, dtype, false)?,
-                        mlp_out: alloc(p("shared expert mlp_out"), &s.mlp_out, dtype, false)?,
-                        gate: alloc(p("shared expert gate"), &s.gate, WeightDtype::F32, false)?,
+                q_norm: vector(p("q_norm"), s(LayerSlot::QNorm))?,
+                k_norm: vector(p("k_norm"), s(LayerSlot::KNorm))?,
+                kv_local: alloc(p("kv_local"), s(LayerSlot::KvLocal), kv_bias)?,
+                wo: need(p("wo"), s(LayerSlot::Wo), has(s(LayerSlot::OBias)))?,
+                sinks: vector(p("sinks"), s(LayerSlot::Sinks))?,
+                post_attn_norm: vector(p("post_attn_norm"), s(LayerSlot::PostAttnNorm))?,
+                mlp_norm: vector(p("mlp_norm"), s(LayerSlot::MlpNorm))?,
+                post_mlp_norm: vector(p("post_mlp_norm"), s(LayerSlot::PostMlpNorm))?,
+                mlp_in: need(p("mlp_in"), s(LayerSlot::MlpIn), has(s(LayerSlot::MlpInBias)))?,
+                mlp_out: need(p("mlp_out"), s(LayerSlot::MlpOut), has(s(LayerSlot::MlpOutBias)))?,
+                shared: match alloc(p("shared expert mlp_in"), s(LayerSlot::SharedIn), false)? {
+                    Some(mlp_in) => Some(GpuShared {
+                        mlp_in,
+                        mlp_out: need(p("shared expert mlp_out"), s(LayerSlot::SharedOut), false)?,
+                        gate: need(p("shared expert gate"), s(LayerSlot::SharedGate), false)?,
                     }),
                     None => None,
                 },
-                router: l
-                    .router
-                    .as_ref()
-                    .map(|r| alloc(p("router"), r, WeightDtype::F32, l.router_bias.is_some()))
-                    .transpose()?,
-                engram: match &l.engram {
+                router: alloc(p("router"), s(LayerSlot::Router), has(s(LayerSlot::RouterBias)))?,
+                engram: match cfg.engram.as_ref().filter(|e| e.layers.contains(&i)) {
                     Some(e) => Some(GpuEngram {
-                        tables: gpu
-                            .storage(&p("engram tables"), e.tables.iter().map(|t| t.data.len() as u64 * 4).sum())?,
-                        w_kv: alloc(p("engram w_kv"), &e.w_kv, dtype, false)?,
+                        tables: gpu.storage(
+                            &p("engram tables"),
+                            (e.orders.len() * e.heads * e.table_rows * e.dim) as u64 * 4,
+                        )?,
+                        w_kv: need(p("engram w_kv"), s(LayerSlot::EngramKv), false)?,
                     }),
                     None => None,
                 },
@@ -502,12 +551,12 @@ impl GpuWeights {
             }
         }
         Ok(GpuWeights {
-            embed: alloc("embed".into(), &w.embed, dtype, false)?,
-            head: w.head.as_ref().map(|h| alloc("head".into(), h, dtype, false)).transpose()?,
-            final_norm: vector("final_norm".into(), &w.final_norm)?,
+            embed: need("embed".into(), Slot::Embed, false)?,
+            head: alloc("head".into(), Slot::Head, false)?,
+            final_norm: vector("final_norm".into(), Slot::FinalNorm)?,
             layers,
             cid_map: {
-                let ids: Vec<u32> = w.cid_map.clone().unwrap_or_else(|| (0..cfg.vocab as u32).collect());
+                let ids: Vec<u32> = plan.cid_map.clone().unwrap_or_else(|| (0..cfg.vocab as u32).collect());
                 gpu.storage_init("cid_map", bytemuck::cast_slice(&ids))?
             },
             engram_orders: {

@@ -13,10 +13,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::error::{file_err, Error, Result};
-use crate::io::safetensors::TensorFile;
+use crate::error::{Error, Result};
 use crate::model::config::{check_file_dims, ModelConfig};
-use crate::model::family::{assemble, tensor_names, HfKeys, Naming, RopeRead, Tensor, HF_PREFIXES};
+use crate::model::family::{HfKeys, RopeRead};
 use crate::model::rope::{yarn_mscale, RopeScaling};
 use crate::model::weights::ModelWeights;
 
@@ -305,60 +304,7 @@ pub fn config_from_json(text: &str) -> Result<(ModelConfig, Family)> {
     Ok((c, family))
 }
 
-/// Load a Hugging Face directory (`config.json` + `*.safetensors`).
+/// Load a Hugging Face directory (`config.json` + `*.safetensors`) onto the host.
 pub fn load_dir(dir: impl AsRef<Path>) -> Result<ModelWeights> {
-    let dir = dir.as_ref();
-    let cfg_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path).map_err(|e| file_err(&cfg_path, e))?;
-    let (cfg, _) = config_from_json(&text).map_err(|e| file_err(&cfg_path, e))?;
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| file_err(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(file_err(dir, "no *.safetensors file in the directory"));
-    }
-    let blobs = files.iter().map(|p| std::fs::read(p).map_err(|e| file_err(p, e))).collect::<Result<Vec<_>>>()?;
-    let parsed = blobs
-        .iter()
-        .zip(&files)
-        .map(|(b, p)| TensorFile::parse(b).map_err(|e| file_err(p, e)))
-        .collect::<Result<Vec<_>>>()?;
-    let find = |name: &str| parsed.iter().find(|f| f.has(name));
-    // text weights live under `model.` (text-only checkpoints) or a language-model prefix
-    let prefix =
-        HF_PREFIXES.into_iter().find(|p| find(&format!("{p}embed_tokens.weight")).is_some()).unwrap_or(HF_PREFIXES[0]);
-    let names = tensor_names(&cfg, Naming::HuggingFace(prefix));
-    assemble(&cfg, &names, &mut |t| {
-        // gpt-oss's experts in OpenAI's MXFP4 checkpoints: `_blocks` and `_scales` in their stead
-        let (blocks, scales) = (format!("{}_blocks", t.name), format!("{}_scales", t.name));
-        if let (Some(_), None, Some(b)) = (t.transposed_stack, find(&t.name), find(&blocks)) {
-            let s = find(&scales).ok_or_else(|| Error::Weights(format!("tensor `{scales}` is missing")))?;
-            let m = TensorFile::mxfp4_stack(b, s, &t.name)?;
-            if [m.rows, m.cols] != t.shape[..] {
-                return Err(Error::Weights(format!(
-                    "tensors `{blocks}` and `{scales}` hold [{}, {}], expected {:?}",
-                    m.rows, m.cols, t.shape
-                )));
-            }
-            return Ok(Tensor::Matrix(m));
-        }
-        let f = find(&t.name).ok_or_else(|| Error::Weights(format!("tensor `{}` is missing", t.name)))?;
-        let value = match (t.transposed_stack, &t.shape[..]) {
-            (Some(n), _) => Tensor::Matrix(f.transposed_stack(&t.name, n)?),
-            (None, &[len]) => Tensor::Vector(f.flat_vector(&t.name, len)?),
-            _ => Tensor::Matrix(f.matrix(&t.name)?),
-        };
-        let found = match &value {
-            Tensor::Vector(v) => vec![v.len()],
-            Tensor::Matrix(m) => vec![m.rows, m.cols],
-        };
-        if found != t.shape {
-            return Err(Error::Weights(format!("tensor `{}` has shape {found:?}, expected {:?}", t.name, t.shape)));
-        }
-        Ok(value)
-    })
-    .map_err(|e| file_err(dir, e))
+    crate::io::model_file::ModelFile::open(dir)?.weights()
 }

@@ -4,6 +4,7 @@
 
 pub mod gguf;
 pub mod hf;
+pub mod mapped;
 pub mod model_file;
 pub mod npy;
 pub mod safetensors;

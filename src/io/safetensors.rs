@@ -1,61 +1,40 @@
 //! kvdecode's own safetensors files (the TinyAgent layout, config in the `kvdecode.config`
-//! metadata): reading and writing whole [`ModelWeights`], and `TensorFile`, the by-name reader
-//! that the Hugging Face loader shares.
+//! metadata): its config, writing whole [`ModelWeights`], and `TensorFile`, the by-name reader
+//! of the parts the loader (`io/model_file.rs`) converts: MXFP4 blocks and Engram's ids.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use crate::error::{file_err, Error, Result};
 use crate::model::config::ModelConfig;
-use crate::model::family::{assemble, tensor_names, tensors_of, Naming, Tensor};
-use crate::model::quant::QuantKind;
-use crate::model::weights::{Half, Matrix, ModelWeights};
+use crate::model::family::{tensors_of, Naming};
+use crate::model::weights::ModelWeights;
+
+/// The [`ModelConfig`] in a kvdecode safetensors file's `kvdecode.config` metadata.
+pub(crate) fn kvdecode_config(bytes: &[u8]) -> Result<ModelConfig> {
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
+        .map_err(|e| Error::Weights(format!("not a safetensors file: {e}")))?;
+    let cfg_json = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(CONFIG_KEY))
+        .ok_or_else(|| Error::Weights(format!("no `{CONFIG_KEY}` metadata (is this a kvdecode model?)")))?;
+    let cfg: ModelConfig =
+        serde_json::from_str(cfg_json).map_err(|e| Error::Weights(format!("bad `{CONFIG_KEY}` metadata: {e}")))?;
+    cfg.validate()?;
+    Ok(cfg)
+}
 
 impl ModelWeights {
-    /// Load a kvdecode/TinyAgent safetensors file (config in the `kvdecode.config` metadata).
+    /// Load a kvdecode/TinyAgent safetensors file (config in the `kvdecode.config` metadata)
+    /// onto the host.
     pub fn load_safetensors(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| file_err(path, e))?;
-        Self::from_safetensors_bytes(&bytes).map_err(|e| match e {
-            Error::File { .. } => e,
-            other => file_err(path, other),
-        })
+        crate::io::model_file::ModelFile::open(path)?.weights()
     }
 
     /// Parse a kvdecode/TinyAgent safetensors file from memory.
     pub fn from_safetensors_bytes(bytes: &[u8]) -> Result<Self> {
-        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
-            .map_err(|e| Error::Weights(format!("not a safetensors file: {e}")))?;
-        let cfg_json = meta
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get(CONFIG_KEY))
-            .ok_or_else(|| Error::Weights(format!("no `{CONFIG_KEY}` metadata (is this a kvdecode model?)")))?;
-        let cfg: ModelConfig =
-            serde_json::from_str(cfg_json).map_err(|e| Error::Weights(format!("bad `{CONFIG_KEY}` metadata: {e}")))?;
-        cfg.validate()?;
-        let st = TensorFile::parse(bytes)?;
-        let names = tensor_names(&cfg, Naming::Kvdecode);
-        let mut w = assemble(&cfg, &names, &mut |t| {
-            let value = match t.shape[..] {
-                [_] => Tensor::Vector(st.vector(&t.name)?),
-                // Engram's tensors may carry PyTorch's `.weight` suffix
-                _ => Tensor::Matrix(st.matrix_either(&t.name)?),
-            };
-            let found = match &value {
-                Tensor::Vector(v) => vec![v.len()],
-                Tensor::Matrix(m) => vec![m.rows, m.cols],
-            };
-            if found != t.shape {
-                return Err(Error::Weights(format!("{}: shape {found:?}, expected {:?}", t.name, t.shape)));
-            }
-            Ok(value)
-        })?;
-        if st.has("cid_map") {
-            w.cid_map = Some(st.ids("cid_map")?);
-            w.check()?;
-        }
-        Ok(w)
+        crate::io::model_file::ModelFile::from_safetensors_bytes(bytes.to_vec())?.weights()
     }
 
     /// Save as safetensors in the TinyAgent naming, with the config in the metadata.
@@ -125,7 +104,7 @@ impl DiskDtype {
     }
 }
 
-/// A parsed safetensors file whose tensors are read by name and converted to f32 on demand.
+/// A parsed safetensors file whose tensors are read by name.
 pub(crate) struct TensorFile<'a> {
     st: safetensors::SafeTensors<'a>,
 }
@@ -137,69 +116,15 @@ impl<'a> TensorFile<'a> {
         Ok(TensorFile { st })
     }
 
-    pub(crate) fn has(&self, name: &str) -> bool {
-        self.st.tensor(name).is_ok()
-    }
-
-    fn values(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
-        self.values_typed(name).map(|(s, v, _)| (s, v))
-    }
-
-    fn values_typed(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>, Option<Half>)> {
-        let t = self.st.tensor(name).map_err(|_| Error::Weights(format!("tensor `{name}` is missing")))?;
-        let data = t.data();
-        let vals: Vec<f32> = match t.dtype() {
-            safetensors::Dtype::F32 => {
-                data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-            }
-            safetensors::Dtype::F16 => {
-                data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-            }
-            safetensors::Dtype::BF16 => {
-                data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-            }
-            other => {
-                return Err(Error::Weights(format!("tensor `{name}` has dtype {other:?}; supported: F32, F16, BF16")))
-            }
-        };
-        let half = match t.dtype() {
-            safetensors::Dtype::F16 => Some(Half::F16),
-            safetensors::Dtype::BF16 => Some(Half::BF16),
-            _ => None,
-        };
-        Ok((t.shape().to_vec(), vals, half))
-    }
-
-    pub(crate) fn matrix(&self, name: &str) -> Result<Matrix> {
-        let (shape, data, half) = self.values_typed(name)?;
-        match shape[..] {
-            [r, c] => Matrix::new(r, c, data).map(|m| Matrix { half, ..m }),
-            _ => Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected 2 dims"))),
-        }
-    }
-
-    /// `n` matrices stored as their transposes, `[n, cols, r]` (gpt-oss's experts), as one
-    /// matrix of their rows, `[n * r, cols]`.
-    pub(crate) fn transposed_stack(&self, name: &str, n: usize) -> Result<Matrix> {
-        let (shape, data, half) = self.values_typed(name)?;
-        let &[stacks, cols, r] = &shape[..] else {
-            return Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected [{n}, cols, rows]")));
-        };
-        if stacks != n {
-            return Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected {n} in its first dim")));
-        }
-        let out = crate::model::family::transpose_stack(n, cols, r, &data);
-        Matrix::new(n * r, cols, out).map(|m| Matrix { half, ..m })
-    }
-
     /// A matrix stored in OpenAI's MXFP4 checkpoint layout (gpt-oss's experts): `{name}_blocks`
     /// `[n, rows, groups, 16]` u8, two E2M1 values a byte (element 2i in the low nibble, 2i + 1
     /// in the high one), and `{name}_scales` `[n, rows, groups]` u8 (E8M0: 2^(s - 127)), in
     /// `[out, in]` order (the same tensor unquantized is transposed). Kept in MXFP4 blocks as the
     /// GPU reads them, llama.cpp's layout (the scale byte, then element j in the low nibble of
-    /// byte j and element j + 16 in its high nibble), as the matrix `[n * rows, 32 * groups]`.
-    /// The two may sit in different files of a sharded checkpoint.
-    pub(crate) fn mxfp4_stack(blocks: &TensorFile, scales: &TensorFile, name: &str) -> Result<Matrix> {
+    /// byte j and element j + 16 in its high nibble): the blocks of the matrix
+    /// `[n * rows, 32 * groups]`, with those two dims. The two may sit in different files of a
+    /// sharded checkpoint.
+    pub(crate) fn mxfp4_stack(blocks: &TensorFile, scales: &TensorFile, name: &str) -> Result<(usize, usize, Vec<u8>)> {
         let (bn, sn) = (format!("{name}_blocks"), format!("{name}_scales"));
         let missing = |n: &str| Error::Weights(format!("tensor `{n}` is missing"));
         let (b, s) =
@@ -228,27 +153,7 @@ impl<'a> TensorFile<'a> {
             let nibble = |k: usize| (blk[k / 2] >> (4 * (k % 2))) & 0xF;
             out.extend((0..16).map(|j| nibble(j) | (nibble(j + 16) << 4)));
         }
-        Matrix::quantized(n * rows, 32 * groups, QuantKind::MXFP4, out)
-    }
-
-    /// A vector of `len` values, stored in any shape of that many (gpt-oss's expert biases,
-    /// `[experts, rows]`).
-    pub(crate) fn flat_vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        let (shape, data) = self.values(name)?;
-        if data.len() != len || shape.iter().product::<usize>() != len {
-            return Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected {len} values")));
-        }
-        Ok(data)
-    }
-
-    /// A matrix stored as `name` or `name.weight` (PyTorch modules add the suffix).
-    pub(crate) fn matrix_either(&self, name: &str) -> Result<Matrix> {
-        let with = format!("{name}.weight");
-        if self.has(&with) {
-            self.matrix(&with)
-        } else {
-            self.matrix(name)
-        }
+        Ok((n * rows, 32 * groups, out))
     }
 
     /// A 1-D integer tensor (U32, I32 or I64 with values in u32) as u32 ids.
@@ -277,13 +182,5 @@ impl<'a> TensorFile<'a> {
                 u32::try_from(v).map_err(|_| Error::Weights(format!("tensor `{name}`: value {v} is not a u32 id")))
             })
             .collect()
-    }
-
-    pub(crate) fn vector(&self, name: &str) -> Result<Vec<f32>> {
-        let (shape, data) = self.values(name)?;
-        if shape.len() != 1 {
-            return Err(Error::Weights(format!("tensor `{name}` has shape {shape:?}, expected 1 dim")));
-        }
-        Ok(data)
     }
 }

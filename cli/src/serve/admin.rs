@@ -185,7 +185,7 @@ async fn weights_in_body(app: Arc<App>, req: HttpRequest) -> Result<Value, ApiEr
     if got != want {
         return Err(ApiError::bad("", format!("the body's SHA-256 is {got}, not the X-Weights-SHA256 given ({want})")));
     }
-    let files = TensorFiles::Safetensors(vec![(PathBuf::from("the request body"), bytes.to_vec())]);
+    let files = TensorFiles::Safetensors(vec![(PathBuf::from("the request body"), bytes.to_vec().into())]);
     let read_seconds = t0.elapsed().as_secs_f64();
     let source = format!("the request body ({} bytes)", bytes.len());
     let mut v = command(&app, Admin::Weights { files: Box::new(files), source, mode }).await?;

@@ -29,11 +29,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvdecode::io::tokenizer::Tokenizer;
-use kvdecode::{Engine, Gpu, Request};
+use kvdecode::{Gpu, Request};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::common::{load_model, EngineArgs, Result};
+use crate::common::{open_model, EngineArgs, Result};
 use api::{ApiError, Gen, Kind, Limits};
 use engine::{Job, Msg};
 use metrics::Metrics;
@@ -231,14 +231,15 @@ pub fn router(a: &Args) -> Result<(Router, String, Gpu, usize)> {
         ),
         None => None,
     };
-    let (weights, tok) = load_model(&a.model)?;
+    let (model, tok) = open_model(&a.model)?;
     let tok = tok.ok_or(format!("{}: the model has no tokenizer to serve text with", a.model))?;
     let gpu = Gpu::new()?;
-    let max_len = a.engine.max_len(&gpu, &weights, a.rows);
+    let cfg = model.cfg().clone();
+    let max_len = a.engine.max_len(&gpu, &cfg, a.rows);
     let max_tokens = a.max_tokens.unwrap_or(max_len);
     // every request within the other limits fits its bias and penalties (api::bias_slots)
-    let bias_slots = api::bias_slots(max_tokens, weights.cfg.vocab);
-    let adapters = lora::read_flags(&a.lora, &weights.cfg)?;
+    let bias_slots = api::bias_slots(max_tokens, cfg.vocab);
+    let adapters = lora::read_flags(&a.lora, &cfg)?;
     let opts = kvdecode::EngineOptions {
         record_routes: a.enable_return_routed_experts,
         logit_bias_slots: bias_slots,
@@ -247,17 +248,16 @@ pub fn router(a: &Args) -> Result<(Router, String, Gpu, usize)> {
         lora_dtype: a.lora_dtype,
         ..a.engine.options(a.rows, max_len)
     };
-    let mut engine = Engine::new(&gpu, &weights, opts)?;
+    let mut engine = model.engine(&gpu, opts)?;
     for (name, adapter) in &adapters {
         engine.load_lora(name, adapter).map_err(|e| format!("--lora {name}: {e}"))?;
     }
-    let cfg = weights.cfg.clone();
-    let routes = weights.cfg.moe.as_ref().filter(|_| a.enable_return_routed_experts).map(|m| (m.layers.len(), m.top_k));
-    let guide = guide::Guide::new(&tok, weights.cfg.vocab);
+    let routes = cfg.moe.as_ref().filter(|_| a.enable_return_routed_experts).map(|m| (m.layers.len(), m.top_k));
+    let guide = guide::Guide::new(&tok, cfg.vocab);
     if let Err(e) = &guide {
         eprintln!("structured output is off: llguidance could not read the tokenizer: {e}");
     }
-    drop(weights);
+    drop(model);
     let metrics = Arc::new(Metrics::new(a.rows, max_len));
     let (jobs_tx, jobs_rx) = mpsc::channel(a.rows + a.queue + ADMIN_SLACK);
     let m = metrics.clone();

@@ -45,15 +45,24 @@ pub fn load_in_background(gpu: Gpu, o: ChatOptions) -> mpsc::Receiver<Result<Loa
 }
 
 fn load(gpu: &Gpu, o: &ChatOptions) -> Result<Loaded, Box<dyn std::error::Error>> {
-    let (weights, tok, model) = match &o.model {
-        None => (ModelWeights::demo(), None, "the embedded demo model (random weights, no tokenizer)".to_string()),
-        Some(path) => {
-            let m = kvdecode::io::model_file::load(path, &mut |_, _| {})?;
-            (m.weights, m.tokenizer, path.clone())
-        }
+    // a file's tensors go to the GPU one at a time, with no host copy of the model
+    enum Source {
+        Demo(Box<ModelWeights>),
+        File(Box<kvdecode::io::model_file::ModelFile>),
+    }
+    let (mut source, model) = match &o.model {
+        None => (
+            Source::Demo(Box::new(ModelWeights::demo())),
+            "the embedded demo model (random weights, no tokenizer)".to_string(),
+        ),
+        Some(path) => (Source::File(Box::new(kvdecode::io::model_file::ModelFile::open(path)?)), path.clone()),
+    };
+    let (tok, cfg) = match &mut source {
+        Source::Demo(w) => (None, w.cfg.clone()),
+        Source::File(f) => (f.tokenizer.take(), f.config().clone()),
     };
     // as `kvdecode chat`: f16 weights and K/V, rows as long as a 1 GiB K/V allows (at most 4096)
-    let max_len = KvCache::fit_max_len(gpu, &weights.cfg, 1, KvDtype::F16, 1 << 30, 4096);
+    let max_len = KvCache::fit_max_len(gpu, &cfg, 1, KvDtype::F16, 1 << 30, 4096);
     let opts = EngineOptions {
         kv: KvDtype::F16,
         weights: WeightDtype::F16,
@@ -62,7 +71,10 @@ fn load(gpu: &Gpu, o: &ChatOptions) -> Result<Loaded, Box<dyn std::error::Error>
         dispatches_per_submit: o.dispatches_per_submit,
         ..EngineOptions::new(1, max_len)
     };
-    let mut engine = Engine::new(gpu, &weights, opts)?;
+    let mut engine = match &source {
+        Source::Demo(w) => Engine::new(gpu, w, opts)?,
+        Source::File(f) => Engine::from_file(gpu, f, opts)?,
+    };
     let adapter = match &o.lora {
         Some(path) => {
             engine.load_lora_path("adapter", path)?;

@@ -11,6 +11,7 @@ use std::rc::Rc;
 
 use js_sys::Promise;
 use kvdecode::io::gguf::GgufFile;
+use kvdecode::io::model_file::ModelFile;
 use kvdecode::io::tokenizer::{Message, Tokenizer};
 use kvdecode::{
     Batch, Engine, EngineOptions, Gpu, GpuOptions, KvDtype, LoraAdapter, ModelWeights, Sampler, Want, WeightDtype,
@@ -41,8 +42,15 @@ fn js(e: kvdecode::Error) -> JsValue {
     JsValue::from_str(&e.to_string())
 }
 
+/// Where a session's weights come from: the demo model in memory, or a GGUF file's bytes whose
+/// tensors go to the GPU one at a time (no host copy of the model beside the file's bytes).
+enum Weights {
+    Demo(ModelWeights),
+    File(ModelFile),
+}
+
 async fn open(
-    weights: ModelWeights,
+    weights: Weights,
     tok: Option<Tokenizer>,
     max_len: usize,
     rows: usize,
@@ -57,7 +65,12 @@ async fn open(
         max_lora_rank: rank,
         ..EngineOptions::new(rows.max(1), max_len)
     };
-    let mut engine = Engine::new_async(&gpu, &weights, opts).await.map_err(js)?;
+    let mut engine = match &weights {
+        Weights::Demo(w) => Engine::new_async(&gpu, w, opts).await,
+        Weights::File(f) => Engine::from_file_async(&gpu, f, opts, &mut |_, _| {}).await,
+    }
+    .map_err(js)?;
+    drop(weights);
     if let Some(a) = &lora {
         engine.load_lora(LORA, a).map_err(js)?;
         for r in 0..rows.max(1) {
@@ -91,18 +104,17 @@ impl Session {
 impl Session {
     /// The embedded demo model (no download), with `rows` rows of `max_len` tokens.
     pub async fn demo(max_len: usize, rows: usize) -> Result<Session, JsValue> {
-        open(ModelWeights::demo(), None, max_len, rows, None).await
+        open(Weights::Demo(ModelWeights::demo()), None, max_len, rows, None).await
     }
 
     /// A GGUF file's bytes (its tokenizer and chat template come with it; a file without a
     /// vocabulary takes token ids), with `rows` rows of `max_len` tokens, or of the model's
     /// trained context where that is shorter.
     pub async fn gguf(bytes: Vec<u8>, max_len: usize, rows: usize) -> Result<Session, JsValue> {
-        let g = GgufFile::parse(bytes).map_err(js)?;
-        let w = g.weights().map_err(js)?;
-        let tok = Tokenizer::from_gguf_if_any(&g).map_err(js)?;
-        let max_len = w.cfg.context_len.map_or(max_len, |c| max_len.min(c));
-        open(w, tok, max_len, rows, None).await
+        let mut f = GgufFile::parse(bytes).and_then(ModelFile::from_gguf).map_err(js)?;
+        let tok = f.tokenizer.take();
+        let max_len = f.config().context_len.map_or(max_len, |c| max_len.min(c));
+        open(Weights::File(f), tok, max_len, rows, None).await
     }
 
     /// [`Session::gguf`] with a GGUF LoRA adapter's bytes over it (llama.cpp's
@@ -114,12 +126,11 @@ impl Session {
         max_len: usize,
         rows: usize,
     ) -> Result<Session, JsValue> {
-        let g = GgufFile::parse(bytes).map_err(js)?;
-        let w = g.weights().map_err(js)?;
-        let adapter = GgufFile::parse(lora).and_then(|a| a.lora(&w.cfg)).map_err(js)?;
-        let tok = Tokenizer::from_gguf_if_any(&g).map_err(js)?;
-        let max_len = w.cfg.context_len.map_or(max_len, |c| max_len.min(c));
-        open(w, tok, max_len, rows, Some(adapter)).await
+        let mut f = GgufFile::parse(bytes).and_then(ModelFile::from_gguf).map_err(js)?;
+        let adapter = GgufFile::parse(lora).and_then(|a| a.lora(f.config())).map_err(js)?;
+        let tok = f.tokenizer.take();
+        let max_len = f.config().context_len.map_or(max_len, |c| max_len.min(c));
+        open(Weights::File(f), tok, max_len, rows, Some(adapter)).await
     }
 
     /// Whether the rows decode with a LoRA adapter.

@@ -10,11 +10,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::error::{file_err, Error, Result};
+use crate::io::mapped::FileBytes;
 use crate::model::config::ModelConfig;
-use crate::model::family::{assemble, tensor_names, Naming, Place, Slot, Tensor};
+use crate::model::family::Naming;
 use crate::model::lora::LoraAdapter;
 use crate::model::quant::QuantKind;
-use crate::model::weights::{Half, Matrix, ModelWeights};
+use crate::model::tensor::{HostDtype, HostTensor};
+use crate::model::weights::ModelWeights;
 
 mod config;
 
@@ -146,7 +148,7 @@ pub struct GgufFile {
     pub metadata: BTreeMap<String, Value>,
     /// Tensor table, in file order.
     pub tensors: Vec<TensorInfo>,
-    bytes: Vec<u8>,
+    bytes: FileBytes,
 }
 
 struct Reader<'a> {
@@ -224,15 +226,19 @@ impl<'a> Reader<'a> {
 }
 
 impl GgufFile {
-    /// Read and parse a GGUF file.
+    /// Map and parse a GGUF file (its tensors' bytes are read when they are used).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| file_err(path, e))?;
-        Self::parse(bytes).map_err(|e| file_err(path, e))
+        let bytes = FileBytes::open(path)?;
+        Self::parse_bytes(bytes).map_err(|e| file_err(path, e))
     }
 
     /// Parse GGUF bytes.
     pub fn parse(bytes: Vec<u8>) -> Result<Self> {
+        Self::parse_bytes(bytes.into())
+    }
+
+    fn parse_bytes(bytes: FileBytes) -> Result<Self> {
         let mut r = Reader { b: &bytes, at: 0 };
         if r.take(4, "magic")? != b"GGUF" {
             return Err(Error::Weights("not a GGUF file (bad magic)".into()));
@@ -340,25 +346,21 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// A 2-D tensor as a matrix `[dims[1], dims[0]]` (quantized blocks kept), or a 3-D one of
-    /// stacked experts ([`TensorInfo::matrix_shape`]), checking its shape.
-    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        let t = self.tensor(name).ok_or_else(|| Error::Weights(format!("tensor `{name}` is missing")))?;
-        if t.matrix_shape() != Some([rows, cols]) {
-            return Err(Error::Weights(format!("tensor `{name}`: dims {:?}, expected [{cols}, {rows}]", t.dims)));
-        }
-        let b = &self.bytes[t.range.clone()];
-        match t.ty {
-            TensorType::Quant(q) => Matrix::quantized(rows, cols, q, b.to_vec()),
-            ty => Matrix::new(rows, cols, floats(ty, b)).map(|m| Matrix {
-                half: match ty {
-                    TensorType::F16 => Some(Half::F16),
-                    TensorType::BF16 => Some(Half::BF16),
-                    _ => None,
-                },
-                ..m
-            }),
-        }
+    /// Tensor `t` of this file as a host tensor in PyTorch's dimension order (quantized ones
+    /// as their blocks; a 3-D tensor of stacked experts as one matrix of their rows), a view of
+    /// the file's bytes.
+    pub fn host_tensor(&self, t: &TensorInfo) -> HostTensor<'_> {
+        let dtype = match t.ty {
+            TensorType::F32 => HostDtype::F32,
+            TensorType::F16 => HostDtype::F16,
+            TensorType::BF16 => HostDtype::BF16,
+            TensorType::Quant(k) => HostDtype::Quant(k),
+        };
+        let shape = match t.matrix_shape() {
+            Some(rows_cols) => rows_cols.to_vec(),
+            None => t.dims.iter().rev().copied().collect(),
+        };
+        HostTensor { name: t.name.clone(), shape, dtype, bytes: self.tensor_bytes(t) }
     }
 
     /// A 1-D f32/f16/bf16 tensor of length `n` (or `[n, 1]`).
@@ -396,34 +398,14 @@ impl GgufFile {
         LoraAdapter::from_gguf_tensors(alpha, &tensors, cfg)
     }
 
-    /// The model's weights. For `llama`, llama.cpp stores Q and K rows permuted for its interleaved
-    /// RoPE; they are put back in the half-split order kvdecode (and Hugging Face) rotate in.
+    /// The model's weights on the host (for the CPU reference; an engine loads from
+    /// [`crate::io::model_file::ModelFile`] without them). For `llama`, llama.cpp stores Q and K
+    /// rows permuted for its interleaved RoPE; they are put back in the half-split order kvdecode
+    /// (and Hugging Face) rotate in.
     pub fn weights(&self) -> Result<ModelWeights> {
-        self.weights_with_progress(&mut |_, _| {})
-    }
-
-    /// [`GgufFile::weights`], calling `progress(layers_done, layers)` as layers are read.
-    pub fn weights_with_progress(&self, progress: &mut dyn FnMut(usize, usize)) -> Result<ModelWeights> {
-        self.arch()?;
         let cfg = self.config()?;
-        let n = cfg.n_layers();
-        let mut done = 0;
-        let w = assemble(&cfg, &tensor_names(&cfg, Naming::Gguf), &mut |t| {
-            if let Some(Place { slot: Slot::Layer(i, _), .. }) = t.places.first() {
-                let i = *i;
-                while done < i {
-                    done += 1;
-                    progress(done, n);
-                }
-            }
-            match t.shape[..] {
-                [n] => self.vector(&t.name, n).map(Tensor::Vector),
-                [rows, cols] => self.matrix(&t.name, rows, cols).map(Tensor::Matrix),
-                _ => Err(Error::Weights(format!("tensor `{}`: unexpected shape {:?}", t.name, t.shape))),
-            }
-        })?;
-        progress(n, n);
-        Ok(w)
+        let file = crate::io::model_file::FileWeights { cfg, naming: Naming::Gguf, source: self };
+        file.weights(&file.plan()?, &mut |_, _| {})
     }
 }
 

@@ -2,10 +2,11 @@
 //! the weights they fill.
 //!
 //! Three namings reach kvdecode: Hugging Face (`model.layers.3.self_attn.q_proj.weight`), GGUF
-//! (`blk.3.attn_q.weight`) and kvdecode's own safetensors (`blocks.3.attn.w_q.weight`). The HF
-//! and GGUF loaders assemble [`crate::ModelWeights`] through [`tensor_names`], and
-//! [`crate::Engine::update_weights`] finds the GPU rows a name fills through the same list, so a
-//! name means the same rows everywhere. A name whose rows sit inside a fused matrix (k and v in
+//! (`blk.3.attn_q.weight`) and kvdecode's own safetensors (`blocks.3.attn.w_q.weight`). Loading
+//! a file (onto the GPU, or into [`crate::ModelWeights`] for the CPU reference) and
+//! [`crate::Engine::update_weights`] find the rows a name fills through the same list
+//! ([`tensor_names`]), and the same [`WeightPlan`] says what each weight is before its values are
+//! read, so a name means the same rows everywhere. A name whose rows sit inside a fused matrix (k and v in
 //! `kv_global`, gate and up in `mlp_in`) fills just those rows, and a fused tensor of a file
 //! (Phi-3's `qkv_proj`) fills a row range of each weight it holds ([`Place`]).
 //!
@@ -22,7 +23,6 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::model::config::ModelConfig;
 
-mod assemble;
 mod gemma;
 mod gpt_oss;
 mod keys;
@@ -33,16 +33,18 @@ mod names;
 mod olmo2;
 mod olmoe;
 mod phi3;
+mod plan;
 mod qwen2;
 mod qwen2_moe;
 mod qwen3;
 mod qwen3_moe;
 mod smollm3;
-pub use assemble::{assemble, tensors_of, transpose_stack, Tensor};
 pub use keys::{GgufKeys, HfKeys, RopeRead};
 pub use names::{
     interleaved_source, naming_norm, tensor_names, trainer_names, LayerSlot, Naming, Place, RowOrder, Slot, TensorName,
 };
+pub(crate) use plan::{conform, stream, FileTensor};
+pub use plan::{tensors_of, transpose_stack, SlotPlan, Stored, WeightPlan};
 
 /// The architecture a model came from: it decides the Hugging Face and GGUF names of its tensors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -372,17 +374,25 @@ mod tests {
     use crate::model::rope::RopeScaling;
     use crate::model::weights::ModelWeights;
 
-    /// `w`'s tensors under each naming, as a file of it holds them (`tensors_of`), assemble back
-    /// into `w`: every name has its values and every value its place.
+    /// `w`'s tensors under each naming, as a file of it holds them (`tensors_of`), loaded back
+    /// into `w` through the loaders' plan and writer: every name has its values and every value
+    /// its place.
     fn round_trips(w: &ModelWeights, namings: &[Naming]) {
         for &naming in namings {
             let names = tensor_names(&w.cfg, naming);
             let values = tensors_of(w, naming);
             assert_eq!(values.len(), names.len(), "{naming:?}: every name has its values");
-            let back = assemble(&w.cfg, &names, &mut |t| {
-                Tensor::from_file_values(t, values.iter().find(|(n, _)| n.name == t.name).unwrap().1.clone())
-            })
-            .unwrap();
+            let mut plan = WeightPlan::from_names(&w.cfg, &names, &mut |_| Ok(Stored::Values)).unwrap();
+            plan.cid_map = w.cid_map.clone();
+            let mut back = ModelWeights::zeroed(&plan).unwrap();
+            let norm = naming_norm(&w.cfg, naming);
+            let find = &mut |t: &TensorName| {
+                let (spec, v) = values.iter().find(|(n, _)| n.name == t.name).unwrap();
+                let bytes = bytemuck::cast_slice::<f32, u8>(v).to_vec();
+                Ok(FileTensor::Made(spec.name.clone(), spec.file_shape(), crate::model::tensor::HostDtype::F32, bytes))
+            };
+            stream(&names, find, &mut |p, t| back.write_place(p, norm, t), &mut |_, _| {}).unwrap();
+            back.check().unwrap();
             assert_eq!(&back, w, "{naming:?}");
         }
     }
@@ -451,12 +461,13 @@ mod tests {
         let hf = tensors_of(&w, Naming::HuggingFace("model."));
         let up = &hf.iter().find(|(t, _)| t.name == "model.layers.2.mlp.experts.3.up_proj.weight").unwrap().1;
         assert_eq!(&up[..32], w.layers[2].mlp_in.row(7 * 8));
-        // the dense layer keeps the dense MLP's names; the shared expert's gate is a vector in GGUF
+        // the dense layer keeps the dense MLP's names; the shared expert's gate is [1, d] in GGUF
+        // too (a vector of d is taken as that row)
         assert!(hf.iter().any(|(t, _)| t.name == "model.layers.1.mlp.gate_proj.weight"));
         let gguf = tensor_names(&cfg, Naming::Gguf);
         assert_eq!(
             gguf.iter().find(|t| t.name == "blk.2.ffn_gate_inp_shexp.weight").map(|t| &t.shape[..]),
-            Some(&[32][..])
+            Some(&[1, 32][..])
         );
     }
 

@@ -337,11 +337,8 @@ pub fn tensor_names(cfg: &ModelConfig, naming: Naming) -> Vec<TensorName> {
                             Part::SharedGateProj => (vec![fs, d], whole(slot(LayerSlot::SharedIn)), RowOrder::AsIs),
                             Part::SharedUpProj => (vec![fs, d], vec![(slot(LayerSlot::SharedIn), fs)], RowOrder::AsIs),
                             Part::SharedDownProj => (vec![d, fs], whole(slot(LayerSlot::SharedOut)), RowOrder::AsIs),
-                            // GGUF: a vector of d (llama-quantize's files; the converter's a [1, d]
-                            // matrix, which the loader and updates take as well)
-                            _ if naming == Naming::Gguf => {
-                                (vec![d], whole(slot(LayerSlot::SharedGate)), RowOrder::AsIs)
-                            }
+                            // a matrix [1, d] (llama.cpp's converter writes it so; llama-quantize
+                            // stores a vector of d, which loading and updates take as that row)
                             _ => (vec![1, d], whole(slot(LayerSlot::SharedGate)), RowOrder::AsIs),
                         }
                     }
