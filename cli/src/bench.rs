@@ -80,7 +80,8 @@ pub struct Args {
     /// experts the rows read), lora (adapters on every linear layer, rows spread over 4, against
     /// the base model; an adapter update against `queue.write_buffer` of its bytes), occupancy
     /// (every dispatch of a decode step: workgroups, threads, longest serial loop, bytes;
-    /// computed, needs no GPU).
+    /// computed, needs no GPU), load (`--model` from its file onto the GPU: time and peak host
+    /// memory; alone, the model is not loaded for other tables first).
     #[arg(long, value_delimiter = ',', default_value = "throughput,profile,attention,multistep,prefix")]
     tables: Vec<String>,
     /// Prefix table: tokens of the system prompt every request shares.
@@ -128,11 +129,12 @@ pub fn run(a: Args) -> Result<()> {
             "moe",
             "lora",
             "occupancy",
+            "load",
         ];
         if !known.contains(&t.as_str()) {
             return Err(format!(
                 "--tables: unknown table {t:?} (throughput, profile, attention, multistep, prefix, weights, formats, moe, \
-                 lora, occupancy)"
+                 lora, occupancy, load)"
             )
             .into());
         }
@@ -141,6 +143,16 @@ pub fn run(a: Args) -> Result<()> {
     let mut json = serde_json::Map::new();
     let kvs = a.kv.iter().map(|s| KvDtype::parse(s)).collect::<kvdecode::Result<Vec<_>>>()?;
     let gpu = Gpu::new()?;
+    if table("load") {
+        let rows = crate::bench_load::load_table(&gpu, &a.model, a.weights, a.weight_rounds)?;
+        json.insert("load".into(), rows.into());
+        if a.tables.len() == 1 {
+            if a.json {
+                println!("{}", serde_json::Value::Object(json));
+            }
+            return Ok(());
+        }
+    }
     let (model, _) = load_model(&a.model)?;
     println!("adapter: {}", gpu.describe());
     println!(

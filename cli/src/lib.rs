@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bench_formats;
+pub mod bench_load;
 pub mod bench_lora;
 pub mod bench_moe;
 pub mod bench_occupancy;

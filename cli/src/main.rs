@@ -11,6 +11,10 @@
 use clap::{Parser, Subcommand};
 use kvdecode_cli::{bench, bench_serve, chat, common, generate, rollout, serve};
 
+/// Counts the bytes held, for `bench --tables load`'s peak host memory.
+#[global_allocator]
+static ALLOC: kvdecode_cli::bench_load::CountingAlloc = kvdecode_cli::bench_load::CountingAlloc;
+
 #[derive(Parser)]
 #[command(name = "kvdecode", version, about = "Incremental transformer decoding on WebGPU, many sequences at once")]
 struct Cli {
