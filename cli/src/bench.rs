@@ -93,7 +93,7 @@ pub struct Args {
     /// Prefix table: rows serving them.
     #[arg(long, default_value_t = 4)]
     prefix_rows: usize,
-    /// Weights table: timed rounds of each (the median is printed).
+    /// Weights and load tables: timed rounds of each (the median is printed).
     #[arg(long, default_value_t = 5)]
     weight_rounds: usize,
     /// Formats table: rounds over all formats (each format's median is printed; the rounds

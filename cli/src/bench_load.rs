@@ -2,7 +2,8 @@
 //! took at its peak: the bytes this process's Rust code held (a counting allocator, the
 //! command's global one; the file's mapping and the driver's own allocations are not among
 //! them, which on lavapipe include the GPU buffers) and the resident set (`VmHWM`, whatever
-//! holds it). A `synthetic:` model is first written to a kvdecode safetensors file in f16.
+//! holds it). `demo` or a `synthetic:` model is first written to a kvdecode safetensors file in
+//! f16.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -76,10 +77,10 @@ fn rss_peak() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
 }
 
-/// A file to load for `model`: itself, or a `synthetic:` model written to a temporary kvdecode
-/// safetensors file in f16 (removed when the returned guard drops).
+/// A file to load for `model`: itself, or `demo` or a `synthetic:` model written to a temporary
+/// kvdecode safetensors file in f16 (removed when the returned guard drops).
 fn model_file(model: &str) -> Result<(std::path::PathBuf, Option<tempfile_guard::Guard>)> {
-    if !model.starts_with("synthetic:") {
+    if model != "demo" && !model.starts_with("synthetic:") {
         return Ok((model.into(), None));
     }
     let (w, _) = crate::common::load_model(model)?;

@@ -20,7 +20,9 @@ fn bench_json_carries_throughput_and_attention_variants() {
         "--kv",
         "f32",
         "--tables",
-        "throughput,attention,occupancy",
+        "throughput,attention,occupancy,load",
+        "--weight-rounds",
+        "1",
         "--attention-ctx",
         "70",
         "--occupancy-models",
@@ -50,6 +52,12 @@ fn bench_json_carries_throughput_and_attention_variants() {
         assert!(a["chunk_attention_ms"].as_f64().unwrap() > 0.0, "{last}");
     }
     assert!(!stdout.contains("multi-step"), "--tables left the multi-step table out");
+    // the load table: the streamed load holds less of the heap at its peak than the host copy,
+    // which holds every weight in f32 (the allocator's count is exact, not a timing)
+    let load = v["load"].as_array().expect("load");
+    let heap: Vec<u64> = load.iter().map(|w| w["peak_heap_bytes"].as_u64().unwrap()).collect();
+    assert_eq!(heap.len(), 2, "{last}");
+    assert!(heap[1] < heap[0], "streamed {} bytes against the host copy's {}: {last}", heap[1], heap[0]);
     // the occupancy table (dry run, computed): a row per dispatch of each configuration, ending
     // with the sampling dispatches, and a summary per configuration (2 rows x 1 context x 2
     // samplers)
