@@ -449,3 +449,41 @@ fn adapters_are_picked_by_model_name_and_loaded_while_serving() {
         post(s.port, "/v1/chat/completions", json!({"model": "a", "messages": [{"role": "user", "content": "x"}]}));
     assert_eq!(status, 404, "an unloaded adapter is gone");
 }
+
+/// `--lora-dtype f16` holds the adapters as halves (the engine's `lora_dtype`): an adapter's
+/// answer moves from its f32 answer by the rounding of its values, the base model's answer is the
+/// same bits, and a type the engine does not hold adapters in is refused at start by the flag's
+/// name. The only test of the flag; the f16 slots themselves are held to the CPU reference in
+/// tests/lora.rs.
+#[test]
+fn lora_dtype_f16_holds_the_adapters_as_halves() {
+    let wd = WeightsDir::new("lora-dtype");
+    let lora_a = format!("a={}", adapter_dir(&wd.0, "a", 1));
+    let answers = |dtype: &str| {
+        let s = start(&["--lora", &lora_a, "--lora-dtype", dtype]);
+        let (_, _, body) = http(s.port, "GET", "/v1/models", "");
+        let models: Value = serde_json::from_str(&body).unwrap();
+        let base = models["data"][0]["id"].as_str().unwrap().to_string();
+        [base, "a".to_string()].map(|model| {
+            let body = json!({"model": model, "messages": [{"role": "user", "content": "hello there"}],
+                              "max_tokens": 8, "temperature": 0, "logprobs": true});
+            let (status, v) = post(s.port, "/v1/chat/completions", body);
+            assert_eq!(status, 200, "{dtype} {model}: {v}");
+            let tokens = v["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+            tokens.iter().map(|t| t["logprob"].as_f64().unwrap()).collect::<Vec<f64>>()
+        })
+    };
+    let [base32, a32] = answers("f32");
+    let [base16, a16] = answers("f16");
+    assert_eq!(base16, base32, "the base model does not depend on how adapters are held");
+    assert_ne!(a16, a32, "f16 adapters are the f32 ones rounded");
+    let moved = a16.iter().zip(&a32).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    println!("f16 adapter logprobs within {moved:.2e} of f32's");
+    assert!(moved < 1e-2, "the rounding moved a logprob by {moved}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvdecode"))
+        .args(["serve", "--model", MODEL, "--port", "0", "--lora-dtype", "bf16"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--lora-dtype"), "{stderr}");
+}
