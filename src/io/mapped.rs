@@ -29,12 +29,22 @@ impl FileBytes {
             // SAFETY: the mapping is read-only and private to this process. What the OS cannot
             // promise is that no other process truncates or rewrites the file while it is mapped
             // (then reads see the new bytes, or fault); every reader here treats the bytes as
-            // untrusted input, and model files are not written while a model loads (llama.cpp
-            // and candle map them the same way).
+            // untrusted input, and a model file is not rewritten while a model loads from it
+            // (llama.cpp and candle map them the same way). Weight updates, whose files a
+            // trainer may rewrite in place between steps, read instead (`FileBytes::read`).
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| file_err(path, e))?;
             Ok(FileBytes::Mapped(map))
         }
         #[cfg(target_arch = "wasm32")]
+        std::fs::read(path).map(FileBytes::Owned).map_err(|e| file_err(path, e))
+    }
+}
+
+impl FileBytes {
+    /// Read the file at `path` into memory: for files a trainer may rewrite in place for its next
+    /// step while this one is still being read (a weight update), where a mapping of the
+    /// truncated file would fault instead of failing to parse.
+    pub fn read(path: &Path) -> Result<Self> {
         std::fs::read(path).map(FileBytes::Owned).map_err(|e| file_err(path, e))
     }
 }

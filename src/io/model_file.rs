@@ -277,7 +277,7 @@ impl ModelFile {
             let (cfg, _) = crate::io::hf::config_from_json(&text).map_err(|e| file_err(&cfg_path, e))?;
             let tj = path.join("tokenizer.json");
             let tokenizer = if tj.exists() { Some(Tokenizer::from_file(&tj)?) } else { None };
-            let files = SafetensorsFiles::new(safetensors_in(path)?)?;
+            let files = SafetensorsFiles::new(safetensors_in(path, FileBytes::open)?)?;
             // text weights live under `model.` (text-only checkpoints) or a language-model prefix
             let prefix = HF_PREFIXES
                 .into_iter()
@@ -349,8 +349,8 @@ impl ModelFile {
     }
 }
 
-/// Every `*.safetensors` file in `dir`, sorted by name and mapped.
-fn safetensors_in(dir: &Path) -> Result<Vec<(PathBuf, FileBytes)>> {
+/// Every `*.safetensors` file in `dir`, sorted by name, each opened by `open` (mapped or read).
+fn safetensors_in(dir: &Path, open: fn(&Path) -> Result<FileBytes>) -> Result<Vec<(PathBuf, FileBytes)>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| file_err(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -360,7 +360,7 @@ fn safetensors_in(dir: &Path) -> Result<Vec<(PathBuf, FileBytes)>> {
     if files.is_empty() {
         return Err(file_err(dir, "no *.safetensors file in the directory"));
     }
-    files.into_iter().map(|p| FileBytes::open(&p).map(|b| (p, b))).collect()
+    files.into_iter().map(|p| open(&p).map(|b| (p, b))).collect()
 }
 
 /// Only the tokenizer of the model at `path` (no weights are read), if it has one.
@@ -389,16 +389,19 @@ pub enum TensorFiles {
 }
 
 impl TensorFiles {
-    /// Read the file or directory at `path`.
+    /// Read the file or directory at `path` into memory (not mapped: a trainer may rewrite a
+    /// checkpoint in place for its next step while this update is still reading it, and a
+    /// mapping of a truncated file faults where bytes in memory only fail to parse).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         if is_gguf(path) {
-            return GgufFile::open(path).map(TensorFiles::Gguf);
+            let bytes = FileBytes::read(path)?;
+            return GgufFile::parse_bytes(bytes).map(TensorFiles::Gguf).map_err(|e| file_err(path, e));
         }
         if path.is_dir() {
-            return safetensors_in(path).map(TensorFiles::Safetensors);
+            return safetensors_in(path, FileBytes::read).map(TensorFiles::Safetensors);
         }
-        Ok(TensorFiles::Safetensors(vec![(path.to_path_buf(), FileBytes::open(path)?)]))
+        Ok(TensorFiles::Safetensors(vec![(path.to_path_buf(), FileBytes::read(path)?)]))
     }
 
     /// A GGUF file's tensors by their names, in PyTorch's dimension order (quantized ones as

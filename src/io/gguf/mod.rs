@@ -238,7 +238,8 @@ impl GgufFile {
         Self::parse_bytes(bytes.into())
     }
 
-    fn parse_bytes(bytes: FileBytes) -> Result<Self> {
+    /// Parse GGUF bytes, mapped or in memory.
+    pub(crate) fn parse_bytes(bytes: FileBytes) -> Result<Self> {
         let mut r = Reader { b: &bytes, at: 0 };
         if r.take(4, "magic")? != b"GGUF" {
             return Err(Error::Weights("not a GGUF file (bad magic)".into()));
