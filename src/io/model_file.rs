@@ -452,5 +452,7 @@ pub fn open_lora(
     if path.is_dir() {
         return crate::model::lora::LoraAdapter::from_peft_dir(path, cfg);
     }
-    GgufFile::open(path)?.lora(cfg).map_err(|e| file_err(path, e))
+    // read, not mapped: adapters are what a trainer rewrites between steps (`TensorFiles::open`)
+    let g = GgufFile::parse_bytes(FileBytes::read(path)?).map_err(|e| file_err(path, e))?;
+    g.lora(cfg).map_err(|e| file_err(path, e))
 }
