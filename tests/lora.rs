@@ -344,7 +344,11 @@ fn update_lora_equals_a_fresh_load_and_bad_updates_change_nothing() {
             let err = e.update_lora("a", &views(tensors), InFlight::Recompute).unwrap_err().to_string();
             assert!(err.contains(want_err), "{label}: {want_err}: {err}");
         }
-        assert_eq!((e.adapter(0), e.lora("a")), (Some(("a", 0)), Some(&old)), "{label}: a refused update changed it");
+        assert_eq!(
+            (e.adapter(0), e.lora_version("a")),
+            (Some(("a", 0)), Some(0)),
+            "{label}: a refused update changed it"
+        );
         e.reset(&[2]).unwrap();
         e.set_adapter(2, Some("a")).unwrap();
         assert!(all_positions(&mut e, 2, &prompt, 40) == probe, "{label}: a refused update changed the GPU's adapter");
@@ -547,7 +551,6 @@ fn half_adapters_give_the_reference_of_their_rounded_values() {
         max_abs_diff(&want, &unrounded)
     );
     assert!(d <= 1e-4, "{d}");
-    assert_eq!(e.lora("a"), Some(&adapter), "the engine keeps the values as given");
     let mut huge = adapter.clone();
     huge.layers[1][0].as_mut().unwrap().b[3] = -7e4;
     let err = e.load_lora("huge", &huge).unwrap_err().to_string();

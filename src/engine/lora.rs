@@ -17,7 +17,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::kernels;
 use crate::gpu::lora::{LoraGroup, NO_ADAPTER};
-use crate::model::lora::{LoraAdapter, LoraTarget};
+use crate::model::lora::{base_names, plan_update, BaseNames, LoraAdapter, LoraRanks, LoraTarget};
 use crate::model::tensor::HostTensor;
 
 /// What [`Engine::update_lora`] did.
@@ -33,10 +33,12 @@ pub struct LoraUpdate {
     pub rows: Vec<usize>,
 }
 
-/// An adapter in a slot.
+/// An adapter in a slot. Its values live on the GPU only: an update writes the pushed bytes there
+/// and nowhere else (a host copy would cost a second pass over them, and the memory of every
+/// resident adapter).
 struct Resident {
     name: String,
-    adapter: LoraAdapter,
+    ranks: LoraRanks,
     version: u64,
     /// Unique among every adapter this engine ever loaded: a name loaded again is another one.
     uid: u64,
@@ -48,11 +50,13 @@ pub(crate) struct LoraState {
     /// Per cache row: its adapter's slot.
     rows: Vec<Option<usize>>,
     next_uid: u64,
+    /// The base weights' names an update's tensors are matched to, made at the first load.
+    base_names: Option<BaseNames>,
 }
 
 impl LoraState {
     pub(crate) fn new(slots: usize, rows: usize) -> Self {
-        LoraState { slots: (0..slots).map(|_| None).collect(), rows: vec![None; rows], next_uid: 1 }
+        LoraState { slots: (0..slots).map(|_| None).collect(), rows: vec![None; rows], next_uid: 1, base_names: None }
     }
 
     /// `RowInfo.lora` of cache row `row`.
@@ -106,9 +110,10 @@ impl Engine {
         self.lora.slots.iter().flatten().map(|r| (r.name.clone(), r.version)).collect()
     }
 
-    /// The resident adapter named `name`, as its values stand now.
-    pub fn lora(&self, name: &str) -> Option<&LoraAdapter> {
-        self.lora.slots.iter().flatten().find(|r| r.name == name).map(|r| &r.adapter)
+    /// The version of the resident adapter named `name` (0 when loaded, plus one per update), if
+    /// one is loaded.
+    pub fn lora_version(&self, name: &str) -> Option<u64> {
+        self.lora.slots.iter().flatten().find(|r| r.name == name).map(|r| r.version)
     }
 
     /// Make `adapter` resident under `name` in a free slot. An engine built without adapter slots,
@@ -136,7 +141,10 @@ impl Engine {
         self.gpu.queue.submit([]);
         let uid = self.lora.next_uid;
         self.lora.next_uid += 1;
-        self.lora.slots[slot] = Some(Resident { name: name.into(), adapter: adapter.clone(), version: 0, uid });
+        self.lora.slots[slot] = Some(Resident { name: name.into(), ranks: adapter.ranks(), version: 0, uid });
+        if self.lora.base_names.is_none() {
+            self.lora.base_names = Some(base_names(&self.cfg));
+        }
         Ok(())
     }
 
@@ -176,7 +184,8 @@ impl Engine {
         self.ready()?;
         let slot = self.lora.slot_of(name)?;
         let resident = self.lora.slots[slot].as_ref().expect("found above");
-        let plan = resident.adapter.plan_update(tensors, &self.cfg)?;
+        let names = self.lora.base_names.as_ref().expect("made when an adapter was loaded");
+        let plan = plan_update(&resident.ranks, names, tensors, &self.cfg)?;
         let g = self.weights.lora.as_ref().expect("a loaded adapter has slots");
         for u in plan.iter().filter(|_| g.half) {
             for values in u.a.iter().chain(&u.b) {
@@ -195,11 +204,6 @@ impl Engine {
         self.gpu.queue.submit([]);
         let modules = plan.len();
         let resident = self.lora.slots[slot].as_mut().expect("found above");
-        for u in &plan {
-            let m = resident.adapter.layers[u.layer][u.target as usize].as_mut().expect("planned against its modules");
-            u.a.iter().for_each(|v| v.copy_into(&mut m.a));
-            u.b.iter().for_each(|v| v.copy_into(&mut m.b));
-        }
         resident.version += 1;
         let version = resident.version;
         let held: Vec<usize> = self.lora.rows_of(slot).into_iter().filter(|&r| self.cache.position(r) > 0).collect();

@@ -13,7 +13,7 @@ use crate::model::config::{ModelConfig, NormKind};
 use crate::model::family::{
     conform, naming_norm, tensor_names, trainer_names, Naming, Place, Slot, TensorName, HF_PREFIXES,
 };
-use crate::model::tensor::{HostDtype, HostTensor};
+use crate::model::tensor::HostTensor;
 
 /// What an update does to the rows that hold tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,46 +78,6 @@ pub(crate) fn name_index(cfg: &ModelConfig) -> NameIndex {
         }
     }
     index
-}
-
-/// Every value of `tensors` finite, checked in slices of about 4 MiB spread over the CPU's
-/// threads (a trainer's push is checked at memory speed, not one core's): the first bad element,
-/// in tensor order, is the error.
-fn check_values(tensors: &[&HostTensor]) -> Result<()> {
-    const SLICE: usize = 4 << 20;
-    let mut work = Vec::new();
-    for (i, t) in tensors.iter().enumerate() {
-        let n = t.elements();
-        // quantized tensors are checked whole, by dequantizing them
-        let step = match t.dtype {
-            HostDtype::Quant(_) => n.max(1),
-            _ => (SLICE / (t.bytes.len() / n.max(1)).max(1)).max(1),
-        };
-        work.extend((0..n).step_by(step).map(|a| (i, a..(a + step).min(n))));
-    }
-    // a thread per 8 MiB at most: spawning one costs about 0.2 ms here, as long as checking
-    // 1.5 MiB does
-    #[cfg(not(target_arch = "wasm32"))]
-    let threads = {
-        let bytes: usize = tensors.iter().map(|t| t.bytes.len()).sum();
-        std::thread::available_parallelism().map_or(1, |n| n.get()).min(bytes >> 23).max(1)
-    };
-    #[cfg(target_arch = "wasm32")]
-    let threads = 1;
-    let run = |k: usize| -> Option<((usize, usize), Error)> {
-        let mut mine = work.iter().skip(k).step_by(threads);
-        mine.find_map(|(i, r)| tensors[*i].check_values(r.clone()).err().map(|e| ((*i, r.start), e)))
-    };
-    let mut bad: Vec<((usize, usize), Error)> = if threads > 1 {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads).map(|k| s.spawn(move || run(k))).collect();
-            handles.into_iter().filter_map(|h| h.join().ok().flatten()).collect()
-        })
-    } else {
-        run(0).into_iter().collect()
-    };
-    bad.sort_by_key(|b| b.0);
-    bad.into_iter().next().map_or(Ok(()), |(_, e)| Err(e))
 }
 
 /// Names a trainer's `state_dict()` carries that are not weights of their own.
@@ -221,7 +181,7 @@ impl Engine {
             }
             plan.push((t, spec, *norm));
         }
-        check_values(&plan.iter().map(|p| p.0).collect::<Vec<_>>())?;
+        crate::model::tensor::check_all_values(&plan.iter().map(|p| p.0).collect::<Vec<_>>())?;
         let mut bytes = 0;
         for (t, spec, norm) in &plan {
             for p in &spec.places {

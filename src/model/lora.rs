@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::model::config::{MlpKind, ModelConfig};
 use crate::model::family::{tensor_names, LayerSlot, Naming, Place, RowOrder, Slot, TensorName, HF_PREFIXES};
-use crate::model::tensor::{HostDtype, HostTensor};
+use crate::model::tensor::{check_all_values, HostDtype, HostTensor};
 
 /// A projection of a block an adapter may change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,12 +113,6 @@ impl HalfValues<'_> {
             HalfValues::F32(t) => &t.bytes[..t.elements() * 4],
             HalfValues::Values(v) => bytemuck::cast_slice(v),
         }
-    }
-
-    /// Copy them over `dst`, a module's half of the same length, in place (memory the process
-    /// already holds: no fresh pages to fault in, as a new vector's would be).
-    pub(crate) fn copy_into(&self, dst: &mut [f32]) {
-        bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(self.bytes());
     }
 }
 
@@ -445,7 +439,7 @@ impl LoraAdapter {
             Some(HalfValues::Values(v)) => v,
             None => old.clone(),
         };
-        let plan = self.plan_update(tensors, cfg)?;
+        let plan = plan_update(&self.ranks(), &base_names(cfg), tensors, cfg)?;
         Ok(plan
             .into_iter()
             .map(|u| {
@@ -456,42 +450,9 @@ impl LoraAdapter {
             .collect())
     }
 
-    /// An update's new halves per module, every tensor checked (names, shapes for the modules'
-    /// ranks, finite values) and nothing copied that can go as it came: an f32 tensor stays the
-    /// pushed bytes, for the GPU and the adapter's own values to copy once each.
-    pub(crate) fn plan_update<'t>(
-        &self,
-        tensors: &'t [HostTensor],
-        cfg: &ModelConfig,
-    ) -> Result<Vec<ModuleUpdate<'t>>> {
-        let names = base_names(cfg);
-        let mut out = Vec::new();
-        for ((layer, module), [a, b]) in &halves(tensors, cfg)? {
-            let (parts, rows) = module_parts(cfg, &names, module)?;
-            let old =
-                parts.iter().map(|(t, _)| self.module(*layer, *t)).collect::<Option<Vec<_>>>().ok_or_else(|| {
-                    Error::Weights(format!(
-                        "update: adapter module `{module}` is not in this adapter (an update replaces modules it has)"
-                    ))
-                })?;
-            let (rank, inputs) = (old[0].rank, parts[0].0.dims(cfg, *layer).0);
-            let hint = |e| rank_hint(e, module, &format!("rank {rank}, as loaded"));
-            a.map(|a| a.check(&[rank, inputs])).transpose().map_err(hint)?;
-            b.map(|b| b.check(&[rows, rank])).transpose().map_err(hint)?;
-            let of = |t: &'t HostTensor<'t>| match t.dtype {
-                HostDtype::F32 => HalfValues::F32(t),
-                _ => HalfValues::Values(t.values_f32()),
-            };
-            for (target, place) in &parts {
-                let whole = place.rows == (0..rows) && place.order == RowOrder::AsIs;
-                let b = b.map(|b| match whole {
-                    true => of(b),
-                    false => HalfValues::Values(rows_of(place, &b.values_f32(), rank)),
-                });
-                out.push(ModuleUpdate { layer: *layer, target: *target, a: a.map(of), b });
-            }
-        }
-        Ok(out)
+    /// Each module's rank: what an update is checked against.
+    pub(crate) fn ranks(&self) -> LoraRanks {
+        LoraRanks(self.layers.iter().map(|l| l.each_ref().map(|m| m.as_ref().map(|m| m.rank))).collect())
     }
 
     /// The module that changes `target` of block `layer`, if any.
@@ -509,6 +470,79 @@ impl LoraAdapter {
             }
         }
     }
+}
+
+/// Each module's rank per block, `[layers][LoraTarget::ALL]` (`None`: the adapter leaves that
+/// projection alone): what an update of a resident adapter is checked against, the engine's values
+/// being on the GPU only.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct LoraRanks(Vec<[Option<usize>; 7]>);
+
+impl LoraRanks {
+    fn of(&self, layer: usize, target: LoraTarget) -> Option<usize> {
+        self.0.get(layer).and_then(|l| l[target as usize])
+    }
+}
+
+/// An update's new halves per module, every tensor checked (names, shapes for the modules'
+/// ranks, every value finite) and nothing copied that can go as it came: an f32 tensor stays the
+/// pushed bytes, which go to the GPU as they came.
+pub(crate) fn plan_update<'t>(
+    ranks: &LoraRanks,
+    names: &BaseNames,
+    tensors: &'t [HostTensor],
+    cfg: &ModelConfig,
+) -> Result<Vec<ModuleUpdate<'t>>> {
+    // the values of every tensor whose bytes fit its own shape (the plan refuses the others) are
+    // checked on another thread while this one matches names and shapes: an update costs the
+    // longer of the two, not their sum
+    let whole: Vec<&HostTensor> = tensors.iter().filter(|t| t.check_shape(&t.shape).is_ok()).collect();
+    #[cfg(not(target_arch = "wasm32"))]
+    let (plan, values) = std::thread::scope(|s| {
+        let values = s.spawn(|| check_all_values(&whole));
+        let plan = plan_modules(ranks, names, tensors, cfg);
+        (plan, values.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    });
+    #[cfg(target_arch = "wasm32")]
+    let (plan, values) = (plan_modules(ranks, names, tensors, cfg), check_all_values(&whole));
+    let plan = plan?;
+    values?;
+    Ok(plan)
+}
+
+/// [`plan_update`]'s names and shapes.
+fn plan_modules<'t>(
+    ranks: &LoraRanks,
+    names: &BaseNames,
+    tensors: &'t [HostTensor],
+    cfg: &ModelConfig,
+) -> Result<Vec<ModuleUpdate<'t>>> {
+    let mut out = Vec::new();
+    for ((layer, module), [a, b]) in &halves(tensors, cfg)? {
+        let (parts, rows) = module_parts(cfg, names, module)?;
+        let old = parts.iter().map(|(t, _)| ranks.of(*layer, *t)).collect::<Option<Vec<_>>>().ok_or_else(|| {
+            Error::Weights(format!(
+                "update: adapter module `{module}` is not in this adapter (an update replaces modules it has)"
+            ))
+        })?;
+        let (rank, inputs) = (old[0], parts[0].0.dims(cfg, *layer).0);
+        let hint = |e| rank_hint(e, module, &format!("rank {rank}, as loaded"));
+        a.map(|a| a.check_shape(&[rank, inputs])).transpose().map_err(hint)?;
+        b.map(|b| b.check_shape(&[rows, rank])).transpose().map_err(hint)?;
+        let of = |t: &'t HostTensor<'t>| match t.dtype {
+            HostDtype::F32 => HalfValues::F32(t),
+            _ => HalfValues::Values(t.values_f32()),
+        };
+        for (target, place) in &parts {
+            let whole = place.rows == (0..rows) && place.order == RowOrder::AsIs;
+            let b = b.map(|b| match whole {
+                true => of(b),
+                false => HalfValues::Values(rows_of(place, &b.values_f32(), rank)),
+            });
+            out.push(ModuleUpdate { layer: *layer, target: *target, a: a.map(of), b });
+        }
+    }
+    Ok(out)
 }
 
 /// The targets a base weight's places fill (a key projection fills the global and the local
@@ -593,18 +627,18 @@ fn halves<'t>(tensors: &'t [HostTensor], cfg: &ModelConfig) -> Result<Halves<'t>
     Ok(halves)
 }
 
+/// The base weights by their Hugging Face names ([`base_names`]).
+pub(crate) type BaseNames = std::collections::HashMap<String, TensorName>;
+
 /// The base weights' Hugging Face names: the family's own tables, so fused tensors split and
-/// rows reorder (Phi-3's partial rotary) as the base's did.
-fn base_names(cfg: &ModelConfig) -> std::collections::HashMap<String, TensorName> {
+/// rows reorder (Phi-3's partial rotary) as the base's did. (An engine makes them once: for
+/// SmolLM2's 30 blocks they take longer to make than an update's check of 19.5 MB.)
+pub(crate) fn base_names(cfg: &ModelConfig) -> BaseNames {
     HF_PREFIXES.iter().flat_map(|p| tensor_names(cfg, Naming::HuggingFace(p))).map(|t| (t.name.clone(), t)).collect()
 }
 
 /// The targets PEFT module `module` changes, with where its `B` rows go, and its output rows.
-fn module_parts(
-    cfg: &ModelConfig,
-    names: &std::collections::HashMap<String, TensorName>,
-    module: &str,
-) -> Result<(Vec<(LoraTarget, Place)>, usize)> {
+fn module_parts(cfg: &ModelConfig, names: &BaseNames, module: &str) -> Result<(Vec<(LoraTarget, Place)>, usize)> {
     let base = names.get(&format!("{module}.weight"));
     let parts = base.map(|t| targets(cfg, t)).unwrap_or_default();
     match base {

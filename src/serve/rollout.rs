@@ -75,7 +75,7 @@ impl Rollouts {
             }
             s.check(i)?;
         }
-        if let Some(name) = adapter.filter(|n| engine.lora(n).is_none()) {
+        if let Some(name) = adapter.filter(|n| engine.lora_version(n).is_none()) {
             return Err(Error::Input(format!("start: no LoRA adapter named {name:?} is loaded")));
         }
         engine.claim_rows(self.owner, rows)?;

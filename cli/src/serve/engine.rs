@@ -252,7 +252,7 @@ pub fn run(
 impl Loop {
     fn submit(&mut self, engine: &mut Engine, mut job: Job) {
         // an adapter unloaded after the handler picked it (the unload came first)
-        if let Some(name) = job.request.adapter.as_deref().filter(|n| engine.lora(n).is_none()) {
+        if let Some(name) = job.request.adapter.as_deref().filter(|n| engine.lora_version(n).is_none()) {
             let _ = job.events.send(JobEvent::Error(format!("the LoRA adapter {name:?} was unloaded")));
             return;
         }
