@@ -6,18 +6,22 @@
 // bits are the base model's.
 //
 // A workgroup is one token and a tile of outputs. It first computes the token's A x for every
-// target of the dispatch into workgroup memory, 8 ranks at a time: each lane sums the inputs
-// four at a time, k = 4 lane, 4 (lane + WG), ... in order (neighbouring lanes read neighbouring
-// vec4s; every input width is a multiple of 4), its four sums added last as (x + y) + (z + w),
-// then one lane per rank adds the WG lanes' sums in lane order. Then each lane sums OUTS_PER_LANE
-// outputs over the rank in order (B as PEFT stores it, an output's rank values side by side: a
-// trainer's push is written as it comes; four at a time where the module's rank is a multiple of
-// 4). Every sum has a fixed order that depends on nothing but the shapes and the module's rank: a
-// row's bits are the same in any batch, with any adapters beside it, in any chunking.
+// target of the dispatch into workgroup memory, a lane per (target, rank): the lane sums its row
+// of A against x over every input, four at a time in order (every input width is a multiple of
+// 4), the four sums added last as (x + y) + (z + w). Then, target by target, each lane sums its
+// outputs of the target over the rank in order (B as PEFT stores it, an output's rank values side
+// by side: a trainer's push is written as it comes; four at a time where the module's rank is a
+// multiple of 4). Every sum has a fixed order that depends on nothing but the shapes and the
+// module's rank: a row's bits are the same in any batch, with any adapters beside it, in any
+// chunking.
 //
-// The vec4 reads are why: a CPU adapter (lavapipe) gathers a lane's loads one by one, and a GPU
-// coalesces 16-byte loads, so four values a load cost a third of the loads of one a load. With
-// AB_HALF the values are halves (EngineOptions::lora_dtype): the same sums of the rounded values.
+// Why this shape: a CPU adapter (lavapipe) gathers a lane's loads one by one, and a GPU coalesces
+// 16-byte loads, so values are read four at a time (A, B and x); what the whole workgroup reads
+// (x in the A sums; a target's rank, scale and A x in the B sums) has one address for all lanes;
+// and no lane waits on another's partial sums (an earlier form split the inputs over the lanes and
+// summed their 64 partials through workgroup memory, with two barriers per 8 ranks: lavapipe spent
+// a quarter more time in this kernel). With AB_HALF the values are halves
+// (EngineOptions::lora_dtype): the same sums of the rounded values.
 
 override K: u32;              // input features
 override X_STRIDE: u32;       // floats per token row of x
@@ -41,7 +45,7 @@ const NO_ADAPTER: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> row_info: array<RowInfo>;   // [R]
-@group(0) @binding(2) var<storage, read> x: array<f32>;              // [R * C, X_STRIDE]
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;        // [R * C, X_STRIDE / 4]
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;        // [R * C, Y_STRIDE]
 // per slot: A [GROUP_TARGETS, MAX_RANK, K], then per target room for B [its rows, MAX_RANK],
 // holding [its rows, rank] at the module's own rank
@@ -51,16 +55,12 @@ const NO_ADAPTER: u32 = 0xffffffffu;
 @group(0) @binding(4) var<storage, read> ab: array<vec4<u32>>;       // [slots, SLOT_FLOATS / 4 or / 8]
 @group(0) @binding(5) var<storage, read> lora_meta: array<vec2<u32>>;     // [layers, slots, 7]: rank, scale bits
 
-// A whole number of them fits MAX_RANK, so every lane runs the same fixed loop (its sums stay in
-// registers) and reads only a slot's own rows; sums past the adapter's rank are dropped.
-const RANKS_AT_ONCE: u32 = 8u;
-
 // A x of each target: [TARGETS, MAX_RANK] (3 targets of rank 256 at most), as vec4s of ranks
 var<workgroup> ax: array<vec4<f32>, 192>;
-// each lane's sums for RANKS_AT_ONCE ranks: [RANKS_AT_ONCE, WG] (WG at most 64)
-var<workgroup> partial: array<f32, 512>;
-// the token's slot and its targets' ranks, read by one lane for the whole workgroup
+// the token's slot and its targets' ranks, then their scales' bits, read by one lane for the
+// whole workgroup
 var<workgroup> head: vec4<u32>;
+var<workgroup> scales: vec4<u32>;
 
 // Values `i .. i + 4` of `ab` (i a multiple of 4).
 fn ab4(i: u32) -> vec4<f32> {
@@ -93,77 +93,80 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if r >= step.rows { return; }
     if lane == 0u {
         var h = vec4<u32>(NO_ADAPTER, 0u, 0u, 0u);
+        var s = vec4<u32>(0u);
         let info = row_info[r];
         if n % step.width < info.n_new && info.lora != NO_ADAPTER {
             let e = META0 + info.lora * 7u + T_FIRST;
+            // targets past the dispatch's have rank 0
             let last = TARGETS - 1u;
-            h = vec4<u32>(info.lora, lora_meta[e].x, lora_meta[e + min(1u, last)].x, lora_meta[e + min(2u, last)].x);
+            let m = array<vec2<u32>, 3>(lora_meta[e], lora_meta[e + min(1u, last)], lora_meta[e + min(2u, last)]);
+            h = vec4<u32>(info.lora, m[0].x, select(0u, m[1].x, TARGETS > 1u), select(0u, m[2].x, TARGETS > 2u));
+            s = vec4<u32>(m[0].y, m[1].y, m[2].y, 0u);
         }
         head = h;
+        scales = s;
     }
     // one value for the whole workgroup, as its barriers need (WGSL's uniformity rules, which
     // Chromium enforces: a rank read from storage would make them non-uniform): padding and rows
     // on the base model leave together
     let h = workgroupUniformLoad(&head);
+    let scale_bits = workgroupUniformLoad(&scales);
     let slot = h.x;
     if slot == NO_ADAPTER { return; }
     let base = slot * SLOT_FLOATS;
-    let entry = META0 + slot * 7u + T_FIRST;
-    let x0 = n * X_STRIDE;
+    let x0 = n * (X_STRIDE / 4u);
+    // A x, a lane per (target, rank): each sums its row of A against the token's x over every
+    // input, four at a time in order; x's address is the workgroup's, so all lanes share its load
+    for (var p = lane; p < h.y + h.z + h.w; p += WG) {
+        var i = 0u;
+        var j = p;
+        if j >= h.y {
+            i = 1u;
+            j -= h.y;
+            if j >= h.z {
+                i = 2u;
+                j -= h.z;
+            }
+        }
+        let a0 = base + ((T_FIRST + i) * MAX_RANK + j) * K;
+        var acc = vec4<f32>(0.0);
+        for (var k4 = 0u; k4 < K / 4u; k4++) {
+            acc = fma(ab4(a0 + 4u * k4), x[x0 + k4], acc);
+        }
+        let at = i * MAX_RANK + j;
+        ax[at / 4u][at % 4u] = (acc.x + acc.y) + (acc.z + acc.w);
+    }
+    workgroupBarrier();
+    // B, target by target: its rank, scale and `A x` are the workgroup's (one load each, not one
+    // a lane), and each lane sums the outputs of its own that the target has
+    let a_floats = GROUP_TARGETS * MAX_RANK * K;
     for (var i = 0u; i < TARGETS; i++) {
         let rank = h[i + 1u];
-        for (var j0 = 0u; j0 < rank; j0 += RANKS_AT_ONCE) {
-            let a0 = base + ((T_FIRST + i) * MAX_RANK + j0) * K;
-            let count = min(RANKS_AT_ONCE, rank - j0);
-            // initialised here, explicitly: Chromium (Tint) zeroed an uninitialised one only once,
-            // so the second group of ranks started from the first one's sums
-            var acc = array<vec4<f32>, RANKS_AT_ONCE>();
-            for (var k4 = lane; k4 < K / 4u; k4 += WG) {
-                let k = 4u * k4;
-                let v = vec4<f32>(x[x0 + k], x[x0 + k + 1u], x[x0 + k + 2u], x[x0 + k + 3u]);
-                for (var c = 0u; c < RANKS_AT_ONCE; c++) {
-                    acc[c] = fma(ab4(a0 + c * K + k), v, acc[c]);
-                }
-            }
-            for (var c = 0u; c < RANKS_AT_ONCE; c++) {
-                partial[c * WG + lane] = (acc[c].x + acc[c].y) + (acc[c].z + acc[c].w);
-            }
-            workgroupBarrier();
-            if lane < count {
-                var sum = 0.0;
-                for (var l = 0u; l < WG; l++) {
-                    sum += partial[lane * WG + l];
-                }
-                let at = i * MAX_RANK + j0 + lane;
-                ax[at / 4u][at % 4u] = sum;
-            }
-            workgroupBarrier();
-        }
-    }
-    let a_floats = GROUP_TARGETS * MAX_RANK * K;
-    for (var t = 0u; t < OUTS_PER_LANE; t++) {
-        let o = (wid.x * OUTS_PER_LANE + t) * WG + lane;  // neighbouring lanes, neighbouring outputs
-        if o >= OUTS { break; }
-        var i = 0u;
-        if o >= ROWS_FIRST { i = 1u + (o - ROWS_FIRST) / ROWS_REST; }
-        let m = lora_meta[entry + i];
-        if m.x == 0u { continue; }  // this adapter leaves the target alone
+        if rank == 0u { continue; }  // this adapter leaves the target alone
+        let scale = bitcast<f32>(scale_bits[i]);
         let rows = target_rows(i);
-        let b0 = base + a_floats + (B_ROW0 + rows.y) * MAX_RANK + (o - rows.y) * m.x;
-        var acc = 0.0;
-        if m.x % 4u == 0u {
-            var acc4 = vec4<f32>(0.0);
-            for (var j4 = 0u; j4 < m.x / 4u; j4++) {
-                acc4 = fma(ab4(b0 + 4u * j4), ax[i * (MAX_RANK / 4u) + j4], acc4);
+        let b_target = base + a_floats + (B_ROW0 + rows.y) * MAX_RANK;
+        let ax0 = i * (MAX_RANK / 4u);
+        for (var t = 0u; t < OUTS_PER_LANE; t++) {
+            let o = (wid.x * OUTS_PER_LANE + t) * WG + lane;  // neighbouring lanes, neighbouring outputs
+            if o >= rows.y + rows.x { break; }
+            if o < rows.y { continue; }
+            let b0 = b_target + (o - rows.y) * rank;
+            var acc = 0.0;
+            if rank % 4u == 0u {
+                var acc4 = vec4<f32>(0.0);
+                for (var j4 = 0u; j4 < rank / 4u; j4++) {
+                    acc4 = fma(ab4(b0 + 4u * j4), ax[ax0 + j4], acc4);
+                }
+                acc = (acc4.x + acc4.y) + (acc4.z + acc4.w);
+            } else {
+                for (var j = 0u; j < rank; j++) {
+                    let at = i * MAX_RANK + j;
+                    acc = fma(ab1(b0 + j), ax[at / 4u][at % 4u], acc);
+                }
             }
-            acc = (acc4.x + acc4.y) + (acc4.z + acc4.w);
-        } else {
-            for (var j = 0u; j < m.x; j++) {
-                let at = i * MAX_RANK + j;
-                acc = fma(ab1(b0 + j), ax[at / 4u][at % 4u], acc);
-            }
+            let at = n * Y_STRIDE + Y_OFFSET + o;
+            y[at] = fma(scale, acc, y[at]);  // fma: see dot_fma in common.wgsl
         }
-        let at = n * Y_STRIDE + Y_OFFSET + o;
-        y[at] = fma(bitcast<f32>(m.y), acc, y[at]);  // fma: see dot_fma in common.wgsl
     }
 }

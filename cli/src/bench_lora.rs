@@ -15,7 +15,8 @@ use crate::common::Result;
 const ADAPTERS: usize = 4;
 
 /// GPU ms per decode step (median of `steps` profiled steps after two untimed ones) of `rows`
-/// rows at context 128; `slots`: the engine's adapter slots, rows spread over them in turn.
+/// rows at context 128, and of its adapter dispatches (`lora.wgsl`) alone; `slots`: the engine's
+/// adapter slots, rows spread over them in turn.
 fn step_ms(
     gpu: &Gpu,
     model: &ModelWeights,
@@ -24,7 +25,7 @@ fn step_ms(
     slots: &[LoraAdapter],
     lora_dtype: WeightDtype,
     steps: usize,
-) -> Result<f64> {
+) -> Result<(f64, f64)> {
     let ctx = 128;
     let rank = slots.iter().flat_map(|a| a.layers.iter().flatten().flatten().map(|m| m.rank)).max().unwrap_or(16);
     let opts = EngineOptions {
@@ -57,10 +58,14 @@ fn step_ms(
     for _ in 0..2 {
         step(&mut e)?;
     }
-    let mut ms: Vec<f64> =
-        (0..steps).map(|_| step(&mut e).map(|p| 1e3 * p.total())).collect::<kvdecode::Result<_>>()?;
-    ms.sort_by(f64::total_cmp);
-    Ok(ms[ms.len() / 2])
+    let lora_ms =
+        |p: &kvdecode::Profile| 1e3 * p.kernels.iter().filter(|k| k.0 == "lora.wgsl").map(|k| k.1).sum::<f64>();
+    let profiles: Vec<kvdecode::Profile> = (0..steps).map(|_| step(&mut e)).collect::<kvdecode::Result<_>>()?;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(profiles.iter().map(|p| 1e3 * p.total()).collect()), median(profiles.iter().map(lora_ms).collect())))
 }
 
 /// The table; its figures as JSON.
@@ -81,25 +86,26 @@ pub fn lora_table(
          timestamp queries, median of {steps}; rows spread over {ADAPTERS} adapters)"
     );
     println!(
-        "| rows | base ms / step | slots, no adapter ms | {ADAPTERS} adapters ms | adapters / base | {ADAPTERS} adapters in f16 ms \
-         | f16 adapters / base |"
+        "| rows | base ms / step | slots, no adapter ms | {ADAPTERS} adapters ms | of it lora.wgsl ms | adapters / base \
+         | {ADAPTERS} adapters in f16 ms | of it lora.wgsl ms | f16 adapters / base |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut steps_out = Vec::new();
     let f32 = WeightDtype::F32;
     for &rows in rows_list {
-        let base = step_ms(gpu, model, dtype, rows, &[], f32, steps)?;
+        let (base, _) = step_ms(gpu, model, dtype, rows, &[], f32, steps)?;
         // one slot, unused: what having slots costs (the norm and activation unfused)
-        let idle = step_ms(gpu, model, dtype, rows, &adapters[..1], f32, steps)?;
-        let with = step_ms(gpu, model, dtype, rows, &adapters, f32, steps)?;
-        let half = step_ms(gpu, model, dtype, rows, &adapters, WeightDtype::F16, steps)?;
+        let (idle, _) = step_ms(gpu, model, dtype, rows, &adapters[..1], f32, steps)?;
+        let (with, with_lora) = step_ms(gpu, model, dtype, rows, &adapters, f32, steps)?;
+        let (half, half_lora) = step_ms(gpu, model, dtype, rows, &adapters, WeightDtype::F16, steps)?;
         println!(
-            "| {rows} | {base:.2} | {idle:.2} | {with:.2} | {:.2} | {half:.2} | {:.2} |",
+            "| {rows} | {base:.2} | {idle:.2} | {with:.2} | {with_lora:.2} | {:.2} | {half:.2} | {half_lora:.2} | {:.2} |",
             with / base,
             half / base
         );
         steps_out.push(json!({"rows": rows, "base_ms": base, "slots_idle_ms": idle, "adapters_ms": with,
-            "ratio": with / base, "adapters_f16_ms": half, "ratio_f16": half / base}));
+            "adapters_lora_ms": with_lora, "ratio": with / base, "adapters_f16_ms": half,
+            "adapters_f16_lora_ms": half_lora, "ratio_f16": half / base}));
     }
     // an update of every tensor against the floor: write_buffer of the same bytes
     let pushed = random(7);

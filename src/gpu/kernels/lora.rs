@@ -8,7 +8,8 @@ use crate::gpu::shaders::{Constants, Kernel};
 /// Outputs each lane of `lora.wgsl` sums: a workgroup covers `64 * 16` outputs of one token, so
 /// the token's `A x`, which every workgroup of the token computes, is computed once for q/k/v, o
 /// and down of SmolLM2's shape and three times for its gate/up (at 4 outputs a lane, SmolLM2's
-/// steps at 16 rows over 4 adapters took 2.24x the base model's GPU time on lavapipe).
+/// steps at 16 rows over 4 adapters took 2.24x the base model's GPU time on lavapipe; at 48, one
+/// tile for every dispatch, no less time than at 16).
 pub(crate) const LORA_OUTS_PER_LANE: usize = 16;
 
 /// `lora.wgsl` for one dispatch: targets `t_first .. t_first + targets` of a group.
@@ -70,14 +71,12 @@ impl Specialize for Lora {
     fn label(&self) -> String {
         format!("lora_{}x{}_r{}{}", self.targets, self.outs(), self.max_rank, if self.half { "_f16" } else { "" })
     }
-    /// A workgroup per (token, tile of outputs), at the slots' largest rank: per target, the
-    /// lanes' shares of A x for 8 ranks at once (four inputs an iteration) and their sums over
-    /// the lanes; then each lane's outputs, four ranks an iteration (a rank a multiple of 4
-    /// assumed).
+    /// A workgroup per (token, tile of outputs), at the slots' largest rank: a lane per (target,
+    /// rank) sums A x over the inputs, four an iteration; then each lane's outputs, four ranks an
+    /// iteration (a rank a multiple of 4 assumed).
     fn work(&self) -> Work {
         let wg = self.workgroup_size() as usize;
-        let groups = self.max_rank.div_ceil(8);
-        let a = self.targets * groups * (8 * self.k.div_ceil(4 * wg) + wg);
+        let a = (self.targets * self.max_rank).div_ceil(wg) * self.k.div_ceil(4);
         let value_bytes = if self.half { 2 } else { 4 };
         let reads = value_bytes * (self.targets * self.max_rank * self.k + self.outs() * self.max_rank);
         Work::flat(a + LORA_OUTS_PER_LANE * self.max_rank.div_ceil(4), 4 * self.k + 8 * self.outs() + reads)
