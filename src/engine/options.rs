@@ -76,7 +76,7 @@ pub struct EngineOptions {
     /// How the slots hold each adapter's A and B: [`WeightDtype::F32`] (the default: the values
     /// as given) or [`WeightDtype::F16`] (each value rounded to the nearest half, as the engine's
     /// f16 weights are: half the memory and half the bytes a step reads and an update writes;
-    /// the products still add in f32). [`Engine::lora`] keeps the values as given either way.
+    /// the products still add in f32).
     pub lora_dtype: WeightDtype,
     /// Split each chunk's GPU work into submissions of at most this many dispatches; 0 (the
     /// default): one submission. Inside a [`crate::Pending`], each poll then submits one part,

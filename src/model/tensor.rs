@@ -209,34 +209,6 @@ fn first_all_ones_of<const N: usize>(bytes: &[u8], mask: u32) -> Option<usize> {
     None
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn non_finite_values_are_found_where_they_are() {
-        let f32s: Vec<f32> = (0..37).map(|i| i as f32 * 0.5 - 3.0).collect();
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            for at in [0, 1, 5, 31, 32, 36] {
-                let mut v = f32s.clone();
-                v[at] = bad;
-                assert_eq!(first_all_ones(bytemuck::cast_slice(&v), 0x7f80_0000, 4), Some(at));
-                let h: Vec<u8> = v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect();
-                assert_eq!(first_all_ones(&h, 0x7c00, 2), Some(at));
-                let b: Vec<u8> = v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect();
-                assert_eq!(first_all_ones(&b, 0x7f80, 2), Some(at));
-            }
-        }
-        // the largest finite values and subnormals are finite
-        let edge = [f32::MAX, f32::MIN, 1e-40, -0.0];
-        assert_eq!(first_all_ones(bytemuck::cast_slice(&edge), 0x7f80_0000, 4), None);
-        let h: Vec<u8> =
-            [65504.0f32, -65504.0, 6e-8, 0.0].iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect();
-        assert_eq!(first_all_ones(&h, 0x7c00, 2), None);
-        assert_eq!(first_all_ones(bytemuck::cast_slice(&f32s), 0x7f80_0000, 4), None);
-    }
-}
-
 /// Every value of `tensors` finite (a weight update's, an adapter update's), checked in slices of about 4 MiB spread over the CPU's
 /// threads (a trainer's push is checked at memory speed, not one core's): the first bad element,
 /// in tensor order, is the error.
@@ -275,4 +247,32 @@ pub(crate) fn check_all_values(tensors: &[&HostTensor]) -> Result<()> {
     };
     bad.sort_by_key(|b| b.0);
     bad.into_iter().next().map_or(Ok(()), |(_, e)| Err(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_finite_values_are_found_where_they_are() {
+        let f32s: Vec<f32> = (0..37).map(|i| i as f32 * 0.5 - 3.0).collect();
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0, 1, 5, 31, 32, 36] {
+                let mut v = f32s.clone();
+                v[at] = bad;
+                assert_eq!(first_all_ones(bytemuck::cast_slice(&v), 0x7f80_0000, 4), Some(at));
+                let h: Vec<u8> = v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect();
+                assert_eq!(first_all_ones(&h, 0x7c00, 2), Some(at));
+                let b: Vec<u8> = v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect();
+                assert_eq!(first_all_ones(&b, 0x7f80, 2), Some(at));
+            }
+        }
+        // the largest finite values and subnormals are finite
+        let edge = [f32::MAX, f32::MIN, 1e-40, -0.0];
+        assert_eq!(first_all_ones(bytemuck::cast_slice(&edge), 0x7f80_0000, 4), None);
+        let h: Vec<u8> =
+            [65504.0f32, -65504.0, 6e-8, 0.0].iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect();
+        assert_eq!(first_all_ones(&h, 0x7c00, 2), None);
+        assert_eq!(first_all_ones(bytemuck::cast_slice(&f32s), 0x7f80_0000, 4), None);
+    }
 }
