@@ -27,7 +27,6 @@ override K: u32;              // input features
 override X_STRIDE: u32;       // floats per token row of x
 override Y_STRIDE: u32;       // floats per token row of y
 override Y_OFFSET: u32;       // y column of this dispatch's first output
-override OUTS: u32;           // outputs of this dispatch: its targets' rows
 override TARGETS: u32;        // targets of this dispatch (1 to 3)
 override ROWS_FIRST: u32;     // rows of its first target
 override ROWS_REST: u32 = 1u; // rows of each later target (k and v, gate and up are alike)

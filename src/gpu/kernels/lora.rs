@@ -54,7 +54,6 @@ impl Specialize for Lora {
             .count("X_STRIDE", self.x_stride)
             .count("Y_STRIDE", self.y_stride)
             .count("Y_OFFSET", self.y_offset)
-            .count("OUTS", self.outs())
             .count("TARGETS", self.targets)
             .count("ROWS_FIRST", self.rows_first)
             .count("ROWS_REST", self.rows_rest.max(1))
