@@ -56,7 +56,6 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
             ("X_STRIDE", 64.0),
             ("Y_STRIDE", 128.0),
             ("Y_OFFSET", 0.0),
-            ("OUTS", 128.0),
             ("TARGETS", 3.0),
             ("ROWS_FIRST", 64.0),
             ("T_FIRST", 0.0),
