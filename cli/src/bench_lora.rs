@@ -10,6 +10,7 @@ use std::time::Instant;
 use kvdecode::{Engine, EngineOptions, Gpu, InFlight, LoraAdapter, ModelWeights, Sampler, SplitMix64, WeightDtype};
 use serde_json::json;
 
+use crate::bench_weights::median;
 use crate::common::Result;
 
 const ADAPTERS: usize = 4;
@@ -61,10 +62,6 @@ fn step_ms(
     let lora_ms =
         |p: &kvdecode::Profile| 1e3 * p.kernels.iter().filter(|k| k.0 == "lora.wgsl").map(|k| k.1).sum::<f64>();
     let profiles: Vec<kvdecode::Profile> = (0..steps).map(|_| step(&mut e)).collect::<kvdecode::Result<_>>()?;
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     Ok((median(profiles.iter().map(|p| 1e3 * p.total()).collect()), median(profiles.iter().map(lora_ms).collect())))
 }
 
@@ -143,10 +140,6 @@ pub fn lora_table(
             floor.push(t.elapsed().as_secs_f64() * 1e3);
         }
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let (u, f) = (median(update), median(floor));
     println!(
         "\n| adapter update ({} tensors, {:.1} MB, f32; {rounds} rounds) | median ms | x floor |",

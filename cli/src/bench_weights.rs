@@ -18,7 +18,8 @@ fn rss() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The middle of `v` once sorted (the upper one of an even count): what the bench tables print.
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

@@ -475,7 +475,7 @@ impl LoraAdapter {
 /// Each module's rank per block, `[layers][LoraTarget::ALL]` (`None`: the adapter leaves that
 /// projection alone): what an update of a resident adapter is checked against, the engine's values
 /// being on the GPU only.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub(crate) struct LoraRanks(Vec<[Option<usize>; 7]>);
 
 impl LoraRanks {
