@@ -31,6 +31,32 @@ struct RowInfo {
     _pad2: u32,
 }
 
+// RowInfo.lora of a row on the base model.
+const NO_ADAPTER: u32 = 0xffffffffu;
+
+// LoRA values i .. i + 3 (i a multiple of 4) of an adapter buffer read as vec4<u32>s (src/gpu/lora.rs),
+// from the word `lora_word(i, half)` that holds them: f32 bits, or with `half` two halves a u32
+// (EngineOptions::lora_dtype; unpacked with unpack2x16float, no shader-f16 needed).
+fn lora_word(i: u32, half: bool) -> u32 {
+    return i / select(4u, 8u, half);
+}
+
+fn lora_values4(w: vec4<u32>, i: u32, half: bool) -> vec4<f32> {
+    if half {
+        let pair = select(w.xy, w.zw, (i / 4u) % 2u == 1u);
+        return vec4<f32>(unpack2x16float(pair.x), unpack2x16float(pair.y));
+    }
+    return bitcast<vec4<f32>>(w);
+}
+
+// LoRA value i alone (B rows of a rank not a multiple of 4), from the word lora_word(i, half).
+fn lora_value(w: vec4<u32>, i: u32, half: bool) -> f32 {
+    if half {
+        return unpack2x16float(w[(i / 2u) % 4u])[i % 2u];
+    }
+    return bitcast<f32>(w[i % 4u]);
+}
+
 // Global K/V lives in pools of blocks, `[blocks, 2, kv_heads, block_len, head_dim]` per shard (a
 // block's keys, then its values); a row's block table (`[rows, max_blocks]`, block indices within
 // the shard) says which block holds its positions `b * block_len ..`. The element index of the key

@@ -1,171 +1,176 @@
-// LoRA adapters applied unmerged: for each token whose row names an adapter slot,
-//   y[n, Y_OFFSET + o] += scale_t * B_t[o] . (A_t x[n])
-// for the outputs o of this dispatch's targets, after the base product wrote y (one input and one
-// output buffer: q, k and v of a block into `qkv`; k and v into the local K/V; o; gate and up;
-// down). The base weights are never touched, and a row without an adapter is not written, so its
-// bits are the base model's.
+// LoRA adapters applied unmerged, y = W x + scale_t * B_t (A_t x), in two halves: this kernel,
+// once per block and input before the products that read that input, computes each token's
+// `A_t x` for the targets of the input's group (q, k and v; o; gate and up; down) into `ax`, with
+// a head saying the token's adapter slot and each target's rank and scale; the products then add
+// `scale_t * B_t[o] . (A_t x)` to each output as their epilogue (matmul_lora.wgsl), before the
+// MLP's activation and after the residual add. The base weights are never touched, and a token
+// of a row without an adapter (or padding) gets the head NO_ADAPTER: the products leave its
+// outputs as the base model's bits.
 //
-// A workgroup is one token and a tile of outputs. It first computes the token's A x for every
-// target of the dispatch into workgroup memory, a lane per (target, rank): the lane sums its row
-// of A against x over every input, four at a time in order (every input width is a multiple of
-// 4), the four sums added last as (x + y) + (z + w). Then, target by target, each lane sums its
-// outputs of the target over the rank in order (B as PEFT stores it, an output's rank values side
-// by side: a trainer's push is written as it comes; four at a time where the module's rank is a
-// multiple of 4). Every sum has a fixed order that depends on nothing but the shapes and the
-// module's rank: a row's bits are the same in any batch, with any adapters beside it, in any
-// chunking.
+// Workgroup w writes token w's head, and computes the `A x` of group w of the host's list
+// (`groups`, src/engine/step.rs): up to 4 tokens of one adapter, so each load of A serves them
+// all (Punica's SGMV; one token a workgroup, a step of 16 rows over 4 adapters gathered each A
+// four times over). With NORM, x is the residual stream and the kernel reads its RMS norm,
+// x * inv [* norm_w], with each token's inv summed by rmsnorm.wgsl's 64 lanes and tree: the
+// values the norm kernel would have written, so the block's norm stays fused into its products.
+// Then a lane per (target, rank) sums its row of A against each token's normed x over every
+// input, four at a time in order (every input width is a multiple of 4), the four sums added last
+// as (x + y) + (z + w). A token's sums have one order whatever its group: its bits are the same
+// in any batch, with any adapters beside it, in any chunking.
 //
-// Why this shape: a CPU adapter (lavapipe) gathers a lane's loads one by one, and a GPU coalesces
-// 16-byte loads, so values are read four at a time (A, B and x); what the whole workgroup reads
-// (x in the A sums; a target's rank, scale and A x in the B sums) has one address for all lanes;
-// and no lane waits on another's partial sums (an earlier form split the inputs over the lanes and
-// summed their 64 partials through workgroup memory, with two barriers per 8 ranks: lavapipe spent
-// a quarter more time in this kernel). With AB_HALF the values are halves
-// (EngineOptions::lora_dtype): the same sums of the rounded values.
+// Why this shape: a CPU adapter (lavapipe) gathers a lane's loads one by one and a GPU coalesces
+// 16-byte loads, so values are read four at a time (A and x); a token's x has one address for all
+// lanes, so one load serves every lane; no lane waits on another's partial sums; and the group's
+// tokens sit in four named accumulators (lavapipe keeps an indexed private array in memory). With
+// AB_HALF the values are halves (EngineOptions::lora_dtype): the same sums of the rounded values.
 
 override K: u32;              // input features
 override X_STRIDE: u32;       // floats per token row of x
-override Y_STRIDE: u32;       // floats per token row of y
-override Y_OFFSET: u32;       // y column of this dispatch's first output
-override TARGETS: u32;        // targets of this dispatch (1 to 3)
-override ROWS_FIRST: u32;     // rows of its first target
-override ROWS_REST: u32 = 1u; // rows of each later target (k and v, gate and up are alike)
-override T_FIRST: u32;        // the group's index of this dispatch's first target
-override GROUP_TARGETS: u32;  // targets of the group (its A blocks come before its B rows)
-override B_ROW0: u32;         // the group's B row of this dispatch's first output
+override TARGETS: u32;        // the group's targets computed, from its first (1 to 3)
 override MAX_RANK: u32;       // ranks each slot holds room for (a multiple of 8, at most 256)
 override SLOT_FLOATS: u32;    // floats per adapter slot in `ab`
 override META0: u32;          // meta entry of (this layer, slot 0, the group's first target)
-override OUTS_PER_LANE: u32 = 16u;
-override WG: u32 = 64u;
-override AB_HALF: bool = false;  // A and B as halves, two to a u32 (EngineOptions::lora_dtype)
-
-const NO_ADAPTER: u32 = 0xffffffffu;
+override AX_STRIDE: u32;      // u32s per token of `ax`: 8 of head, then 3 targets' MAX_RANK values
+override NORM: bool = false;         // read RMS-norm(x) over K (x is the residual stream)
+override NORM_WEIGHT: bool = false;  // the norm has a weight (norm_w)
+override EPS: f32 = 1e-6;            // the norm's epsilon
+override WG: u32 = 64u;              // rmsnorm.wgsl's lanes: its tree gives the norm's bits
+override AB_HALF: bool = false;      // A and B as halves, two to a u32 (EngineOptions::lora_dtype)
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> row_info: array<RowInfo>;   // [R]
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;        // [R * C, X_STRIDE / 4]
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;        // [R * C, Y_STRIDE]
-// per slot: A [GROUP_TARGETS, MAX_RANK, K], then per target room for B [its rows, MAX_RANK],
-// holding [its rows, rank] at the module's own rank
-// as u32s: f32 bits, or two halves each (AB_HALF). SLOT_FLOATS and MAX_RANK are multiples of 8
-// and K of 4, so every slot and A row starts on a whole vec4 of values, and so does every B row
-// of a rank a multiple of 4.
+// per token: slot, the 3 targets' ranks, their 3 scales' bits and a pad, then A_t x (f32 bits) at
+// 8 + t * MAX_RANK; matmul_lora.wgsl reads it as vec4s
+@group(0) @binding(3) var<storage, read_write> ax: array<u32>;       // [R * C, AX_STRIDE]
+// per slot: A [group targets, MAX_RANK, K], then the targets' B (src/gpu/lora.rs), as u32s: f32
+// bits, or two halves each (AB_HALF). SLOT_FLOATS and MAX_RANK are multiples of 8 and K of 4, so
+// every slot and A row starts on a whole vec4 of values.
 @group(0) @binding(4) var<storage, read> ab: array<vec4<u32>>;       // [slots, SLOT_FLOATS / 4 or / 8]
 @group(0) @binding(5) var<storage, read> lora_meta: array<vec2<u32>>;     // [layers, slots, 7]: rank, scale bits
+@group(0) @binding(6) var<storage, read> norm_w: array<vec4<f32>>;   // [K / 4] (read with NORM_WEIGHT)
+// the step's token groups: their count, then per group (slot, tokens, 0, 0) and its tokens
+@group(0) @binding(7) var<storage, read> groups: array<vec4<u32>>;   // [1 + 2 * R * C]
 
-// A x of each target: [TARGETS, MAX_RANK] (3 targets of rank 256 at most), as vec4s of ranks
-var<workgroup> ax: array<vec4<f32>, 192>;
-// the token's slot and its targets' ranks, then their scales' bits, read by one lane for the
-// whole workgroup
-var<workgroup> head: vec4<u32>;
-var<workgroup> scales: vec4<u32>;
+// the group's slot and token count, the slot's ranks of the group's targets, and its tokens
+var<workgroup> group: array<vec4<u32>, 3>;
+// NORM: rmsnorm.wgsl's lanes' sums of squares of the group's 4 tokens, then its tree's
+var<workgroup> lane_sums: array<vec4<f32>, 64>;
 
 // Values `i .. i + 4` of `ab` (i a multiple of 4).
 fn ab4(i: u32) -> vec4<f32> {
-    if AB_HALF {
-        let w = ab[i / 8u];
-        let pair = select(w.xy, w.zw, (i / 4u) % 2u == 1u);
-        return vec4<f32>(unpack2x16float(pair.x), unpack2x16float(pair.y));
-    }
-    return bitcast<vec4<f32>>(ab[i / 4u]);
+    return lora_values4(ab[lora_word(i, AB_HALF)], i, AB_HALF);
 }
 
-// Value `i` of `ab` (B rows of ranks not a multiple of 4).
-fn ab1(i: u32) -> f32 {
-    if AB_HALF {
-        return unpack2x16float(ab[i / 8u][(i / 2u) % 4u])[i % 2u];
+// 1 / rms of the x of tokens `rows` (their rows of x), each summed as rmsnorm.wgsl sums (lane l
+// takes features l, l + WG, ..., then the fixed tree). Every lane calls it (barriers).
+fn inv_rms(rows: vec4<u32>, lane: u32) -> vec4<f32> {
+    var ss = vec4<f32>(0.0);
+    for (var d = lane; d < K; d += WG) {
+        let v = vec4<f32>(x[rows.x + d / 4u][d % 4u], x[rows.y + d / 4u][d % 4u], x[rows.z + d / 4u][d % 4u],
+            x[rows.w + d / 4u][d % 4u]);
+        ss = fma(v, v, ss);  // explicit fma: see dot_fma in common.wgsl
     }
-    return bitcast<f32>(ab[i / 4u][i % 4u]);
+    lane_sums[lane] = ss;
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        workgroupBarrier();
+        if lane < stride { lane_sums[lane] += lane_sums[lane + stride]; }
+    }
+    workgroupBarrier();
+    return inverseSqrt(lane_sums[0] / f32(K) + EPS);
 }
 
-// The rows of the dispatch's target i, and how many of its outputs come before them.
-fn target_rows(i: u32) -> vec2<u32> {
-    if i == 0u { return vec2<u32>(ROWS_FIRST, 0u); }
-    return vec2<u32>(ROWS_REST, ROWS_FIRST + (i - 1u) * ROWS_REST);
+// Token row base `base`'s normed x at k4: x * inv [* norm_w], rmsnorm.wgsl's operations in its
+// order (its output's bits).
+fn normed(base: u32, k4: u32, inv: f32) -> vec4<f32> {
+    var v = x[base + k4];
+    if NORM {
+        v *= inv;
+        if NORM_WEIGHT { v *= norm_w[k4]; }
+    }
+    return v;
+}
+
+// The (rank, scale bits) of `slot`'s target i of the dispatch (rank 0 past them).
+fn target_meta(slot: u32, i: u32) -> vec2<u32> {
+    if i >= TARGETS { return vec2<u32>(0u); }
+    return lora_meta[META0 + slot * 7u + i];
 }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let n = wid.y + wid.z * 65535u;
-    let r = n / step.width;
-    if r >= step.rows { return; }
+    let w = wid.y + wid.z * 65535u;
     if lane == 0u {
+        // token w's head
         var h = vec4<u32>(NO_ADAPTER, 0u, 0u, 0u);
         var s = vec4<u32>(0u);
-        let info = row_info[r];
-        if n % step.width < info.n_new && info.lora != NO_ADAPTER {
-            let e = META0 + info.lora * 7u + T_FIRST;
-            // targets past the dispatch's have rank 0
-            let last = TARGETS - 1u;
-            let m = array<vec2<u32>, 3>(lora_meta[e], lora_meta[e + min(1u, last)], lora_meta[e + min(2u, last)]);
-            h = vec4<u32>(info.lora, m[0].x, select(0u, m[1].x, TARGETS > 1u), select(0u, m[2].x, TARGETS > 2u));
-            s = vec4<u32>(m[0].y, m[1].y, m[2].y, 0u);
+        let r = w / step.width;
+        if r < step.rows {
+            let info = row_info[r];
+            if w % step.width < info.n_new && info.lora != NO_ADAPTER {
+                let m = array<vec2<u32>, 3>(target_meta(info.lora, 0u), target_meta(info.lora, 1u), target_meta(info.lora, 2u));
+                h = vec4<u32>(info.lora, m[0].x, m[1].x, m[2].x);
+                s = vec4<u32>(m[0].y, m[1].y, m[2].y, 0u);
+            }
+            for (var i = 0u; i < 4u; i++) {
+                ax[w * AX_STRIDE + i] = h[i];
+                ax[w * AX_STRIDE + 4u + i] = s[i];
+            }
         }
-        head = h;
-        scales = s;
+        // group w, if the step has one
+        var g = vec4<u32>(NO_ADAPTER, 0u, 0u, 0u);
+        var ranks = vec4<u32>(0u);
+        var tokens = vec4<u32>(0u);
+        if w < groups[0].x {
+            g = groups[1u + 2u * w];
+            tokens = groups[2u + 2u * w];
+            ranks = vec4<u32>(target_meta(g.x, 0u).x, target_meta(g.x, 1u).x, target_meta(g.x, 2u).x, 0u);
+        }
+        group = array<vec4<u32>, 3>(g, ranks, tokens);
     }
     // one value for the whole workgroup, as its barriers need (WGSL's uniformity rules, which
-    // Chromium enforces: a rank read from storage would make them non-uniform): padding and rows
-    // on the base model leave together
-    let h = workgroupUniformLoad(&head);
-    let scale_bits = workgroupUniformLoad(&scales);
-    let slot = h.x;
-    if slot == NO_ADAPTER { return; }
-    let base = slot * SLOT_FLOATS;
-    let x0 = n * (X_STRIDE / 4u);
-    // A x, a lane per (target, rank): each sums its row of A against the token's x over every
-    // input, four at a time in order; x's address is the workgroup's, so all lanes share its load
-    for (var p = lane; p < h.y + h.z + h.w; p += WG) {
+    // Chromium enforces: a rank read from storage would make them non-uniform)
+    let grp = workgroupUniformLoad(&group);  // one barrier
+    let g = grp[0];
+    if g.x == NO_ADAPTER { return; }
+    let h = grp[1];
+    let tokens = grp[2];
+    let count = g.y;
+    // the group's tokens' rows of x, those past its count repeating its first (computed, not written)
+    let t = select(vec4<u32>(tokens.x), tokens, vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(count));
+    let rows = t * (X_STRIDE / 4u);
+    var inv = vec4<f32>(1.0);
+    if NORM { inv = inv_rms(rows, lane); }
+    let base = g.x * SLOT_FLOATS;
+    // a lane per (target, rank): it sums its row of A against each token's (normed) x over every
+    // input, four at a time in order; a token's x has one address for all lanes
+    for (var p = lane; p < h.x + h.y + h.z; p += WG) {
         var i = 0u;
         var j = p;
-        if j >= h.y {
+        if j >= h.x {
             i = 1u;
-            j -= h.y;
-            if j >= h.z {
+            j -= h.x;
+            if j >= h.y {
                 i = 2u;
-                j -= h.z;
+                j -= h.y;
             }
         }
-        let a0 = base + ((T_FIRST + i) * MAX_RANK + j) * K;
-        var acc = vec4<f32>(0.0);
+        let a0 = base + (i * MAX_RANK + j) * K;
+        var acc0 = vec4<f32>(0.0);
+        var acc1 = vec4<f32>(0.0);
+        var acc2 = vec4<f32>(0.0);
+        var acc3 = vec4<f32>(0.0);
         for (var k4 = 0u; k4 < K / 4u; k4++) {
-            acc = fma(ab4(a0 + 4u * k4), x[x0 + k4], acc);
+            let a = ab4(a0 + 4u * k4);
+            acc0 = fma(a, normed(rows.x, k4, inv.x), acc0);
+            acc1 = fma(a, normed(rows.y, k4, inv.y), acc1);
+            acc2 = fma(a, normed(rows.z, k4, inv.z), acc2);
+            acc3 = fma(a, normed(rows.w, k4, inv.w), acc3);
         }
-        let at = i * MAX_RANK + j;
-        ax[at / 4u][at % 4u] = (acc.x + acc.y) + (acc.z + acc.w);
-    }
-    workgroupBarrier();
-    // B, target by target: its rank, scale and `A x` are the workgroup's (one load each, not one
-    // a lane), and each lane sums the outputs of its own that the target has
-    let a_floats = GROUP_TARGETS * MAX_RANK * K;
-    for (var i = 0u; i < TARGETS; i++) {
-        let rank = h[i + 1u];
-        if rank == 0u { continue; }  // this adapter leaves the target alone
-        let scale = bitcast<f32>(scale_bits[i]);
-        let rows = target_rows(i);
-        let b_target = base + a_floats + (B_ROW0 + rows.y) * MAX_RANK;
-        let ax0 = i * (MAX_RANK / 4u);
-        for (var t = 0u; t < OUTS_PER_LANE; t++) {
-            let o = (wid.x * OUTS_PER_LANE + t) * WG + lane;  // neighbouring lanes, neighbouring outputs
-            if o >= rows.y + rows.x { break; }
-            if o < rows.y { continue; }
-            let b0 = b_target + (o - rows.y) * rank;
-            var acc = 0.0;
-            if rank % 4u == 0u {
-                var acc4 = vec4<f32>(0.0);
-                for (var j4 = 0u; j4 < rank / 4u; j4++) {
-                    acc4 = fma(ab4(b0 + 4u * j4), ax[ax0 + j4], acc4);
-                }
-                acc = (acc4.x + acc4.y) + (acc4.z + acc4.w);
-            } else {
-                for (var j = 0u; j < rank; j++) {
-                    let at = i * MAX_RANK + j;
-                    acc = fma(ab1(b0 + j), ax[at / 4u][at % 4u], acc);
-                }
-            }
-            let at = n * Y_STRIDE + Y_OFFSET + o;
-            y[at] = fma(scale, acc, y[at]);  // fma: see dot_fma in common.wgsl
-        }
+        let at = 8u + i * MAX_RANK + j;
+        ax[t.x * AX_STRIDE + at] = bitcast<u32>((acc0.x + acc0.y) + (acc0.z + acc0.w));
+        if count > 1u { ax[t.y * AX_STRIDE + at] = bitcast<u32>((acc1.x + acc1.y) + (acc1.z + acc1.w)); }
+        if count > 2u { ax[t.z * AX_STRIDE + at] = bitcast<u32>((acc2.x + acc2.y) + (acc2.z + acc2.w)); }
+        if count > 3u { ax[t.w * AX_STRIDE + at] = bitcast<u32>((acc3.x + acc3.y) + (acc3.z + acc3.w)); }
     }
 }

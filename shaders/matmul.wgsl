@@ -17,6 +17,8 @@
 //     (`Fusion::auto`), unless the products are wide-subgroup's 8-lane workgroups (inv_rms_lanes8).
 //   MLP_ACT: the MLP activation as an epilogue; gated ones pair output o's weight row (the gate)
 //     with row O_ROWS + o (the up projection), each summed in the usual order.
+//   LORA: the adapters' B (A x) as an epilogue (`store_out`, matmul_lora.wgsl, appended to every
+//     dense product kernel), the A x from lora.wgsl's dispatch before.
 
 override K: u32;                   // input features (multiple of 4)
 override X_STRIDE: u32;            // floats per row of x (K, or more when x holds other columns after)
@@ -263,12 +265,17 @@ fn store4(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, tokens: u32) {
         let n = n0 + t;
         if n >= n_total { break; }
         let i = n * OUT_STRIDE + OUT_OFFSET + o;
-        var v = acc[t];
-        if BIAS { v += bias[o]; }
-        if SOFTCAP > 0.0 { v = SOFTCAP * safe_tanh(v / SOFTCAP); }
-        if ACCUMULATE { v += y[i]; }
-        y[i] = v;
+        y[i] = finish(o, i, acc[t]);
     }
+}
+
+// Output o's sum v as y[i] takes it: with bias, softcap and residual.
+fn finish(o: u32, i: u32, sum: f32) -> f32 {
+    var v = sum;
+    if BIAS { v += bias[o]; }
+    if SOFTCAP > 0.0 { v = SOFTCAP * safe_tanh(v / SOFTCAP); }
+    if ACCUMULATE { v += y[i]; }
+    return v;
 }
 
 // Outputs r.x .. r.w's `dots` four at once, for the formats that are not blocks of 32 (dots_rows8
@@ -347,7 +354,7 @@ fn wide_outputs(o: u32, n0: u32, n_total: u32, b: vec4<u32>, tokens: u32, inv: v
         // rows 0..3 are outputs; 4..7 their up rows (gated) or four more outputs
         for (var i = 0u; i < step_outs && o + j + i < O_ROWS; i++) {
             let up = select(vec4<f32>(0.0), acc[(4u + i) % 8u], GATED);
-            store4(o + j + i, n0, n_total, apply_act(acc[i], up), tokens);
+            store_out(o + j + i, n0, n_total, acc[i], up, tokens);
         }
     }
 }
@@ -498,7 +505,7 @@ fn main(
     let acc = dots(o, b, 0u, 1u, tokens, vec4<f32>(1.0));
     var up = vec4<f32>(0.0);
     if GATED { up = dots(O_ROWS + o, b, 0u, 1u, tokens, vec4<f32>(1.0)); }
-    store4(o, n0, n_total, apply_act(acc, up), tokens);
+    store_out(o, n0, n_total, acc, up, tokens);
 }
 
 // The wide shape (OUTS > 1). With NORM every lane first helps with the workgroup's norm sums, then
@@ -554,5 +561,5 @@ fn main_normed(
         }
         workgroupBarrier();
     }
-    if live { store4(o, n0, n_total, apply_act(acc, up), tokens); }
+    if live { store_out(o, n0, n_total, acc, up, tokens); }
 }

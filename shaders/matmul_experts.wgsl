@@ -87,6 +87,13 @@ fn expert_pairs(e: u32, o: u32, pairs: vec4<u32>, count: u32) {
     }
 }
 
+// matmul.wgsl's own entry points, which this module carries but never runs, store through
+// `store_out`; the experts take no adapters (matmul_lora.wgsl, the dense products' epilogue, is
+// not appended here: its two bindings would make ten).
+fn store_out(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, up: vec4<f32>, tokens: u32) {
+    store4(o, n0, n_total, apply_act(acc, up), tokens);
+}
+
 // Output o of the first `count` pairs p (rows of y).
 fn store_pairs(o: u32, p: vec4<u32>, count: u32, v: vec4<f32>) {
     for (var t = 0u; t < count; t++) {

@@ -8,7 +8,7 @@
 // depends on the batch, nor on OUTS.
 // Rounding the activations costs llama.cpp-like accuracy, hence opt-in.
 
-@group(0) @binding(6) var<storage, read> xq: array<u32>;  // [N, K / 32, Q8_BLOCK_WORDS] (quantize.wgsl)
+@group(0) @binding(8) var<storage, read> xq: array<u32>;  // [N, K / 32, Q8_BLOCK_WORDS] (quantize.wgsl)
 
 // acc plus one block's contribution, from the integer sum s of its products (weights as int8,
 // Q4/Q5 quants as 0..15 / 0..31, IQ4_NL's as its table's values), the weights' (scale, min) dm,
@@ -83,6 +83,6 @@ fn main_int(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id
             acc[t] = int_dot_row(o + j, xb[t]);
             if GATED { up[t] = int_dot_row(O_ROWS + o + j, xb[t]); }
         }
-        store4(o + j, n0, n_total, apply_act(acc, up), tokens);
+        store_out(o + j, n0, n_total, acc, up, tokens);
     }
 }

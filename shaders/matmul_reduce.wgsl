@@ -40,6 +40,6 @@ fn main_reduce(
     var up = vec4<f32>(0.0);
     if GATED { up = sum_lanes(dots(O_ROWS + o, b, lane, WG, tokens, inv), lane); }
     if lane == 0u {
-        store4(o, n0, n_total, apply_act(acc, up), tokens);
+        store_out(o, n0, n_total, acc, up, tokens);
     }
 }

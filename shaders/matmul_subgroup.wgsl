@@ -36,7 +36,7 @@ fn main_subgroup(
     var up = vec4<f32>(0.0);
     if GATED { up = subgroupAdd(dots(O_ROWS + o, b, lane, SG, tokens, vec4<f32>(1.0))) * inv; }
     if lane == 0u {
-        store4(o, n0, n_total, apply_act(acc, up), tokens);
+        store_out(o, n0, n_total, acc, up, tokens);
     }
 }
 

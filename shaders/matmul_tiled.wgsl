@@ -104,13 +104,13 @@ fn main_tiled(
     let tokens = min(4u, n_total - nb);
     if GATED {
         let o = o0 + tr * 2u;
-        if o < O_ROWS { store4(o, nb, n_total, apply_act(a0, a2), tokens); }
-        if o + 1u < O_ROWS { store4(o + 1u, nb, n_total, apply_act(a1, a3), tokens); }
+        if o < O_ROWS { store_out(o, nb, n_total, a0, a2, tokens); }
+        if o + 1u < O_ROWS { store_out(o + 1u, nb, n_total, a1, a3, tokens); }
         return;
     }
     let o = o0 + tr * 4u;
-    if o < O_ROWS { store4(o, nb, n_total, apply_act(a0, vec4<f32>(0.0)), tokens); }
-    if o + 1u < O_ROWS { store4(o + 1u, nb, n_total, apply_act(a1, vec4<f32>(0.0)), tokens); }
-    if o + 2u < O_ROWS { store4(o + 2u, nb, n_total, apply_act(a2, vec4<f32>(0.0)), tokens); }
-    if o + 3u < O_ROWS { store4(o + 3u, nb, n_total, apply_act(a3, vec4<f32>(0.0)), tokens); }
+    if o < O_ROWS { store_out(o, nb, n_total, a0, vec4<f32>(0.0), tokens); }
+    if o + 1u < O_ROWS { store_out(o + 1u, nb, n_total, a1, vec4<f32>(0.0), tokens); }
+    if o + 2u < O_ROWS { store_out(o + 2u, nb, n_total, a2, vec4<f32>(0.0), tokens); }
+    if o + 3u < O_ROWS { store_out(o + 3u, nb, n_total, a3, vec4<f32>(0.0), tokens); }
 }

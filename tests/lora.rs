@@ -557,3 +557,99 @@ fn half_adapters_give_the_reference_of_their_rounded_values() {
     assert!(err.contains("beyond the largest half") && err.contains("block 1"), "{err}");
     assert_eq!(e.loras(), [("a".to_string(), 0)], "a refused load takes no slot");
 }
+
+/// The adapters' `B (A x)` is the epilogue of every product kernel (`matmul_lora.wgsl`), and
+/// their `A x` reads the block's norm as the fused products do: under each kernel the GPU can
+/// run, with every fusion (and with none, for the portable and wide-subgroup kernels: the norm
+/// and the activation then dispatches of their own), on a Q4_1 base, a step mixing the base
+/// model and three adapters (ranks 1, 8 and 64) gives each adapted row the CPU reference's logits
+/// at every position, and the base row the bits of the same kernel without adapter slots. Rows
+/// are fed 13 tokens a step (the tiled kernel's many-token steps), then one (decoding). The
+/// kernels that give the portable bits (wide, wide-subgroup, tiled) give them with adapters too.
+/// (tests/fast_paths.rs and fusion.rs hold the base products of each kernel to each other; this
+/// test is the epilogue's.)
+#[test]
+fn every_product_kernel_adds_the_adapters_as_its_epilogue() {
+    use kvdecode::{Fusion, Gpu, GpuOptions, MatmulKernel};
+    let w = base("llama").quantized(QuantKind::Q4_1).unwrap();
+    let mut rng = kvdecode::SplitMix64(common::seed(37));
+    let prompts: Vec<Vec<u32>> = (0..4).map(|_| (0..34).map(|_| rng.below(128) as u32).collect()).collect();
+    let adapters: Vec<LoraAdapter> = ADAPTERS
+        .iter()
+        .flatten()
+        .map(|n| LoraAdapter::from_peft_dir(fixtures().join(format!("lora/llama-{n}")), &w.cfg).unwrap())
+        .collect();
+    let want: Vec<Vec<f32>> = (0..4usize)
+        .map(|r| {
+            let lora = r.checked_sub(1).map(|i| &adapters[i]);
+            reference::forward_with(&w, &prompts[r], RefOptions { lora, ..Default::default() }).unwrap()
+        })
+        .collect();
+    let fast = gpu();
+    let portable = Gpu::with_options(&GpuOptions { portable: true, ..Default::default() }).unwrap();
+    let mut kernels = vec![
+        (&portable, MatmulKernel::Portable, Fusion::ALL),
+        (&portable, MatmulKernel::Portable, Fusion::NONE),
+        (&portable, MatmulKernel::Wide, Fusion::ALL),
+        (&portable, MatmulKernel::Tiled, Fusion::ALL),
+        (&portable, MatmulKernel::Workgroup, Fusion::ALL),
+        (&portable, MatmulKernel::IntDot, Fusion::ALL),
+    ];
+    if fast.subgroup_size().is_some() {
+        kernels.push((&fast, MatmulKernel::Subgroup, Fusion::ALL));
+    }
+    if fast.subgroup_size().is_some_and(|n| n >= 8) {
+        kernels.push((&fast, MatmulKernel::WideSubgroup, Fusion::ALL));
+        kernels.push((&fast, MatmulKernel::WideSubgroup, Fusion::NONE));
+    }
+    let run = |gpu: &Gpu, matmul, fusion, slots: usize| {
+        let opts = EngineOptions {
+            matmul: Some(matmul),
+            fusion: Some(fusion),
+            max_loras: slots,
+            max_lora_rank: 64,
+            ..EngineOptions::new(4, 64)
+        };
+        let mut e = Engine::new(gpu, &w, opts).unwrap();
+        assert_eq!(e.matmul_kernel(), matmul);
+        let rows: Vec<usize> = (0..4).collect();
+        if slots > 0 {
+            for (name, a) in ADAPTERS.iter().flatten().zip(&adapters) {
+                e.load_lora(name, a).unwrap();
+            }
+        }
+        let names = if slots > 0 { Some(&ADAPTERS[..]) } else { None };
+        let head: Vec<Vec<u32>> = prompts.iter().map(|p| p[..26].to_vec()).collect();
+        let tail: Vec<Vec<u32>> = prompts.iter().map(|p| p[26..].to_vec()).collect();
+        let mut got = side_by_side(&mut e, &rows, &head, 13, names);
+        for (g, more) in got.iter_mut().zip(side_by_side(&mut e, &rows, &tail, 1, None)) {
+            g.extend(more);
+        }
+        got
+    };
+    let mut portable_bits = None;
+    for (gpu, matmul, fusion) in kernels {
+        let got = run(gpu, matmul, fusion, 3);
+        let plain = run(gpu, matmul, fusion, 0);
+        let name = format!("{matmul:?} fusing {}", fusion.name());
+        assert!(got[0] == plain[0], "{name}: the base row differs from the engine without slots");
+        // integer-dot products round the activations to 8 bits (llama.cpp's accuracy): their
+        // adapted rows are held to the reference as their base row is, within its own distance
+        let tolerance = match matmul {
+            MatmulKernel::IntDot => 4.0 * max_abs_diff(&got[0], &want[0]).max(1e-3),
+            _ => 1e-4,
+        };
+        for r in 0..4 {
+            let d = max_abs_diff(&got[r], &want[r]);
+            println!("{name}: row {r} ({:?}) vs the reference {d:.1e}", ADAPTERS[r]);
+            assert!(d <= tolerance, "{name}: row {r} ({:?}) {d} > {tolerance}", ADAPTERS[r]);
+        }
+        match matmul {
+            MatmulKernel::Portable if fusion == Fusion::ALL => portable_bits = Some(got),
+            MatmulKernel::Wide | MatmulKernel::WideSubgroup | MatmulKernel::Tiled => {
+                assert!(Some(&got) == portable_bits.as_ref(), "{name}: adapted rows are not the portable bits");
+            }
+            _ => {}
+        }
+    }
+}

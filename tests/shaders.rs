@@ -54,16 +54,11 @@ fn required(kernel: Kernel) -> &'static [(&'static str, f64)] {
         Kernel::Lora => &[
             ("K", 64.0),
             ("X_STRIDE", 64.0),
-            ("Y_STRIDE", 128.0),
-            ("Y_OFFSET", 0.0),
             ("TARGETS", 3.0),
-            ("ROWS_FIRST", 64.0),
-            ("T_FIRST", 0.0),
-            ("GROUP_TARGETS", 3.0),
-            ("B_ROW0", 0.0),
             ("MAX_RANK", 16.0),
             ("SLOT_FLOATS", 5120.0),
             ("META0", 0.0),
+            ("AX_STRIDE", 56.0),
         ],
     }
 }

@@ -15,54 +15,74 @@ use crate::common::Result;
 
 const ADAPTERS: usize = 4;
 
-/// GPU ms per decode step (median of `steps` profiled steps after two untimed ones) of `rows`
-/// rows at context 128, and of its adapter dispatches (`lora.wgsl`) alone; `slots`: the engine's
-/// adapter slots, rows spread over them in turn.
-fn step_ms(
-    gpu: &Gpu,
-    model: &ModelWeights,
-    dtype: WeightDtype,
+/// One engine of the table, `rows` rows at context 128, its prompts in: `slots` adapter slots
+/// (their A and B as `lora_dtype`); with all of [`ADAPTERS`], rows spread over them in turn, else
+/// every row on the base model.
+struct Contender {
+    engine: Engine,
     rows: usize,
-    slots: &[LoraAdapter],
-    lora_dtype: WeightDtype,
-    steps: usize,
-) -> Result<(f64, f64)> {
-    let ctx = 128;
-    let rank = slots.iter().flat_map(|a| a.layers.iter().flatten().flatten().map(|m| m.rank)).max().unwrap_or(16);
-    let opts = EngineOptions {
-        weights: dtype,
-        beyond_trained_context: true,
-        max_loras: slots.len(),
-        max_lora_rank: rank,
-        lora_dtype,
-        ..EngineOptions::new(rows, ctx + steps + 3)
-    };
-    let mut e = Engine::new(gpu, model, opts)?;
-    for (i, a) in slots.iter().enumerate() {
-        e.load_lora(&format!("a{i}"), a)?;
-    }
-    for r in 0..rows {
-        // with slots but no adapter named, every row is on the base model
-        if slots.len() == ADAPTERS {
-            e.set_adapter(r, Some(&format!("a{}", r % ADAPTERS)))?;
+    rng: SplitMix64,
+    /// Per timed step: GPU ms of the step, and of its adapters' `A x` dispatches (`lora.wgsl`;
+    /// their `B (A x)` is the products' epilogue).
+    ms: Vec<(f64, f64)>,
+}
+
+impl Contender {
+    fn new(
+        gpu: &Gpu,
+        model: &ModelWeights,
+        dtype: WeightDtype,
+        rows: usize,
+        slots: &[LoraAdapter],
+        lora_dtype: WeightDtype,
+        steps: usize,
+    ) -> Result<Self> {
+        let ctx = 128;
+        let rank = slots.iter().flat_map(|a| a.layers.iter().flatten().flatten().map(|m| m.rank)).max().unwrap_or(16);
+        let opts = EngineOptions {
+            weights: dtype,
+            beyond_trained_context: true,
+            max_loras: slots.len(),
+            max_lora_rank: rank,
+            lora_dtype,
+            ..EngineOptions::new(rows, ctx + steps + 3)
+        };
+        let mut engine = Engine::new(gpu, model, opts)?;
+        for (i, a) in slots.iter().enumerate() {
+            engine.load_lora(&format!("a{i}"), a)?;
         }
+        if slots.len() == ADAPTERS {
+            for r in 0..rows {
+                engine.set_adapter(r, Some(&format!("a{}", r % ADAPTERS)))?;
+            }
+        }
+        let mut rng = SplitMix64(11);
+        let vocab = model.cfg.vocab;
+        let ids: Vec<u32> = (0..rows * ctx).map(|_| rng.below(vocab) as u32).collect();
+        engine.append_sample(&ids, ctx, &vec![ctx; rows], None, &vec![Sampler::GREEDY; rows])?;
+        let mut c = Contender { engine, rows, rng, ms: Vec::new() };
+        for _ in 0..2 {
+            c.step()?;
+        }
+        c.ms.clear();
+        Ok(c)
     }
-    let mut rng = SplitMix64(11);
-    let vocab = model.cfg.vocab;
-    let ids: Vec<u32> = (0..rows * ctx).map(|_| rng.below(vocab) as u32).collect();
-    let greedy = vec![Sampler::GREEDY; rows];
-    e.append_sample(&ids, ctx, &vec![ctx; rows], None, &greedy)?;
-    let mut step = |e: &mut Engine| {
-        let next: Vec<u32> = (0..rows).map(|_| rng.below(vocab) as u32).collect();
-        e.profile_step(&next, 1, &vec![1; rows], None, Some(&greedy))
-    };
-    for _ in 0..2 {
-        step(&mut e)?;
+
+    /// One profiled decode step of every row.
+    fn step(&mut self) -> Result<()> {
+        let vocab = self.engine.config().vocab;
+        let next: Vec<u32> = (0..self.rows).map(|_| self.rng.below(vocab) as u32).collect();
+        let greedy = vec![Sampler::GREEDY; self.rows];
+        let p = self.engine.profile_step(&next, 1, &vec![1; self.rows], None, Some(&greedy))?;
+        let lora: f64 = p.kernels.iter().filter(|k| k.0 == "lora.wgsl").map(|k| k.1).sum();
+        self.ms.push((1e3 * p.total(), 1e3 * lora));
+        Ok(())
     }
-    let lora_ms =
-        |p: &kvdecode::Profile| 1e3 * p.kernels.iter().filter(|k| k.0 == "lora.wgsl").map(|k| k.1).sum::<f64>();
-    let profiles: Vec<kvdecode::Profile> = (0..steps).map(|_| step(&mut e)).collect::<kvdecode::Result<_>>()?;
-    Ok((median(profiles.iter().map(|p| 1e3 * p.total()).collect()), median(profiles.iter().map(lora_ms).collect())))
+
+    /// Medians of the step's and its `A x` dispatches' ms.
+    fn medians(&self) -> (f64, f64) {
+        (median(self.ms.iter().map(|m| m.0).collect()), median(self.ms.iter().map(|m| m.1).collect()))
+    }
 }
 
 /// The table; its figures as JSON.
@@ -80,7 +100,7 @@ pub fn lora_table(
     let params: usize = adapters[0].layers.iter().flatten().flatten().map(|m| m.a.len() + m.b.len()).sum();
     println!(
         "\nLoRA on every linear layer, rank {rank} ({params} parameters an adapter; context 128; GPU ms per decode step by \
-         timestamp queries, median of {steps}; rows spread over {ADAPTERS} adapters)"
+         timestamp queries, median of {steps}, the four engines stepping in turn; rows spread over {ADAPTERS} adapters)"
     );
     println!(
         "| rows | base ms / step | slots, no adapter ms | {ADAPTERS} adapters ms | of it lora.wgsl ms | adapters / base \
@@ -90,11 +110,22 @@ pub fn lora_table(
     let mut steps_out = Vec::new();
     let f32 = WeightDtype::F32;
     for &rows in rows_list {
-        let (base, _) = step_ms(gpu, model, dtype, rows, &[], f32, steps)?;
-        // one slot, unused: what having slots costs (the norm and activation unfused)
-        let (idle, _) = step_ms(gpu, model, dtype, rows, &adapters[..1], f32, steps)?;
-        let (with, with_lora) = step_ms(gpu, model, dtype, rows, &adapters, f32, steps)?;
-        let (half, half_lora) = step_ms(gpu, model, dtype, rows, &adapters, WeightDtype::F16, steps)?;
+        // the base model; one slot, unused (what having slots costs: each A x dispatch finds no
+        // adapter, each product's epilogue reads a head saying so); rows over 4 adapters in f32,
+        // then in f16. They take their steps in turn, so a slow spell of a shared machine falls
+        // on all four alike.
+        let mut engines = [
+            Contender::new(gpu, model, dtype, rows, &[], f32, steps)?,
+            Contender::new(gpu, model, dtype, rows, &adapters[..1], f32, steps)?,
+            Contender::new(gpu, model, dtype, rows, &adapters, f32, steps)?,
+            Contender::new(gpu, model, dtype, rows, &adapters, WeightDtype::F16, steps)?,
+        ];
+        for _ in 0..steps {
+            for c in &mut engines {
+                c.step()?;
+            }
+        }
+        let [(base, _), (idle, _), (with, with_lora), (half, half_lora)] = engines.each_ref().map(Contender::medians);
         println!(
             "| {rows} | {base:.2} | {idle:.2} | {with:.2} | {with_lora:.2} | {:.2} | {half:.2} | {half_lora:.2} | {:.2} |",
             with / base,

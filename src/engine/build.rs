@@ -234,6 +234,8 @@ impl Engine {
             moe_routes,
             moe_act,
             moe_out,
+            // the LoRA adapters' head and A x (lora.wgsl)
+            gw.lora.as_ref().map_or(0, |l| kernels::ax_stride(l.stride_rank)),
         ]
         .into_iter()
         .max()
@@ -256,12 +258,6 @@ impl Engine {
         // the integer-dot products read activations quantized by their own dispatch, which reads
         // the normed input: the norm stays a dispatch of its own
         fusion.norm &= matmul != MatmulKernel::IntDot;
-        // adapters read a block's normed input and add to the MLP's gate and up before the
-        // activation: both stay dispatches of their own (their bits are the fused ones')
-        if opts.max_loras > 0 {
-            fusion.norm = false;
-            fusion.act = false;
-        }
         let split_sampling = match opts.split_sampling {
             Some(on) => on,
             None => split_sampling_from_env()?.unwrap_or_else(|| split_sampling_auto(&gpu.info)),
@@ -320,6 +316,14 @@ impl Engine {
                 false => gpu.storage("no split sampling", 16)?,
             },
             all_logits: gpu.storage("all-position logits", f4(all_tokens * cfg.vocab))?,
+            lora_ax: match gw.lora.as_ref() {
+                Some(l) => gpu.storage("LoRA A x", f4(t * kernels::ax_stride(l.stride_rank)))?,
+                None => gpu.storage("no LoRA A x", 16)?,
+            },
+            lora_groups: match gw.lora.as_ref() {
+                Some(_) => gpu.storage("LoRA token groups", 16 * (1 + 2 * t as u64))?,
+                None => gpu.storage("no LoRA token groups", 16)?,
+            },
             dummy: gpu.storage("dummy", 16)?,
             dummy_rw: gpu.storage("dummy output", 16)?,
             xq: match matmul {

@@ -8,7 +8,7 @@ use crate::engine::dispatch::{Dispatch, Grid};
 use crate::engine::plan::{AttentionPlan, RopeTables};
 use crate::engine::Scratch;
 use crate::gpu::kernels::{self, Lanes, Paging, Shard, Specialize};
-use crate::gpu::lora::LoraGroup;
+use crate::gpu::lora::{GroupBuffer, LoraGroup};
 use crate::gpu::shaders::{Kernel, Pipelines};
 use crate::gpu::variants::{AttentionKernel, Fusion, QUERY_TILE_MIN_WIDTH};
 use crate::gpu::weights::{GpuLayer, GpuMatrix, GpuWeights, QkvWeights};
@@ -33,6 +33,16 @@ pub(super) struct ProductIo<'a> {
     pub(super) act: Option<MlpKind>,
     /// `xq` already holds x quantized for the integer-dot products.
     pub(super) quantized: bool,
+    /// The LoRA adapters' epilogue: their `B (A x)` added to each output.
+    pub(super) lora: Option<LoraIo<'a>>,
+}
+
+/// A product's LoRA epilogue: its group's adapters (whose `A x` the group's `lora.wgsl` dispatch
+/// wrote to `lora_ax` just before) and the group's B row of the matrix's row 0.
+#[derive(Clone, Copy)]
+pub(super) struct LoraIo<'a> {
+    pub(super) group: &'a GroupBuffer,
+    pub(super) row0: usize,
 }
 
 impl<'a> ProductIo<'a> {
@@ -49,6 +59,7 @@ impl<'a> ProductIo<'a> {
             norm: None,
             act: None,
             quantized: false,
+            lora: None,
         }
     }
 }
@@ -272,14 +283,23 @@ impl Builder<'_> {
                     act: io.act,
                     bias: p.bias.is_some(),
                     lanes,
+                    lora: io.lora.map(|l| self.lora_epilogue(l, p.row_start, gated, w.parts.len())),
                 };
                 let norm_w = io.norm.flatten().unwrap_or(&self.s.dummy);
                 let bias = p.bias.as_ref().unwrap_or(&self.s.dummy);
+                let (ax, ab) = match io.lora {
+                    Some(l) => (&self.s.lora_ax, &l.group.buffer),
+                    None => (&self.s.dummy, &self.s.dummy),
+                };
                 if int_dot {
                     let s = self.s;
-                    return self.dispatch(&spec, &[&s.step, &s.dummy, &p.buffer, io.y, &s.dummy, bias, &s.xq], grid);
+                    return self.dispatch(
+                        &spec,
+                        &[&s.step, &s.dummy, &p.buffer, io.y, &s.dummy, bias, ax, ab, &s.xq],
+                        grid,
+                    );
                 }
-                let buffers = [&self.s.step, io.x, &p.buffer, io.y, norm_w, bias];
+                let buffers = [&self.s.step, io.x, &p.buffer, io.y, norm_w, bias, ax, ab];
                 // `tiled`: the mat-mat form beside the portable one
                 let tiled = self.tiled.then(|| {
                     Box::new(self.dispatch(&spec.tiled(), &buffers, Grid::MatmulTiled { out_rows, per_row, gated }))
@@ -547,35 +567,32 @@ impl Builder<'_> {
         // 1. h = norm(x): its own dispatch, or fused into each product that reads h
         let attn_in = self.block_input(&mut out, lw.attn_norm.as_ref());
         // 2. q = h Wq^T and, on writer layers, the fresh global K/V beside it in each row of qkv
-        //    (one product when both matrices are stored alike); local layers: fresh local K/V
+        //    (one product when both matrices are stored alike); local layers: fresh local K/V.
+        //    LoRA adapters: each token's A x of q (and k and v, where the layer makes them) first,
+        //    then each product adds its B (A x) as its epilogue
         let qkv = self.qkv_stride();
         let group = spec.global_group.map(|g| &cache.global[g]);
         let writes = group.filter(|_| spec.writes_global);
+        let ring = cache.ring[i].as_ref();
+        let kv_local = lw.kv_local.as_ref().filter(|_| ring.is_some());
+        let targets = if writes.is_some() || kv_local.is_some() { 3 } else { 1 };
+        out.extend(self.lora(i, LoraGroup::AttnIn, targets, attn_in.x, c.d_model, attn_in.norm));
+        let lora = |first| self.lora_io(i, LoraGroup::AttnIn, first);
         match &lw.qkv {
-            QkvWeights::Fused(w) => out.extend(self.product(w, attn_in.to(&s.qkv, qkv, 0))),
+            QkvWeights::Fused(w) => {
+                out.extend(self.product(w, ProductIo { lora: lora(0), ..attn_in.to(&s.qkv, qkv, 0) }))
+            }
             QkvWeights::Apart { wq, kv_global } => {
-                out.extend(self.product(wq, attn_in.to(&s.qkv, qkv, 0)));
+                out.extend(self.product(wq, ProductIo { lora: lora(0), ..attn_in.to(&s.qkv, qkv, 0) }));
                 if let (Some(kvg), Some(_)) = (kv_global, writes) {
-                    out.extend(self.product(kvg, attn_in.to(&s.qkv, qkv, hd)));
+                    out.extend(self.product(kvg, ProductIo { lora: lora(1), ..attn_in.to(&s.qkv, qkv, hd) }));
                 }
             }
         }
-        let ring = cache.ring[i].as_ref();
-        let local = match (lw.kv_local.as_ref(), ring) {
-            (Some(kvl), Some(_)) => {
-                out.extend(self.product(kvl, attn_in.to(&s.kv_local, kvd, 0)));
-                true
-            }
-            _ => false,
-        };
-        // 2b. LoRA adapters: q (and the fresh global k and v) in qkv, a local layer's k and v in
-        //     its own buffer (engines with adapter slots never fuse the norm: h holds the input)
-        let block_x = (attn_in.x, c.d_model);
-        let targets = if writes.is_some() { 3 } else { 1 };
-        out.extend(self.lora(i, LoraGroup::AttnIn, (0, targets), block_x, (&s.qkv, qkv, 0)));
-        if local {
-            out.extend(self.lora(i, LoraGroup::AttnIn, (1, 2), block_x, (&s.kv_local, kvd, 0)));
+        if let Some(kvl) = kv_local {
+            out.extend(self.product(kvl, ProductIo { lora: lora(1), ..attn_in.to(&s.kv_local, kvd, 0) }));
         }
+        let local = kv_local.is_some();
         // 3. qk-norm and RoPE at each token's own position, the queries and all fresh keys in one
         //    dispatch (keys are rotated once, before they are stored).
         // 4. writer layers: scatter K/V into the group's cache now, so this layer and the group's
@@ -618,16 +635,14 @@ impl Builder<'_> {
         }
         // 7. output projection (and its adapters) and residual (Gemma: norm the projection before
         //    adding it)
-        let o_lora = |y| self.lora(i, LoraGroup::O, (0, 1), (&s.qkv, qkv), (y, c.d_model, 0));
+        out.extend(self.lora(i, LoraGroup::O, 1, &s.qkv, qkv, None));
+        let o_io =
+            |y| ProductIo { lora: self.lora_io(i, LoraGroup::O, 0), ..ProductIo::new(&s.qkv, qkv, y, c.d_model) };
         if c.post_norms {
-            out.extend(self.product(&lw.wo, ProductIo::new(&s.qkv, qkv, &s.tmp, c.d_model)));
-            out.extend(o_lora(&s.tmp));
+            out.extend(self.product(&lw.wo, o_io(&s.tmp)));
             out.push(self.norm(&s.tmp, lw.post_attn_norm.as_ref(), &s.x, true));
         } else {
-            out.extend(
-                self.product(&lw.wo, ProductIo { accumulate: true, ..ProductIo::new(&s.qkv, qkv, &s.x, c.d_model) }),
-            );
-            out.extend(o_lora(&s.x));
+            out.extend(self.product(&lw.wo, ProductIo { accumulate: true, ..o_io(&s.x) }));
         }
         // 8. MLP and residual; the activation is the up projection's epilogue where its matrix is
         //    one part (a gated one pairs rows o and F + o). MoE layers: the router and the routed
@@ -637,32 +652,30 @@ impl Builder<'_> {
             return out;
         }
         let mlp_in = self.block_input(&mut out, lw.mlp_norm.as_ref());
-        let gate_up = (&s.up, c.mlp.in_factor() * c.ffn, 0);
-        let lora = self.lora(i, LoraGroup::MlpIn, (0, 2), (mlp_in.x, c.d_model), gate_up);
-        out.extend(self.mlp_in(&lw.mlp_in, mlp_in.to(&s.act, c.ffn, 0), c.ffn, lora));
-        let down_lora = |y| self.lora(i, LoraGroup::Down, (0, 1), (&s.act, c.ffn), (y, c.d_model, 0));
+        out.extend(self.lora(i, LoraGroup::MlpIn, 2, mlp_in.x, c.d_model, mlp_in.norm));
+        let mlp_io = ProductIo { lora: self.lora_io(i, LoraGroup::MlpIn, 0), ..mlp_in.to(&s.act, c.ffn, 0) };
+        out.extend(self.mlp_in(&lw.mlp_in, mlp_io, c.ffn));
+        out.extend(self.lora(i, LoraGroup::Down, 1, &s.act, c.ffn, None));
+        let down_io =
+            |y| ProductIo { lora: self.lora_io(i, LoraGroup::Down, 0), ..ProductIo::new(&s.act, c.ffn, y, c.d_model) };
         if c.post_norms {
-            out.extend(self.matmul(&s.act, &lw.mlp_out, &s.tmp, c.d_model, false));
-            out.extend(down_lora(&s.tmp));
+            out.extend(self.product(&lw.mlp_out, down_io(&s.tmp)));
             out.push(self.norm(&s.tmp, lw.post_mlp_norm.as_ref(), &s.x, true));
         } else {
-            out.extend(self.matmul(&s.act, &lw.mlp_out, &s.x, c.d_model, true));
-            out.extend(down_lora(&s.x));
+            out.extend(self.product(&lw.mlp_out, ProductIo { accumulate: true, ..down_io(&s.x) }));
         }
         out
     }
 
-    /// `act = act(x W^T)` for an MLP of `f` outputs, x as `io` reads it: the activation as the
-    /// product's epilogue where the matrix is one part (a gated one pairs rows o and F + o), else
-    /// the product into `up`, then `mlp_act.wgsl`. `lora`: the adapters' dispatch that adds to
-    /// `up` before the activation (never fused then).
-    pub(super) fn mlp_in(&self, w: &GpuMatrix, io: ProductIo, f: usize, lora: Option<Dispatch>) -> Vec<Dispatch> {
+    /// `act = act(x W^T)` for an MLP of `f` outputs, x as `io` reads it (with its adapters, added
+    /// before the activation): the activation as the product's epilogue where the matrix is one
+    /// part (a gated one pairs rows o and F + o), else the product into `up`, then `mlp_act.wgsl`.
+    pub(super) fn mlp_in(&self, w: &GpuMatrix, io: ProductIo, f: usize) -> Vec<Dispatch> {
         let (c, s) = (self.cfg, self.s);
-        if self.fusion.act && w.parts.len() == 1 && lora.is_none() {
+        if self.fusion.act && w.parts.len() == 1 {
             return self.product(w, ProductIo { y: &s.act, y_stride: f, y_offset: 0, act: Some(c.mlp), ..io });
         }
         let mut out = self.product(w, ProductIo { y: &s.up, y_stride: c.mlp.in_factor() * f, y_offset: 0, ..io });
-        out.extend(lora);
         out.push(self.dispatch(&kernels::MlpAct { ffn: f, act: c.mlp }, &[&s.step, &s.up, &s.act], Grid::Tokens(f)));
         out
     }

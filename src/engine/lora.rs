@@ -1,16 +1,19 @@
 //! LoRA adapters in the engine: up to `max_loras` resident at once, loaded, updated by a trainer
 //! and unloaded by name while the engine decodes; each row decodes with one adapter or none
-//! (Punica's per-row adapter index: one step mixes them). `lora.wgsl` adds each adapted
-//! projection's `scale * B (A x)` after the base product, so the base weights never change and a
-//! row without an adapter gives the base model's bits.
+//! (Punica's per-row adapter index: one step mixes them). Each adapted projection's
+//! `scale * B (A x)` joins the base product's output unmerged, so the base weights never change
+//! and a row without an adapter gives the base model's bits.
 //!
-//! The dispatches: one per block and input (q/k/v; o; gate/up; down; a local layer's k/v into its
-//! own buffer once more), whatever the adapters and their targets; none when `max_loras` is 0.
+//! The dispatches: `lora.wgsl` once per block and input (q/k/v; o; gate/up; down), before the
+//! products that read that input, computes each token's `A x` of the input's targets; the
+//! products add `scale * B (A x)` as their epilogue (`matmul_lora.wgsl`), before the MLP's
+//! activation and after the residual add, so the norms and the activation stay fused. None of it
+//! when `max_loras` is 0.
 
 use std::hash::{Hash, Hasher};
 use std::path::Path;
 
-use crate::engine::builder::Builder;
+use crate::engine::builder::{Builder, LoraIo};
 use crate::engine::dispatch::{Dispatch, Grid};
 use crate::engine::update::InFlight;
 use crate::engine::Engine;
@@ -270,37 +273,67 @@ impl Engine {
 }
 
 impl Builder<'_> {
-    /// The adapters' dispatch for targets `first..first + n` of `group` in block `layer`, reading
-    /// `x` (rows of `x_stride`) and adding to `y` from column `y_offset` on (rows of `y_stride`);
-    /// `None` when the engine holds no adapters.
-    #[allow(clippy::too_many_arguments)]
+    /// The adapters' first half for `group` in block `layer`: each token's `A x` of the group's
+    /// first `targets` targets, from `x` (rows of `x_stride`; `norm`: x is the residual stream,
+    /// read normed with this weight, as the products read it), into `lora_ax`. `None` when the
+    /// engine holds no adapters or the block has no such projections.
     pub(super) fn lora(
         &self,
         layer: usize,
         group: LoraGroup,
-        (first, n): (usize, usize),
-        (x, x_stride): (&wgpu::Buffer, usize),
-        (y, y_stride, y_offset): (&wgpu::Buffer, usize, usize),
+        targets: usize,
+        x: &wgpu::Buffer,
+        x_stride: usize,
+        norm: Option<Option<&wgpu::Buffer>>,
     ) -> Option<Dispatch> {
         let g = self.gw.lora.as_ref()?;
         let buf = g.layers[layer][group as usize].as_ref()?;
         let spec = kernels::Lora {
             k: buf.k,
             x_stride,
-            y_stride,
-            y_offset,
-            targets: n,
-            rows_first: buf.rows[first],
-            rows_rest: buf.rows.get(first + 1).copied().unwrap_or(1),
-            t_first: first,
-            group_targets: buf.rows.len(),
-            b_row0: buf.rows[..first].iter().sum(),
+            targets: targets.min(buf.rows.len()),
             max_rank: g.stride_rank,
             slot_floats: buf.slot_floats,
             meta0: layer * g.slots * LoraTarget::ALL.len() + group.targets()[0] as usize,
+            norm: norm.map(|w| kernels::FusedNorm { weight: w.is_some(), eps: self.cfg.norm_eps }),
             half: g.half,
         };
         let s = self.s;
-        Some(self.dispatch(&spec, &[&s.step, &s.row_info, x, y, &buf.buffer, &g.meta], Grid::TokenTiles(spec.tiles())))
+        let norm_w = norm.flatten().unwrap_or(&s.dummy);
+        Some(self.dispatch(
+            &spec,
+            &[&s.step, &s.row_info, x, &s.lora_ax, &buf.buffer, &g.meta, norm_w, &s.lora_groups],
+            Grid::TokenTiles(1),
+        ))
+    }
+
+    /// The adapters' second half for the products of `group` in block `layer` whose matrix
+    /// starts at the group's target `first`: `B (A x)` as their epilogue.
+    pub(super) fn lora_io(&self, layer: usize, group: LoraGroup, first: usize) -> Option<LoraIo<'_>> {
+        let buf = self.gw.lora.as_ref()?.layers[layer][group as usize].as_ref()?;
+        Some(LoraIo { group: buf, row0: buf.rows[..first].iter().sum() })
+    }
+
+    /// The epilogue's constants for a part of a matrix (`row_start`: its first row; `gated`:
+    /// the product pairs output o's gate row with its up row, one part).
+    pub(super) fn lora_epilogue(
+        &self,
+        l: LoraIo,
+        row_start: usize,
+        gated: bool,
+        parts: usize,
+    ) -> kernels::LoraEpilogue {
+        debug_assert!(!gated || parts == 1, "a gated activation is fused into one part only");
+        let g = self.gw.lora.as_ref().expect("an epilogue comes from the engine's adapters");
+        let rows = &l.group.rows;
+        kernels::LoraEpilogue {
+            row0: l.row0 + row_start,
+            t1: rows.get(1).map_or(0, |_| rows[0]),
+            t2: rows.get(2).map_or(0, |_| rows[0] + rows[1]),
+            max_rank: g.stride_rank,
+            slot_floats: l.group.slot_floats,
+            b0: rows.len() * l.group.k * g.stride_rank,
+            half: g.half,
+        }
     }
 }

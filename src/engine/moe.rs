@@ -68,6 +68,7 @@ impl Builder<'_> {
                 act,
                 bias: w.parts[0].bias.is_some(),
                 lanes,
+                lora: None,
             }
         };
         let pairs = |product, x_per_slot| kernels::ExpertProduct {
@@ -120,7 +121,7 @@ impl Builder<'_> {
         // adds (config validation keeps post-norms, which would also use tmp, away from it)
         if let Some(sh) = &lw.shared {
             let fs = sh.mlp_out.cols;
-            out.extend(self.mlp_in(&sh.mlp_in, ProductIo::new(h, c.d_model, &s.act, fs), fs, None));
+            out.extend(self.mlp_in(&sh.mlp_in, ProductIo::new(h, c.d_model, &s.act, fs), fs));
             out.extend(self.matmul(&s.act, &sh.mlp_out, &s.tmp, c.d_model, false));
             out.extend(self.product(&sh.gate, ProductIo::new(h, c.d_model, &s.shared_gate, 1)));
         }

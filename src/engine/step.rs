@@ -7,6 +7,7 @@ use crate::engine::options::Logits;
 use crate::engine::sampling::{Sampled, Sampler, SamplerGpu, TOP_LOGPROBS_MAX};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::gpu::lora::NO_ADAPTER;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -211,6 +212,9 @@ impl Engine {
             .collect();
         q.write_buffer(&self.s.step, 0, bytemuck::bytes_of(&step));
         q.write_buffer(&self.s.row_info, 0, bytemuck::cast_slice(&info));
+        if self.weights.lora.is_some() {
+            q.write_buffer(&self.s.lora_groups, 0, bytemuck::cast_slice(&lora_groups(&info, c)));
+        }
         if !ids_from_sampled {
             let mut chunk_ids = vec![0u32; r_n * c];
             for r in 0..r_n {
@@ -612,4 +616,27 @@ pub(crate) enum Output {
         slot: usize,
         top: bool,
     },
+}
+
+/// Tokens of one adapter that `lora.wgsl` takes together, sharing each load of A.
+const LORA_GROUP: usize = 4;
+
+/// The chunk's real tokens on adapters (`info`: its rows, `width` token slots each), by slot, in
+/// groups of up to [`LORA_GROUP`]: their count, then per group `(slot, tokens, 0, 0)` and its
+/// tokens (`lora.wgsl`'s `groups`). A token's sums do not depend on its group.
+fn lora_groups(info: &[RowInfoGpu], width: usize) -> Vec<[u32; 4]> {
+    let mut by_slot: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+    for (r, row) in info.iter().enumerate().filter(|(_, row)| row.lora != NO_ADAPTER) {
+        by_slot.entry(row.lora).or_default().extend((0..row.n_new).map(|j| (r * width) as u32 + j));
+    }
+    let mut out = vec![[0u32; 4]];
+    for (slot, tokens) in by_slot {
+        for group in tokens.chunks(LORA_GROUP) {
+            let mut t = [0u32; 4];
+            t[..group.len()].copy_from_slice(group);
+            out.extend([[slot, group.len() as u32, 0, 0], t]);
+        }
+    }
+    out[0][0] = ((out.len() - 1) / 2) as u32;
+    out
 }

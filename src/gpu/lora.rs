@@ -2,8 +2,8 @@
 //! `Engine::new`, as one buffer per block and input group (the targets that read one input: q, k
 //! and v; o; gate and up; down) and one table of each slot's rank and scale per target. A slot's
 //! `A` and `B` stay in f32 (or f16, `EngineOptions::lora_dtype`) beside the base weights, which
-//! are never changed, so a quantized base stays quantized and exact. `lora.wgsl` reads this
-//! layout.
+//! are never changed, so a quantized base stays quantized and exact. `lora.wgsl` (A) and the
+//! products' epilogue (`matmul_lora.wgsl`, B) read this layout.
 
 use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
@@ -14,8 +14,8 @@ use crate::model::lora::{adapts_mlp, LoraAdapter, LoraModule, LoraTarget};
 /// The slot index a row without an adapter carries in `RowInfo.lora`.
 pub(crate) const NO_ADAPTER: u32 = u32::MAX;
 
-/// The largest rank a slot can hold (`lora.wgsl` keeps three targets' `A x` of this rank in
-/// workgroup memory).
+/// The largest rank a slot can hold (the engine's `lora_ax` scratch keeps three targets' `A x` of
+/// this rank for every token of a step).
 pub const MAX_LORA_RANK: usize = 256;
 
 /// Bytes a slot's value takes on the GPU.
@@ -106,7 +106,8 @@ pub(crate) struct GpuLora {
     /// The largest rank a module may have.
     pub(crate) max_rank: usize,
     /// Rows of A (and B's room per output) each slot holds per target: `max_rank` rounded up to a
-    /// multiple of 8 (`lora.wgsl` reads 8 ranks at a time).
+    /// multiple of 8, so every slot, A row and target's `A x` starts on a whole vec4 of values
+    /// (of halves too).
     pub(crate) stride_rank: usize,
     /// `[layers, slots, 7]` of (rank, scale bits); rank 0: the slot leaves that target alone.
     pub(crate) meta: wgpu::Buffer,

@@ -9,6 +9,9 @@ use crate::gpu::kernels::Specialize;
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 /// The products' bindings and helpers, which every product kernel's module starts with.
 const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
+/// The dense products' epilogue with the LoRA adapters' bindings (every product kernel but the
+/// experts', which have no room for two more).
+const MATMUL_LORA: &str = include_str!("../../shaders/matmul_lora.wgsl");
 
 /// How a kernel binds one buffer (group 0, in binding order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,8 +108,8 @@ pub enum Kernel {
     /// The routed experts' products (`matmul.wgsl` + `matmul_experts.wgsl`): each token against
     /// only its experts' rows, the portable kernel's sums.
     MatmulExperts,
-    /// LoRA adapters applied unmerged after a block's products, each row with its own adapter
-    /// (`lora.wgsl`).
+    /// LoRA adapters' first half, each token's `A x` with its row's own adapter (`lora.wgsl`);
+    /// the products add `B (A x)` as their epilogue (`matmul_lora.wgsl`).
     Lora,
 }
 
@@ -236,7 +239,10 @@ impl Kernel {
             Kernel::RmsNorm => include_str!("../../shaders/rmsnorm.wgsl"),
             // the products without subgroups: matmul.wgsl with its lane hooks (and a variant's entry)
             Kernel::Matmul | Kernel::MatmulWide | Kernel::MatmulNormed => {
-                return format!("{COMMON}\n{MATMUL}\n{}", include_str!("../../shaders/matmul_lanes.wgsl"));
+                return format!(
+                    "{COMMON}\n{MATMUL}\n{MATMUL_LORA}\n{}",
+                    include_str!("../../shaders/matmul_lanes.wgsl")
+                );
             }
             Kernel::QkRope => include_str!("../../shaders/qk_rope.wgsl"),
             Kernel::KvWrite => include_str!("../../shaders/kv_write.wgsl"),
@@ -265,21 +271,21 @@ impl Kernel {
             }
             Kernel::MatmulTiled => {
                 return format!(
-                    "{COMMON}\n{MATMUL}\n{}\n{}",
+                    "{COMMON}\n{MATMUL}\n{MATMUL_LORA}\n{}\n{}",
                     include_str!("../../shaders/matmul_lanes.wgsl"),
                     include_str!("../../shaders/matmul_tiled.wgsl")
                 );
             }
             Kernel::MatmulInt => {
                 return format!(
-                    "{COMMON}\n{MATMUL}\n{}\n{}",
+                    "{COMMON}\n{MATMUL}\n{MATMUL_LORA}\n{}\n{}",
                     include_str!("../../shaders/matmul_lanes.wgsl"),
                     include_str!("../../shaders/matmul_int.wgsl")
                 );
             }
             Kernel::MatmulReduce => {
                 return format!(
-                    "{COMMON}\n{MATMUL}\n{}\n{}",
+                    "{COMMON}\n{MATMUL}\n{MATMUL_LORA}\n{}\n{}",
                     include_str!("../../shaders/matmul_lanes.wgsl"),
                     include_str!("../../shaders/matmul_reduce.wgsl")
                 );
@@ -290,7 +296,7 @@ impl Kernel {
                 return format!(
                     // naga 30 takes subgroup builtins without `enable subgroups;` (the device
                     // feature gates them); it rejects the directive itself
-                    "{COMMON}\n{MATMUL}\n{}",
+                    "{COMMON}\n{MATMUL}\n{MATMUL_LORA}\n{}",
                     include_str!("../../shaders/matmul_subgroup.wgsl")
                 );
             }
@@ -304,8 +310,9 @@ impl Kernel {
         match self {
             Kernel::Embed => &[Uniform, Read, Read, ReadWrite],
             Kernel::RmsNorm => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite],
+            // x, w, y, norm_w, bias; then the LoRA epilogue's A x and adapters (matmul_lora.wgsl)
             Kernel::Matmul | Kernel::MatmulWide | Kernel::MatmulNormed | Kernel::MatmulTiled | Kernel::MatmulReduce => {
-                &[Uniform, Read, Read, ReadWrite, Read, Read]
+                &[Uniform, Read, Read, ReadWrite, Read, Read, Read, Read]
             }
             Kernel::QkRope => &[Uniform, Read, ReadWrite, Read, Read, ReadWrite, Read, ReadWrite, Read],
             Kernel::KvWrite => &[Uniform, Read, Read, ReadWrite, Read],
@@ -321,15 +328,17 @@ impl Kernel {
             Kernel::LogitBias => &[Uniform, Read, Read, Read, ReadWrite],
             Kernel::EngramGather => &[Uniform, Read, Read, Read, Read, Read, Read, ReadWrite],
             Kernel::EngramMix => &[Uniform, Read, Read, ReadWrite],
-            Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup => &[Uniform, Read, Read, ReadWrite, Read, Read],
+            Kernel::MatmulSubgroup | Kernel::MatmulWideSubgroup => {
+                &[Uniform, Read, Read, ReadWrite, Read, Read, Read, Read]
+            }
             Kernel::Copy => &[Read, ReadWrite],
             Kernel::Quantize => &[Uniform, Read, ReadWrite],
-            // matmul.wgsl's six (x and norm_w unused), then the quantized input
-            Kernel::MatmulInt => &[Uniform, Read, Read, ReadWrite, Read, Read, Read],
+            // matmul.wgsl's six (x and norm_w unused), the LoRA epilogue's two, then the quantized input
+            Kernel::MatmulInt => &[Uniform, Read, Read, ReadWrite, Read, Read, Read, Read, Read],
             Kernel::MoeRoute => &[Uniform, Read, Read, ReadWrite, ReadWrite],
             // matmul.wgsl's six, then the routes (ids and weights), the shared expert's output and gate
             Kernel::MatmulExperts => &[Uniform, Read, Read, ReadWrite, Read, Read, Read, Read, Read],
-            Kernel::Lora => &[Uniform, Read, Read, ReadWrite, Read, Read],
+            Kernel::Lora => &[Uniform, Read, Read, ReadWrite, Read, Read, Read, Read],
         }
     }
 

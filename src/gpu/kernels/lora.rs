@@ -1,47 +1,30 @@
-//! The typed constants of `lora.wgsl`: one dispatch adds the adapters' `scale * B (A x)` of one or
-//! more targets that read the same input and write the same buffer (`src/gpu/lora.rs` holds the
-//! layout they index).
+//! The typed constants of `lora.wgsl` (each token's `A x` for one group of targets, the first
+//! half of the adapters) and of the products' LoRA epilogue (`matmul_lora.wgsl`, the second: `B`
+//! times that `A x`, added to each output). `src/gpu/lora.rs` holds the layout both index.
 
-use super::{Overrides, Specialize, Work};
+use super::{FusedNorm, Overrides, Specialize, Work};
 use crate::gpu::shaders::{Constants, Kernel};
 
-/// Outputs each lane of `lora.wgsl` sums: a workgroup covers `64 * 16` outputs of one token, so
-/// the token's `A x`, which every workgroup of the token computes, is computed once for q/k/v, o
-/// and down of SmolLM2's shape and three times for its gate/up (at 4 outputs a lane, SmolLM2's
-/// steps at 16 rows over 4 adapters took 2.24x the base model's GPU time on lavapipe; at 48, one
-/// tile for every dispatch, no less time than at 16).
-pub(crate) const LORA_OUTS_PER_LANE: usize = 16;
+/// u32s per token of the `A x` buffer: a head of 8 (slot, 3 ranks, 3 scales' bits, a pad), then
+/// room for 3 targets of `stride_rank` values.
+pub(crate) fn ax_stride(stride_rank: usize) -> usize {
+    8 + 3 * stride_rank
+}
 
-/// `lora.wgsl` for one dispatch: targets `t_first .. t_first + targets` of a group.
+/// `lora.wgsl` for one dispatch: `A x` of targets `0 .. targets` of a group, for every token on
+/// an adapter (the host's token groups, `src/engine/step.rs`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Lora {
     pub k: usize,
     pub x_stride: usize,
-    pub y_stride: usize,
-    pub y_offset: usize,
     pub targets: usize,
-    pub rows_first: usize,
-    pub rows_rest: usize,
-    pub t_first: usize,
-    pub group_targets: usize,
-    pub b_row0: usize,
     pub max_rank: usize,
     pub slot_floats: usize,
     pub meta0: usize,
+    /// x is the residual stream: read its norm (the block's input norm, fused into the products).
+    pub norm: Option<FusedNorm>,
     /// A and B as halves, two to a u32.
     pub half: bool,
-}
-
-impl Lora {
-    /// Outputs of the dispatch.
-    pub(crate) fn outs(&self) -> usize {
-        self.rows_first + (self.targets - 1) * self.rows_rest
-    }
-
-    /// Workgroups per token.
-    pub(crate) fn tiles(&self) -> usize {
-        self.outs().div_ceil(self.workgroup_size() as usize * LORA_OUTS_PER_LANE)
-    }
 }
 
 impl Specialize for Lora {
@@ -49,35 +32,71 @@ impl Specialize for Lora {
         Kernel::Lora
     }
     fn constants(&self) -> Constants {
-        Overrides::default()
+        let mut o = Overrides::default()
             .count("K", self.k)
             .count("X_STRIDE", self.x_stride)
-            .count("Y_STRIDE", self.y_stride)
-            .count("Y_OFFSET", self.y_offset)
             .count("TARGETS", self.targets)
-            .count("ROWS_FIRST", self.rows_first)
-            .count("ROWS_REST", self.rows_rest.max(1))
-            .count("T_FIRST", self.t_first)
-            .count("GROUP_TARGETS", self.group_targets)
-            .count("B_ROW0", self.b_row0)
             .count("MAX_RANK", self.max_rank)
             .count("SLOT_FLOATS", self.slot_floats)
             .count("META0", self.meta0)
-            .count("OUTS_PER_LANE", LORA_OUTS_PER_LANE)
-            .flag("AB_HALF", self.half)
-            .0
+            .count("AX_STRIDE", ax_stride(self.max_rank))
+            .flag("AB_HALF", self.half);
+        if let Some(n) = self.norm {
+            o = o.flag("NORM", true).flag("NORM_WEIGHT", n.weight).float("EPS", n.eps);
+        }
+        o.0
     }
     fn label(&self) -> String {
-        format!("lora_{}x{}_r{}{}", self.targets, self.outs(), self.max_rank, if self.half { "_f16" } else { "" })
+        let normed = if self.norm.is_some() { "_normed" } else { "" };
+        format!("lora_ax_{}x{}_r{}{normed}{}", self.targets, self.k, self.max_rank, if self.half { "_f16" } else { "" })
     }
-    /// A workgroup per (token, tile of outputs), at the slots' largest rank: a lane per (target,
-    /// rank) sums A x over the inputs, four an iteration; then each lane's outputs, four ranks an
-    /// iteration (a rank a multiple of 4 assumed).
+    /// A workgroup per token (its head) and per group of up to 4 tokens of one adapter, at the
+    /// slots' largest rank: a lane per (target, rank) sums A x over the inputs for the group's
+    /// tokens, four inputs an iteration (after the norm's sums and tree), each load of A serving
+    /// the group (so a token's share of A's bytes is a quarter, where rows share adapters).
     fn work(&self) -> Work {
         let wg = self.workgroup_size() as usize;
+        let norm = if self.norm.is_some() { self.k.div_ceil(wg) + super::work::levels(wg) } else { 0 };
         let a = (self.targets * self.max_rank).div_ceil(wg) * self.k.div_ceil(4);
         let value_bytes = if self.half { 2 } else { 4 };
-        let reads = value_bytes * (self.targets * self.max_rank * self.k + self.outs() * self.max_rank);
-        Work::flat(a + LORA_OUTS_PER_LANE * self.max_rank.div_ceil(4), 4 * self.k + 8 * self.outs() + reads)
+        let reads = value_bytes * self.targets * self.max_rank * self.k / 4;
+        Work::flat(a + norm, 4 * self.k + reads + 4 * ax_stride(self.max_rank))
+    }
+}
+
+/// The LoRA epilogue of a product (`matmul_lora.wgsl`): which group rows its outputs are, and
+/// where the group's values lie.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct LoraEpilogue {
+    /// The group's B row of the part's weight row 0.
+    pub row0: usize,
+    /// The group's first B row of targets 1 and 2 (0: no such target).
+    pub t1: usize,
+    pub t2: usize,
+    pub max_rank: usize,
+    pub slot_floats: usize,
+    /// A slot's first value of B.
+    pub b0: usize,
+    pub half: bool,
+}
+
+impl LoraEpilogue {
+    pub(super) fn overrides(&self, o: Overrides) -> Overrides {
+        o.flag("LORA", true)
+            .count("LORA_ROW0", self.row0)
+            .count("LORA_T1", self.t1)
+            .count("LORA_T2", self.t2)
+            .count("LORA_RANK", self.max_rank)
+            .count("LORA_SLOT", self.slot_floats)
+            .count("LORA_B0", self.b0)
+            .count("LORA_AX", ax_stride(self.max_rank))
+            .flag("LORA_HALF", self.half)
+    }
+
+    /// Per output and token, at the largest rank: B's row and the token's `A x`, four ranks an
+    /// iteration.
+    pub(super) fn work(&self) -> (usize, u64) {
+        let value_bytes = if self.half { 2 } else { 4 };
+        (self.max_rank.div_ceil(4), (value_bytes * self.max_rank + 4 * self.max_rank) as u64)
     }
 }

@@ -14,7 +14,7 @@ mod sample;
 mod work;
 pub(crate) use attention::{Attention, AttentionShape, AttentionSplit, FusedRope, KvWrite, QkRope};
 pub(crate) use engram::{EngramGather, EngramMix};
-pub(crate) use lora::Lora;
+pub(crate) use lora::{ax_stride, Lora, LoraEpilogue};
 pub(crate) use moe::{ExpertProduct, MoeRoute, RouteSlots};
 pub(crate) use sample::{LogitBias, Sample, SampleStage, RADIX_PASSES, SAMPLE_MAX_PER_THREAD};
 pub(crate) use work::{At, Work};
@@ -235,6 +235,8 @@ pub(crate) struct Product {
     /// Add the part's bias (binding 5).
     pub bias: bool,
     pub lanes: Lanes,
+    /// Add the LoRA adapters (bindings 6 and 7).
+    pub lora: Option<LoraEpilogue>,
 }
 
 impl Specialize for Product {
@@ -259,6 +261,9 @@ impl Specialize for Product {
         if let Some(act) = self.act {
             // 0 is "no activation"
             o = o.code("MLP_ACT", act_code(act) + 1);
+        }
+        if let Some(lora) = self.lora {
+            o = lora.overrides(o);
         }
         match self.lanes {
             Lanes::Fixed => {}
@@ -300,6 +305,9 @@ impl Specialize for Product {
         if self.per_row {
             l.push_str("_rows");
         }
+        if self.lora.is_some() {
+            l.push_str("_lora");
+        }
         l
     }
     fn workgroup_size(&self) -> u32 {
@@ -329,10 +337,20 @@ impl Specialize for Product {
         let bias = if self.bias { 4 * self.out_rows as u64 } else { 0 };
         let norm_w = if self.norm.is_some_and(|n| n.weight) { 4 * self.k as u64 } else { 0 };
         let writes = if self.accumulate { 2 } else { 1 };
+        // the adapters' epilogue: per output row of a thread and token (4 at most, one at a
+        // time), a B row against A x
+        let (lora_iters, lora_bytes) = self.lora.map_or((0, 0), |l| l.work());
+        let outs = match self.lanes {
+            Lanes::Threads { outs, .. } if self.kernel != Kernel::MatmulTiled => outs,
+            _ => 1,
+        };
         Work {
             fixed_bytes: rows * self.format.row_bytes(self.k) + bias + norm_w,
             per_row: self.per_row,
-            ..Work::flat(iters, 4 * self.k + writes * 4 * self.out_rows)
+            ..Work::flat(
+                iters + gated * outs * 4 * lora_iters,
+                4 * self.k + writes * 4 * self.out_rows + rows as usize * lora_bytes as usize,
+            )
         }
     }
 }

@@ -21,6 +21,15 @@ fn wide_product() -> Product {
         act: Some(MlpKind::SwiGlu),
         bias: true,
         lanes: Lanes::Threads { outs: 8, wg: 8 },
+        lora: Some(LoraEpilogue {
+            row0: 32,
+            t1: 96,
+            t2: 0,
+            max_rank: 16,
+            slot_floats: 3 * 16 * 64,
+            b0: 2 * 16 * 64,
+            half: true,
+        }),
     }
 }
 
@@ -52,6 +61,7 @@ fn samples() -> Vec<Box<dyn Specialize>> {
             softcap: 0.0,
             bias: false,
             lanes: Lanes::Fixed,
+            lora: None,
             ..product
         },
         slots: RouteSlots { experts: 8, top_k: 2, stride: 4, offset: 2 },
@@ -139,17 +149,11 @@ fn samples() -> Vec<Box<dyn Specialize>> {
         Box::new(Lora {
             k: 64,
             x_stride: 64,
-            y_stride: 128,
-            y_offset: 0,
             targets: 3,
-            rows_first: 64,
-            rows_rest: 32,
-            t_first: 0,
-            group_targets: 3,
-            b_row0: 0,
             max_rank: 16,
             slot_floats: 3 * 16 * 64 + 128 * 16,
             meta0: 0,
+            norm: Some(FusedNorm { weight: true, eps: 1e-6 }),
             half: true,
         }),
     ]
@@ -239,7 +243,7 @@ fn every_kernel_specializes_to_a_valid_module_without_dead_branches() {
 fn labels_name_the_variant() {
     let labels: Vec<String> = samples().iter().map(|s| s.label()).collect();
     assert!(labels.contains(&"kv_write_ring_f16".to_string()), "{labels:?}");
-    assert!(labels.contains(&"matmul_wide_q4_1_normed_swiglu_bias_add_softcap_rows".to_string()), "{labels:?}");
+    assert!(labels.contains(&"matmul_wide_q4_1_normed_swiglu_bias_add_softcap_rows_lora".to_string()), "{labels:?}");
     assert!(labels.contains(&"attention_query_tiles8_f16".to_string()), "{labels:?}");
     let mut unique = labels.clone();
     unique.sort();
