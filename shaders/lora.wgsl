@@ -80,15 +80,14 @@ fn inv_rms(rows: vec4<u32>, lane: u32) -> vec4<f32> {
     return inverseSqrt(lane_sums[0] / f32(K) + EPS);
 }
 
-// Token row base `base`'s normed x at k4: x * inv [* norm_w], rmsnorm.wgsl's operations in its
-// order (its output's bits).
-fn normed(base: u32, k4: u32, inv: f32) -> vec4<f32> {
-    var v = x[base + k4];
-    if NORM {
-        v *= inv;
-        if NORM_WEIGHT { v *= norm_w[k4]; }
-    }
-    return v;
+// The x of the tokens at row bases `rows` at k4, normed with NORM: x * inv * norm_w,
+// rmsnorm.wgsl's operations in its order (its output's bits), norm_w loaded once for the four.
+fn inputs4(rows: vec4<u32>, k4: u32, inv: vec4<f32>) -> mat4x4<f32> {
+    let v = mat4x4<f32>(x[rows.x + k4], x[rows.y + k4], x[rows.z + k4], x[rows.w + k4]);
+    if !NORM { return v; }
+    if !NORM_WEIGHT { return mat4x4<f32>(v[0] * inv.x, v[1] * inv.y, v[2] * inv.z, v[3] * inv.w); }
+    let nw = norm_w[k4];
+    return mat4x4<f32>(v[0] * inv.x * nw, v[1] * inv.y * nw, v[2] * inv.z * nw, v[3] * inv.w * nw);
 }
 
 // The (rank, scale bits) of `slot`'s target i of the dispatch (rank 0 past them).
@@ -162,10 +161,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var acc3 = vec4<f32>(0.0);
         for (var k4 = 0u; k4 < K / 4u; k4++) {
             let a = ab4(a0 + 4u * k4);
-            acc0 = fma(a, normed(rows.x, k4, inv.x), acc0);
-            acc1 = fma(a, normed(rows.y, k4, inv.y), acc1);
-            acc2 = fma(a, normed(rows.z, k4, inv.z), acc2);
-            acc3 = fma(a, normed(rows.w, k4, inv.w), acc3);
+            let xs = inputs4(rows, k4, inv);
+            acc0 = fma(a, xs[0], acc0);
+            acc1 = fma(a, xs[1], acc1);
+            acc2 = fma(a, xs[2], acc2);
+            acc3 = fma(a, xs[3], acc3);
         }
         let at = 8u + i * MAX_RANK + j;
         ax[t.x * AX_STRIDE + at] = bitcast<u32>((acc0.x + acc0.y) + (acc0.z + acc0.w));
