@@ -15,8 +15,13 @@
 // values the norm kernel would have written, so the block's norm stays fused into its products.
 // Then a lane per (target, rank) sums its row of A against each token's normed x over every
 // input, four at a time in order (every input width is a multiple of 4), the four sums added last
-// as (x + y) + (z + w). A token's sums have one order whatever its group: its bits are the same
-// in any batch, with any adapters beside it, in any chunking.
+// as (x + y) + (z + w). With SLICES > 1 (GPUs: `Builder::lora`), SLICES lanes split a row's
+// inputs (lane s takes vec4s s, s + SLICES, ..., neighbouring lanes neighbouring words) and their
+// sums meet in a fixed tree, and the grid's workgroups along x share the rows of A, so no lane
+// walks a whole row alone (a workgroup per group walked 144 to 384 vec4s on SmolLM2's shape,
+// the longest loop of the step, in 16 workgroups). A token's sums have one order whatever its
+// group (it depends on the shapes and SLICES only): its bits are the same in any batch, with any
+// adapters beside it, in any chunking.
 //
 // Why this shape: a CPU adapter (lavapipe) gathers a lane's loads one by one and a GPU coalesces
 // 16-byte loads, so values are read four at a time (A and x); a token's x has one address for all
@@ -35,6 +40,7 @@ override NORM: bool = false;         // read RMS-norm(x) over K (x is the residu
 override NORM_WEIGHT: bool = false;  // the norm has a weight (norm_w)
 override EPS: f32 = 1e-6;            // the norm's epsilon
 override WG: u32 = 64u;              // rmsnorm.wgsl's lanes: its tree gives the norm's bits
+override SLICES: u32 = 1u;           // lanes that split a row of A's inputs (a power of 2, at most WG)
 override AB_HALF: bool = false;      // A and B as halves, two to a u32 (EngineOptions::lora_dtype)
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -56,6 +62,8 @@ override AB_HALF: bool = false;      // A and B as halves, two to a u32 (EngineO
 var<workgroup> group: array<vec4<u32>, 3>;
 // NORM: rmsnorm.wgsl's lanes' sums of squares of the group's 4 tokens, then its tree's
 var<workgroup> lane_sums: array<vec4<f32>, 64>;
+// SLICES > 1: each lane's sums of the group's 4 tokens, then the slices' tree's (4 KiB)
+var<workgroup> slice_sums: array<array<vec4<f32>, 4>, 64>;
 
 // Values `i .. i + 4` of `ab` (i a multiple of 4).
 fn ab4(i: u32) -> vec4<f32> {
@@ -97,14 +105,18 @@ fn target_meta(slot: u32, i: u32) -> vec2<u32> {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+) {
     let w = wid.y + wid.z * 65535u;
     if lane == 0u {
-        // token w's head
+        // token w's head (the first workgroup of its row of the grid writes it)
         var h = vec4<u32>(NO_ADAPTER, 0u, 0u, 0u);
         var s = vec4<u32>(0u);
         let r = w / step.width;
-        if r < step.rows {
+        if r < step.rows && wid.x == 0u {
             let info = row_info[r];
             if w % step.width < info.n_new && info.lora != NO_ADAPTER {
                 let m = array<vec2<u32>, 3>(target_meta(info.lora, 0u), target_meta(info.lora, 1u), target_meta(info.lora, 2u));
@@ -141,9 +153,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var inv = vec4<f32>(1.0);
     if NORM { inv = inv_rms(rows, lane); }
     let base = g.x * SLOT_FLOATS;
-    // a lane per (target, rank): it sums its row of A against each token's (normed) x over every
-    // input, four at a time in order; a token's x has one address for all lanes
-    for (var p = lane; p < h.x + h.y + h.z; p += WG) {
+    let total = h.x + h.y + h.z;
+    // rows of A (target, rank) a pass of the grid row takes: WG / SLICES a workgroup
+    let per_wg = WG / SLICES;
+    let slice = lane % SLICES;
+    // a lane per (row of A, slice of the inputs): it sums its slice (inputs slice, slice + SLICES,
+    // ... in vec4s, in order) against each token's (normed) x; a token's x has one address for
+    // all lanes of a slice. Every lane runs every pass (the slices meet through barriers).
+    for (var p0 = wid.x * per_wg; p0 < total; p0 += nwg.x * per_wg) {
+        let p = p0 + lane / SLICES;
+        let live = p < total;
         var i = 0u;
         var j = p;
         if j >= h.x {
@@ -154,23 +173,50 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 j -= h.y;
             }
         }
-        let a0 = base + (i * MAX_RANK + j) * K;
         var acc0 = vec4<f32>(0.0);
         var acc1 = vec4<f32>(0.0);
         var acc2 = vec4<f32>(0.0);
         var acc3 = vec4<f32>(0.0);
-        for (var k4 = 0u; k4 < K / 4u; k4++) {
-            let a = ab4(a0 + 4u * k4);
-            let xs = inputs4(rows, k4, inv);
-            acc0 = fma(a, xs[0], acc0);
-            acc1 = fma(a, xs[1], acc1);
-            acc2 = fma(a, xs[2], acc2);
-            acc3 = fma(a, xs[3], acc3);
+        if live {
+            let a0 = base + (i * MAX_RANK + j) * K;
+            for (var k4 = slice; k4 < K / 4u; k4 += SLICES) {
+                let a = ab4(a0 + 4u * k4);
+                let xs = inputs4(rows, k4, inv);
+                acc0 = fma(a, xs[0], acc0);
+                acc1 = fma(a, xs[1], acc1);
+                acc2 = fma(a, xs[2], acc2);
+                acc3 = fma(a, xs[3], acc3);
+            }
         }
-        let at = 8u + i * MAX_RANK + j;
-        ax[t.x * AX_STRIDE + at] = bitcast<u32>((acc0.x + acc0.y) + (acc0.z + acc0.w));
-        if count > 1u { ax[t.y * AX_STRIDE + at] = bitcast<u32>((acc1.x + acc1.y) + (acc1.z + acc1.w)); }
-        if count > 2u { ax[t.z * AX_STRIDE + at] = bitcast<u32>((acc2.x + acc2.y) + (acc2.z + acc2.w)); }
-        if count > 3u { ax[t.w * AX_STRIDE + at] = bitcast<u32>((acc3.x + acc3.y) + (acc3.z + acc3.w)); }
+        if SLICES > 1u {
+            // the slices' sums of each row, added in a fixed tree (strides SLICES / 2 .. 1)
+            slice_sums[lane] = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
+            for (var stride = SLICES / 2u; stride > 0u; stride /= 2u) {
+                workgroupBarrier();
+                if slice < stride {
+                    let other = slice_sums[lane + stride];
+                    var mine = slice_sums[lane];
+                    mine[0] += other[0];
+                    mine[1] += other[1];
+                    mine[2] += other[2];
+                    mine[3] += other[3];
+                    slice_sums[lane] = mine;
+                }
+            }
+            workgroupBarrier();
+            let sums = slice_sums[lane];
+            acc0 = sums[0];
+            acc1 = sums[1];
+            acc2 = sums[2];
+            acc3 = sums[3];
+            workgroupBarrier();  // the next pass writes slice_sums again
+        }
+        if live && slice == 0u {
+            let at = 8u + i * MAX_RANK + j;
+            ax[t.x * AX_STRIDE + at] = bitcast<u32>((acc0.x + acc0.y) + (acc0.z + acc0.w));
+            if count > 1u { ax[t.y * AX_STRIDE + at] = bitcast<u32>((acc1.x + acc1.y) + (acc1.z + acc1.w)); }
+            if count > 2u { ax[t.z * AX_STRIDE + at] = bitcast<u32>((acc2.x + acc2.y) + (acc2.z + acc2.w)); }
+            if count > 3u { ax[t.w * AX_STRIDE + at] = bitcast<u32>((acc3.x + acc3.y) + (acc3.z + acc3.w)); }
+        }
     }
 }

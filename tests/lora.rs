@@ -565,9 +565,10 @@ fn half_adapters_give_the_reference_of_their_rounded_values() {
 /// model and three adapters (ranks 1, 8 and 64) gives each adapted row the CPU reference's logits
 /// at every position, and the base row the bits of the same kernel without adapter slots. Rows
 /// are fed 13 tokens a step (the tiled kernel's many-token steps), then one (decoding). The
-/// kernels that give the portable bits (wide, wide-subgroup, tiled) give them with adapters too.
-/// (tests/fast_paths.rs and fusion.rs hold the base products of each kernel to each other; this
-/// test is the epilogue's.)
+/// kernels that give the portable bits (wide, wide-subgroup, tiled) give them with adapters too,
+/// and under the GPU shapes (subgroup, workgroup: `A x` split over lanes) a row alone has its
+/// bits in the batch. (tests/fast_paths.rs and fusion.rs hold the base products of each kernel
+/// to each other; this test is the epilogue's.)
 #[test]
 fn every_product_kernel_adds_the_adapters_as_its_epilogue() {
     use kvdecode::{Fusion, Gpu, GpuOptions, MatmulKernel};
@@ -602,7 +603,8 @@ fn every_product_kernel_adds_the_adapters_as_its_epilogue() {
         kernels.push((&fast, MatmulKernel::WideSubgroup, Fusion::ALL));
         kernels.push((&fast, MatmulKernel::WideSubgroup, Fusion::NONE));
     }
-    let run = |gpu: &Gpu, matmul, fusion, slots: usize| {
+    // rows `rows` (of the 4 prompts, each on its adapter of ADAPTERS) fed together
+    let run = |gpu: &Gpu, matmul, fusion, slots: usize, rows: &[usize]| {
         let opts = EngineOptions {
             matmul: Some(matmul),
             fusion: Some(fusion),
@@ -612,25 +614,25 @@ fn every_product_kernel_adds_the_adapters_as_its_epilogue() {
         };
         let mut e = Engine::new(gpu, &w, opts).unwrap();
         assert_eq!(e.matmul_kernel(), matmul);
-        let rows: Vec<usize> = (0..4).collect();
         if slots > 0 {
             for (name, a) in ADAPTERS.iter().flatten().zip(&adapters) {
                 e.load_lora(name, a).unwrap();
             }
         }
-        let names = if slots > 0 { Some(&ADAPTERS[..]) } else { None };
-        let head: Vec<Vec<u32>> = prompts.iter().map(|p| p[..26].to_vec()).collect();
-        let tail: Vec<Vec<u32>> = prompts.iter().map(|p| p[26..].to_vec()).collect();
-        let mut got = side_by_side(&mut e, &rows, &head, 13, names);
-        for (g, more) in got.iter_mut().zip(side_by_side(&mut e, &rows, &tail, 1, None)) {
+        let names: Vec<Option<&str>> = rows.iter().map(|&r| ADAPTERS[r]).collect();
+        let names = (slots > 0).then_some(&names[..]);
+        let head: Vec<Vec<u32>> = rows.iter().map(|&r| prompts[r][..26].to_vec()).collect();
+        let tail: Vec<Vec<u32>> = rows.iter().map(|&r| prompts[r][26..].to_vec()).collect();
+        let mut got = side_by_side(&mut e, rows, &head, 13, names);
+        for (g, more) in got.iter_mut().zip(side_by_side(&mut e, rows, &tail, 1, None)) {
             g.extend(more);
         }
         got
     };
     let mut portable_bits = None;
     for (gpu, matmul, fusion) in kernels {
-        let got = run(gpu, matmul, fusion, 3);
-        let plain = run(gpu, matmul, fusion, 0);
+        let got = run(gpu, matmul, fusion, 3, &[0, 1, 2, 3]);
+        let plain = run(gpu, matmul, fusion, 0, &[0, 1, 2, 3]);
         let name = format!("{matmul:?} fusing {}", fusion.name());
         assert!(got[0] == plain[0], "{name}: the base row differs from the engine without slots");
         // integer-dot products round the activations to 8 bits (llama.cpp's accuracy): their
@@ -643,6 +645,12 @@ fn every_product_kernel_adds_the_adapters_as_its_epilogue() {
             let d = max_abs_diff(&got[r], &want[r]);
             println!("{name}: row {r} ({:?}) vs the reference {d:.1e}", ADAPTERS[r]);
             assert!(d <= tolerance, "{name}: row {r} ({:?}) {d} > {tolerance}", ADAPTERS[r]);
+        }
+        // the GPU shapes split A's rows over lanes (lora.wgsl's SLICES): a row alone has its bits
+        // in the batch there too (the default kernels' are tests above)
+        if matches!(matmul, MatmulKernel::Subgroup | MatmulKernel::Workgroup) {
+            let alone = run(gpu, matmul, fusion, 3, &[3]).remove(0);
+            assert!(alone == got[3], "{name}: row 3 alone differs from row 3 in the batch");
         }
         match matmul {
             MatmulKernel::Portable if fusion == Fusion::ALL => portable_bits = Some(got),

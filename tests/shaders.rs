@@ -97,6 +97,8 @@ fn variants(kernel: Kernel) -> Vec<(&'static str, f64)> {
         Kernel::Embed => WEIGHT_FORMATS.to_vec(),
         // integer-dot products: Q4_0, Q4_1 (Q8_0 is required()'s), a gated activation
         Kernel::MatmulInt => vec![("W_FORMAT", 3.0), ("W_FORMAT", 4.0), ("MLP_ACT", 3.0)],
+        // LoRA's A x with its rows' inputs split over 8 lanes (the GPUs' shape)
+        Kernel::Lora => vec![("SLICES", 8.0)],
         _ => vec![],
     }
 }

@@ -72,6 +72,10 @@ pub struct Args {
     /// table's bar, below which a dispatch's loop must be short.
     #[arg(long, default_value_t = 132)]
     occupancy_sms: u64,
+    /// The occupancy table's engines hold 4 LoRA adapter slots of this rank (0: none): their
+    /// `A x` dispatches and the products' epilogue join the step.
+    #[arg(long, default_value_t = 0)]
+    occupancy_lora_rank: usize,
     /// Tables to print: throughput, profile, attention, multistep, prefix; and, only when named,
     /// weights (a full weight update against `queue.write_buffer` of the same bytes, memory over
     /// many updates and sleep/wake cycles), formats (the model's weights in each block format:
@@ -292,6 +296,7 @@ pub fn run(a: Args) -> Result<()> {
             ctx: &a.occupancy_ctx,
             sms: a.occupancy_sms,
             max_alone: 64,
+            lora_rank: a.occupancy_lora_rank,
         };
         let on = if a.occupancy_on == "adapter" { gpu.clone() } else { Gpu::dry_run(32)? };
         json.extend(crate::bench_occupancy::occupancy_table(&on, &shapes)?);

@@ -18,6 +18,8 @@ pub struct Shapes<'a> {
     pub sms: u64,
     /// Serial iterations a thread may run in a dispatch below `sms` workgroups.
     pub max_alone: usize,
+    /// Engines with 4 LoRA slots of this rank (0: none).
+    pub lora_rank: usize,
 }
 
 /// The two samplers of the table: greedy, and a draw with top-p and the 5 most likely tokens
@@ -44,11 +46,18 @@ pub fn occupancy_table(gpu: &Gpu, s: &Shapes) -> Result<serde_json::Map<String, 
     for name in s.models {
         let (model, _) = load_model(name)?;
         let engine = |rows: usize, ctx: usize| {
-            Engine::new(gpu, &model, EngineOptions { beyond_trained_context: true, ..EngineOptions::new(rows, ctx) })
+            let opts = EngineOptions {
+                beyond_trained_context: true,
+                max_loras: if s.lora_rank > 0 { 4 } else { 0 },
+                max_lora_rank: s.lora_rank.max(1),
+                ..EngineOptions::new(rows, ctx)
+            };
+            Engine::new(gpu, &model, opts)
         };
         let first = engine(s.rows[0], s.ctx[0])?;
         println!(
-            "\n{name}: matmul {}, attention {}, fused: {}, sampling: {}",
+            "\n{name}{}: matmul {}, attention {}, fused: {}, sampling: {}",
+            if s.lora_rank > 0 { format!(" with 4 LoRA slots of rank {}", s.lora_rank) } else { String::new() },
             first.matmul_kernel().name(),
             first.attention_kernel().name(),
             first.fusion().name(),

@@ -297,13 +297,17 @@ impl Builder<'_> {
             meta0: layer * g.slots * LoraTarget::ALL.len() + group.targets()[0] as usize,
             norm: norm.map(|w| kernels::FusedNorm { weight: w.is_some(), eps: self.cfg.norm_eps }),
             half: g.half,
+            // the GPU shapes' products (subgroup, workgroup) say a GPU: there a row of A walked
+            // by one lane would be the step's longest chain of loads; a CPU adapter's lanes run
+            // one after another, and take whole rows
+            slices: if self.subgroup.is_some() || self.workgroup_reduce { kernels::LORA_SLICES_GPU } else { 1 },
         };
         let s = self.s;
         let norm_w = norm.flatten().unwrap_or(&s.dummy);
         Some(self.dispatch(
             &spec,
             &[&s.step, &s.row_info, x, &s.lora_ax, &buf.buffer, &g.meta, norm_w, &s.lora_groups],
-            Grid::TokenTiles(1),
+            Grid::TokenTiles(spec.row_chunks()),
         ))
     }
 

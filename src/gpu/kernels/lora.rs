@@ -25,6 +25,21 @@ pub(crate) struct Lora {
     pub norm: Option<FusedNorm>,
     /// A and B as halves, two to a u32.
     pub half: bool,
+    /// Lanes that split a row of A's inputs (1, or [`LORA_SLICES_GPU`] on GPUs).
+    pub slices: usize,
+}
+
+/// Lanes that split each row of A's inputs on GPUs, where a step is bound by its longest chain
+/// of loads: 8 rows of A a workgroup, each walked in eight strided slices.
+pub(crate) const LORA_SLICES_GPU: usize = 8;
+
+impl Lora {
+    /// Workgroups along x per token (they share the rows of A): as many as the group's targets
+    /// at the slots' largest rank fill.
+    pub(crate) fn row_chunks(&self) -> usize {
+        let per_wg = self.workgroup_size() as usize / self.slices;
+        (self.targets * self.max_rank).div_ceil(per_wg)
+    }
 }
 
 impl Specialize for Lora {
@@ -40,6 +55,7 @@ impl Specialize for Lora {
             .count("SLOT_FLOATS", self.slot_floats)
             .count("META0", self.meta0)
             .count("AX_STRIDE", ax_stride(self.max_rank))
+            .count("SLICES", self.slices)
             .flag("AB_HALF", self.half);
         if let Some(n) = self.norm {
             o = o.flag("NORM", true).flag("NORM_WEIGHT", n.weight).float("EPS", n.eps);
@@ -48,16 +64,26 @@ impl Specialize for Lora {
     }
     fn label(&self) -> String {
         let normed = if self.norm.is_some() { "_normed" } else { "" };
-        format!("lora_ax_{}x{}_r{}{normed}{}", self.targets, self.k, self.max_rank, if self.half { "_f16" } else { "" })
+        let sliced = if self.slices > 1 { format!("_s{}", self.slices) } else { String::new() };
+        format!(
+            "lora_ax_{}x{}_r{}{normed}{sliced}{}",
+            self.targets,
+            self.k,
+            self.max_rank,
+            if self.half { "_f16" } else { "" }
+        )
     }
-    /// A workgroup per token (its head) and per group of up to 4 tokens of one adapter, at the
-    /// slots' largest rank: a lane per (target, rank) sums A x over the inputs for the group's
-    /// tokens, four inputs an iteration (after the norm's sums and tree), each load of A serving
-    /// the group (so a token's share of A's bytes is a quarter, where rows share adapters).
+    /// Per token, `row_chunks` workgroups (the first writes its head) and per group of up to 4
+    /// tokens of one adapter, at the slots' largest rank: a lane per (row of A, slice) sums its
+    /// slice of the inputs for the group's tokens, four inputs an iteration (after the norm's sums
+    /// and tree), then the slices' tree; each load of A serves the group (so a token's share of
+    /// A's bytes is a quarter, where rows share adapters).
     fn work(&self) -> Work {
         let wg = self.workgroup_size() as usize;
         let norm = if self.norm.is_some() { self.k.div_ceil(wg) + super::work::levels(wg) } else { 0 };
-        let a = (self.targets * self.max_rank).div_ceil(wg) * self.k.div_ceil(4);
+        let per_wg = wg / self.slices;
+        let passes = (self.targets * self.max_rank).div_ceil(per_wg * self.row_chunks());
+        let a = passes * (self.k.div_ceil(4).div_ceil(self.slices) + super::work::levels(self.slices));
         let value_bytes = if self.half { 2 } else { 4 };
         let reads = value_bytes * self.targets * self.max_rank * self.k / 4;
         Work::flat(a + norm, 4 * self.k + reads + 4 * ax_stride(self.max_rank))

@@ -14,7 +14,7 @@ mod sample;
 mod work;
 pub(crate) use attention::{Attention, AttentionShape, AttentionSplit, FusedRope, KvWrite, QkRope};
 pub(crate) use engram::{EngramGather, EngramMix};
-pub(crate) use lora::{ax_stride, Lora, LoraEpilogue};
+pub(crate) use lora::{ax_stride, Lora, LoraEpilogue, LORA_SLICES_GPU};
 pub(crate) use moe::{ExpertProduct, MoeRoute, RouteSlots};
 pub(crate) use sample::{LogitBias, Sample, SampleStage, RADIX_PASSES, SAMPLE_MAX_PER_THREAD};
 pub(crate) use work::{At, Work};

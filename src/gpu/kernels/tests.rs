@@ -155,6 +155,7 @@ fn samples() -> Vec<Box<dyn Specialize>> {
             meta0: 0,
             norm: Some(FusedNorm { weight: true, eps: 1e-6 }),
             half: true,
+            slices: 8,
         }),
     ]
 }
