@@ -1,5 +1,6 @@
 // Prepended to every kernel by `src/gpu/shaders.rs` (the one mechanism for shared WGSL code).
-// Only types and functions live here: bindings and override constants belong to each kernel.
+// Only types, functions and tree_sum's workgroup memory live here: bindings and override
+// constants belong to each kernel.
 
 // Written once per chunk: the shape of the right-padded chunk being appended.
 struct Step {
@@ -29,6 +30,26 @@ struct RowInfo {
     lora: u32,         // the LoRA adapter slot the row decodes with (NO_ADAPTER: the base model)
     next_id: u32,      // sample.wgsl's SCORE: the token after this chunk's last (NO_TOKEN: none)
     _pad2: u32,
+}
+
+// tree_sum's lanes' values, then its tree's sums (a module's entry points hold it only if they
+// call tree_sum; naga takes no pointer to workgroup memory as an argument, hence one array here).
+var<workgroup> tree_sums: array<vec4<f32>, 64>;
+
+// The sum of every lane's `v` over a workgroup's first `lanes` lanes (a power of 2, at most 64),
+// in one fixed tree (strides lanes / 2 .. 1: rmsnorm.wgsl's, four values at once), returned to
+// every lane. Every lane calls it (barriers); the last barrier lets a later call overwrite
+// tree_sums once all have read the sum.
+fn tree_sum(v: vec4<f32>, lane: u32, lanes: u32) -> vec4<f32> {
+    tree_sums[lane] = v;
+    for (var stride = lanes / 2u; stride > 0u; stride /= 2u) {
+        workgroupBarrier();
+        if lane < stride { tree_sums[lane] += tree_sums[lane + stride]; }
+    }
+    workgroupBarrier();
+    let sum = tree_sums[0];
+    workgroupBarrier();
+    return sum;
 }
 
 // RowInfo.lora of a row on the base model.

@@ -60,8 +60,6 @@ override AB_HALF: bool = false;      // A and B as halves, two to a u32 (EngineO
 
 // the group's slot and token count, the slot's ranks of the group's targets, and its tokens
 var<workgroup> group: array<vec4<u32>, 3>;
-// NORM: rmsnorm.wgsl's lanes' sums of squares of the group's 4 tokens, then its tree's
-var<workgroup> lane_sums: array<vec4<f32>, 64>;
 // SLICES > 1: each lane's sums of the group's 4 tokens, then the slices' tree's (4 KiB)
 var<workgroup> slice_sums: array<array<vec4<f32>, 4>, 64>;
 
@@ -79,13 +77,7 @@ fn inv_rms(rows: vec4<u32>, lane: u32) -> vec4<f32> {
             x[rows.w + d / 4u][d % 4u]);
         ss = fma(v, v, ss);  // explicit fma: see dot_fma in common.wgsl
     }
-    lane_sums[lane] = ss;
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if lane < stride { lane_sums[lane] += lane_sums[lane + stride]; }
-    }
-    workgroupBarrier();
-    return inverseSqrt(lane_sums[0] / f32(K) + EPS);
+    return inverseSqrt(tree_sum(ss, lane, WG) / f32(K) + EPS);
 }
 
 // The x of the tokens at row bases `rows` at k4, normed with NORM: x * inv * norm_w,

@@ -55,8 +55,6 @@ const STAGE: u32 = 1024u;
 var<workgroup> staged: array<vec4<f32>, STAGE>;
 // rmsnorm.wgsl's lanes: a fused norm sums as they do, so it gives the same bits.
 const NORM_LANES: u32 = 64u;
-// NORM: the lanes' sums of squares of the workgroup's 4 tokens, then their tree.
-var<workgroup> square_sums: array<vec4<f32>, NORM_LANES>;
 
 fn w4(o: u32, k4: u32) -> vec4<f32> {
     if W_EXT32 {
@@ -240,15 +238,7 @@ fn inv_rms(b: vec4<u32>, lane: u32) -> vec4<f32> {
             x[b.w + d / 4u][d % 4u]);
         ss = fma(v, v, ss);  // explicit fma: see dot_fma in common.wgsl
     }
-    square_sums[lane] = ss;
-    for (var stride = NORM_LANES / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if lane < stride { square_sums[lane] += square_sums[lane + stride]; }
-    }
-    workgroupBarrier();
-    let inv = inverseSqrt(square_sums[0] / f32(K) + EPS);
-    workgroupBarrier();  // everyone has read the sum before a later call overwrites it
-    return inv;
+    return inverseSqrt(tree_sum(ss, lane, NORM_LANES) / f32(K) + EPS);
 }
 
 // The epilogue's input: outputs o (and with a gated MLP_ACT, their up-projection partners).

@@ -7,19 +7,9 @@
 // rmsnorm.wgsl's tree (inv_rms): the values the norm kernel would have written, so fused and
 // unfused give the same bits.
 
-var<workgroup> lane_sums: array<vec4<f32>, 64>;  // [WG] each lane's partial sums of the 4 tokens
-
 // The workgroup's sum of every lane's `v`, in the fixed tree. Every lane calls it (barriers).
 fn sum_lanes(v: vec4<f32>, lane: u32) -> vec4<f32> {
-    lane_sums[lane] = v;
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if lane < stride { lane_sums[lane] += lane_sums[lane + stride]; }
-    }
-    workgroupBarrier();
-    let sum = lane_sums[0];
-    workgroupBarrier();  // everyone has read the sum before a later call overwrites it
-    return sum;
+    return tree_sum(v, lane, WG);
 }
 
 @compute @workgroup_size(WG)

@@ -283,7 +283,7 @@ impl Builder<'_> {
                     act: io.act,
                     bias: p.bias.is_some(),
                     lanes,
-                    lora: io.lora.map(|l| self.lora_epilogue(l, p.row_start, gated, w.parts.len())),
+                    lora: io.lora.map(|l| self.lora_epilogue(l, p.row_start)),
                 };
                 let norm_w = io.norm.flatten().unwrap_or(&self.s.dummy);
                 let bias = p.bias.as_ref().unwrap_or(&self.s.dummy);

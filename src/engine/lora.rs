@@ -318,16 +318,9 @@ impl Builder<'_> {
         Some(LoraIo { group: buf, row0: buf.rows[..first].iter().sum() })
     }
 
-    /// The epilogue's constants for a part of a matrix (`row_start`: its first row; `gated`:
-    /// the product pairs output o's gate row with its up row, one part).
-    pub(super) fn lora_epilogue(
-        &self,
-        l: LoraIo,
-        row_start: usize,
-        gated: bool,
-        parts: usize,
-    ) -> kernels::LoraEpilogue {
-        debug_assert!(!gated || parts == 1, "a gated activation is fused into one part only");
+    /// The epilogue's constants for a part of a matrix starting at its row `row_start` (a gated
+    /// product's one part starts at 0: its up rows follow its gate rows, as the group's do).
+    pub(super) fn lora_epilogue(&self, l: LoraIo, row_start: usize) -> kernels::LoraEpilogue {
         let g = self.gw.lora.as_ref().expect("an epilogue comes from the engine's adapters");
         let rows = &l.group.rows;
         kernels::LoraEpilogue {
