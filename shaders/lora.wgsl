@@ -13,21 +13,23 @@
 // four times over). With NORM, x is the residual stream and the kernel reads its RMS norm,
 // x * inv [* norm_w], with each token's inv summed by rmsnorm.wgsl's 64 lanes and tree: the
 // values the norm kernel would have written, so the block's norm stays fused into its products.
-// Then a lane per (target, rank) sums its row of A against each token's normed x over every
-// input, four at a time in order (every input width is a multiple of 4), the four sums added last
-// as (x + y) + (z + w). With SLICES > 1 (GPUs: `Builder::lora`), SLICES lanes split a row's
-// inputs (lane s takes vec4s s, s + SLICES, ..., neighbouring lanes neighbouring words) and their
-// sums meet in a fixed tree, and the grid's workgroups along x share the rows of A, so no lane
-// walks a whole row alone (a workgroup per group walked 144 to 384 vec4s on SmolLM2's shape,
+// Then a lane per four rows of A (targets' ranks one after another) sums each row against each
+// token's normed x over every input, four at a time in order (every input width is a multiple of
+// 4), the four sums added last as (x + y) + (z + w); each input vec4 of the group's tokens is
+// loaded and normed once for the four rows. With SLICES > 1 (GPUs: `Builder::lora`), a lane takes
+// one row, SLICES lanes split its inputs (lane s takes vec4s s, s + SLICES, ..., neighbouring
+// lanes neighbouring words) and their sums meet in a fixed tree, and the grid's workgroups along
+// x share the rows of A, so no lane walks a whole row alone (a workgroup per group walked 144 to 384 vec4s on SmolLM2's shape,
 // the longest loop of the step, in 16 workgroups). A token's sums have one order whatever its
 // group (it depends on the shapes and SLICES only): its bits are the same in any batch, with any
 // adapters beside it, in any chunking.
 //
-// Why this shape: a CPU adapter (lavapipe) gathers a lane's loads one by one and a GPU coalesces
-// 16-byte loads, so values are read four at a time (A and x); a token's x has one address for all
-// lanes, so one load serves every lane; no lane waits on another's partial sums; and the group's
-// tokens sit in four named accumulators (lavapipe keeps an indexed private array in memory). With
-// AB_HALF the values are halves (EngineOptions::lora_dtype): the same sums of the rounded values.
+// Why this shape: a CPU adapter (lavapipe) gathers a lane's loads one by one, even where every
+// lane reads one address (a token's x), so a lane shares each x load among four rows there; a GPU
+// coalesces 16-byte loads and broadcasts one address to every lane, so values are read four at a
+// time (A and x); no lane waits on another's partial sums; and the group's tokens sit in named
+// accumulators (lavapipe keeps an indexed private array in memory). With AB_HALF the values are
+// halves (EngineOptions::lora_dtype): the same sums of the rounded values.
 
 override K: u32;              // input features
 override X_STRIDE: u32;       // floats per token row of x
@@ -61,7 +63,7 @@ override AB_HALF: bool = false;      // A and B as halves, two to a u32 (EngineO
 // the group's slot and token count, the slot's ranks of the group's targets, and its tokens
 var<workgroup> group: array<vec4<u32>, 3>;
 // SLICES > 1: each lane's sums of the group's 4 tokens, then the slices' tree's (4 KiB)
-var<workgroup> slice_sums: array<array<vec4<f32>, 4>, 64>;
+var<workgroup> slice_sums: array<mat4x4<f32>, 64>;
 
 // Values `i .. i + 4` of `ab` (i a multiple of 4).
 fn ab4(i: u32) -> vec4<f32> {
@@ -146,6 +148,31 @@ fn main(
     if NORM { inv = inv_rms(rows, lane); }
     let base = g.x * SLOT_FLOATS;
     let total = h.x + h.y + h.z;
+    if SLICES == 1u {
+        // a lane per four rows of A, each input vec4 of the four tokens loaded (and normed) once
+        // for the four: lavapipe loads storage lane by lane, even at one address for all lanes
+        for (var p = (wid.x * WG + lane) * 4u; p < total; p += nwg.x * WG * 4u) {
+            let q = min(vec4<u32>(p) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(total - 1u));
+            let a = vec4<u32>(row_start(base, h, q.x), row_start(base, h, q.y), row_start(base, h, q.z),
+                row_start(base, h, q.w));
+            var acc0 = mat4x4<f32>();
+            var acc1 = mat4x4<f32>();
+            var acc2 = mat4x4<f32>();
+            var acc3 = mat4x4<f32>();
+            for (var k4 = 0u; k4 < K / 4u; k4++) {
+                let xs = inputs4(rows, k4, inv);
+                acc0 = fma4(ab4(a.x + 4u * k4), xs, acc0);
+                acc1 = fma4(ab4(a.y + 4u * k4), xs, acc1);
+                acc2 = fma4(ab4(a.z + 4u * k4), xs, acc2);
+                acc3 = fma4(ab4(a.w + 4u * k4), xs, acc3);
+            }
+            store_row(h, p, t, count, acc0);
+            if p + 1u < total { store_row(h, p + 1u, t, count, acc1); }
+            if p + 2u < total { store_row(h, p + 2u, t, count, acc2); }
+            if p + 3u < total { store_row(h, p + 3u, t, count, acc3); }
+        }
+        return;
+    }
     // rows of A (target, rank) a pass of the grid row takes: WG / SLICES a workgroup
     let per_wg = WG / SLICES;
     let slice = lane % SLICES;
@@ -155,60 +182,48 @@ fn main(
     for (var p0 = wid.x * per_wg; p0 < total; p0 += nwg.x * per_wg) {
         let p = p0 + lane / SLICES;
         let live = p < total;
-        var i = 0u;
-        var j = p;
-        if j >= h.x {
-            i = 1u;
-            j -= h.x;
-            if j >= h.y {
-                i = 2u;
-                j -= h.y;
-            }
-        }
-        var acc0 = vec4<f32>(0.0);
-        var acc1 = vec4<f32>(0.0);
-        var acc2 = vec4<f32>(0.0);
-        var acc3 = vec4<f32>(0.0);
+        var acc = mat4x4<f32>();
         if live {
-            let a0 = base + (i * MAX_RANK + j) * K;
+            let a0 = row_start(base, h, p);
             for (var k4 = slice; k4 < K / 4u; k4 += SLICES) {
-                let a = ab4(a0 + 4u * k4);
-                let xs = inputs4(rows, k4, inv);
-                acc0 = fma(a, xs[0], acc0);
-                acc1 = fma(a, xs[1], acc1);
-                acc2 = fma(a, xs[2], acc2);
-                acc3 = fma(a, xs[3], acc3);
+                acc = fma4(ab4(a0 + 4u * k4), inputs4(rows, k4, inv), acc);
             }
         }
-        if SLICES > 1u {
-            // the slices' sums of each row, added in a fixed tree (strides SLICES / 2 .. 1)
-            slice_sums[lane] = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
-            for (var stride = SLICES / 2u; stride > 0u; stride /= 2u) {
-                workgroupBarrier();
-                if slice < stride {
-                    let other = slice_sums[lane + stride];
-                    var mine = slice_sums[lane];
-                    mine[0] += other[0];
-                    mine[1] += other[1];
-                    mine[2] += other[2];
-                    mine[3] += other[3];
-                    slice_sums[lane] = mine;
-                }
-            }
+        // the slices' sums of each row, added in a fixed tree (strides SLICES / 2 .. 1)
+        slice_sums[lane] = acc;
+        for (var stride = SLICES / 2u; stride > 0u; stride /= 2u) {
             workgroupBarrier();
-            let sums = slice_sums[lane];
-            acc0 = sums[0];
-            acc1 = sums[1];
-            acc2 = sums[2];
-            acc3 = sums[3];
-            workgroupBarrier();  // the next pass writes slice_sums again
+            if slice < stride {
+                slice_sums[lane] += slice_sums[lane + stride];
+            }
         }
-        if live && slice == 0u {
-            let at = 8u + i * MAX_RANK + j;
-            ax[t.x * AX_STRIDE + at] = bitcast<u32>((acc0.x + acc0.y) + (acc0.z + acc0.w));
-            if count > 1u { ax[t.y * AX_STRIDE + at] = bitcast<u32>((acc1.x + acc1.y) + (acc1.z + acc1.w)); }
-            if count > 2u { ax[t.z * AX_STRIDE + at] = bitcast<u32>((acc2.x + acc2.y) + (acc2.z + acc2.w)); }
-            if count > 3u { ax[t.w * AX_STRIDE + at] = bitcast<u32>((acc3.x + acc3.y) + (acc3.z + acc3.w)); }
-        }
+        workgroupBarrier();
+        let sums = slice_sums[lane];
+        workgroupBarrier();  // the next pass writes slice_sums again
+        if live && slice == 0u { store_row(h, p, t, count, sums); }
     }
+}
+
+// The first value in `ab` of row p of the group's A (targets' rows one after another, each
+// target's `h[i]` ranks; slot base `base`).
+fn row_start(base: u32, h: vec4<u32>, p: u32) -> u32 {
+    let i = select(0u, 1u, p >= h.x) + select(0u, 1u, p >= h.x + h.y);
+    let j = p - select(0u, h.x, i > 0u) - select(0u, h.y, i > 1u);
+    return base + (i * MAX_RANK + j) * K;
+}
+
+// acc's columns (the group's four tokens) plus a times each token's inputs xs.
+fn fma4(a: vec4<f32>, xs: mat4x4<f32>, acc: mat4x4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(fma(a, xs[0], acc[0]), fma(a, xs[1], acc[1]), fma(a, xs[2], acc[2]), fma(a, xs[3], acc[3]));
+}
+
+// Row p's `A x` of the group's `count` tokens t (their vec4 sums, added as (x + y) + (z + w)).
+fn store_row(h: vec4<u32>, p: u32, t: vec4<u32>, count: u32, acc: mat4x4<f32>) {
+    let i = select(0u, 1u, p >= h.x) + select(0u, 1u, p >= h.x + h.y);
+    let j = p - select(0u, h.x, i > 0u) - select(0u, h.y, i > 1u);
+    let at = 8u + i * MAX_RANK + j;
+    ax[t.x * AX_STRIDE + at] = bitcast<u32>((acc[0].x + acc[0].y) + (acc[0].z + acc[0].w));
+    if count > 1u { ax[t.y * AX_STRIDE + at] = bitcast<u32>((acc[1].x + acc[1].y) + (acc[1].z + acc[1].w)); }
+    if count > 2u { ax[t.z * AX_STRIDE + at] = bitcast<u32>((acc[2].x + acc[2].y) + (acc[2].z + acc[2].w)); }
+    if count > 3u { ax[t.w * AX_STRIDE + at] = bitcast<u32>((acc[3].x + acc[3].y) + (acc[3].z + acc[3].w)); }
 }

@@ -341,6 +341,11 @@ fn wide_outputs(o: u32, n0: u32, n_total: u32, b: vec4<u32>, tokens: u32, inv: v
         var r_hi = r + O_ROWS;
         if !GATED { r_hi = min(r + 4u, vec4<u32>(O_ROWS - 1u)); }
         let acc = dots_rows8(r, r_hi, b, tokens, inv, me);
+        if LORA {
+            // the adapters' epilogue four outputs at a time (matmul_lora.wgsl)
+            store_lora_rows(o + j, n0, n_total, acc, tokens);
+            continue;
+        }
         // rows 0..3 are outputs; 4..7 their up rows (gated) or four more outputs
         for (var i = 0u; i < step_outs && o + j + i < O_ROWS; i++) {
             let up = select(vec4<f32>(0.0), acc[(4u + i) % 8u], GATED);

@@ -38,7 +38,9 @@ fn lora_add(n: u32, t: u32, g: u32, v: f32) -> f32 {
     let at = n * (LORA_AX / 4u);
     let head = lora_ax[at];
     if head.x == NO_ADAPTER { return v; }
-    let rank = head[t + 1u];
+    // components picked by select, not by index: lavapipe keeps a dynamically indexed vector in
+    // memory, lane by lane
+    let rank = select(select(head.y, head.z, t == 1u), head.w, t == 2u);
     if rank == 0u { return v; }  // this adapter leaves the target alone
     let first = select(select(0u, LORA_T1, t == 1u), LORA_T2, t == 2u);
     let b0 = head.x * LORA_SLOT + LORA_B0 + first * LORA_RANK + (g - first) * rank;
@@ -57,7 +59,8 @@ fn lora_add(n: u32, t: u32, g: u32, v: f32) -> f32 {
             acc = fma(lora_value(lora_ab[lora_word(i, LORA_HALF)], i, LORA_HALF), bitcast<f32>(lora_ax[ax0 + j / 4u][j % 4u]), acc);
         }
     }
-    let scale = bitcast<f32>(lora_ax[at + 1u][t]);
+    let scales = lora_ax[at + 1u];
+    let scale = bitcast<f32>(select(select(scales.x, scales.y, t == 1u), scales.z, t == 2u));
     return fma(scale, acc, v);  // fma: see dot_fma in common.wgsl
 }
 
@@ -65,13 +68,9 @@ fn lora_add(n: u32, t: u32, g: u32, v: f32) -> f32 {
 // and the adapters (before the activation, where the product has one).
 fn store_out(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, up: vec4<f32>, tokens: u32) {
     if LORA && MLP_ACT != 0u {
-        var gate = acc;
+        let gate = lora_add4(n0, n_total, tokens, 0u, LORA_ROW0 + o, acc);
         var up_lora = up;
-        for (var t = 0u; t < tokens; t++) {
-            if n0 + t >= n_total { break; }
-            gate[t] = lora_add(n0 + t, 0u, LORA_ROW0 + o, gate[t]);
-            if GATED { up_lora[t] = lora_add(n0 + t, 1u, LORA_ROW0 + O_ROWS + o, up_lora[t]); }
-        }
+        if GATED { up_lora = lora_add4(n0, n_total, tokens, 1u, LORA_ROW0 + O_ROWS + o, up); }
         store4(o, n0, n_total, apply_act(gate, up_lora), tokens);
         return;
     }
@@ -82,10 +81,150 @@ fn store_out(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, up: vec4<f32>, token
     // after bias, softcap and residual, in one pass: each output is written once
     let g = LORA_ROW0 + o;
     let tg = lora_target(g);
-    for (var t = 0u; t < tokens; t++) {
-        let n = n0 + t;
-        if n >= n_total { break; }
-        let i = n * OUT_STRIDE + OUT_OFFSET + o;
-        y[i] = lora_add(n, tg, g, finish(o, i, acc[t]));
+    lora_store(o, n0, tg, g, acc.x, n0 < n_total);
+    lora_store(o, n0 + 1u, tg, g, acc.y, tokens > 1u && n0 + 1u < n_total);
+    lora_store(o, n0 + 2u, tg, g, acc.z, tokens > 2u && n0 + 2u < n_total);
+    lora_store(o, n0 + 3u, tg, g, acc.w, tokens > 3u && n0 + 3u < n_total);
+}
+
+// Tokens n0 .. n0 + 3's v plus their adapters on the group's B row g of target t, those of the
+// block's `tokens` that exist: a component at a time by name (lavapipe keeps a dynamically
+// indexed vector in memory, lane by lane).
+fn lora_add4(n0: u32, n_total: u32, tokens: u32, t: u32, g: u32, v: vec4<f32>) -> vec4<f32> {
+    var r = v;
+    if n0 < n_total { r.x = lora_add(n0, t, g, v.x); }
+    if tokens > 1u && n0 + 1u < n_total { r.y = lora_add(n0 + 1u, t, g, v.y); }
+    if tokens > 2u && n0 + 2u < n_total { r.z = lora_add(n0 + 2u, t, g, v.z); }
+    if tokens > 3u && n0 + 3u < n_total { r.w = lora_add(n0 + 3u, t, g, v.w); }
+    return r;
+}
+
+// Output o of token n (if `live`): its sum v with bias, softcap and residual, then its adapter.
+fn lora_store(o: u32, n: u32, t: u32, g: u32, v: f32, live: bool) {
+    if !live { return; }
+    let i = n * OUT_STRIDE + OUT_OFFSET + o;
+    y[i] = lora_add(n, t, g, finish(o, i, v));
+}
+
+// wide_outputs' stores with LORA: outputs o .. o + 3 and their up rows (gated), else o .. o + 7,
+// of tokens n0 .., each as store_out stores it (the same operations in the same order: the same
+// bits), with each token's head and `A x` loaded once for four outputs, not once an output
+// (lavapipe loads storage lane by lane, even where every lane reads one address).
+fn store_lora_rows(o: u32, n0: u32, n_total: u32, acc: array<vec4<f32>, 8>, tokens: u32) {
+    let lo = mat4x4<f32>(acc[0], acc[1], acc[2], acc[3]);
+    let hi = mat4x4<f32>(acc[4], acc[5], acc[6], acc[7]);
+    if GATED {
+        store_outs4(o, n0, n_total, lo, hi, tokens);
+        return;
     }
+    store_outs4(o, n0, n_total, lo, mat4x4<f32>(), tokens);
+    store_outs4(o + 4u, n0, n_total, hi, mat4x4<f32>(), tokens);
+}
+
+// Outputs o .. o + 3 (those below O_ROWS) of tokens n0 ..: acc's columns the outputs, their
+// components the tokens (up: the outputs' up rows, gated).
+fn store_outs4(o: u32, n0: u32, n_total: u32, acc: mat4x4<f32>, up: mat4x4<f32>, tokens: u32) {
+    if o >= O_ROWS { return; }
+    let count = min(4u, O_ROWS - o);
+    let g = LORA_ROW0 + o;
+    if MLP_ACT != 0u {
+        let gate = transpose(lora_tokens(n0, n_total, tokens, 0u, g, count, transpose(acc)));
+        var up_lora = up;
+        if GATED { up_lora = transpose(lora_tokens(n0, n_total, tokens, 1u, LORA_ROW0 + O_ROWS + o, count, transpose(up))); }
+        store4(o, n0, n_total, apply_act(gate[0], up_lora[0]), tokens);
+        if count > 1u { store4(o + 1u, n0, n_total, apply_act(gate[1], up_lora[1]), tokens); }
+        if count > 2u { store4(o + 2u, n0, n_total, apply_act(gate[2], up_lora[2]), tokens); }
+        if count > 3u { store4(o + 3u, n0, n_total, apply_act(gate[3], up_lora[3]), tokens); }
+        return;
+    }
+    let t = lora_target(g);
+    if t != lora_target(g + count - 1u) {
+        // the four span two targets (a width not a multiple of 4): one at a time
+        store_out(o, n0, n_total, acc[0], vec4<f32>(0.0), tokens);
+        if count > 1u { store_out(o + 1u, n0, n_total, acc[1], vec4<f32>(0.0), tokens); }
+        if count > 2u { store_out(o + 2u, n0, n_total, acc[2], vec4<f32>(0.0), tokens); }
+        if count > 3u { store_out(o + 3u, n0, n_total, acc[3], vec4<f32>(0.0), tokens); }
+        return;
+    }
+    let by_token = transpose(acc);
+    lora_finish4(o, count, n0, t, g, by_token[0], n0 < n_total);
+    lora_finish4(o, count, n0 + 1u, t, g, by_token[1], tokens > 1u && n0 + 1u < n_total);
+    lora_finish4(o, count, n0 + 2u, t, g, by_token[2], tokens > 2u && n0 + 2u < n_total);
+    lora_finish4(o, count, n0 + 3u, t, g, by_token[3], tokens > 3u && n0 + 3u < n_total);
+}
+
+// The adapters of tokens n0 .. (m's columns; their components B rows g .. g + count - 1 of
+// target t) added to m, those of the block's tokens that exist.
+fn lora_tokens(n0: u32, n_total: u32, tokens: u32, t: u32, g: u32, count: u32, m: mat4x4<f32>) -> mat4x4<f32> {
+    var r = m;
+    if n0 < n_total { r[0] = lora_add_rows(n0, t, g, count, m[0]); }
+    if tokens > 1u && n0 + 1u < n_total { r[1] = lora_add_rows(n0 + 1u, t, g, count, m[1]); }
+    if tokens > 2u && n0 + 2u < n_total { r[2] = lora_add_rows(n0 + 2u, t, g, count, m[2]); }
+    if tokens > 3u && n0 + 3u < n_total { r[3] = lora_add_rows(n0 + 3u, t, g, count, m[3]); }
+    return r;
+}
+
+// Token n's outputs o .. o + count - 1 (if `live`): their sums v with bias, softcap and residual,
+// then the token's adapter on B rows g .., stored.
+fn lora_finish4(o: u32, count: u32, n: u32, t: u32, g: u32, v: vec4<f32>, live: bool) {
+    if !live { return; }
+    let i = n * OUT_STRIDE + OUT_OFFSET + o;
+    var f = v;
+    f.x = finish(o, i, v.x);
+    if count > 1u { f.y = finish(o + 1u, i + 1u, v.y); }
+    if count > 2u { f.z = finish(o + 2u, i + 2u, v.z); }
+    if count > 3u { f.w = finish(o + 3u, i + 3u, v.w); }
+    let r = lora_add_rows(n, t, g, count, f);
+    y[i] = r.x;
+    if count > 1u { y[i + 1u] = r.y; }
+    if count > 2u { y[i + 2u] = r.z; }
+    if count > 3u { y[i + 3u] = r.w; }
+}
+
+// lora_add of token n on B rows g .. g + 3 of target t at once (v: the four outputs; rows from
+// `count` on repeat the last, unstored): each row's sum in lora_add's order, the token's head and
+// `A x` loaded once for the four.
+fn lora_add_rows(n: u32, t: u32, g: u32, count: u32, v: vec4<f32>) -> vec4<f32> {
+    let at = n * (LORA_AX / 4u);
+    let head = lora_ax[at];
+    if head.x == NO_ADAPTER { return v; }
+    let rank = select(select(head.y, head.z, t == 1u), head.w, t == 2u);
+    if rank == 0u { return v; }
+    let first = select(select(0u, LORA_T1, t == 1u), LORA_T2, t == 2u);
+    let b0 = head.x * LORA_SLOT + LORA_B0 + first * LORA_RANK + (g - first) * rank;
+    let b = vec4<u32>(b0) + min(vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(count - 1u)) * rank;
+    let ax0 = at + 2u + t * (LORA_RANK / 4u);
+    var sums = vec4<f32>(0.0);
+    if rank % 4u == 0u {
+        var a0 = vec4<f32>(0.0);
+        var a1 = vec4<f32>(0.0);
+        var a2 = vec4<f32>(0.0);
+        var a3 = vec4<f32>(0.0);
+        for (var j4 = 0u; j4 < rank / 4u; j4++) {
+            let ax = bitcast<vec4<f32>>(lora_ax[ax0 + j4]);
+            a0 = fma(lora_b4(b.x + 4u * j4), ax, a0);
+            a1 = fma(lora_b4(b.y + 4u * j4), ax, a1);
+            a2 = fma(lora_b4(b.z + 4u * j4), ax, a2);
+            a3 = fma(lora_b4(b.w + 4u * j4), ax, a3);
+        }
+        sums = vec4<f32>((a0.x + a0.y) + (a0.z + a0.w), (a1.x + a1.y) + (a1.z + a1.w), (a2.x + a2.y) + (a2.z + a2.w),
+            (a3.x + a3.y) + (a3.z + a3.w));
+    } else {
+        for (var j = 0u; j < rank; j++) {
+            let ax = bitcast<f32>(lora_ax[ax0 + j / 4u][j % 4u]);
+            let bj = vec4<f32>(lora_b(b.x + j), lora_b(b.y + j), lora_b(b.z + j), lora_b(b.w + j));
+            sums = fma(bj, vec4<f32>(ax), sums);
+        }
+    }
+    let scales = lora_ax[at + 1u];
+    let scale = bitcast<f32>(select(select(scales.x, scales.y, t == 1u), scales.z, t == 2u));
+    return fma(vec4<f32>(scale), sums, v);  // fma: see dot_fma in common.wgsl
+}
+
+// B values i .. i + 3 (i a multiple of 4), and value i alone.
+fn lora_b4(i: u32) -> vec4<f32> {
+    return lora_values4(lora_ab[lora_word(i, LORA_HALF)], i, LORA_HALF);
+}
+fn lora_b(i: u32) -> f32 {
+    return lora_value(lora_ab[lora_word(i, LORA_HALF)], i, LORA_HALF);
 }

@@ -11,8 +11,14 @@ use kvdecode::{EngineOptions, KvDtype, ModelConfig, ModelWeights, WeightDtype};
 /// Mixtures of experts: `synthetic:olmoe` (OLMoE-1B-7B: 64 experts, top 8, about 1.3B active; its
 /// f32 draw needs about 60 GB of host memory), `synthetic:qwen3-moe` (a Qwen3-MoE of 32 experts,
 /// top 4, 12 layers: about 0.7B parameters, 0.14B active), and `-dense` after either name for
-/// the dense model of the same active parameters.
-fn synthetic(name: &str) -> Result<ModelWeights> {
+/// the dense model of the same active parameters. `:float` after the name keeps the weights in
+/// floats (on the GPU as `--weights` says) instead of Q4_1 blocks: the base an RL trainer's
+/// rollouts decode with (`synthetic:smollm2:float`).
+fn synthetic(spec: &str) -> Result<ModelWeights> {
+    let (name, float) = match spec.strip_suffix(":float") {
+        Some(name) => (name, true),
+        None => (spec, false),
+    };
     use kvdecode::model::config::MoeConfig;
     let moe = |mut c: ModelConfig, experts, top_k, ffn, norm_topk, family| {
         let layers = (0..c.n_layers()).collect();
@@ -34,12 +40,14 @@ fn synthetic(name: &str) -> Result<ModelWeights> {
         "olmoe-dense" => olmoe,
         _ => {
             return Err(format!(
-                "unknown synthetic model {name:?} (smollm2, 1b, tiny, qwen3-moe, qwen3-moe-dense, olmoe, olmoe-dense)"
+                "unknown synthetic model {name:?} (smollm2, 1b, tiny, qwen3-moe, qwen3-moe-dense, olmoe, olmoe-dense; \
+                 :float after one keeps its weights in floats)"
             )
             .into())
         }
     };
-    Ok(ModelWeights::random(&cfg, 0x5eed)?.quantized(kvdecode::model::quant::QuantKind::Q4_1)?)
+    let weights = ModelWeights::random(&cfg, 0x5eed)?;
+    Ok(if float { weights } else { weights.quantized(kvdecode::model::quant::QuantKind::Q4_1)? })
 }
 
 /// Errors of a subcommand, printed as `error: ...`.

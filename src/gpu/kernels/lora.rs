@@ -35,9 +35,10 @@ pub(crate) const LORA_SLICES_GPU: usize = 8;
 
 impl Lora {
     /// Workgroups along x per token (they share the rows of A): as many as the group's targets
-    /// at the slots' largest rank fill.
+    /// at the slots' largest rank fill (a lane takes four rows unsliced, one row's slice sliced).
     pub(crate) fn row_chunks(&self) -> usize {
-        let per_wg = self.workgroup_size() as usize / self.slices;
+        let lane_rows = if self.slices == 1 { 4 } else { 1 };
+        let per_wg = self.workgroup_size() as usize / self.slices * lane_rows;
         (self.targets * self.max_rank).div_ceil(per_wg)
     }
 }
