@@ -137,37 +137,53 @@ fn store_outs4(o: u32, n0: u32, n_total: u32, acc: mat4x4<f32>, up: mat4x4<f32>,
         if count > 3u { store4(o + 3u, n0, n_total, apply_act(gate[3], up_lora[3]), tokens); }
         return;
     }
+    // four rows from o (a multiple of 4) never span two targets: every target and part starts on
+    // a multiple of 4 (head_dim is one; Builder::lora_epilogue checks). No path for the other
+    // case: lavapipe runs both sides of every branch (masked), so it would cost every output.
     let t = lora_target(g);
-    if t != lora_target(g + count - 1u) {
-        // the four span two targets (a width not a multiple of 4): one at a time
-        store_out(o, n0, n_total, acc[0], vec4<f32>(0.0), tokens);
-        if count > 1u { store_out(o + 1u, n0, n_total, acc[1], vec4<f32>(0.0), tokens); }
-        if count > 2u { store_out(o + 2u, n0, n_total, acc[2], vec4<f32>(0.0), tokens); }
-        if count > 3u { store_out(o + 3u, n0, n_total, acc[3], vec4<f32>(0.0), tokens); }
-        return;
-    }
     let by_token = transpose(acc);
-    lora_finish4(o, count, n0, t, g, by_token[0], n0 < n_total);
-    lora_finish4(o, count, n0 + 1u, t, g, by_token[1], tokens > 1u && n0 + 1u < n_total);
-    lora_finish4(o, count, n0 + 2u, t, g, by_token[2], tokens > 2u && n0 + 2u < n_total);
-    lora_finish4(o, count, n0 + 3u, t, g, by_token[3], tokens > 3u && n0 + 3u < n_total);
+    var k = 0u;
+    loop {
+        lora_finish4(o, count, n0 + k, t, g, column(by_token, k));
+        continuing {
+            k++;
+            break if k >= live_tokens(n0, n_total, tokens);
+        }
+    }
+}
+
+// The tokens of a block of `tokens` from n0 that exist (n0 < n_total): a loop over them runs
+// that many times, where code for all four would run four times on lavapipe (it runs both sides
+// of a branch, masked, but leaves a loop when no lane goes on).
+fn live_tokens(n0: u32, n_total: u32, tokens: u32) -> u32 {
+    return min(tokens, n_total - n0);
+}
+
+// Column k of m (k < 4), picked by select: lavapipe keeps a dynamically indexed matrix in memory,
+// lane by lane.
+fn column(m: mat4x4<f32>, k: u32) -> vec4<f32> {
+    return select(select(select(m[0], m[1], k == 1u), m[2], k == 2u), m[3], k == 3u);
 }
 
 // The adapters of tokens n0 .. (m's columns; their components B rows g .. g + count - 1 of
-// target t) added to m, those of the block's tokens that exist.
+// target t) added to m, those of the block's tokens that exist (n0 < n_total).
 fn lora_tokens(n0: u32, n_total: u32, tokens: u32, t: u32, g: u32, count: u32, m: mat4x4<f32>) -> mat4x4<f32> {
     var r = m;
-    if n0 < n_total { r[0] = lora_add_rows(n0, t, g, count, m[0]); }
-    if tokens > 1u && n0 + 1u < n_total { r[1] = lora_add_rows(n0 + 1u, t, g, count, m[1]); }
-    if tokens > 2u && n0 + 2u < n_total { r[2] = lora_add_rows(n0 + 2u, t, g, count, m[2]); }
-    if tokens > 3u && n0 + 3u < n_total { r[3] = lora_add_rows(n0 + 3u, t, g, count, m[3]); }
+    var k = 0u;
+    loop {
+        let v = lora_add_rows(n0 + k, t, g, count, column(m, k));
+        r = mat4x4<f32>(select(r[0], v, k == 0u), select(r[1], v, k == 1u), select(r[2], v, k == 2u), select(r[3], v, k == 3u));
+        continuing {
+            k++;
+            break if k >= live_tokens(n0, n_total, tokens);
+        }
+    }
     return r;
 }
 
-// Token n's outputs o .. o + count - 1 (if `live`): their sums v with bias, softcap and residual,
-// then the token's adapter on B rows g .., stored.
-fn lora_finish4(o: u32, count: u32, n: u32, t: u32, g: u32, v: vec4<f32>, live: bool) {
-    if !live { return; }
+// Token n's outputs o .. o + count - 1: their sums v with bias, softcap and residual, then the
+// token's adapter on B rows g .., stored.
+fn lora_finish4(o: u32, count: u32, n: u32, t: u32, g: u32, v: vec4<f32>) {
     let i = n * OUT_STRIDE + OUT_OFFSET + o;
     var f = v;
     f.x = finish(o, i, v.x);

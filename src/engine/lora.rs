@@ -323,10 +323,18 @@ impl Builder<'_> {
     pub(super) fn lora_epilogue(&self, l: LoraIo, row_start: usize) -> kernels::LoraEpilogue {
         let g = self.gw.lora.as_ref().expect("an epilogue comes from the engine's adapters");
         let rows = &l.group.rows;
+        let (row0, t1, t2) =
+            (l.row0 + row_start, rows.get(1).map_or(0, |_| rows[0]), rows.get(2).map_or(0, |_| rows[0] + rows[1]));
+        // the wide products' epilogue adds four rows at a time within one target
+        // (matmul_lora.wgsl's store_outs4); head_dim and every width are multiples of 4 (config.rs)
+        assert!(
+            row0 % 4 == 0 && t1 % 4 == 0 && t2 % 4 == 0,
+            "LoRA targets start on multiples of 4 ({row0}, {t1}, {t2})"
+        );
         kernels::LoraEpilogue {
-            row0: l.row0 + row_start,
-            t1: rows.get(1).map_or(0, |_| rows[0]),
-            t2: rows.get(2).map_or(0, |_| rows[0] + rows[1]),
+            row0,
+            t1,
+            t2,
             max_rank: g.stride_rank,
             slot_floats: l.group.slot_floats,
             b0: rows.len() * l.group.k * g.stride_rank,
