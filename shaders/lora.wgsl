@@ -19,10 +19,10 @@
 // loaded and normed once for the four rows. With SLICES > 1 (GPUs: `Builder::lora`), a lane takes
 // one row, SLICES lanes split its inputs (lane s takes vec4s s, s + SLICES, ..., neighbouring
 // lanes neighbouring words) and their sums meet in a fixed tree, and the grid's workgroups along
-// x share the rows of A, so no lane walks a whole row alone (a workgroup per group walked 144 to 384 vec4s on SmolLM2's shape,
-// the longest loop of the step, in 16 workgroups). A token's sums have one order whatever its
-// group (it depends on the shapes and SLICES only): its bits are the same in any batch, with any
-// adapters beside it, in any chunking.
+// x share the rows of A, so no lane walks a whole row alone (a workgroup per group walked 144 to
+// 384 vec4s on SmolLM2's shape, the longest loop of the step, in 16 workgroups). A token's sums
+// have one order whatever its group (it depends on the shapes and SLICES only): its bits are the
+// same in any batch, with any adapters beside it, in any chunking.
 //
 // Why this shape: a CPU adapter (lavapipe) gathers a lane's loads one by one, even where every
 // lane reads one address (a token's x), so a lane shares each x load among four rows there; a GPU
