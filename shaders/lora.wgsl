@@ -41,7 +41,8 @@ override AX_STRIDE: u32;      // u32s per token of `ax`: 8 of head, then 3 targe
 override NORM: bool = false;         // read RMS-norm(x) over K (x is the residual stream)
 override NORM_WEIGHT: bool = false;  // the norm has a weight (norm_w)
 override EPS: f32 = 1e-6;            // the norm's epsilon
-override WG: u32 = 64u;              // rmsnorm.wgsl's lanes: its tree gives the norm's bits
+const WG: u32 = 64u;                 // lanes: rmsnorm.wgsl's, whose tree gives the norm's bits
+const NORM_LANES: u32 = WG;          // norm_input.wgsl's inv_rms
 override SLICES: u32 = 1u;           // lanes that split a row of A's inputs (a power of 2, at most WG)
 override AB_HALF: bool = false;      // A and B as halves, two to a u32 (EngineOptions::lora_dtype)
 
@@ -68,28 +69,6 @@ var<workgroup> slice_sums: array<mat4x4<f32>, 64>;
 // Values `i .. i + 4` of `ab` (i a multiple of 4).
 fn ab4(i: u32) -> vec4<f32> {
     return lora_values4(ab[lora_word(i, AB_HALF)], i, AB_HALF);
-}
-
-// 1 / rms of the x of tokens `rows` (their rows of x), each summed as rmsnorm.wgsl sums (lane l
-// takes features l, l + WG, ..., then the fixed tree). Every lane calls it (barriers).
-fn inv_rms(rows: vec4<u32>, lane: u32) -> vec4<f32> {
-    var ss = vec4<f32>(0.0);
-    for (var d = lane; d < K; d += WG) {
-        let v = vec4<f32>(x[rows.x + d / 4u][d % 4u], x[rows.y + d / 4u][d % 4u], x[rows.z + d / 4u][d % 4u],
-            x[rows.w + d / 4u][d % 4u]);
-        ss = fma(v, v, ss);  // explicit fma: see dot_fma in common.wgsl
-    }
-    return inverseSqrt(tree_sum(ss, lane, WG) / f32(K) + EPS);
-}
-
-// The x of the tokens at row bases `rows` at k4, normed with NORM: x * inv * norm_w,
-// rmsnorm.wgsl's operations in its order (its output's bits), norm_w loaded once for the four.
-fn inputs4(rows: vec4<u32>, k4: u32, inv: vec4<f32>) -> mat4x4<f32> {
-    let v = mat4x4<f32>(x[rows.x + k4], x[rows.y + k4], x[rows.z + k4], x[rows.w + k4]);
-    if !NORM { return v; }
-    if !NORM_WEIGHT { return mat4x4<f32>(v[0] * inv.x, v[1] * inv.y, v[2] * inv.z, v[3] * inv.w); }
-    let nw = norm_w[k4];
-    return mat4x4<f32>(v[0] * inv.x * nw, v[1] * inv.y * nw, v[2] * inv.z * nw, v[3] * inv.w * nw);
 }
 
 // The (rank, scale bits) of `slot`'s target i of the dispatch (rank 0 past them).

@@ -126,15 +126,6 @@ fn input4(base: u32, k4: u32, inv: f32) -> vec4<f32> {
     return v;
 }
 
-// input4 of the 4 tokens at row bases b (the columns), with norm_w loaded once for all four.
-fn inputs4(b: vec4<u32>, k4: u32, inv: vec4<f32>) -> mat4x4<f32> {
-    let v = mat4x4<f32>(x[b.x + k4], x[b.y + k4], x[b.z + k4], x[b.w + k4]);
-    if !NORM { return v; }
-    if !NORM_WEIGHT { return mat4x4<f32>(v[0] * inv.x, v[1] * inv.y, v[2] * inv.z, v[3] * inv.w); }
-    let nw = norm_w[k4];
-    return mat4x4<f32>(v[0] * inv.x * nw, v[1] * inv.y * nw, v[2] * inv.z * nw, v[3] * inv.w * nw);
-}
-
 // The tokens' dot products with weights w4(o, k4) for k4 = start, start + stride, ... (`inv`: the
 // tokens' norm factors with NORM).
 fn dots(o: u32, b: vec4<u32>, start: u32, stride: u32, tokens: u32, inv: vec4<f32>) -> vec4<f32> {
@@ -227,18 +218,6 @@ fn dots_staged(o: u32, k0: u32, len: u32, span: u32, tokens: u32, acc_in: vec4<f
             dot_fma(staged[2u * span + i], wv, acc.z), dot_fma(staged[3u * span + i], wv, acc.w));
     }
     return acc;
-}
-
-// NORM: 1 / rms of the four tokens at row bases b, summed as rmsnorm.wgsl does (lane i takes
-// elements i, i + 64, ...; then a fixed tree). Every invocation of a workgroup of NORM_LANES calls it.
-fn inv_rms(b: vec4<u32>, lane: u32) -> vec4<f32> {
-    var ss = vec4<f32>(0.0);
-    for (var d = lane; d < K; d += NORM_LANES) {
-        let v = vec4<f32>(x[b.x + d / 4u][d % 4u], x[b.y + d / 4u][d % 4u], x[b.z + d / 4u][d % 4u],
-            x[b.w + d / 4u][d % 4u]);
-        ss = fma(v, v, ss);  // explicit fma: see dot_fma in common.wgsl
-    }
-    return inverseSqrt(tree_sum(ss, lane, NORM_LANES) / f32(K) + EPS);
 }
 
 // The epilogue's input: outputs o (and with a gated MLP_ACT, their up-projection partners).

@@ -8,7 +8,10 @@ use crate::gpu::kernels::Specialize;
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 /// The products' bindings and helpers, which every product kernel's module starts with.
-const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
+const MATMUL: &str =
+    concat!(include_str!("../../shaders/matmul.wgsl"), "\n", include_str!("../../shaders/norm_input.wgsl"));
+/// The normed input readers the products and the adapters' `A x` share (`inv_rms`, `inputs4`).
+const NORM_INPUT: &str = include_str!("../../shaders/norm_input.wgsl");
 /// The dense products' epilogue with the LoRA adapters' bindings (every product kernel but the
 /// experts', which have no room for two more).
 const MATMUL_LORA: &str = include_str!("../../shaders/matmul_lora.wgsl");
@@ -261,7 +264,7 @@ impl Kernel {
             Kernel::Copy => include_str!("../../shaders/copy.wgsl"),
             Kernel::Quantize => include_str!("../../shaders/quantize.wgsl"),
             Kernel::MoeRoute => include_str!("../../shaders/moe.wgsl"),
-            Kernel::Lora => include_str!("../../shaders/lora.wgsl"),
+            Kernel::Lora => return format!("{COMMON}\n{}\n{NORM_INPUT}", include_str!("../../shaders/lora.wgsl")),
             Kernel::MatmulExperts => {
                 return format!(
                     "{COMMON}\n{MATMUL}\n{}\n{}",
