@@ -7,7 +7,8 @@
 // runs in one order for every kernel and batch (four ranks at a time where the module's rank is
 // a multiple of 4, added as (x + y) + (z + w) last; one at a time otherwise), so the kernels
 // that give the portable bits still do with adapters, and a row's bits never depend on its
-// neighbours' adapters.
+// neighbours' adapters. The wide products store through `store_lora_rows` with LORA instead
+// (four outputs at a time, each in store_out's order), without it through store_out.
 
 override LORA: bool = false;     // add the adapters of the group's head in lora_ax
 override LORA_ROW0: u32 = 0u;    // the group's B row of this part's weight row 0
