@@ -7,10 +7,12 @@
 // of a row without an adapter (or padding) gets the head NO_ADAPTER: the products leave its
 // outputs as the base model's bits.
 //
-// Workgroup w writes token w's head, and computes the `A x` of group w of the host's list
-// (`groups`, src/engine/step.rs): up to 4 tokens of one adapter, so each load of A serves them
-// all (Punica's SGMV; one token a workgroup, a step of 16 rows over 4 adapters gathered each A
-// four times over). With NORM, x is the residual stream and the kernel reads its RMS norm,
+// Workgroup row w writes the heads of tokens w * WG .. (w + 1) * WG, a lane each, and computes
+// the `A x` of group w of the host's list (`groups`, src/engine/step.rs): up to 4 tokens of one
+// adapter, so each load of A serves them all (Punica's SGMV; one token a workgroup, a step of 16
+// rows over 4 adapters gathered each A four times over). The host sizes the grid by its groups
+// (Grid::LoraGroups): a workgroup with no group still runs its code once, masked, on a CPU
+// adapter, so a step of 16 rows over 4 adapters launches 4 rows of workgroups, not 16. With NORM, x is the residual stream and the kernel reads its RMS norm,
 // x * inv [* norm_w], with each token's inv summed by rmsnorm.wgsl's 64 lanes and tree: the
 // values the norm kernel would have written, so the block's norm stays fused into its products.
 // Then a lane per four rows of A (targets' ranks one after another) sums each row against each
@@ -84,23 +86,24 @@ fn main(
     @builtin(local_invocation_index) lane: u32,
 ) {
     let w = wid.y + wid.z * 65535u;
-    if lane == 0u {
-        // token w's head (the first workgroup of its row of the grid writes it)
+    // token w * WG + lane's head (the grid's first column of workgroups writes them: the host
+    // sizes the grid by the step's groups, at least one workgroup per WG tokens)
+    let n = w * WG + lane;
+    if wid.x == 0u && n < step.tokens {
         var h = vec4<u32>(NO_ADAPTER, 0u, 0u, 0u);
         var s = vec4<u32>(0u);
-        let r = w / step.width;
-        if r < step.rows && wid.x == 0u {
-            let info = row_info[r];
-            if w % step.width < info.n_new && info.lora != NO_ADAPTER {
-                let m = array<vec2<u32>, 3>(target_meta(info.lora, 0u), target_meta(info.lora, 1u), target_meta(info.lora, 2u));
-                h = vec4<u32>(info.lora, m[0].x, m[1].x, m[2].x);
-                s = vec4<u32>(m[0].y, m[1].y, m[2].y, 0u);
-            }
-            for (var i = 0u; i < 4u; i++) {
-                ax[w * AX_STRIDE + i] = h[i];
-                ax[w * AX_STRIDE + 4u + i] = s[i];
-            }
+        let info = row_info[n / step.width];
+        if n % step.width < info.n_new && info.lora != NO_ADAPTER {
+            let m = array<vec2<u32>, 3>(target_meta(info.lora, 0u), target_meta(info.lora, 1u), target_meta(info.lora, 2u));
+            h = vec4<u32>(info.lora, m[0].x, m[1].x, m[2].x);
+            s = vec4<u32>(m[0].y, m[1].y, m[2].y, 0u);
         }
+        for (var i = 0u; i < 4u; i++) {
+            ax[n * AX_STRIDE + i] = h[i];
+            ax[n * AX_STRIDE + 4u + i] = s[i];
+        }
+    }
+    if lane == 0u {
         // group w, if the step has one
         var g = vec4<u32>(NO_ADAPTER, 0u, 0u, 0u);
         var ranks = vec4<u32>(0u);

@@ -28,9 +28,10 @@ pub(super) enum Grid {
     /// A MoE layer's sum of each token's experts: one thread per output, one token per workgroup
     /// row (past 65535 tokens, on in z).
     ExpertSums { out_rows: usize },
-    /// `tiles` workgroups per token of the chunk, one token per workgroup row (past 65535
-    /// tokens, on in z): the LoRA adapters' dispatches.
-    TokenTiles(usize),
+    /// The LoRA adapters' `A x` (`lora.wgsl`): `tiles` workgroups per token group of the step
+    /// (the host's, up to 4 tokens of one adapter), and at least one per 64 tokens (which write
+    /// their heads), one workgroup row each (past 65535, on in z).
+    LoraGroups(usize),
     /// One workgroup per chunk row.
     WorkgroupPerRow,
     /// `chunks` workgroups per chunk row (per token with `per_token`), one row or token per
@@ -68,6 +69,9 @@ pub(super) struct Dispatch {
     pub(super) min_width: usize,
 }
 
+/// Tokens whose heads one `lora.wgsl` workgroup writes, a lane each (its `WG`).
+const LORA_HEADS_PER_WORKGROUP: usize = 64;
+
 /// Blocks of tokens a matmul dispatch covers: one per 4 tokens, or one per token in steps of
 /// fewer than 4 (`tokens_per_thread` in matmul.wgsl).
 fn matmul_token_blocks(n: usize) -> u32 {
@@ -75,7 +79,9 @@ fn matmul_token_blocks(n: usize) -> u32 {
 }
 
 impl Dispatch {
-    pub(super) fn workgroups(&self, rows: usize, width: usize) -> (u32, u32, u32) {
+    /// The grid for a chunk of `rows x width` tokens whose adapter rows make `lora_groups` token
+    /// groups.
+    pub(super) fn workgroups(&self, rows: usize, width: usize, lora_groups: usize) -> (u32, u32, u32) {
         let linear = |threads: usize| {
             let groups = threads.div_ceil(self.wg as usize).max(1);
             let x = groups.min(65535);
@@ -106,8 +112,8 @@ impl Dispatch {
                 let n = (rows * width).max(1);
                 (out_rows.div_ceil(self.wg as usize) as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
             }
-            Grid::TokenTiles(tiles) => {
-                let n = (rows * width).max(1);
+            Grid::LoraGroups(tiles) => {
+                let n = lora_groups.max((rows * width).div_ceil(LORA_HEADS_PER_WORKGROUP)).max(1);
                 (tiles as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
             }
             Grid::WorkgroupPerRow => (rows as u32, 1, 1),
@@ -166,16 +172,19 @@ impl Dispatch {
     }
 
     /// Workgroups launched, threads in them, the longest serial loop of a thread and the bytes
-    /// moved, in a chunk of `at.rows x width` tokens.
+    /// moved, in a chunk of `at.rows x width` tokens (each token on its own adapter: the most
+    /// token groups).
     pub(super) fn occupancy(&self, width: usize, at: &At) -> (u64, u64, usize, u64) {
-        let (x, y, z) = self.workgroups(at.rows, width);
+        let (x, y, z) = self.workgroups(at.rows, width, at.rows * width);
         let groups = x as u64 * y as u64 * z as u64;
         let (serial, bytes) = self.work.at(at);
         (groups, groups * self.wg as u64, serial, bytes)
     }
 
-    pub(super) fn record(&self, pass: &mut wgpu::ComputePass<'_>, rows: usize, width: usize) {
-        let (x, y, z) = self.workgroups(rows, width);
+    /// Records the dispatch for a chunk of `rows x width` tokens with `lora_groups` token groups
+    /// on adapters.
+    pub(super) fn record(&self, pass: &mut wgpu::ComputePass<'_>, rows: usize, width: usize, lora_groups: usize) {
+        let (x, y, z) = self.workgroups(rows, width, lora_groups);
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind, &[]);
         pass.dispatch_workgroups(x, y, z);

@@ -307,7 +307,7 @@ impl Builder<'_> {
         Some(self.dispatch(
             &spec,
             &[&s.step, &s.row_info, x, &s.lora_ax, &buf.buffer, &g.meta, norm_w, &s.lora_groups],
-            Grid::TokenTiles(spec.row_chunks()),
+            Grid::LoraGroups(spec.row_chunks()),
         ))
     }
 

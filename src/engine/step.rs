@@ -212,8 +212,12 @@ impl Engine {
             .collect();
         q.write_buffer(&self.s.step, 0, bytemuck::bytes_of(&step));
         q.write_buffer(&self.s.row_info, 0, bytemuck::cast_slice(&info));
+        // the adapters' token groups: their count sizes lora.wgsl's grids
+        let mut groups = 0;
         if self.weights.lora.is_some() {
-            q.write_buffer(&self.s.lora_groups, 0, bytemuck::cast_slice(&lora_groups(&info, c)));
+            let list = lora_groups(&info, c);
+            groups = list[0][0] as usize;
+            q.write_buffer(&self.s.lora_groups, 0, bytemuck::cast_slice(&list));
         }
         if !ids_from_sampled {
             let mut chunk_ids = vec![0u32; r_n * c];
@@ -275,7 +279,7 @@ impl Engine {
                     });
                     p.stamp(&mut pass, 0);
                     for (i, d) in all.iter().enumerate() {
-                        d.record(&mut pass, r_n, c);
+                        d.record(&mut pass, r_n, c, groups);
                         p.stamp(&mut pass, i + 1);
                     }
                     drop(pass);
@@ -288,7 +292,7 @@ impl Engine {
                             label: Some("profiled"),
                             timestamp_writes: p.writes(i),
                         });
-                        d.record(&mut pass, r_n, c);
+                        d.record(&mut pass, r_n, c, groups);
                     }
                     p.recorded = all.iter().map(|d| (d.kernel, d.label.clone())).collect();
                     p.resolve(&mut enc);
@@ -303,7 +307,7 @@ impl Engine {
                             timestamp_writes: None,
                         });
                         for d in part {
-                            d.record(&mut pass, r_n, c);
+                            d.record(&mut pass, r_n, c, groups);
                         }
                         drop(pass);
                         if i + 1 < count {
