@@ -20,7 +20,9 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::kernels;
 use crate::gpu::lora::{LoraGroup, NO_ADAPTER};
-use crate::model::lora::{base_names, plan_update, BaseNames, LoraAdapter, LoraRanks, LoraTarget};
+use crate::model::lora::{
+    base_names, plan_modules, plan_update, BaseNames, LoraAdapter, LoraRanks, LoraTarget, ModuleUpdate,
+};
 use crate::model::tensor::HostTensor;
 
 /// What [`Engine::update_lora`] did.
@@ -55,11 +57,25 @@ pub(crate) struct LoraState {
     next_uid: u64,
     /// The base weights' names an update's tensors are matched to, made at the first load.
     base_names: Option<BaseNames>,
+    /// Mapped host memory an update's values are checked into before they are copied to their
+    /// slot (`GpuLora::stage_update`): one slot's bytes, made at the first update and kept
+    /// (a new buffer each time would be zeroed and faulted in each time); dropped by a sleep.
+    pub(crate) staging: Option<wgpu::util::StagingBelt>,
+    /// The last update's copies: the next update waits for them, so the staging memory they
+    /// read is free again and one slot's worth of it is all there ever is.
+    last_update: Option<wgpu::SubmissionIndex>,
 }
 
 impl LoraState {
     pub(crate) fn new(slots: usize, rows: usize) -> Self {
-        LoraState { slots: (0..slots).map(|_| None).collect(), rows: vec![None; rows], next_uid: 1, base_names: None }
+        LoraState {
+            slots: (0..slots).map(|_| None).collect(),
+            rows: vec![None; rows],
+            next_uid: 1,
+            base_names: None,
+            staging: None,
+            last_update: None,
+        }
     }
 
     /// `RowInfo.lora` of cache row `row`.
@@ -188,23 +204,24 @@ impl Engine {
         let slot = self.lora.slot_of(name)?;
         let resident = self.lora.slots[slot].as_ref().expect("found above");
         let names = self.lora.base_names.as_ref().expect("made when an adapter was loaded");
-        let plan = plan_update(&resident.ranks, names, tensors, &self.cfg)?;
+        // names and shapes first; the values are checked as they are staged, and found again
+        // in tensor order, as plan_update names them, only if one failed
+        let plan = plan_modules(&resident.ranks, names, tensors, &self.cfg)?;
         let g = self.weights.lora.as_ref().expect("a loaded adapter has slots");
-        for u in plan.iter().filter(|_| g.half) {
-            for values in u.a.iter().chain(&u.b) {
-                let what = format!("update: adapter module {:?} of block {}", u.target, u.layer);
-                let floats = values.bytes().chunks_exact(4).map(|v| f32::from_le_bytes([v[0], v[1], v[2], v[3]]));
-                g.check_half_range(&what, floats)?;
-            }
+        // (in a browser polling does nothing: the page's event loop returns the memory)
+        if let Some(last) = self.lora.last_update.take() {
+            let wait = wgpu::PollType::Wait { submission_index: Some(last), timeout: None };
+            self.gpu.device.poll(wait).map_err(|e| Error::Device(format!("waiting for the last LoRA update: {e}")))?;
         }
-        let bytes: u64 = plan
-            .iter()
-            .map(|u| {
-                let (a, b) = (u.a.as_ref().map(|v| v.bytes()), u.b.as_ref().map(|v| v.bytes()));
-                g.write_halves(&self.gpu, slot, u.layer, u.target, a, b)
-            })
-            .sum();
-        self.gpu.queue.submit([]);
+        let belt = self
+            .lora
+            .staging
+            .get_or_insert_with(|| wgpu::util::StagingBelt::new(self.gpu.device.clone(), g.slot_bytes()));
+        let Some((copies, bytes)) = g.stage_update(&self.gpu.device, belt, slot, &plan)? else {
+            return Err(bad_value(&resident.ranks, names, tensors, &self.cfg, g, &plan));
+        };
+        self.lora.last_update = Some(self.gpu.queue.submit([copies]));
+        belt.recall();
         let modules = plan.len();
         let resident = self.lora.slots[slot].as_mut().expect("found above");
         resident.version += 1;
@@ -341,4 +358,29 @@ impl Builder<'_> {
             half: g.half,
         }
     }
+}
+
+/// The error of an update whose staging found a bad value: the first such value in tensor order
+/// as [`plan_update`] names it, else the first module with a value beyond a half's range.
+fn bad_value(
+    ranks: &LoraRanks,
+    names: &BaseNames,
+    tensors: &[HostTensor],
+    cfg: &crate::model::config::ModelConfig,
+    g: &crate::gpu::lora::GpuLora,
+    plan: &[ModuleUpdate],
+) -> Error {
+    if let Err(e) = plan_update(ranks, names, tensors, cfg) {
+        return e;
+    }
+    for u in plan {
+        for values in u.a.iter().chain(&u.b) {
+            let what = format!("update: adapter module {:?} of block {}", u.target, u.layer);
+            let floats = values.bytes().chunks_exact(4).map(|v| f32::from_le_bytes([v[0], v[1], v[2], v[3]]));
+            if let Err(e) = g.check_half_range(&what, floats) {
+                return e;
+            }
+        }
+    }
+    Error::Weights("update: a value failed its check while staged, and none does when checked again".into())
 }

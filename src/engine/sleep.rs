@@ -96,6 +96,10 @@ impl Engine {
             self.gpu.release(bytes);
             self.gpu_bytes = self.gpu_bytes.saturating_sub(bytes);
             self.slept = Some(slept);
+            if what.weights {
+                // an adapter update's staging memory (host-visible) is made again when needed
+                self.lora.staging = None;
+            }
             Ok(())
         })();
         stage.destroy();

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::gpu::device::Gpu;
 use crate::gpu::weights::WeightDtype;
 use crate::model::config::ModelConfig;
-use crate::model::lora::{adapts_mlp, LoraAdapter, LoraModule, LoraTarget};
+use crate::model::lora::{adapts_mlp, LoraAdapter, LoraModule, LoraTarget, ModuleUpdate};
 
 /// The slot index a row without an adapter carries in `RowInfo.lora`.
 pub(crate) const NO_ADAPTER: u32 = u32::MAX;
@@ -277,28 +277,78 @@ impl GpuLora {
         halves.len() as u64
     }
 
-    /// Write an update's new halves of `target` in block `l` into `slot`, as little-endian f32
-    /// bytes ([`crate::model::lora::LoraAdapter::plan_update`] checked their sizes against the
-    /// module's rank, which the slot already holds). Returns the bytes written.
-    pub(crate) fn write_halves(
+    /// Bytes one slot takes in every block: the most an update writes.
+    pub(crate) fn slot_bytes(&self) -> u64 {
+        let floats: usize = self.layers.iter().flatten().flatten().map(|g| g.slot_floats).sum();
+        (floats * if self.half { 2 } else { 4 }) as u64
+    }
+
+    /// Stage an update's new halves for `slot` (`plan`: little-endian f32 values whose names and
+    /// shapes [`crate::model::lora::plan_modules`] checked against the modules' ranks) in
+    /// `belt`'s mapped memory, as the slots hold them, each value checked as it is copied:
+    /// finite, and within a half's range where the slots hold halves. Returns the commands that
+    /// copy them into place and the bytes they write, or `None` where a value failed: then no
+    /// command exists and the slots are as they were. An error: the staging memory could not be
+    /// mapped.
+    ///
+    /// Why stage: an update is checked whole before anything is written, and `queue.write_buffer`
+    /// cannot be taken back once called, so the values were read twice (the check, then the
+    /// copy); staged, they are read once, and the copies run only if every value passed.
+    pub(crate) fn stage_update(
         &self,
-        gpu: &Gpu,
+        device: &wgpu::Device,
+        belt: &mut wgpu::util::StagingBelt,
         slot: usize,
-        l: usize,
-        target: LoraTarget,
-        a: Option<&[u8]>,
-        b: Option<&[u8]>,
-    ) -> u64 {
-        let (g, i) = LoraGroup::of(target);
-        let Some(buf) = &self.layers[l][g as usize] else { return 0 };
+        plan: &[ModuleUpdate],
+    ) -> Result<Option<(wgpu::CommandBuffer, u64)>> {
         let r = self.stride_rank;
-        let mut bytes = 0;
-        for (values, at) in [(a, buf.a_at(slot, i, r)), (b, buf.b_at(slot, i, r))] {
-            if let Some(values) = values {
-                bytes += self.write_values(gpu, &buf.buffer, at, values);
+        let out_bytes = |src: &[u8]| if self.half { src.len() / 2 } else { src.len() };
+        // (values, their buffer, the byte they start at there)
+        let mut writes: Vec<(&[u8], &wgpu::Buffer, u64)> = Vec::new();
+        for u in plan {
+            let (g, i) = LoraGroup::of(u.target);
+            let Some(buf) = &self.layers[u.layer][g as usize] else { continue };
+            for (values, at) in [(&u.a, buf.a_at(slot, i, r)), (&u.b, buf.b_at(slot, i, r))] {
+                if let Some(v) = values {
+                    writes.push((v.bytes(), &buf.buffer, (at * if self.half { 2 } else { 4 }) as u64));
+                }
             }
         }
-        bytes
+        let total: usize = writes.iter().map(|w| out_bytes(w.0)).sum();
+        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("LoRA update") });
+        // every A and B holds a multiple of 4 inputs or outputs times the rank, so every size and
+        // place is a whole number of u32s, as copies need
+        let Some(size) = wgpu::BufferSize::new(total as u64) else { return Ok(Some((encoder.finish(), 0))) };
+        let stage = belt.allocate(size, wgpu::BufferSize::new(4).expect("4 is not 0"));
+        let (stage_buffer, stage_at) = (stage.buffer().clone(), stage.offset());
+        let mut view = stage
+            .get_mapped_range_mut()
+            .map_err(|e| Error::Device(format!("a LoRA update's staging memory could not be mapped: {e}")))?;
+        // mapped memory may be write-combined: written, never read (wgpu's WriteOnly)
+        let mut parts: Vec<(&[u8], wgpu::WriteOnly<[u8]>)> = Vec::with_capacity(writes.len());
+        let mut rest = view.slice(..);
+        for (src, _, _) in &writes {
+            let (part, tail) = rest.split_at(out_bytes(src));
+            parts.push((src, part));
+            rest = tail;
+        }
+        // one thread: wgpu's WriteOnly of a slice cannot be sent to another (`kvdecode bench
+        // --tables lora` puts the whole update at about the write_buffer floor's time anyway)
+        let ok = parts.into_iter().all(|(src, dst)| copy_checked(src, dst, self.half));
+        drop(view);
+        if !ok {
+            belt.finish();
+            belt.recall();
+            return Ok(None);
+        }
+        let mut from = stage_at;
+        for (src, buffer, at) in &writes {
+            let n = out_bytes(src) as u64;
+            encoder.copy_buffer_to_buffer(&stage_buffer, from, buffer, *at, n);
+            from += n;
+        }
+        belt.finish();
+        Ok(Some((encoder.finish(), total as u64)))
     }
 
     /// Write the rank and scale of `slot`'s `modules` of block `l`. Returns the bytes written.
@@ -327,4 +377,41 @@ impl GpuLora {
         out.extend(self.layers.iter_mut().flatten().flatten().map(|g| &mut g.buffer));
         out
     }
+}
+
+/// Copy little-endian f32 `src` into `dst` as the slots hold values (f32 as they are, or halves),
+/// checking each on the way: false, and the copy left unfinished, at the first block with a value
+/// that is not finite or (as a half) beyond the largest half. A block is checked with no branch
+/// per value (a fold the compiler vectorizes) while it is in the cache for its copy.
+fn copy_checked(src: &[u8], mut dst: wgpu::WriteOnly<[u8]>, half: bool) -> bool {
+    const BLOCK: usize = 4096;
+    if half {
+        let mut halves = [0u8; BLOCK / 2];
+        for (i, s) in src.chunks(BLOCK).enumerate() {
+            let mut bad = false;
+            for (v, h) in s.chunks_exact(4).zip(halves.chunks_exact_mut(2)) {
+                let x = half::f16::from_f32(f32::from_le_bytes([v[0], v[1], v[2], v[3]]));
+                bad |= !x.is_finite();
+                h.copy_from_slice(&x.to_le_bytes());
+            }
+            if bad {
+                return false;
+            }
+            let at = i * BLOCK / 2;
+            dst.slice(at..at + s.len() / 2).copy_from_slice(&halves[..s.len() / 2]);
+        }
+        return true;
+    }
+    // an exponent of all ones is an infinity or a NaN
+    const EXPONENT: u32 = 0x7f80_0000;
+    for (i, s) in src.chunks(BLOCK).enumerate() {
+        let bad = s
+            .chunks_exact(4)
+            .fold(false, |bad, v| bad | (u32::from_le_bytes([v[0], v[1], v[2], v[3]]) & EXPONENT == EXPONENT));
+        if bad {
+            return false;
+        }
+        dst.slice(i * BLOCK..i * BLOCK + s.len()).copy_from_slice(s);
+    }
+    true
 }

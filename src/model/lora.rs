@@ -510,8 +510,9 @@ pub(crate) fn plan_update<'t>(
     Ok(plan)
 }
 
-/// [`plan_update`]'s names and shapes.
-fn plan_modules<'t>(
+/// [`plan_update`]'s names and shapes, the values unchecked: the caller checks them
+/// (`Engine::update_lora` as it stages them for the GPU, `GpuLora::stage_update`).
+pub(crate) fn plan_modules<'t>(
     ranks: &LoraRanks,
     names: &BaseNames,
     tensors: &'t [HostTensor],
