@@ -38,31 +38,42 @@ fn lora_target(g: u32) -> u32 {
 fn lora_add(n: u32, t: u32, g: u32, v: f32) -> f32 {
     let at = n * (LORA_AX / 4u);
     let head = lora_ax[at];
-    if head.x == NO_ADAPTER { return v; }
     // components picked by select, not by index: lavapipe keeps a dynamically indexed vector in
     // memory, lane by lane
-    let rank = select(select(head.y, head.z, t == 1u), head.w, t == 2u);
-    if rank == 0u { return v; }  // this adapter leaves the target alone
-    let first = select(select(0u, LORA_T1, t == 1u), LORA_T2, t == 2u);
-    let b0 = head.x * LORA_SLOT + LORA_B0 + first * LORA_RANK + (g - first) * rank;
-    let ax0 = at + 2u + t * (LORA_RANK / 4u);
-    var acc = 0.0;
-    if rank % 4u == 0u {
-        var acc4 = vec4<f32>(0.0);
-        for (var j4 = 0u; j4 < rank / 4u; j4++) {
-            let i = b0 + 4u * j4;
-            acc4 = fma(lora_values4(lora_ab[lora_word(i, LORA_HALF)], i, LORA_HALF), bitcast<vec4<f32>>(lora_ax[ax0 + j4]), acc4);
+    let rank = target_rank(head, t);
+    var out = v;
+    for (var live = rank > 0u; live; live = false) {  // once, where the token's adapter has t
+        let first = select(select(0u, LORA_T1, t == 1u), LORA_T2, t == 2u);
+        let b0 = head.x * LORA_SLOT + LORA_B0 + first * LORA_RANK + (g - first) * rank;
+        let ax0 = at + 2u + t * (LORA_RANK / 4u);
+        var acc = 0.0;
+        if rank % 4u == 0u {
+            var acc4 = vec4<f32>(0.0);
+            for (var j4 = 0u; j4 < rank / 4u; j4++) {
+                let i = b0 + 4u * j4;
+                acc4 = fma(lora_values4(lora_ab[lora_word(i, LORA_HALF)], i, LORA_HALF), bitcast<vec4<f32>>(lora_ax[ax0 + j4]), acc4);
+            }
+            acc = (acc4.x + acc4.y) + (acc4.z + acc4.w);
+        } else {
+            for (var j = 0u; j < rank; j++) {
+                let i = b0 + j;
+                acc = fma(lora_value(lora_ab[lora_word(i, LORA_HALF)], i, LORA_HALF), bitcast<f32>(lora_ax[ax0 + j / 4u][j % 4u]), acc);
+            }
         }
-        acc = (acc4.x + acc4.y) + (acc4.z + acc4.w);
-    } else {
-        for (var j = 0u; j < rank; j++) {
-            let i = b0 + j;
-            acc = fma(lora_value(lora_ab[lora_word(i, LORA_HALF)], i, LORA_HALF), bitcast<f32>(lora_ax[ax0 + j / 4u][j % 4u]), acc);
-        }
+        let scales = lora_ax[at + 1u];
+        let scale = bitcast<f32>(select(select(scales.x, scales.y, t == 1u), scales.z, t == 2u));
+        out = fma(scale, acc, v);  // fma: see dot_fma in common.wgsl
     }
-    let scales = lora_ax[at + 1u];
-    let scale = bitcast<f32>(select(select(scales.x, scales.y, t == 1u), scales.z, t == 2u));
-    return fma(scale, acc, v);  // fma: see dot_fma in common.wgsl
+    return out;
+}
+
+// The rank of target t in the adapter of a token with this head: 0 where the token has no
+// adapter (lora.wgsl writes its head with ranks 0) or its adapter leaves t alone. The epilogue's
+// work for a token then sits in a loop that runs once where this is not 0, not under an `if`:
+// lavapipe runs an `if`'s body for every lane, masked, but leaves a loop that no lane enters,
+// so a token on the base model costs its head's load and little more.
+fn target_rank(head: vec4<u32>, t: u32) -> u32 {
+    return select(select(head.y, head.z, t == 1u), head.w, t == 2u);
 }
 
 // Store output column o of tokens n0 .. n0 + tokens - 1 (those that exist), with the activation
@@ -204,38 +215,40 @@ fn lora_finish4(o: u32, count: u32, n: u32, t: u32, g: u32, v: vec4<f32>) {
 fn lora_add_rows(n: u32, t: u32, g: u32, count: u32, v: vec4<f32>) -> vec4<f32> {
     let at = n * (LORA_AX / 4u);
     let head = lora_ax[at];
-    if head.x == NO_ADAPTER { return v; }
-    let rank = select(select(head.y, head.z, t == 1u), head.w, t == 2u);
-    if rank == 0u { return v; }
-    let first = select(select(0u, LORA_T1, t == 1u), LORA_T2, t == 2u);
-    let b0 = head.x * LORA_SLOT + LORA_B0 + first * LORA_RANK + (g - first) * rank;
-    let b = vec4<u32>(b0) + min(vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(count - 1u)) * rank;
-    let ax0 = at + 2u + t * (LORA_RANK / 4u);
-    var sums = vec4<f32>(0.0);
-    if rank % 4u == 0u {
-        var a0 = vec4<f32>(0.0);
-        var a1 = vec4<f32>(0.0);
-        var a2 = vec4<f32>(0.0);
-        var a3 = vec4<f32>(0.0);
-        for (var j4 = 0u; j4 < rank / 4u; j4++) {
-            let ax = bitcast<vec4<f32>>(lora_ax[ax0 + j4]);
-            a0 = fma(lora_b4(b.x + 4u * j4), ax, a0);
-            a1 = fma(lora_b4(b.y + 4u * j4), ax, a1);
-            a2 = fma(lora_b4(b.z + 4u * j4), ax, a2);
-            a3 = fma(lora_b4(b.w + 4u * j4), ax, a3);
+    let rank = target_rank(head, t);
+    var out = v;
+    for (var live = rank > 0u; live; live = false) {  // once, where the token's adapter has t
+        let first = select(select(0u, LORA_T1, t == 1u), LORA_T2, t == 2u);
+        let b0 = head.x * LORA_SLOT + LORA_B0 + first * LORA_RANK + (g - first) * rank;
+        let b = vec4<u32>(b0) + min(vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(count - 1u)) * rank;
+        let ax0 = at + 2u + t * (LORA_RANK / 4u);
+        var sums = vec4<f32>(0.0);
+        if rank % 4u == 0u {
+            var a0 = vec4<f32>(0.0);
+            var a1 = vec4<f32>(0.0);
+            var a2 = vec4<f32>(0.0);
+            var a3 = vec4<f32>(0.0);
+            for (var j4 = 0u; j4 < rank / 4u; j4++) {
+                let ax = bitcast<vec4<f32>>(lora_ax[ax0 + j4]);
+                a0 = fma(lora_b4(b.x + 4u * j4), ax, a0);
+                a1 = fma(lora_b4(b.y + 4u * j4), ax, a1);
+                a2 = fma(lora_b4(b.z + 4u * j4), ax, a2);
+                a3 = fma(lora_b4(b.w + 4u * j4), ax, a3);
+            }
+            sums = vec4<f32>((a0.x + a0.y) + (a0.z + a0.w), (a1.x + a1.y) + (a1.z + a1.w), (a2.x + a2.y) + (a2.z + a2.w),
+                (a3.x + a3.y) + (a3.z + a3.w));
+        } else {
+            for (var j = 0u; j < rank; j++) {
+                let ax = bitcast<f32>(lora_ax[ax0 + j / 4u][j % 4u]);
+                let bj = vec4<f32>(lora_b(b.x + j), lora_b(b.y + j), lora_b(b.z + j), lora_b(b.w + j));
+                sums = fma(bj, vec4<f32>(ax), sums);
+            }
         }
-        sums = vec4<f32>((a0.x + a0.y) + (a0.z + a0.w), (a1.x + a1.y) + (a1.z + a1.w), (a2.x + a2.y) + (a2.z + a2.w),
-            (a3.x + a3.y) + (a3.z + a3.w));
-    } else {
-        for (var j = 0u; j < rank; j++) {
-            let ax = bitcast<f32>(lora_ax[ax0 + j / 4u][j % 4u]);
-            let bj = vec4<f32>(lora_b(b.x + j), lora_b(b.y + j), lora_b(b.z + j), lora_b(b.w + j));
-            sums = fma(bj, vec4<f32>(ax), sums);
-        }
+        let scales = lora_ax[at + 1u];
+        let scale = bitcast<f32>(select(select(scales.x, scales.y, t == 1u), scales.z, t == 2u));
+        out = fma(vec4<f32>(scale), sums, v);  // fma: see dot_fma in common.wgsl
     }
-    let scales = lora_ax[at + 1u];
-    let scale = bitcast<f32>(select(select(scales.x, scales.y, t == 1u), scales.z, t == 2u));
-    return fma(vec4<f32>(scale), sums, v);  // fma: see dot_fma in common.wgsl
+    return out;
 }
 
 // B values i .. i + 3 (i a multiple of 4), and value i alone.
