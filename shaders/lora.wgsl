@@ -132,8 +132,10 @@ fn main(
     let total = h.x + h.y + h.z;
     if SLICES == 1u {
         // a lane per four rows of A, each input vec4 of the four tokens loaded (and normed) once
-        // for the four: lavapipe loads storage lane by lane, even at one address for all lanes
-        for (var p = (wid.x * WG + lane) * 4u; p < total; p += nwg.x * WG * 4u) {
+        // for the four: lavapipe loads storage lane by lane, even at one address for all lanes.
+        // The grid's workgroups along x take turns at the fours (a CPU adapter runs workgroups on
+        // its threads: at one row, the host gives the group a workgroup per thread)
+        for (var p = (lane * nwg.x + wid.x) * 4u; p < total; p += nwg.x * WG * 4u) {
             let q = min(vec4<u32>(p) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(total - 1u));
             let a = vec4<u32>(row_start(base, h, q.x), row_start(base, h, q.y), row_start(base, h, q.z),
                 row_start(base, h, q.w));

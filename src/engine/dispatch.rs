@@ -28,10 +28,12 @@ pub(super) enum Grid {
     /// A MoE layer's sum of each token's experts: one thread per output, one token per workgroup
     /// row (past 65535 tokens, on in z).
     ExpertSums { out_rows: usize },
-    /// The LoRA adapters' `A x` (`lora.wgsl`): `tiles` workgroups per token group of the step
-    /// (the host's, up to 4 tokens of one adapter), and at least one per 64 tokens (which write
-    /// their heads), one workgroup row each (past 65535, on in z).
-    LoraGroups(usize),
+    /// The LoRA adapters' `A x` (`lora.wgsl`): a row of `tiles` workgroups per token group of
+    /// the step (the host's, up to 4 tokens of one adapter), and at least one row per 64 tokens
+    /// (which write their heads; past 65535 rows, on in z). With `spread` (a CPU adapter's
+    /// threads), a step of fewer groups than that takes more workgroups a row, so each thread
+    /// gets a share of the rows of A.
+    LoraGroups { tiles: usize, spread: usize },
     /// One workgroup per chunk row.
     WorkgroupPerRow,
     /// `chunks` workgroups per chunk row (per token with `per_token`), one row or token per
@@ -112,9 +114,10 @@ impl Dispatch {
                 let n = (rows * width).max(1);
                 (out_rows.div_ceil(self.wg as usize) as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
             }
-            Grid::LoraGroups(tiles) => {
+            Grid::LoraGroups { tiles, spread } => {
                 let n = lora_groups.max((rows * width).div_ceil(LORA_HEADS_PER_WORKGROUP)).max(1);
-                (tiles as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
+                let x = tiles.max(spread.div_ceil(lora_groups.max(1)));
+                (x as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
             }
             Grid::WorkgroupPerRow => (rows as u32, 1, 1),
             Grid::Chunks { chunks, per_token } => {

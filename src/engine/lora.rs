@@ -319,12 +319,20 @@ impl Builder<'_> {
             // one after another, and take whole rows
             slices: if self.subgroup.is_some() || self.workgroup_reduce { kernels::LORA_SLICES_GPU } else { 1 },
         };
+        // a CPU adapter runs a dispatch's workgroups on its threads (lavapipe: one per core): a
+        // step with fewer groups than threads spreads each group's rows of A over more
+        // workgroups, so one row's `A x` does not run on one core alone (GPUs fill x themselves)
+        #[cfg(not(target_arch = "wasm32"))]
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        #[cfg(target_arch = "wasm32")]
+        let threads = 1;
+        let spread = if spec.slices == 1 { threads } else { 1 };
         let s = self.s;
         let norm_w = norm.flatten().unwrap_or(&s.dummy);
         Some(self.dispatch(
             &spec,
             &[&s.step, &s.row_info, x, &s.lora_ax, &buf.buffer, &g.meta, norm_w, &s.lora_groups],
-            Grid::LoraGroups(spec.row_chunks()),
+            Grid::LoraGroups { tiles: spec.row_chunks(), spread },
         ))
     }
 

@@ -74,8 +74,8 @@ impl Specialize for Lora {
             if self.half { "_f16" } else { "" }
         )
     }
-    /// Per token, `row_chunks` workgroups (the first writes its head) and per group of up to 4
-    /// tokens of one adapter, at the slots' largest rank: a lane per (row of A, slice) sums its
+    /// Per group of up to 4 tokens of one adapter, `row_chunks` workgroups (and the tokens'
+    /// heads, a lane each), at the slots' largest rank: a lane per (row of A, slice) sums its
     /// slice of the inputs for the group's tokens, four inputs an iteration (after the norm's sums
     /// and tree), then the slices' tree; each load of A serves the group (so a token's share of
     /// A's bytes is a quarter, where rows share adapters).
