@@ -9,12 +9,12 @@
 //
 // Workgroup row w writes the heads of tokens w * WG .. (w + 1) * WG, a lane each, and computes
 // the `A x` of group w of the host's list (`groups`, src/engine/step.rs): up to 4 tokens of one
-// adapter, so each load of A serves them all (Punica's SGMV; one token a workgroup, a step of 16
-// rows over 4 adapters gathered each A four times over). The host sizes the grid by its groups
-// (Grid::LoraGroups): a workgroup with no group still runs its code once, masked, on a CPU
-// adapter, so a step of 16 rows over 4 adapters launches 4 rows of workgroups, not 16. With NORM, x is the residual stream and the kernel reads its RMS norm,
-// x * inv [* norm_w], with each token's inv summed by rmsnorm.wgsl's 64 lanes and tree: the
-// values the norm kernel would have written, so the block's norm stays fused into its products.
+// adapter, so each load of A serves them all (Punica's SGMV). The host sizes the grid by its
+// groups (Grid::LoraGroups): a CPU adapter runs a workgroup with no group through its code once,
+// masked, and a row a token left 12 of 16 rows idle at 16 rows over 4 adapters. With NORM, x is
+// the residual stream and the kernel reads its RMS norm, x * inv [* norm_w], with each token's inv
+// summed by rmsnorm.wgsl's 64 lanes and tree: the values the norm kernel would have written, so
+// the block's norm stays fused into its products.
 // Then a lane per four rows of A (targets' ranks one after another) sums each row against each
 // token's normed x over every input, four at a time in order (every input width is a multiple of
 // 4), the four sums added last as (x + y) + (z + w); each input vec4 of the group's tokens is

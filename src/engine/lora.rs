@@ -321,11 +321,9 @@ impl Builder<'_> {
         };
         // a CPU adapter runs a dispatch's workgroups on its threads (lavapipe: one per core): a
         // step with fewer groups than threads spreads each group's rows of A over more
-        // workgroups, so one row's `A x` does not run on one core alone (GPUs fill x themselves)
-        #[cfg(not(target_arch = "wasm32"))]
+        // workgroups, so one row's `A x` does not run on one core alone (GPUs fill x themselves;
+        // in a browser the count is unknown: 1)
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        #[cfg(target_arch = "wasm32")]
-        let threads = 1;
         let spread = if spec.slices == 1 { threads } else { 1 };
         let s = self.s;
         let norm_w = norm.flatten().unwrap_or(&s.dummy);
