@@ -55,6 +55,9 @@ pub struct Args {
     /// Rank of the LoRA table's adapters.
     #[arg(long, default_value_t = 16)]
     lora_rank: usize,
+    /// With the LoRA table, each engine's GPU ms per pipeline variant.
+    #[arg(long)]
+    lora_variants: bool,
     /// Models of the occupancy table (it ignores `--model`).
     #[arg(long, value_delimiter = ',', default_value = "synthetic:smollm2,synthetic:1b")]
     occupancy_models: Vec<String>,
@@ -285,8 +288,14 @@ pub fn run(a: Args) -> Result<()> {
         json.insert("moe".into(), rows.into());
     }
     if table("lora") {
-        let l =
-            crate::bench_lora::lora_table(&gpu, &model, a.weights, &a.lora_rows, a.lora_rank, steps, a.weight_rounds)?;
+        let b = crate::bench_lora::LoraBench {
+            rows: &a.lora_rows,
+            rank: a.lora_rank,
+            steps,
+            rounds: a.weight_rounds,
+            variants: a.lora_variants,
+        };
+        let l = crate::bench_lora::lora_table(&gpu, &model, a.weights, &b)?;
         json.insert("lora".into(), l);
     }
     if table("occupancy") {

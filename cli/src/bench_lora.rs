@@ -3,11 +3,14 @@
 //! in f16) against the base model (an engine without adapter slots) and against an engine with
 //! slots whose rows use none;
 //! then an adapter update (every A and B by PEFT's names) against `queue.write_buffer` of the
-//! same bytes.
+//! same bytes. With `--lora-variants`, also each engine's GPU ms per pipeline variant (where a
+//! step's time goes: `lora.wgsl`'s dispatches, each product's epilogue against the base's).
 
 use std::time::Instant;
 
-use kvdecode::{Engine, EngineOptions, Gpu, InFlight, LoraAdapter, ModelWeights, Sampler, SplitMix64, WeightDtype};
+use kvdecode::{
+    Engine, EngineOptions, Gpu, InFlight, LoraAdapter, ModelWeights, Profile, Sampler, SplitMix64, WeightDtype,
+};
 use serde_json::json;
 
 use crate::bench_weights::median;
@@ -25,6 +28,8 @@ struct Contender {
     /// Per timed step: GPU ms of the step, and of its adapters' `A x` dispatches (`lora.wgsl`;
     /// their `B (A x)` is the products' epilogue).
     ms: Vec<(f64, f64)>,
+    /// The timed steps' profiles, summed (per pipeline variant: `--lora-variants`).
+    sum: Profile,
 }
 
 impl Contender {
@@ -60,11 +65,12 @@ impl Contender {
         let vocab = model.cfg.vocab;
         let ids: Vec<u32> = (0..rows * ctx).map(|_| rng.below(vocab) as u32).collect();
         engine.append_sample(&ids, ctx, &vec![ctx; rows], None, &vec![Sampler::GREEDY; rows])?;
-        let mut c = Contender { engine, rows, rng, ms: Vec::new() };
+        let mut c = Contender { engine, rows, rng, ms: Vec::new(), sum: Profile::default() };
         for _ in 0..2 {
             c.step()?;
         }
         c.ms.clear();
+        c.sum = Profile::default();
         Ok(c)
     }
 
@@ -76,6 +82,7 @@ impl Contender {
         let p = self.engine.profile_step(&next, 1, &vec![1; self.rows], None, Some(&greedy))?;
         let lora: f64 = p.kernels.iter().filter(|k| k.0 == "lora.wgsl").map(|k| k.1).sum();
         self.ms.push((1e3 * p.total(), 1e3 * lora));
+        self.sum.add(&p);
         Ok(())
     }
 
@@ -85,16 +92,23 @@ impl Contender {
     }
 }
 
+/// What the table measures.
+pub struct LoraBench<'a> {
+    /// Rows of each line (over 4 adapters).
+    pub rows: &'a [usize],
+    /// The adapters' rank.
+    pub rank: usize,
+    /// Timed decode steps of each engine.
+    pub steps: usize,
+    /// Timed update rounds.
+    pub rounds: usize,
+    /// Also print each engine's GPU ms per pipeline variant.
+    pub variants: bool,
+}
+
 /// The table; its figures as JSON.
-pub fn lora_table(
-    gpu: &Gpu,
-    model: &ModelWeights,
-    dtype: WeightDtype,
-    rows_list: &[usize],
-    rank: usize,
-    steps: usize,
-    rounds: usize,
-) -> Result<serde_json::Value> {
+pub fn lora_table(gpu: &Gpu, model: &ModelWeights, dtype: WeightDtype, b: &LoraBench) -> Result<serde_json::Value> {
+    let LoraBench { rows: rows_list, rank, steps, rounds, variants } = *b;
     let random = |seed| LoraAdapter::random(&model.cfg, rank, 0.02, 2.0, seed);
     let adapters: Vec<LoraAdapter> = (0..ADAPTERS as u64).map(|s| random(100 + s)).collect();
     let params: usize = adapters[0].layers.iter().flatten().flatten().map(|m| m.a.len() + m.b.len()).sum();
@@ -108,6 +122,7 @@ pub fn lora_table(
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut steps_out = Vec::new();
+    let mut variant_tables = Vec::new();
     let f32 = WeightDtype::F32;
     for &rows in rows_list {
         // the base model; one slot, unused (what having slots costs: each A x dispatch finds no
@@ -134,6 +149,19 @@ pub fn lora_table(
         steps_out.push(json!({"rows": rows, "base_ms": base, "slots_idle_ms": idle, "adapters_ms": with,
             "adapters_lora_ms": with_lora, "ratio": with / base, "adapters_f16_ms": half,
             "adapters_f16_lora_ms": half_lora, "ratio_f16": half / base}));
+        if variants {
+            variant_tables.push((rows, variant_ms(&engines)));
+        }
+    }
+    for (rows, table) in &variant_tables {
+        println!(
+            "\n| pipeline variant, {rows} rows (GPU ms a step, mean of {steps}) | base | slots, no adapter | \
+             {ADAPTERS} adapters | in f16 |"
+        );
+        println!("|---|---:|---:|---:|---:|");
+        for (label, ms) in table {
+            println!("| {label} | {:.2} | {:.2} | {:.2} | {:.2} |", ms[0], ms[1], ms[2], ms[3]);
+        }
     }
     // an update of every tensor against the floor: write_buffer of the same bytes
     let pushed = random(7);
@@ -180,5 +208,30 @@ pub fn lora_table(
     println!("|---|---:|---:|");
     println!("| update_lora | {u:.2} | {:.2}x |", u / f);
     println!("| queue.write_buffer of the same bytes (floor) | {f:.2} | 1.00x |");
-    Ok(json!({"rank": rank, "steps": steps_out, "update_ms": u, "floor_ms": f, "update_ratio": u / f, "bytes": bytes}))
+    let variants_json: Vec<_> = variant_tables
+        .iter()
+        .map(|(rows, t)| json!({"rows": rows, "variants": t.iter().map(|(l, ms)| json!({"label": l, "ms": ms})).collect::<Vec<_>>()}))
+        .collect();
+    Ok(json!({"rank": rank, "steps": steps_out, "update_ms": u, "floor_ms": f, "update_ratio": u / f, "bytes": bytes,
+        "variants": variants_json}))
+}
+
+/// Each pipeline variant any of the engines ran (in the order they first ran), with every
+/// engine's mean GPU ms a timed step in it (0 where it ran none).
+fn variant_ms(engines: &[Contender; 4]) -> Vec<(String, [f64; 4])> {
+    let mut out: Vec<(String, [f64; 4])> = Vec::new();
+    for (i, c) in engines.iter().enumerate() {
+        let steps = c.ms.len().max(1) as f64;
+        for (label, seconds, _) in &c.sum.variants {
+            let at = match out.iter().position(|(l, _)| l == label) {
+                Some(at) => at,
+                None => {
+                    out.push((label.clone(), [0.0; 4]));
+                    out.len() - 1
+                }
+            };
+            out[at].1[i] = 1e3 * seconds / steps;
+        }
+    }
+    out
 }

@@ -111,3 +111,46 @@ fn bench_prefix_table_reports_the_prompt_cache() {
     assert_eq!(computed(on), computed(off) - 4 * 64, "{last}");
     assert!(v["prefix_hit_rate"].as_f64().unwrap() > 0.3, "{last}");
 }
+
+/// The LoRA table runs its four engines and the update, and `--lora-variants` charges
+/// `lora.wgsl` to the engines with adapters only: no other test runs `--tables lora`, whose
+/// figures #36's notes and docs/BENCHMARKS.md quote.
+#[test]
+fn bench_lora_table_times_the_adapters_and_their_variants() {
+    let (_, v) = common::run_json(&[
+        "bench",
+        "--model",
+        "synthetic:tiny",
+        "--tables",
+        "lora",
+        "--lora-rows",
+        "2",
+        "--lora-rank",
+        "4",
+        "--lora-variants",
+        "--steps",
+        "1",
+        "--weight-rounds",
+        "1",
+        "--json",
+    ]);
+    let last = v.to_string();
+    let lora = &v["lora"];
+    let step = &lora["steps"][0];
+    assert_eq!(step["rows"], 2, "{last}");
+    for key in ["ratio", "ratio_f16", "adapters_lora_ms", "adapters_f16_lora_ms"] {
+        assert!(step[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {last}");
+    }
+    assert!(lora["update_ratio"].as_f64().is_some_and(|x| x > 0.0), "{last}");
+    let variants = lora["variants"][0]["variants"].as_array().expect("--lora-variants");
+    let ms = |label: &serde_json::Value| -> Vec<f64> {
+        label["ms"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect()
+    };
+    let ax: Vec<Vec<f64>> =
+        variants.iter().filter(|l| l["label"].as_str().unwrap().starts_with("lora_ax")).map(ms).collect();
+    assert!(!ax.is_empty(), "lora.wgsl's variants are listed: {last}");
+    // the base engine has no slots: no lora.wgsl; the slot engine runs the f32 variants, the f16
+    // engine its own
+    assert!(ax.iter().all(|m| m[0] == 0.0), "{last}");
+    assert!(ax.iter().any(|m| m[1] > 0.0 && m[2] > 0.0) && ax.iter().any(|m| m[3] > 0.0), "{last}");
+}
