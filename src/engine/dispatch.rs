@@ -71,9 +71,6 @@ pub(super) struct Dispatch {
     pub(super) min_width: usize,
 }
 
-/// Tokens whose heads one `lora.wgsl` workgroup writes, a lane each (its `WG`).
-const LORA_HEADS_PER_WORKGROUP: usize = 64;
-
 /// Blocks of tokens a matmul dispatch covers: one per 4 tokens, or one per token in steps of
 /// fewer than 4 (`tokens_per_thread` in matmul.wgsl).
 fn matmul_token_blocks(n: usize) -> u32 {
@@ -115,7 +112,8 @@ impl Dispatch {
                 (out_rows.div_ceil(self.wg as usize) as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
             }
             Grid::LoraGroups { tiles, spread } => {
-                let n = lora_groups.max((rows * width).div_ceil(LORA_HEADS_PER_WORKGROUP)).max(1);
+                // a workgroup writes the heads of as many tokens as it has lanes
+                let n = lora_groups.max((rows * width).div_ceil(self.wg as usize)).max(1);
                 let x = tiles.max(spread.div_ceil(lora_groups.max(1)));
                 (x as u32, n.min(65535) as u32, n.div_ceil(65535) as u32)
             }

@@ -10,6 +10,7 @@ use crate::gpu::device::Gpu;
 use crate::gpu::weights::WeightDtype;
 use crate::model::config::ModelConfig;
 use crate::model::lora::{adapts_mlp, LoraAdapter, LoraModule, LoraTarget, ModuleUpdate};
+use crate::model::tensor::first_all_ones;
 
 /// The slot index a row without an adapter carries in `RowInfo.lora`.
 pub(crate) const NO_ADAPTER: u32 = u32::MAX;
@@ -402,13 +403,9 @@ fn copy_checked(src: &[u8], mut dst: wgpu::WriteOnly<[u8]>, half: bool) -> bool 
         }
         return true;
     }
-    // an exponent of all ones is an infinity or a NaN
-    const EXPONENT: u32 = 0x7f80_0000;
     for (i, s) in src.chunks(BLOCK).enumerate() {
-        let bad = s
-            .chunks_exact(4)
-            .fold(false, |bad, v| bad | (u32::from_le_bytes([v[0], v[1], v[2], v[3]]) & EXPONENT == EXPONENT));
-        if bad {
+        // an exponent of all ones is an infinity or a NaN (HostTensor::check_values' test)
+        if first_all_ones(s, 0x7f80_0000, 4).is_some() {
             return false;
         }
         dst.slice(i * BLOCK..i * BLOCK + s.len()).copy_from_slice(s);

@@ -182,7 +182,7 @@ impl<'a> HostTensor<'a> {
 
 /// The index of the first little-endian element of `size` bytes (2 or 4) whose bits under `mask`
 /// are all set, if any.
-fn first_all_ones(bytes: &[u8], mask: u32, size: usize) -> Option<usize> {
+pub(crate) fn first_all_ones(bytes: &[u8], mask: u32, size: usize) -> Option<usize> {
     match size {
         2 => first_all_ones_of::<2>(bytes, mask),
         _ => first_all_ones_of::<4>(bytes, mask),
