@@ -51,7 +51,8 @@ override AB_HALF: bool = false;      // A and B as halves, two to a u32 (EngineO
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<storage, read> row_info: array<RowInfo>;   // [R]
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;        // [R * C, X_STRIDE / 4]
-// per token: slot, the 3 targets' ranks, their 3 scales' bits and a pad, then A_t x (f32 bits) at
+// per token: slot, the 3 targets' ranks, their 3 scales' bits and the products' order's token at
+// this position, then A_t x (f32 bits) at
 // 8 + t * MAX_RANK; matmul_lora.wgsl reads it as vec4s
 @group(0) @binding(3) var<storage, read_write> ax: array<u32>;       // [R * C, AX_STRIDE]
 // per slot: A [group targets, MAX_RANK, K], then the targets' B (src/gpu/lora.rs), as u32s: f32
@@ -60,8 +61,9 @@ override AB_HALF: bool = false;      // A and B as halves, two to a u32 (EngineO
 @group(0) @binding(4) var<storage, read> ab: array<vec4<u32>>;       // [slots, SLOT_FLOATS / 4 or / 8]
 @group(0) @binding(5) var<storage, read> lora_meta: array<vec2<u32>>;     // [layers, slots, 7]: rank, scale bits
 @group(0) @binding(6) var<storage, read> norm_w: array<vec4<f32>>;   // [K / 4] (read with NORM_WEIGHT)
-// the step's token groups: their count, then per group (slot, tokens, 0, 0) and its tokens
-@group(0) @binding(7) var<storage, read> groups: array<vec4<u32>>;   // [1 + 2 * R * C]
+// the step's token groups: their count and where the order starts, then per group (slot,
+// tokens, 0, 0) and its tokens, then the products' order of the step's tokens, four a vec4
+@group(0) @binding(7) var<storage, read> groups: array<vec4<u32>>;   // [1 + 2 * R * C + R * C / 4]
 
 // the group's slot and token count, the slot's ranks of the group's targets, and its tokens
 var<workgroup> group: array<vec4<u32>, 3>;
@@ -91,12 +93,14 @@ fn main(
     let n = w * WG + lane;
     if wid.x == 0u && n < step.tokens {
         var h = vec4<u32>(NO_ADAPTER, 0u, 0u, 0u);
-        var s = vec4<u32>(0u);
+        // the last word: the token at position n of the host's order, for the products' blocks
+        // (matmul_lora.wgsl's block_tokens)
+        var s = vec4<u32>(0u, 0u, 0u, groups[groups[0].y + n / 4u][n % 4u]);
         let info = row_info[n / step.width];
         if n % step.width < info.n_new && info.lora != NO_ADAPTER {
             let m = array<vec2<u32>, 3>(target_meta(info.lora, 0u), target_meta(info.lora, 1u), target_meta(info.lora, 2u));
             h = vec4<u32>(info.lora, m[0].x, m[1].x, m[2].x);
-            s = vec4<u32>(m[0].y, m[1].y, m[2].y, 0u);
+            s = vec4<u32>(m[0].y, m[1].y, m[2].y, s.w);
         }
         for (var i = 0u; i < 4u; i++) {
             ax[n * AX_STRIDE + i] = h[i];

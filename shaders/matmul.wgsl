@@ -309,11 +309,12 @@ fn dots_quad(r: vec4<u32>, b: vec4<u32>, tokens: u32, inv: vec4<f32>) -> array<v
     return array<vec4<f32>, 4>(a0, a1, a2, a3);
 }
 
-// The wide shape's outputs o .. o + OUTS - 1 of tokens n0 .. (`me`: this lane's share of a
-// block's inputs with subgroups, see the lane hooks), eight weight rows at a time: eight outputs,
+// The wide shape's outputs o .. o + OUTS - 1 of the block of tokens at n0 (ns: those tokens,
+// block_tokens; `me`: this lane's share of a block's inputs with subgroups, see the lane hooks),
+// eight weight rows at a time: eight outputs,
 // or four and their up-projection partners (gated MLP_ACT). Rows past the end are clamped and
 // not stored.
-fn wide_outputs(o: u32, n0: u32, n_total: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>, me: u32) {
+fn wide_outputs(o: u32, n0: u32, ns: vec4<u32>, n_total: u32, b: vec4<u32>, tokens: u32, inv: vec4<f32>, me: u32) {
     let step_outs = select(8u, 4u, GATED);
     for (var j = 0u; j < OUTS; j += step_outs) {
         let r = min(vec4<u32>(o + j) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(O_ROWS - 1u));
@@ -322,7 +323,7 @@ fn wide_outputs(o: u32, n0: u32, n_total: u32, b: vec4<u32>, tokens: u32, inv: v
         let acc = dots_rows8(r, r_hi, b, tokens, inv, me);
         if LORA {
             // the adapters' epilogue four outputs at a time (matmul_lora.wgsl)
-            store_lora_rows(o + j, n0, n_total, acc, tokens);
+            store_lora_rows(o + j, ns, min(tokens, n_total - n0), acc);
             continue;
         }
         // rows 0..3 are outputs; 4..7 their up rows (gated) or four more outputs
@@ -496,11 +497,12 @@ fn main_wide(
     let n_total = select(step.tokens, step.rows, PER_ROW);
     let tokens = tokens_per_thread(n_total);
     let n0 = wid.y * tokens;
-    let b = row_bases(n0, n_total);
+    let ns = block_tokens(n0, n_total);
+    let b = ns * (X_STRIDE / 4u);
     var inv = vec4<f32>(1.0);
     if NORM { inv = inv_rms(b, lane); }  // all lanes: barriers
     if n0 >= n_total { return; }  // the whole workgroup
-    wide_outputs(o, n0, n_total, b, tokens, inv, 0u);
+    wide_outputs(o, n0, ns, n_total, b, tokens, inv, 0u);
 }
 
 // The NORM variant of `main` for one output per thread (a separate entry point: only it holds

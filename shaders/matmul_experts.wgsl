@@ -94,7 +94,10 @@ fn store_out(o: u32, n0: u32, n_total: u32, acc: vec4<f32>, up: vec4<f32>, token
     store4(o, n0, n_total, apply_act(acc, up), tokens);
 }
 const LORA: bool = false;
-fn store_lora_rows(o: u32, n0: u32, n_total: u32, acc: array<vec4<f32>, 8>, tokens: u32) {}
+fn store_lora_rows(o: u32, ns: vec4<u32>, live: u32, acc: array<vec4<f32>, 8>) {}
+fn block_tokens(n0: u32, n_total: u32) -> vec4<u32> {
+    return token_rows(n0, n_total);
+}
 
 // Output o of the first `count` pairs p (rows of y).
 fn store_pairs(o: u32, p: vec4<u32>, count: u32, v: vec4<f32>) {

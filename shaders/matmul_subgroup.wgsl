@@ -63,7 +63,8 @@ fn main_wide_subgroup(
     let n_total = select(step.tokens, step.rows, PER_ROW);
     let tokens = tokens_per_thread(n_total);
     let n0 = wid.y * tokens;
-    let b = row_bases(n0, n_total);
+    let ns = block_tokens(n0, n_total);
+    let b = ns * (X_STRIDE / 4u);
     var inv = vec4<f32>(1.0);
     if NORM && WG == 8u {
         inv = inv_rms_lanes8(b, tokens, sg_lane);
@@ -71,7 +72,7 @@ fn main_wide_subgroup(
         inv = inv_rms(b, lane);  // all lanes: barriers
     }
     if n0 >= n_total { return; }  // the whole workgroup
-    wide_outputs(o, n0, n_total, b, tokens, inv, sg_lane % 8u);
+    wide_outputs(o, n0, ns, n_total, b, tokens, inv, sg_lane % 8u);
 }
 
 // inv_rms for a workgroup of one 8-lane subgroup: lane p plays rmsnorm.wgsl's lanes p, p + 8, ...,

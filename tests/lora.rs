@@ -284,6 +284,32 @@ fn a_batch_mixing_adapters_gives_each_row_its_alone_bits() {
     }
 }
 
+/// Rows whose adapters interleave in the batch, decoding a token a step: the wide products take
+/// the step's tokens in adapter order, a block of four tokens of one adapter loading B once for
+/// them all (`matmul_lora.wgsl`'s `lora_tokens`; the tests above never have two rows of one adapter
+/// in a step). Rows 0, 3, 5 and 6 on r8 fill a block. While row 8, a fifth on r8, has tokens, its
+/// block holds row 2 (base) and two rows on r64, which must each take their own adapter; after it,
+/// rows 1, 4 and 7 on r64 share a block with row 2, then (row 7 done) rows 1 and 4 do. Each row
+/// keeps its bits alone, where a block is one token.
+#[test]
+fn rows_of_one_adapter_sharing_a_block_keep_their_alone_bits() {
+    let w = base("llama");
+    let mut rng = kvdecode::SplitMix64(common::seed(38));
+    let names =
+        [Some("r8"), Some("r64"), None, Some("r8"), Some("r64"), Some("r8"), Some("r8"), Some("r64"), Some("r8")];
+    let lens = [9, 9, 9, 9, 9, 9, 9, 7, 4];
+    let prompts: Vec<Vec<u32>> = lens.iter().map(|&n| (0..n).map(|_| rng.below(128) as u32).collect()).collect();
+    let rows: Vec<usize> = (0..names.len()).collect();
+    let mut e = engine(&w, names.len(), 3);
+    load_three(&mut e);
+    let together = side_by_side(&mut e, &rows, &prompts, 1, Some(&names));
+    e.reset(&rows).unwrap();
+    for (r, name) in names.iter().enumerate() {
+        let alone = side_by_side(&mut e, &[r], &prompts[r..=r], 1, Some(&[*name])).remove(0);
+        assert!(alone == together[r], "row {r} ({name:?}): its logits depend on its block");
+    }
+}
+
 fn views(t: &[Owned]) -> Vec<HostTensor<'_>> {
     t.iter().map(|(n, s, v)| HostTensor::f32(n.clone(), s, v)).collect()
 }

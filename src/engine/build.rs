@@ -321,7 +321,8 @@ impl Engine {
                 None => gpu.storage("no LoRA A x", 16)?,
             },
             lora_groups: match gw.lora.as_ref() {
-                Some(_) => gpu.storage("LoRA token groups", 16 * (1 + 2 * t as u64))?,
+                // the count, two vec4s a group of up to 4 tokens, then the order, 4 tokens a vec4
+                Some(_) => gpu.storage("LoRA token groups", 16 * (1 + 2 * t as u64 + (t as u64).div_ceil(4)))?,
                 None => gpu.storage("no LoRA token groups", 16)?,
             },
             dummy: gpu.storage("dummy", 16)?,

@@ -80,7 +80,7 @@ pub(crate) struct Scratch {
     sample_stats: wgpu::Buffer, // [max(rows, all_logits_tokens), chunks, 8]: the split sampler's chunk results
     all_logits: wgpu::Buffer,   // [all_logits_tokens, vocab]
     lora_ax: wgpu::Buffer,      // [T, 8 + 3 * stride rank] u32: each token's LoRA head and A x (lora.wgsl)
-    lora_groups: wgpu::Buffer,  // [1 + 2 T] vec4<u32>: the step's tokens by adapter, 4 a group (lora.wgsl)
+    lora_groups: wgpu::Buffer,  // [1 + 2 T + T / 4] vec4<u32>: tokens by adapter; the products' order
     dummy: wgpu::Buffer,        // bound where a kernel's optional input is absent
     dummy_rw: wgpu::Buffer,     // the same for an optional output (one buffer may not be bound both ways)
     xq: wgpu::Buffer,           // int-dot products: [T, K / 32, Q8_BLOCK_WORDS] quantized input

@@ -212,7 +212,7 @@ impl Engine {
             .collect();
         q.write_buffer(&self.s.step, 0, bytemuck::bytes_of(&step));
         q.write_buffer(&self.s.row_info, 0, bytemuck::cast_slice(&info));
-        // the adapters' token groups: their count sizes lora.wgsl's grids
+        // the adapters' token groups (their count sizes lora.wgsl's grids) and the products' order
         let mut groups = 0;
         if self.weights.lora.is_some() {
             let list = lora_groups(&info, c);
@@ -626,21 +626,47 @@ pub(crate) enum Output {
 const LORA_GROUP: usize = 4;
 
 /// The chunk's real tokens on adapters (`info`: its rows, `width` token slots each), by slot, in
-/// groups of up to [`LORA_GROUP`]: their count, then per group `(slot, tokens, 0, 0)` and its
-/// tokens (`lora.wgsl`'s `groups`). A token's sums do not depend on its group.
+/// groups of up to [`LORA_GROUP`], and the order the wide products take the chunk's tokens in
+/// (`lora.wgsl`'s `groups`): their count and the order's first vec4, then per group
+/// `(slot, tokens, 0, 0)` and its tokens, then the order, four tokens a vec4. A token's sums do
+/// not depend on its group or its place in the order.
+///
+/// The order puts each whole group in a block of the products' four tokens, then each partial
+/// group, filled up with tokens on no adapter (padding included) while there are any, then the
+/// rest: a block whose tokens share an adapter loads its B once for all four
+/// (`matmul_lora.wgsl`'s `lora_tokens`), where a batch's rows need not come in adapter order.
 fn lora_groups(info: &[RowInfoGpu], width: usize) -> Vec<[u32; 4]> {
     let mut by_slot: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
-    for (r, row) in info.iter().enumerate().filter(|(_, row)| row.lora != NO_ADAPTER) {
-        by_slot.entry(row.lora).or_default().extend((0..row.n_new).map(|j| (r * width) as u32 + j));
-    }
-    let mut out = vec![[0u32; 4]];
-    for (slot, tokens) in by_slot {
-        for group in tokens.chunks(LORA_GROUP) {
-            let mut t = [0u32; 4];
-            t[..group.len()].copy_from_slice(group);
-            out.extend([[slot, group.len() as u32, 0, 0], t]);
+    let mut others = Vec::new();
+    for (r, row) in info.iter().enumerate() {
+        for j in 0..width as u32 {
+            let n = (r * width) as u32 + j;
+            match row.lora != NO_ADAPTER && j < row.n_new {
+                true => by_slot.entry(row.lora).or_default().push(n),
+                false => others.push(n),
+            }
         }
     }
-    out[0][0] = ((out.len() - 1) / 2) as u32;
+    let groups: Vec<(u32, &[u32])> =
+        by_slot.iter().flat_map(|(&slot, tokens)| tokens.chunks(LORA_GROUP).map(move |g| (slot, g))).collect();
+    let mut out = vec![[groups.len() as u32, (1 + 2 * groups.len()) as u32, 0, 0]];
+    for &(slot, group) in &groups {
+        let mut t = [0u32; 4];
+        t[..group.len()].copy_from_slice(group);
+        out.extend([[slot, group.len() as u32, 0, 0], t]);
+    }
+    let (whole, partial): (Vec<_>, Vec<_>) = groups.iter().map(|g| g.1).partition(|g| g.len() == LORA_GROUP);
+    let mut order: Vec<u32> = whole.concat();
+    let mut others = others.into_iter();
+    for group in partial {
+        order.extend(group);
+        order.extend(others.by_ref().take(LORA_GROUP - group.len()));
+    }
+    order.extend(others);
+    out.extend(order.chunks(4).map(|c| {
+        let mut t = [0u32; 4];
+        t[..c.len()].copy_from_slice(c);
+        t
+    }));
     out
 }
