@@ -58,6 +58,10 @@ pub struct Args {
     /// With the LoRA table, each engine's GPU ms per pipeline variant.
     #[arg(long)]
     lora_variants: bool,
+    /// LoRA table: sets of its four engines made one after another, each set anew (a line gives
+    /// the median of the sets' ratios): two identical engines can differ by a few percent.
+    #[arg(long, default_value_t = 1)]
+    lora_sets: usize,
     /// Models of the occupancy table (it ignores `--model`).
     #[arg(long, value_delimiter = ',', default_value = "synthetic:smollm2,synthetic:1b")]
     occupancy_models: Vec<String>,
@@ -294,6 +298,7 @@ pub fn run(a: Args) -> Result<()> {
             steps,
             rounds: a.weight_rounds,
             variants: a.lora_variants,
+            sets: a.lora_sets.max(1),
         };
         let l = crate::bench_lora::lora_table(&gpu, &model, a.weights, &b)?;
         json.insert("lora".into(), l);

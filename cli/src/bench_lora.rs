@@ -4,7 +4,9 @@
 //! slots whose rows use none;
 //! then an adapter update (every A and B by PEFT's names) against `queue.write_buffer` of the
 //! same bytes. With `--lora-variants`, also each engine's GPU ms per pipeline variant (where a
-//! step's time goes: `lora.wgsl`'s dispatches, each product's epilogue against the base's).
+//! step's time goes: `lora.wgsl`'s dispatches, each product's epilogue against the base's). With
+//! `--lora-sets N`, N sets of the four engines are made one after another and each figure is the
+//! median of the sets': two identical engines made side by side can differ by a few percent.
 
 use std::time::Instant;
 
@@ -104,59 +106,85 @@ pub struct LoraBench<'a> {
     pub rounds: usize,
     /// Also print each engine's GPU ms per pipeline variant.
     pub variants: bool,
+    /// Sets of the four engines, made one after another (at least 1).
+    pub sets: usize,
 }
 
 /// The table; its figures as JSON.
 pub fn lora_table(gpu: &Gpu, model: &ModelWeights, dtype: WeightDtype, b: &LoraBench) -> Result<serde_json::Value> {
-    let LoraBench { rows: rows_list, rank, steps, rounds, variants } = *b;
+    let LoraBench { rows: rows_list, rank, steps, rounds, variants, sets } = *b;
     let random = |seed| LoraAdapter::random(&model.cfg, rank, 0.02, 2.0, seed);
     let adapters: Vec<LoraAdapter> = (0..ADAPTERS as u64).map(|s| random(100 + s)).collect();
     let params: usize = adapters[0].layers.iter().flatten().flatten().map(|m| m.a.len() + m.b.len()).sum();
     println!(
         "\nLoRA on every linear layer, rank {rank} ({params} parameters an adapter; context 128; GPU ms per decode step by \
-         timestamp queries, median of {steps}, the four engines stepping in turn; rows spread over {ADAPTERS} adapters)"
+         timestamp queries, median of {steps}, the four engines stepping in turn; rows spread over {ADAPTERS} adapters{})",
+        match sets {
+            1 => String::new(),
+            n => format!("; {n} sets of engines made one after another, each figure the median of the sets'"),
+        }
     );
     println!(
         "| rows | base ms / step | slots, no adapter ms | {ADAPTERS} adapters ms | of it lora.wgsl ms | adapters / base \
-         | {ADAPTERS} adapters in f16 ms | of it lora.wgsl ms | f16 adapters / base |"
+         | {ADAPTERS} adapters in f16 ms | of it lora.wgsl ms | f16 adapters / base | adapters / base, each set |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut steps_out = Vec::new();
     let mut variant_tables = Vec::new();
     let f32 = WeightDtype::F32;
     for &rows in rows_list {
-        // the base model; one slot, unused (what having slots costs: each A x dispatch finds no
-        // adapter, each product's epilogue reads a head saying so); rows over 4 adapters in f32,
-        // then in f16. They take their steps in turn, so a slow spell of a shared machine falls
-        // on all four alike.
-        let mut engines = [
-            Contender::new(gpu, model, dtype, rows, &[], f32, steps)?,
-            Contender::new(gpu, model, dtype, rows, &adapters[..1], f32, steps)?,
-            Contender::new(gpu, model, dtype, rows, &adapters, f32, steps)?,
-            Contender::new(gpu, model, dtype, rows, &adapters, WeightDtype::F16, steps)?,
-        ];
-        for _ in 0..steps {
-            for c in &mut engines {
-                c.step()?;
+        // per set: base, idle, with, with_lora, half, half_lora, and the two ratios
+        let mut figures: Vec<[f64; 8]> = Vec::new();
+        let mut variant_sets = Vec::new();
+        for _ in 0..sets {
+            // the base model; one slot, unused (what having slots costs: each A x dispatch finds
+            // no adapter, each product's epilogue reads a head saying so); rows over 4 adapters
+            // in f32, then in f16. They take their steps in turn, so a slow spell of a shared
+            // machine falls on all four alike; a set is dropped before the next is made.
+            let mut engines = [
+                Contender::new(gpu, model, dtype, rows, &[], f32, steps)?,
+                Contender::new(gpu, model, dtype, rows, &adapters[..1], f32, steps)?,
+                Contender::new(gpu, model, dtype, rows, &adapters, f32, steps)?,
+                Contender::new(gpu, model, dtype, rows, &adapters, WeightDtype::F16, steps)?,
+            ];
+            for _ in 0..steps {
+                for c in &mut engines {
+                    c.step()?;
+                }
+            }
+            let [(base, _), (idle, _), (with, with_lora), (half, half_lora)] =
+                engines.each_ref().map(Contender::medians);
+            figures.push([base, idle, with, with_lora, half, half_lora, with / base, half / base]);
+            if variants {
+                variant_sets.push(variant_ms(&engines));
             }
         }
-        let [(base, _), (idle, _), (with, with_lora), (half, half_lora)] = engines.each_ref().map(Contender::medians);
+        let m: Vec<f64> = (0..8).map(|i| median(figures.iter().map(|f| f[i]).collect())).collect();
+        let each: Vec<f64> = figures.iter().map(|f| f[6]).collect();
         println!(
-            "| {rows} | {base:.2} | {idle:.2} | {with:.2} | {with_lora:.2} | {:.2} | {half:.2} | {half_lora:.2} | {:.2} |",
-            with / base,
-            half / base
+            "| {rows} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+            m[0],
+            m[1],
+            m[2],
+            m[3],
+            m[6],
+            m[4],
+            m[5],
+            m[7],
+            each.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
         );
-        steps_out.push(json!({"rows": rows, "base_ms": base, "slots_idle_ms": idle, "adapters_ms": with,
-            "adapters_lora_ms": with_lora, "ratio": with / base, "adapters_f16_ms": half,
-            "adapters_f16_lora_ms": half_lora, "ratio_f16": half / base}));
+        steps_out.push(json!({"rows": rows, "base_ms": m[0], "slots_idle_ms": m[1], "adapters_ms": m[2],
+            "adapters_lora_ms": m[3], "ratio": m[6], "adapters_f16_ms": m[4],
+            "adapters_f16_lora_ms": m[5], "ratio_f16": m[7], "ratio_each_set": each}));
         if variants {
-            variant_tables.push((rows, variant_ms(&engines)));
+            variant_tables.push((rows, mean_variants(variant_sets)));
         }
     }
     for (rows, table) in &variant_tables {
         println!(
-            "\n| pipeline variant, {rows} rows (GPU ms a step, mean of {steps}) | base | slots, no adapter | \
-             {ADAPTERS} adapters | in f16 |"
+            "\n| pipeline variant, {rows} rows (GPU ms a step, mean of {steps}{}) | base | slots, no adapter | \
+             {ADAPTERS} adapters | in f16 |",
+            if sets > 1 { format!(", then of the {sets} sets") } else { String::new() }
         );
         println!("|---|---:|---:|---:|---:|");
         for (label, ms) in table {
@@ -214,6 +242,26 @@ pub fn lora_table(gpu: &Gpu, model: &ModelWeights, dtype: WeightDtype, b: &LoraB
         .collect();
     Ok(json!({"rank": rank, "steps": steps_out, "update_ms": u, "floor_ms": f, "update_ratio": u / f, "bytes": bytes,
         "variants": variants_json}))
+}
+
+/// The sets' variant tables merged: each variant's mean ms over the sets (0 in a set that did
+/// not run it).
+fn mean_variants(sets: Vec<Vec<(String, [f64; 4])>>) -> Vec<(String, [f64; 4])> {
+    let n = sets.len().max(1) as f64;
+    let mut out: Vec<(String, [f64; 4])> = Vec::new();
+    for (label, ms) in sets.into_iter().flatten() {
+        let at = match out.iter().position(|(l, _)| *l == label) {
+            Some(at) => at,
+            None => {
+                out.push((label, [0.0; 4]));
+                out.len() - 1
+            }
+        };
+        for (sum, v) in out[at].1.iter_mut().zip(ms) {
+            *sum += v / n;
+        }
+    }
+    out
 }
 
 /// Each pipeline variant any of the engines ran (in the order they first ran), with every

@@ -112,9 +112,10 @@ fn bench_prefix_table_reports_the_prompt_cache() {
     assert!(v["prefix_hit_rate"].as_f64().unwrap() > 0.3, "{last}");
 }
 
-/// The LoRA table runs its four engines and the update, and `--lora-variants` charges
-/// `lora.wgsl` to the engines with adapters only: no other test runs `--tables lora`, whose
-/// figures #36's notes and docs/BENCHMARKS.md quote.
+/// The LoRA table runs its four engines and the update, `--lora-sets` makes them anew for each
+/// set and gives the median of the sets' ratios, and `--lora-variants` charges `lora.wgsl` to the
+/// engines with adapters only: no other test runs `--tables lora`, whose figures #36's notes and
+/// docs/BENCHMARKS.md quote.
 #[test]
 fn bench_lora_table_times_the_adapters_and_their_variants() {
     let (_, v) = common::run_json(&[
@@ -128,6 +129,8 @@ fn bench_lora_table_times_the_adapters_and_their_variants() {
         "--lora-rank",
         "4",
         "--lora-variants",
+        "--lora-sets",
+        "2",
         "--steps",
         "1",
         "--weight-rounds",
@@ -141,6 +144,9 @@ fn bench_lora_table_times_the_adapters_and_their_variants() {
     for key in ["ratio", "ratio_f16", "adapters_lora_ms", "adapters_f16_lora_ms"] {
         assert!(step[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {last}");
     }
+    let each: Vec<f64> = step["ratio_each_set"].as_array().unwrap().iter().map(|r| r.as_f64().unwrap()).collect();
+    assert_eq!(each.len(), 2, "{last}");
+    assert_eq!(step["ratio"].as_f64(), Some(each[0].max(each[1])), "the upper median of two: {last}");
     assert!(lora["update_ratio"].as_f64().is_some_and(|x| x > 0.0), "{last}");
     let variants = lora["variants"][0]["variants"].as_array().expect("--lora-variants");
     let ms = |label: &serde_json::Value| -> Vec<f64> {
