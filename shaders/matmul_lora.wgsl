@@ -46,28 +46,35 @@ fn lora_add(n: u32, t: u32, g: u32, v: f32) -> f32 {
     let rank = target_rank(head, t);
     var out = v;
     for (var live = rank > 0u; live; live = false) {  // once, where the token's adapter has t
-        let first = select(select(0u, LORA_T1, t == 1u), LORA_T2, t == 2u);
-        let b0 = head.x * LORA_SLOT + LORA_B0 + first * LORA_RANK + (g - first) * rank;
+        let b0 = target_b0(head.x, t, g, rank);
         let ax0 = at + 2u + t * (LORA_RANK / 4u);
         var acc = 0.0;
         if rank % 4u == 0u {
             var acc4 = vec4<f32>(0.0);
             for (var j4 = 0u; j4 < rank / 4u; j4++) {
-                let i = b0 + 4u * j4;
-                acc4 = fma(lora_values4(lora_ab[lora_word(i, LORA_HALF)], i, LORA_HALF), bitcast<vec4<f32>>(lora_ax[ax0 + j4]), acc4);
+                acc4 = fma(lora_b4(b0 + 4u * j4), bitcast<vec4<f32>>(lora_ax[ax0 + j4]), acc4);
             }
             acc = (acc4.x + acc4.y) + (acc4.z + acc4.w);
         } else {
             for (var j = 0u; j < rank; j++) {
-                let i = b0 + j;
-                acc = fma(lora_value(lora_ab[lora_word(i, LORA_HALF)], i, LORA_HALF), bitcast<f32>(lora_ax[ax0 + j / 4u][j % 4u]), acc);
+                acc = fma(lora_b(b0 + j), ax_value(ax0, j), acc);
             }
         }
-        let scales = lora_ax[at + 1u];
-        let scale = bitcast<f32>(select(select(scales.x, scales.y, t == 1u), scales.z, t == 2u));
-        out = fma(scale, acc, v);  // fma: see dot_fma in common.wgsl
+        out = fma(target_scale(at, t), acc, v);  // fma: see dot_fma in common.wgsl
     }
     return out;
+}
+
+// The first value in lora_ab of the group's B row g (of target t) in `slot`, whose t has `rank`.
+fn target_b0(slot: u32, t: u32, g: u32, rank: u32) -> u32 {
+    let first = select(select(0u, LORA_T1, t == 1u), LORA_T2, t == 2u);
+    return slot * LORA_SLOT + LORA_B0 + first * LORA_RANK + (g - first) * rank;
+}
+
+// The scale of target t in the adapter of the token whose head is at `at`.
+fn target_scale(at: u32, t: u32) -> f32 {
+    let scales = lora_ax[at + 1u];
+    return bitcast<f32>(select(select(scales.x, scales.y, t == 1u), scales.z, t == 2u));
 }
 
 // The rank of target t in the adapter of a token with this head: 0 where the token has no
@@ -241,7 +248,6 @@ fn lora_tokens(ns: vec4<u32>, live: u32, t: u32, g: u32, count: u32, m: mat4x4<f
     let ranks = vec4<u32>(target_rank(h0, t), target_rank(h1, t), target_rank(h2, t), target_rank(h3, t));
     // the tokens whose adapter has target t and has not been added yet
     var todo = (ranks > vec4<u32>(0u)) & (vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(live));
-    let first = select(select(0u, LORA_T1, t == 1u), LORA_T2, t == 2u);
     let rows = min(vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(count - 1u));
     let ax0 = at + vec4<u32>(2u + t * (LORA_RANK / 4u));
     var r = m;
@@ -253,7 +259,7 @@ fn lora_tokens(ns: vec4<u32>, live: u32, t: u32, g: u32, count: u32, m: mat4x4<f
         let rank = select(select(select(ranks.w, ranks.z, todo.z), ranks.y, todo.y), ranks.x, todo.x);
         let now = todo & (slots == vec4<u32>(slot));
         todo = todo & !now;
-        let b = vec4<u32>(slot * LORA_SLOT + LORA_B0 + first * LORA_RANK + (g - first) * rank) + rows * rank;
+        let b = vec4<u32>(target_b0(slot, t, g, rank)) + rows * rank;
         // four ranks a load: per token its four rows' vec4 sums (lora_add's acc4)
         var a0 = mat4x4<f32>();
         var a1 = mat4x4<f32>();
@@ -303,9 +309,7 @@ fn ax_value(ax0: u32, j: u32) -> f32 {
 
 // v plus a token's scaled adapter sums (`at`: its head): lora_add's fma.
 fn lora_scaled(at: u32, t: u32, sums: vec4<f32>, v: vec4<f32>) -> vec4<f32> {
-    let scales = lora_ax[at + 1u];
-    let scale = bitcast<f32>(select(select(scales.x, scales.y, t == 1u), scales.z, t == 2u));
-    return fma(vec4<f32>(scale), sums, v);
+    return fma(vec4<f32>(target_scale(at, t)), sums, v);
 }
 
 // Token n's outputs o .. o + count - 1 as store_out finishes them (bias, softcap, residual).
@@ -328,7 +332,7 @@ fn store_rows(o: u32, count: u32, n: u32, r: vec4<f32>) {
     if count > 3u { y[i + 3u] = r.w; }
 }
 
-// B values i .. i + 3 (i a multiple of 4), and value i alone.
+// B values i .. i + 3 (i a multiple of 4), and value i alone (f32, or halves with LORA_HALF).
 fn lora_b4(i: u32) -> vec4<f32> {
     return lora_values4(lora_ab[lora_word(i, LORA_HALF)], i, LORA_HALF);
 }

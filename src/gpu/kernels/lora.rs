@@ -5,8 +5,8 @@
 use super::{FusedNorm, Overrides, Specialize, Work};
 use crate::gpu::shaders::{Constants, Kernel};
 
-/// u32s per token of the `A x` buffer: a head of 8 (slot, 3 ranks, 3 scales' bits, a pad), then
-/// room for 3 targets of `stride_rank` values.
+/// u32s per token of the `A x` buffer: a head of 8 (slot, 3 ranks, 3 scales' bits, the token at
+/// this position of the wide products' order), then room for 3 targets of `stride_rank` values.
 pub(crate) fn ax_stride(stride_rank: usize) -> usize {
     8 + 3 * stride_rank
 }
